@@ -1,0 +1,76 @@
+from ortserve.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerGenerateRequest(_message.Message):
+    __slots__ = ("lease_id", "request")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    request: _types_pb2.GenerateRequest
+    def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker_id", "model", "model_dir", "context_length", "bytes_per_token", "capacity_bytes", "held_bytes", "block_tokens", "requested_device", "device", "execution_provider", "num_layers", "kv_heads", "head_dim", "kv_dtype", "eos_token_ids", "vocab_size", "intra_op_threads", "active_sequences")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INTRA_OP_THREADS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    model: str
+    model_dir: str
+    context_length: int
+    bytes_per_token: int
+    capacity_bytes: int
+    held_bytes: int
+    block_tokens: int
+    requested_device: str
+    device: str
+    execution_provider: str
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    vocab_size: int
+    intra_op_threads: int
+    active_sequences: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_dir: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., held_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., requested_device: _Optional[str] = ..., device: _Optional[str] = ..., execution_provider: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., intra_op_threads: _Optional[int] = ..., active_sequences: _Optional[int] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: _types_pb2.GenerateRequest
+    def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "context_length")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    context_length: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ...) -> None: ...
