@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -20,23 +22,17 @@ def tokens(n_tokens: int) -> str:
     return f"{n_tokens:,} token" + ("" if n_tokens == 1 else "s")
 
 
+_FACTORS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
 def parse_bytes(text: str) -> int:
     """'512MiB', '1.5GiB', '1000000' -> bytes. Raises ValueError naming the input."""
-    s = text.strip().replace(" ", "")
-    factors = {
-        "tib": 1024**4, "gib": 1024**3, "mib": 1024**2, "kib": 1024,
-        "tb": 10**12, "gb": 10**9, "mb": 10**6, "kb": 10**3, "b": 1,
-    }
-    for suffix, factor in factors.items():
-        if s.lower().endswith(suffix):
-            number = s[: -len(suffix)]
-            break
-    else:
-        number, factor = s, 1
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"not a byte size: {text!r} (use e.g. 512MiB, 2GiB or a number of bytes)") from None
-    if value < 0:
-        raise ValueError(f"byte size must be >= 0, got {text!r}")
-    return int(value * factor)
+    match = _SIZE.match(text)
+    factor = _FACTORS.get(match.group(2).lower()) if match else None
+    if match is None or factor is None:
+        raise ValueError(f"not a byte size: {text!r} (use e.g. 512MiB, 2GiB or a number of bytes)")
+    return int(float(match.group(1)) * factor)

@@ -1,0 +1,1 @@
+"""The scheduler service: owns the KV-cache byte budget, admits, places, relays."""

@@ -1,0 +1,166 @@
+"""The ledger's invariants under random operation sequences and many threads."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduler_service.budget import AdmissionRequest, Decision, Ledger, WorkerGeometry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_geometry(worker_id: str, bpt: int, block: int, capacity_tokens: int, ctx: int):
+    return WorkerGeometry(worker_id=worker_id, address="x", model="m", context_length=ctx,
+                          bytes_per_token=bpt, capacity_bytes=capacity_tokens * bpt + bpt // 3,
+                          block_tokens=block)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random admit / cap / release / claim / expire / worker-leave sequences."""
+
+    @initialize()
+    def start(self) -> None:
+        self.clock = Clock()
+        self.ledger = Ledger(lease_ttl_s=10, claim_ttl_s=30, clock=self.clock)
+        self.leases: dict[str, int] = {}  # lease_id -> reserved bytes, as the test believes
+        self.freed_twice = 0
+
+    @rule(worker=st.sampled_from(["a", "b", "c"]), bpt=st.sampled_from([1, 7, 46_080]),
+          block=st.sampled_from([1, 4, 16]), capacity_tokens=st.integers(0, 600),
+          ctx=st.sampled_from([64, 512, 8_192]))
+    def register(self, worker, bpt, block, capacity_tokens, ctx):
+        before = {lid for lid in self.leases if self.ledger.lease(lid)}
+        self.ledger.register(make_geometry(worker, bpt, block, capacity_tokens, ctx))
+        self._forget_dropped(before)
+
+    @rule(prompt=st.integers(1, 700), max_new=st.one_of(st.none(), st.integers(1, 900)),
+          min_new=st.integers(0, 50), strict=st.booleans(), dry=st.booleans())
+    def admit(self, prompt, max_new, min_new, strict, dry):
+        if max_new is not None and min_new > max_new:
+            min_new = max_new
+        before = self.ledger.reserved_bytes()
+        adm = self.ledger.admit(AdmissionRequest("r", prompt, max_new, min_new, strict), dry_run=dry)
+        self._forget_dropped(set(self.leases))  # admit also expires stale leases
+        if adm.decision is Decision.REJECTED or dry:
+            assert adm.lease is None
+            return
+        g = adm.worker
+        # The reservation is the worst case for the admitted ceiling, never less.
+        assert adm.reserved_bytes == g.bytes_for(prompt + adm.max_new_tokens)
+        assert adm.max_new_tokens >= max(min_new, 1)
+        if adm.decision is Decision.CAPPED:
+            assert adm.budget_cap.admitted_max_new_tokens == adm.max_new_tokens
+            assert adm.max_new_tokens < adm.budget_cap.requested_max_new_tokens
+            assert not strict
+        elif max_new is not None:
+            assert adm.max_new_tokens == max_new
+        assert self.ledger.reserved_bytes() <= before + adm.reserved_bytes
+        self.leases[adm.lease.lease_id] = adm.reserved_bytes
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def release(self, data):
+        lease_id = data.draw(st.sampled_from(sorted(self.leases)))
+        assert self.ledger.release(lease_id) == self.leases.pop(lease_id)
+        assert self.ledger.release(lease_id) == 0  # exactly once
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def claim(self, data):
+        lease_id = data.draw(st.sampled_from(sorted(self.leases)))
+        lease = self.ledger.lease(lease_id)
+        if lease is not None:
+            assert self.ledger.claim(lease_id, lease.worker_id).claimed
+
+    @rule(worker=st.sampled_from(["a", "b", "c"]))
+    def heartbeat(self, worker):
+        self.ledger.heartbeat(worker)
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 11.0, 31.0]))
+    def time_passes_and_expire(self, seconds):
+        self.clock.now += seconds
+        for lease in self.ledger.expire():
+            assert self.leases.pop(lease.lease_id) == lease.reserved_bytes
+
+    @rule(worker=st.sampled_from(["a", "b", "c"]))
+    def worker_leaves(self, worker):
+        before = set(self.leases)
+        self.ledger.remove_worker(worker)
+        self._forget_dropped(before)
+
+    def _forget_dropped(self, candidates):
+        for lease_id in candidates:
+            if self.ledger.lease(lease_id) is None:
+                self.leases.pop(lease_id, None)
+
+    @invariant()
+    def reserved_never_exceeds_capacity(self):
+        for w in self.ledger.snapshot():
+            assert 0 <= w.reserved_bytes <= w.geometry.capacity_bytes
+            assert w.reserved_bytes == sum(lease.reserved_bytes for lease in w.leases)
+
+    @invariant()
+    def ledger_agrees_with_the_leases_held(self):
+        assert self.ledger.reserved_bytes() == sum(self.leases.values())
+
+    def teardown(self):
+        for lease_id in list(self.leases):
+            self.ledger.release(lease_id)
+        assert self.ledger.reserved_bytes() == 0
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+test_ledger_invariants_hold_over_random_sequences = LedgerMachine.TestCase
+
+
+def test_many_threads_admitting_and_releasing_never_exceed_capacity_and_end_at_zero():
+    ledger = Ledger()
+    for name, tokens in (("a", 2_000), ("b", 1_000)):
+        ledger.register(make_geometry(name, 46_080, 16, tokens, 8_192))
+    capacity = {w.geometry.worker_id: w.geometry.capacity_bytes for w in ledger.snapshot()}
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for w in ledger.snapshot():
+                if w.reserved_bytes > capacity[w.geometry.worker_id]:
+                    violations.append(f"{w.geometry.worker_id}: {w.reserved_bytes}")
+
+    def hammer(seed: int) -> None:
+        rng = random.Random(seed)
+        held: list[str] = []
+        for _ in range(1_500):
+            if held and rng.random() < 0.45:
+                assert ledger.release(held.pop(rng.randrange(len(held)))) > 0
+                continue
+            max_new = rng.choice([None, rng.randint(1, 1_500)])
+            adm = ledger.admit(AdmissionRequest("r", rng.randint(1, 400), max_new))
+            if adm.lease is not None:
+                held.append(adm.lease.lease_id)
+        for lease_id in held:
+            ledger.release(lease_id)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    watcher.join()
+    assert violations == []
+    assert ledger.reserved_bytes() == 0
+    assert all(not w.leases for w in ledger.snapshot())
