@@ -135,6 +135,7 @@ class Lease:
     budget_cap: BudgetCap | None = None
     created_at: float = 0.0
     claimed: bool = False
+    claimed_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,8 @@ class Ledger:
         with self._lock:
             old = self._workers.pop(geometry.worker_id, None)
             worker = _Worker(geometry=geometry, last_heartbeat=now)
-            candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True)
+            candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
+                                  claimed_at=lease.claimed_at or now)
                           for lease in live_leases]
             if old is not None:
                 reported = {lease.lease_id for lease in candidates}
@@ -322,14 +324,46 @@ class Ledger:
             worker.reserved_bytes -= lease.reserved_bytes
             return lease.reserved_bytes
 
+    def release_unclaimed(self, lease_id: str) -> int:
+        """Release a lease only if no worker has claimed it (then the worker owns the release).
+
+        The scheduler calls this on its own exits: a claimed lease is released by
+        its worker after the KV buffer is really freed, so the ledger never
+        offers bytes a worker still holds; worker death is covered by expiry.
+        """
+        with self._lock:
+            worker_id = self._lease_owner.get(lease_id)
+            if worker_id is None or self._workers[worker_id].leases[lease_id].claimed:
+                return 0
+        return self.release(lease_id)
+
+    def reconcile(self, worker_id: str, live_lease_ids: Iterable[str], grace_s: float) -> list[Lease]:
+        """Release claimed leases the worker no longer reports (claimed > grace_s ago)."""
+        live = set(live_lease_ids)
+        now = self._clock()
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return []
+            lost = [lease for lease in worker.leases.values()
+                    if lease.claimed and lease.lease_id not in live
+                    and now - lease.claimed_at > grace_s]
+            for lease in lost:
+                del worker.leases[lease.lease_id]
+                del self._lease_owner[lease.lease_id]
+                worker.reserved_bytes -= lease.reserved_bytes
+            return lost
+
     def claim(self, lease_id: str, worker_id: str) -> Lease | None:
         """A worker takes up a lease handed to it; None if not live or not its own."""
         with self._lock:
             if self._lease_owner.get(lease_id) != worker_id:
                 return None
             worker = self._workers[worker_id]
-            lease = replace(worker.leases[lease_id], claimed=True)
-            worker.leases[lease_id] = lease
+            lease = worker.leases[lease_id]
+            if not lease.claimed:
+                lease = replace(lease, claimed=True, claimed_at=self._clock())
+                worker.leases[lease_id] = lease
             return lease
 
     def lease(self, lease_id: str) -> Lease | None:

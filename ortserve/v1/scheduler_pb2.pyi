@@ -112,10 +112,12 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "live_lease_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    live_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

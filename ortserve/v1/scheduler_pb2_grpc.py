@@ -97,7 +97,8 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Give back a lease. Idempotent: releasing twice frees once.
+        """Give back a lease. Idempotent: releasing twice frees once. A worker
+        releases the leases it claimed once their KV buffers are freed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

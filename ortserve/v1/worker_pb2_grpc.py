@@ -77,7 +77,8 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Tokenize(self, request, context):
-        """Turn a request's prompt into token ids (chat template applied), without
+        """Validate a request as Generate would (INVALID_ARGUMENT naming the field)
+        and turn its prompt into token ids (chat template applied), without
         touching the KV budget. The scheduler uses it to count prompt tokens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

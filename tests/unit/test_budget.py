@@ -248,3 +248,28 @@ def test_bad_geometry_and_requests_raise():
         AdmissionRequest("r", prompt_tokens=0)
     with pytest.raises(ValueError, match="min_new_tokens"):
         AdmissionRequest("r", prompt_tokens=1, max_new_tokens=2, min_new_tokens=3)
+
+
+def test_scheduler_exit_releases_only_unclaimed_leases():
+    ledger = ledger_with(geometry())
+    a = ledger.admit(AdmissionRequest("a", prompt_tokens=10, max_new_tokens=10)).lease
+    b = ledger.admit(AdmissionRequest("b", prompt_tokens=10, max_new_tokens=10)).lease
+    ledger.claim(b.lease_id, "w1")
+    assert ledger.release_unclaimed(a.lease_id) == 20 * BPT
+    assert ledger.release_unclaimed(b.lease_id) == 0  # its worker releases it
+    assert ledger.release(b.lease_id) == 20 * BPT
+
+
+def test_heartbeat_reconcile_drops_claimed_leases_the_worker_lost_after_grace():
+    clock = FakeClock()
+    ledger = ledger_with(geometry(), clock=clock)
+    kept = ledger.admit(AdmissionRequest("k", prompt_tokens=10, max_new_tokens=10)).lease
+    lost = ledger.admit(AdmissionRequest("l", prompt_tokens=10, max_new_tokens=10)).lease
+    fresh = ledger.admit(AdmissionRequest("f", prompt_tokens=10, max_new_tokens=10)).lease
+    ledger.claim(kept.lease_id, "w1")
+    ledger.claim(lost.lease_id, "w1")
+    clock.now += 5
+    ledger.claim(fresh.lease_id, "w1")  # claimed after the worker's snapshot
+    dropped = ledger.reconcile("w1", [kept.lease_id], grace_s=2.0)
+    assert [d.lease_id for d in dropped] == [lost.lease_id]
+    assert ledger.reserved_bytes() == 40 * BPT

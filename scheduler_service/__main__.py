@@ -1,0 +1,66 @@
+"""ortserve-scheduler: argv and environment -> SchedulerConfig -> a running scheduler.
+
+Every flag has an environment variable of the same name (ORTSERVE_SCHEDULER_<FLAG>);
+a flag overrides its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from ortserve.logs import configure_logging
+
+from .config import SchedulerConfig
+from .server import build_server
+
+_ENV = "ORTSERVE_SCHEDULER_"
+
+
+def _env(name: str, default):
+    value = os.environ.get(_ENV + name.upper())
+    return default if value is None else type(default)(value)
+
+
+def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
+    d = SchedulerConfig()
+    p = argparse.ArgumentParser(prog="ortserve-scheduler", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=_env("host", d.host), help="address to bind (env ORTSERVE_SCHEDULER_HOST)")
+    p.add_argument("--port", type=int, default=_env("port", d.port), help="port; 0 picks a free one")
+    p.add_argument("--heartbeat-interval-s", type=float, default=_env("heartbeat_interval_s", d.heartbeat_interval_s))
+    p.add_argument("--lease-ttl-s", type=float, default=_env("lease_ttl_s", d.lease_ttl_s),
+                   help="a worker silent this long is dropped and its leases return")
+    p.add_argument("--claim-ttl-s", type=float, default=_env("claim_ttl_s", d.claim_ttl_s),
+                   help="an admitted lease no worker claimed this long is dropped")
+    p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
+    p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    a = p.parse_args(argv)
+    return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
+                           lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
+                           retry_after_s=a.retry_after_s, log_level=a.log_level, log_json=a.log_json)
+
+
+async def _serve(config: SchedulerConfig) -> None:
+    running = await build_server(config)
+    # The chosen port on stdout, one line, for scripts that started us with --port 0.
+    print(f"listening {config.host}:{running.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    configure_logging(config.log_level, config.log_json)
+    asyncio.run(_serve(config))
+
+
+if __name__ == "__main__":
+    main()

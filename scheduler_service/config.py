@@ -1,0 +1,18 @@
+"""The scheduler's settings: one frozen dataclass, filled only by __main__."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: any free port
+    heartbeat_interval_s: float = 2.0  # what workers are told
+    lease_ttl_s: float = 10.0  # a worker silent this long is gone, with its leases
+    claim_ttl_s: float = 60.0  # an admitted lease no worker claimed this long is dropped
+    retry_after_s: float = 1.0  # RetryInfo for BUDGET_BUSY and NO_WORKER
+    expiry_interval_s: float = 1.0
+    log_level: str = "info"
+    log_json: bool | None = None  # None: JSON when stderr is not a terminal

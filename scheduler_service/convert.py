@@ -1,0 +1,182 @@
+"""Protobuf <-> ledger types. The only place the scheduler's core meets the wire."""
+
+from __future__ import annotations
+
+from ortserve.v1 import scheduler_pb2, types_pb2
+
+from .budget import (
+    Admission,
+    AdmissionRequest,
+    BudgetCap,
+    Cause,
+    Decision,
+    Lease,
+    Rejection,
+    WorkerGeometry,
+    WorkerSnapshot,
+)
+
+_DECISION = {
+    Decision.ADMITTED: types_pb2.ADMITTED,
+    Decision.CAPPED: types_pb2.CAPPED,
+    Decision.REJECTED: types_pb2.REJECTED,
+}
+_CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
+
+
+def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int) -> AdmissionRequest:
+    return AdmissionRequest(
+        request_id=request.request_id,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
+        min_new_tokens=request.min_new_tokens,
+        strict=request.cap_policy == types_pb2.CAP_POLICY_STRICT,
+    )
+
+
+def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
+    if cap is None:
+        return None
+    return types_pb2.BudgetCap(
+        requested_max_new_tokens=cap.requested_max_new_tokens,
+        admitted_max_new_tokens=cap.admitted_max_new_tokens,
+        requested_was_unset=cap.requested_was_unset,
+        requested_bytes=cap.requested_bytes,
+        admitted_bytes=cap.admitted_bytes,
+        available_bytes=cap.available_bytes,
+        capacity_bytes=cap.capacity_bytes,
+        bytes_per_token=cap.bytes_per_token,
+        prompt_tokens=cap.prompt_tokens,
+        worker_id=cap.worker_id,
+        reason=cap.reason,
+    )
+
+
+def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
+    return BudgetCap(
+        requested_max_new_tokens=pb.requested_max_new_tokens,
+        admitted_max_new_tokens=pb.admitted_max_new_tokens,
+        requested_was_unset=pb.requested_was_unset,
+        requested_bytes=pb.requested_bytes,
+        admitted_bytes=pb.admitted_bytes,
+        available_bytes=pb.available_bytes,
+        capacity_bytes=pb.capacity_bytes,
+        bytes_per_token=pb.bytes_per_token,
+        prompt_tokens=pb.prompt_tokens,
+        worker_id=pb.worker_id,
+        reason=pb.reason,
+    )
+
+
+def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
+    pb = types_pb2.Rejection(
+        cause=_CAUSE[rejection.cause],
+        message=rejection.message,
+        remedy=rejection.remedy,
+        cap_refused=rejection.cap_refused,
+        prompt_tokens=rejection.prompt_tokens,
+        min_new_tokens=rejection.min_new_tokens,
+        requested_max_new_tokens=rejection.requested_max_new_tokens,
+        admissible_max_new_tokens=rejection.admissible_max_new_tokens,
+        context_length=rejection.context_length,
+        needed_bytes=rejection.needed_bytes,
+        available_bytes=rejection.available_bytes,
+        capacity_bytes=rejection.capacity_bytes,
+        bytes_per_token=rejection.bytes_per_token,
+    )
+    if rejection.retry_after_s:
+        pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
+    return pb
+
+
+def admission_to_pb(admission: Admission) -> types_pb2.Admission:
+    pb = types_pb2.Admission(
+        decision=_DECISION[admission.decision],
+        request_id=admission.request_id,
+        prompt_tokens=admission.prompt_tokens,
+        max_new_tokens=admission.max_new_tokens,
+        reserved_bytes=admission.reserved_bytes,
+        dry_run=admission.dry_run,
+    )
+    if admission.lease is not None:
+        pb.lease_id = admission.lease.lease_id
+    if admission.worker is not None:
+        pb.worker_id = admission.worker.worker_id
+        pb.worker_address = admission.worker.address
+    if admission.budget_cap is not None:
+        pb.budget_cap.CopyFrom(budget_cap_to_pb(admission.budget_cap))
+    if admission.rejection is not None:
+        pb.rejection.CopyFrom(rejection_to_pb(admission.rejection))
+    return pb
+
+
+def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
+    pb = types_pb2.Lease(
+        lease_id=lease.lease_id,
+        worker_id=lease.worker_id,
+        request_id=lease.request_id,
+        prompt_tokens=lease.prompt_tokens,
+        max_new_tokens=lease.max_new_tokens,
+        reserved_bytes=lease.reserved_bytes,
+        claimed=lease.claimed,
+        age_s=max(0.0, now - lease.created_at),
+    )
+    if lease.budget_cap is not None:
+        pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
+    return pb
+
+
+def lease_from_pb(pb: types_pb2.Lease, now: float) -> Lease:
+    return Lease(
+        lease_id=pb.lease_id,
+        worker_id=pb.worker_id,
+        request_id=pb.request_id,
+        prompt_tokens=pb.prompt_tokens,
+        max_new_tokens=pb.max_new_tokens,
+        reserved_bytes=pb.reserved_bytes,
+        budget_cap=budget_cap_from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
+        created_at=now - pb.age_s,
+        claimed=True,
+        claimed_at=now,
+    )
+
+
+def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
+    return WorkerGeometry(
+        worker_id=pb.worker_id,
+        address=pb.address,
+        model=pb.model,
+        context_length=pb.context_length,
+        bytes_per_token=pb.bytes_per_token,
+        capacity_bytes=pb.capacity_bytes,
+        block_tokens=pb.block_tokens or 1,
+        execution_provider=pb.execution_provider,
+    )
+
+
+def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: float) -> scheduler_pb2.Budget:
+    workers = []
+    for w in snapshot:
+        g = w.geometry
+        workers.append(scheduler_pb2.WorkerBudget(
+            worker_id=g.worker_id,
+            address=g.address,
+            model=g.model,
+            capacity_bytes=g.capacity_bytes,
+            reserved_bytes=w.reserved_bytes,
+            available_bytes=w.available_bytes,
+            bytes_per_token=g.bytes_per_token,
+            block_tokens=g.block_tokens,
+            context_length=g.context_length,
+            lease_count=len(w.leases),
+            heartbeat_age_s=w.heartbeat_age_s,
+            leases=[lease_to_pb(lease, now) for lease in w.leases] if include_leases else [],
+            execution_provider=g.execution_provider,
+        ))
+    return scheduler_pb2.Budget(
+        workers=workers,
+        total_capacity_bytes=sum(w.capacity_bytes for w in workers),
+        total_reserved_bytes=sum(w.reserved_bytes for w in workers),
+        total_available_bytes=sum(w.available_bytes for w in workers),
+        total_leases=sum(w.lease_count for w in workers),
+    )

@@ -1,0 +1,66 @@
+"""build_server: the scheduler's grpc.aio server with health, reflection and lease expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from ortserve.serving import add_health_and_reflection, set_serving
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+from .budget import Ledger
+from .config import SchedulerConfig
+from .servicer import SchedulerServicer
+from .worker_clients import WorkerClients
+
+log = structlog.get_logger("scheduler")
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+@dataclass
+class SchedulerServer:
+    server: grpc.aio.Server
+    port: int
+    ledger: Ledger
+    _expiry: asyncio.Task
+    _workers: WorkerClients
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        self._expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._expiry
+        await self.server.stop(grace_s)
+        await self._workers.close()
+
+
+async def _expire_forever(ledger: Ledger, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        for lease in ledger.expire():
+            log.warning("lease expired", lease_id=lease.lease_id, worker_id=lease.worker_id,
+                        claimed=lease.claimed, freed_bytes=lease.reserved_bytes)
+
+
+async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) -> SchedulerServer:
+    """Create, bind and start the scheduler. Port 0 picks a free one (see .port)."""
+    ledger = ledger or Ledger(lease_ttl_s=config.lease_ttl_s, claim_ttl_s=config.claim_ttl_s,
+                              retry_after_s=config.retry_after_s)
+    workers = WorkerClients()
+    server = grpc.aio.server()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(
+        SchedulerServicer(config, ledger, workers), server)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
+                      "pick another with --port")
+    await server.start()
+    await set_serving(health, [SERVICE_NAME], True)
+    expiry = asyncio.create_task(_expire_forever(ledger, config.expiry_interval_s))
+    log.info("scheduler serving", address=f"{config.host}:{port}", lease_ttl_s=config.lease_ttl_s)
+    return SchedulerServer(server=server, port=port, ledger=ledger, _expiry=expiry, _workers=workers)
