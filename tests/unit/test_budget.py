@@ -8,8 +8,8 @@ from scheduler_service.budget import (
     AdmissionRequest,
     Cause,
     Decision,
-    Ledger,
     Lease,
+    Ledger,
     WorkerGeometry,
 )
 
