@@ -1,0 +1,101 @@
+"""ortserve-worker: argv and environment -> WorkerConfig -> a running worker.
+
+Every flag has an environment variable (ORTSERVE_WORKER_<FLAG>, and
+ORTSERVE_SCHEDULER_ADDRESS for --scheduler); a flag overrides its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+from ortserve.logs import configure_logging
+from ortserve.units import parse_bytes
+
+from .config import WorkerConfig
+from .errors import EngineError
+from .server import build_server
+
+
+def _env(name: str, default=None):
+    return os.environ.get(name, default)
+
+
+def parse_config(argv: list[str] | None = None) -> WorkerConfig:
+    d = WorkerConfig(model_dir=Path("."))
+    p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", default=_env("ORTSERVE_WORKER_MODEL_DIR"),
+                   help="a model folder written by the onnxruntime-genai model builder")
+    p.add_argument("--scheduler", default=_env("ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
+                   help="the scheduler's host:port")
+    p.add_argument("--host", default=_env("ORTSERVE_WORKER_HOST", d.host))
+    p.add_argument("--port", type=int, default=int(_env("ORTSERVE_WORKER_PORT", d.port)),
+                   help="0 picks a free port")
+    p.add_argument("--advertise-address", default=_env("ORTSERVE_WORKER_ADVERTISE_ADDRESS", ""),
+                   help="host:port the scheduler should dial (default: --host:--port, or this host's IP)")
+    p.add_argument("--worker-id", default=_env("ORTSERVE_WORKER_ID", ""))
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   default=_env("ORTSERVE_WORKER_DEVICE", d.device),
+                   help="cuda is an error where CUDA is unavailable (never a silent CPU fallback)")
+    p.add_argument("--device-id", type=int, default=int(_env("ORTSERVE_WORKER_DEVICE_ID", d.device_id)))
+    p.add_argument("--threads", type=int, default=int(_env("ORTSERVE_WORKER_THREADS", d.intra_op_threads)),
+                   help="ORT intra-op threads; 0 = every usable core")
+    p.add_argument("--kv-budget", default=_env("ORTSERVE_WORKER_KV_BUDGET"),
+                   help="KV-cache bytes this worker lets sequences hold, e.g. 2GiB")
+    p.add_argument("--kv-budget-fraction", type=float,
+                   default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_budget_fraction)),
+                   help="without --kv-budget: this fraction of available (device) memory")
+    p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    a = p.parse_args(argv)
+    if not a.model_dir:
+        p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
+                "the default under $ORTSERVE_MODEL_CACHE/models/")
+    try:
+        kv_budget = parse_bytes(a.kv_budget) if a.kv_budget else None
+    except ValueError as error:
+        p.error(f"--kv-budget: {error}")
+    return WorkerConfig(
+        model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
+        advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
+        device_id=a.device_id, intra_op_threads=a.threads, kv_budget_bytes=kv_budget,
+        kv_budget_fraction=a.kv_budget_fraction, log_level=a.log_level, log_json=a.log_json,
+    )
+
+
+async def _serve(config: WorkerConfig) -> int:
+    running, lifecycle = await build_server(config)
+    print(f"listening {config.host}:{running.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopper, lifecycle}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if lifecycle in done and lifecycle.exception() is not None:
+        error = lifecycle.exception()
+        structlog.get_logger("worker").error("worker cannot serve", error=str(error),
+                                             kind=type(error).__name__)
+        print(f"ortserve-worker: {error}", file=sys.stderr)
+        code = 2 if isinstance(error, EngineError) else 1
+    stopper.cancel()
+    await running.stop()
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    configure_logging(config.log_level, config.log_json)
+    sys.exit(asyncio.run(_serve(config)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The worker's settings: one frozen dataclass, filled only by __main__."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_dir: Path
+    scheduler_address: str = "127.0.0.1:50051"
+    host: str = "127.0.0.1"
+    port: int = 50052  # 0: any free port
+    advertise_address: str = ""  # what the scheduler dials; "" -> host:port (or this host's IP)
+    worker_id: str = ""  # "" -> <hostname>-<port>
+    device: str = "auto"  # auto | cpu | cuda
+    device_id: int = 0
+    intra_op_threads: int = 0  # 0 -> every usable core
+    kv_budget_bytes: int | None = None  # None -> kv_budget_fraction of available memory
+    kv_budget_fraction: float = 0.2
+    log_level: str = "info"
+    log_json: bool | None = None

@@ -1,0 +1,85 @@
+"""The worker's side of the scheduler protocol: register, heartbeat, claim, release."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+
+log = structlog.get_logger("worker")
+
+
+class SchedulerLink:
+    def __init__(self, address: str, registration: scheduler_pb2.RegisterWorkerRequest,
+                 live_leases: Callable[[], list[types_pb2.Lease]]) -> None:
+        self.address = address
+        self._registration = registration
+        self._live_leases = live_leases
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self.heartbeat_interval_s = 2.0
+        self.registered = asyncio.Event()
+
+    @property
+    def worker_id(self) -> str:
+        return self._registration.worker_id
+
+    async def register(self) -> None:
+        request = scheduler_pb2.RegisterWorkerRequest()
+        request.CopyFrom(self._registration)
+        request.live_leases.extend(self._live_leases())
+        reply = await self._stub.RegisterWorker(request, timeout=10.0)
+        self.heartbeat_interval_s = reply.heartbeat_interval_s or self.heartbeat_interval_s
+        for lease_id in reply.refused_lease_ids:
+            log.error("scheduler refused to restore a live lease", lease_id=lease_id)
+        self.registered.set()
+        log.info("registered with scheduler", scheduler=self.address, worker_id=self.worker_id,
+                 restored_leases=len(request.live_leases))
+
+    async def run(self) -> None:
+        """Register, then heartbeat forever; re-register whenever the scheduler forgot us."""
+        backoff_s = 0.2
+        while True:
+            try:
+                if not self.registered.is_set():
+                    await self.register()
+                live = [lease.lease_id for lease in self._live_leases()]
+                reply = await self._stub.Heartbeat(
+                    scheduler_pb2.HeartbeatRequest(worker_id=self.worker_id, live_lease_ids=live),
+                    timeout=5.0)
+                if not reply.known:
+                    log.warning("scheduler does not know this worker; registering again")
+                    self.registered.clear()
+                    continue
+                backoff_s = 0.2
+                await asyncio.sleep(self.heartbeat_interval_s)
+            except grpc.aio.AioRpcError as error:
+                self.registered.clear()
+                log.warning("scheduler unreachable; retrying", scheduler=self.address,
+                            code=error.code().name, retry_in_s=backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+
+    async def claim(self, lease_id: str) -> types_pb2.Lease:
+        return await self._stub.ClaimLease(
+            scheduler_pb2.ClaimLeaseRequest(lease_id=lease_id, worker_id=self.worker_id), timeout=10.0)
+
+    async def release(self, lease_id: str) -> int:
+        """Release once; retried on transport errors (heartbeats reconcile if all fail)."""
+        for attempt in range(3):
+            try:
+                reply = await self._stub.Release(
+                    scheduler_pb2.ReleaseRequest(lease_id=lease_id), timeout=5.0)
+                return reply.freed_bytes
+            except grpc.aio.AioRpcError as error:
+                log.warning("release failed", lease_id=lease_id, code=error.code().name,
+                            attempt=attempt + 1)
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return 0
+
+    async def close(self) -> None:
+        await self._channel.close()
