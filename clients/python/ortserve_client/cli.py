@@ -1,0 +1,195 @@
+"""ortserve: the command line. stdout carries results only; every notice goes to stderr.
+
+  ortserve generate "What is the capital of France?" --chat --stats
+  ortserve generate - --json < prompt.txt
+  ortserve admit "..." --max-new-tokens 512        (dry run: admitted, capped or rejected?)
+  ortserve budget --leases
+
+Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request.
+A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
+first token, and is in --stats and --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from google.protobuf import json_format
+
+from ortserve.units import human_bytes
+
+from .client import DEFAULT_ADDRESS, Client
+from .errors import InvalidRequest, OrtserveError, Rejected
+from .types import Admission, BudgetCap, GenerateResult
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2, 3, 4
+
+
+def notice(text: str) -> None:
+    print(f"ortserve: {text}", file=sys.stderr, flush=True)
+
+
+def cap_notice(cap: BudgetCap) -> str:
+    return (f"CAPPED by the KV budget: max_new_tokens {cap.requested_max_new_tokens:,}"
+            f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
+            f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
+            f"{cap.bytes_per_token:,} B/token, reserved {human_bytes(cap.admitted_bytes)}, "
+            f"{human_bytes(cap.available_bytes)} was free of {human_bytes(cap.capacity_bytes)} "
+            f"on worker {cap.worker_id}. {cap.reason}")
+
+
+def _request_kwargs(a: argparse.Namespace) -> dict:
+    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict)
+    if a.chat:
+        turns = ([("system", a.system)] if a.system else []) + [("user", prompt)]
+        kw["chat"] = turns
+    else:
+        kw["prompt"] = prompt
+    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "stop", "request_id"):
+        value = getattr(a, name, None)
+        if value is not None:
+            kw[name] = value
+    return kw
+
+
+def _print_stats(result: GenerateResult) -> None:
+    u, t = result.usage, result.timings
+    cap = result.budget_cap
+    ceiling = (f"{u.max_new_tokens:,} (capped from {cap.requested_max_new_tokens:,} by the KV budget)"
+               if cap else f"{u.max_new_tokens:,}")
+    notice(f"stats: finish_reason={result.finish_reason} prompt_tokens={u.prompt_tokens:,} "
+           f"generated_tokens={u.generated_tokens:,} max_new_tokens={ceiling}")
+    notice(f"stats: ttft_ms={t.ttft_ms:.1f} prefill_ms={t.prefill_ms:.1f} queue_ms={t.queue_ms:.1f} "
+           f"decode_ms={t.decode_ms:.1f} decode_tokens_per_s={t.decode_tokens_per_s:.1f} "
+           f"total_ms={t.total_ms:.1f}")
+    notice(f"stats: worker={result.worker_id} provider={result.execution_provider} "
+           f"sampling={json.dumps(result.sampling) if result.sampling else 'greedy'}")
+    if cap:
+        notice(f"stats: budget_cap requested={cap.requested_max_new_tokens:,} "
+               f"admitted={cap.admitted_max_new_tokens:,} requested_bytes={cap.requested_bytes:,} "
+               f"admitted_bytes={cap.admitted_bytes:,} available_bytes={cap.available_bytes:,} "
+               f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}")
+
+
+def cmd_generate(client: Client, a: argparse.Namespace) -> int:
+    def announce(admission: Admission) -> None:
+        if admission.budget_cap:
+            notice(cap_notice(admission.budget_cap))
+
+    stream = client.stream(on_admission=announce, **_request_kwargs(a))
+    for chunk in stream:
+        if not a.json:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    result = stream.result
+    if a.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        sys.stdout.write("\n")
+    if a.stats:
+        _print_stats(result)
+    return EXIT_OK
+
+
+def _admission_text(adm: Admission) -> str:
+    if adm.decision == "REJECTED":
+        r = adm.rejection
+        return f"REJECTED ({r['cause']}): {r['message']}; {r['remedy']}"
+    line = (f"{adm.decision}: worker {adm.worker_id}, prompt {adm.prompt_tokens:,} tokens, "
+            f"max_new_tokens {adm.max_new_tokens:,}, {human_bytes(adm.reserved_bytes)} of KV")
+    if adm.budget_cap:
+        line += f"\n{cap_notice(adm.budget_cap)}"
+    return line
+
+
+def cmd_admit(client: Client, a: argparse.Namespace) -> int:
+    adm = client.admit(dry_run=True, **_request_kwargs(a))
+    if a.json:
+        print(json.dumps({**adm.__dict__, "budget_cap": adm.budget_cap.__dict__ if adm.budget_cap else None}))
+    else:
+        print(_admission_text(adm))
+    return EXIT_REJECTED if adm.decision == "REJECTED" else EXIT_OK
+
+
+def cmd_budget(client: Client, a: argparse.Namespace) -> int:
+    budget = client.budget(include_leases=a.leases)
+    if a.json:
+        print(json.dumps(json_format.MessageToDict(budget, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True)))
+        return EXIT_OK
+    print(f"{'worker':<24} {'capacity':>12} {'reserved':>12} {'available':>12} {'leases':>6}  provider")
+    for w in budget.workers:
+        print(f"{w.worker_id:<24} {human_bytes(w.capacity_bytes):>12} {human_bytes(w.reserved_bytes):>12} "
+              f"{human_bytes(w.available_bytes):>12} {w.lease_count:>6}  {w.execution_provider}")
+        for lease in w.leases:
+            print(f"  lease {lease.lease_id} request {lease.request_id} {human_bytes(lease.reserved_bytes)}"
+                  f" max_new_tokens {lease.max_new_tokens:,}{' CAPPED' if lease.HasField('budget_cap') else ''}")
+    print(f"{'total':<24} {human_bytes(budget.total_capacity_bytes):>12} "
+          f"{human_bytes(budget.total_reserved_bytes):>12} {human_bytes(budget.total_available_bytes):>12} "
+          f"{budget.total_leases:>6}")
+    return EXIT_OK
+
+
+def _add_request_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt text, or - to read it from stdin")
+    p.add_argument("--chat", action="store_true", help="send as a user turn (the model's chat template)")
+    p.add_argument("--system", help="with --chat: a system turn first")
+    p.add_argument("--max-new-tokens", type=int, help="unset: the remaining context window (may be capped)")
+    p.add_argument("--min-new-tokens", type=int, default=0)
+    p.add_argument("--strict", action="store_true", help="refuse to be capped: reject instead")
+    p.add_argument("--request-id")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ortserve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
+                   help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="stream a generation to stdout")
+    _add_request_flags(g)
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--repetition-penalty", type=float)
+    g.add_argument("--stop", action="append", help="a stop sequence (repeatable)")
+    g.add_argument("--stats", action="store_true", help="timings and usage on stderr")
+    g.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text")
+    g.set_defaults(func=cmd_generate)
+    ad = sub.add_parser("admit", help="dry run: would this be admitted, capped or rejected?")
+    _add_request_flags(ad)
+    ad.add_argument("--json", action="store_true")
+    ad.set_defaults(func=cmd_admit)
+    b = sub.add_parser("budget", help="the ledger, per worker")
+    b.add_argument("--leases", action="store_true")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_budget)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
+    with Client(a.address, timeout_s=a.timeout) as client:
+        try:
+            code = a.func(client, a)
+        except OrtserveError as error:
+            label = "rejected" if isinstance(error, Rejected) else "error"
+            notice(f"{label} [{error.code.name}]: {error.message}")
+            if getattr(a, "json", False):
+                print(json.dumps(error.to_dict()))
+            code = (EXIT_REJECTED if isinstance(error, Rejected)
+                    else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
+        except KeyboardInterrupt:
+            notice("interrupted")
+            code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Typed views of the API's messages, for callers who would rather not touch protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ortserve.v1 import types_pb2
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    requested_max_new_tokens: int
+    admitted_max_new_tokens: int
+    requested_was_unset: bool
+    requested_bytes: int
+    admitted_bytes: int
+    available_bytes: int
+    capacity_bytes: int
+    bytes_per_token: int
+    prompt_tokens: int
+    worker_id: str
+    reason: str
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.BudgetCap) -> BudgetCap:
+        return cls(**{f: getattr(pb, f) for f in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Admission:
+    decision: str  # "ADMITTED" | "CAPPED" | "REJECTED"
+    request_id: str
+    lease_id: str
+    worker_id: str
+    worker_address: str
+    prompt_tokens: int
+    max_new_tokens: int
+    reserved_bytes: int
+    dry_run: bool
+    budget_cap: BudgetCap | None = None
+    rejection: dict | None = None  # the Rejection's fields, when REJECTED
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.Admission) -> Admission:
+        from .errors import rejection_dict
+
+        return cls(
+            decision=types_pb2.Decision.Name(pb.decision), request_id=pb.request_id,
+            lease_id=pb.lease_id, worker_id=pb.worker_id, worker_address=pb.worker_address,
+            prompt_tokens=pb.prompt_tokens, max_new_tokens=pb.max_new_tokens,
+            reserved_bytes=pb.reserved_bytes, dry_run=pb.dry_run,
+            budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
+            rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    generated_tokens: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float
+    prefill_ms: float
+    ttft_ms: float
+    decode_ms: float
+    decode_tokens_per_s: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "LENGTH" | "EOS" | "STOP_SEQUENCE"
+    stop_sequence: str
+    budget_cap: BudgetCap | None
+    usage: Usage
+    timings: Timings
+    admission: Admission
+    worker_id: str
+    execution_provider: str
+    sampling: dict = field(default_factory=dict)  # as applied (seed resolved)
+
+    @property
+    def capped(self) -> bool:
+        return self.budget_cap is not None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["token_ids"] = list(self.token_ids)
+        return out
+
+
+def sampling_dict(pb: types_pb2.SamplingParams) -> dict:
+    return {f.name: getattr(pb, f.name) for f in pb.DESCRIPTOR.fields if pb.HasField(f.name)}
+
+
+def usage_from_pb(pb: types_pb2.Usage) -> Usage:
+    return Usage(pb.prompt_tokens, pb.generated_tokens, pb.max_new_tokens)
+
+
+def timings_from_pb(pb: types_pb2.Timings) -> Timings:
+    return Timings(pb.queue_ms, pb.prefill_ms, pb.ttft_ms, pb.decode_ms, pb.decode_tokens_per_s,
+                   pb.total_ms)
