@@ -10,9 +10,9 @@ import time
 
 import grpc
 import pytest
+from ortserve_client import Client, ExceedsCapacity
 
 from ortserve.v1 import types_pb2, worker_pb2
-from ortserve_client import Client, ExceedsCapacity
 from tests.e2e.conftest import (
     BIN,
     prompt_tokens,
