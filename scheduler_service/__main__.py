@@ -37,7 +37,9 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="an admitted lease no worker claimed this long is dropped")
     p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
-    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    log_json = os.environ.get(_ENV + "LOG_JSON")
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
+                   default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
     a = p.parse_args(argv)
     return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,

@@ -27,6 +27,10 @@ def _env(name: str, default=None):
     return os.environ.get(name, default)
 
 
+def _flag(value: str | None) -> bool | None:
+    return None if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
 def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     d = WorkerConfig(model_dir=Path("."))
     p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
@@ -53,7 +57,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
                    default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_budget_fraction)),
                    help="without --kv-budget: this fraction of available (device) memory")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
-    p.add_argument("--log-json", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
+                   default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
     a = p.parse_args(argv)
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
