@@ -24,12 +24,16 @@ PROMPTS = ("The quick brown fox jumps over the lazy dog.",
 FRANCE = "What is the capital of France? Answer in one sentence."
 
 
+HEAD_DIM: dict[str, int] = {}
+
+
 def empty_past(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    # NOTE: the graph leaves head_dim symbolic ('kv_cache_dim'): genai_config has it.
     past = {}
     for inp in session.get_inputs():
         if inp.name.startswith("past_key_values"):
-            _, heads, _, dim = inp.shape
-            past[inp.name] = np.zeros((1, heads, 0, dim), dtype=np.float32)
+            heads = inp.shape[1]
+            past[inp.name] = np.zeros((1, heads, 0, HEAD_DIM["head_size"]), dtype=np.float32)
     return past
 
 
@@ -67,6 +71,8 @@ def main() -> None:
     p.add_argument("--model-dir", type=Path, required=True)
     p.add_argument("--hf-dir", type=Path, required=True)
     a = p.parse_args()
+    config = json.loads((a.model_dir / "genai_config.json").read_text())
+    HEAD_DIM["head_size"] = config["model"]["decoder"]["head_size"]
     tokenizer = AutoTokenizer.from_pretrained(str(a.hf_dir))
     model = LlamaForCausalLM.from_pretrained(str(a.hf_dir), dtype=torch.float32).eval()
     options = ort.SessionOptions()
