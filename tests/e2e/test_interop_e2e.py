@@ -41,7 +41,8 @@ def test_the_readme_grpcurl_commands_work_through_reflection(roomy):
     assert {"ortserve.v1.Scheduler", "grpc.health.v1.Health"} <= set(listed.stdout.split())
     assert "admitted_max_new_tokens" in described.stdout
     admission = json.loads(admitted.stdout)
-    assert admission["decision"] == "ADMITTED" and admission["dryRun"] is True
+    assert admission["decision"] == "ADMITTED"
+    assert admission.get("dryRun", admission.get("dry_run")) is True
     events = [json.loads(doc) for doc in re.split(r"(?<=})\n(?={)", generated.stdout.strip())]
     assert "admission" in events[0]
     assert "finished" in events[-1]

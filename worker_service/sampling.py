@@ -1,0 +1,135 @@
+"""Choosing the next token from logits: greedy or seeded sampling, every parameter honoured."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from worker_service.errors import InvalidRequest
+
+_GREEDY_HINT = "set temperature > 0 to sample, or drop {name} (greedy decoding has no use for it)"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling parameters; None means unset. Unset or 0 temperature is greedy decoding."""
+
+    temperature: float | None = None
+    top_k: int | None = None  # None or 0: no limit
+    top_p: float | None = None  # None or 1: no limit
+    seed: int | None = None  # None: a fresh random seed, reported back
+    repetition_penalty: float | None = None  # None or 1: no penalty
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature is None or self.temperature == 0
+
+    def validate(self) -> None:
+        """Raise InvalidRequest(field="sampling.<name>") for a value that would be ignored or is bad."""
+        t = self.temperature
+        if t is not None and (not math.isfinite(t) or t < 0):
+            raise InvalidRequest("sampling.temperature",
+                                 f"temperature must be a finite number >= 0, got {t}; "
+                                 "use 0 (or leave it unset) for greedy decoding")
+        if self.top_k is not None and self.top_k < 0:
+            raise InvalidRequest("sampling.top_k", f"top_k must be >= 0 (0: no limit), got {self.top_k}")
+        p = self.top_p
+        if p is not None and not (math.isfinite(p) and 0 < p <= 1):
+            raise InvalidRequest("sampling.top_p", f"top_p must be in (0, 1], got {p}; "
+                                 "use 1 (or leave it unset) for no nucleus limit")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidRequest("sampling.seed", f"seed must be >= 0, got {self.seed}")
+        r = self.repetition_penalty
+        if r is not None and not (math.isfinite(r) and r > 0):
+            raise InvalidRequest("sampling.repetition_penalty",
+                                 f"repetition_penalty must be a finite number > 0, got {r}; "
+                                 "use 1 (or leave it unset) for no penalty")
+        if self.greedy:
+            # Honoured or rejected, never ignored: these only mean something when sampling.
+            if self.top_k:
+                raise InvalidRequest("sampling.top_k", f"top_k={self.top_k} with greedy decoding; "
+                                     + _GREEDY_HINT.format(name="top_k"))
+            if p is not None and p < 1:
+                raise InvalidRequest("sampling.top_p", f"top_p={p} with greedy decoding; "
+                                     + _GREEDY_HINT.format(name="top_p"))
+            if self.seed is not None:
+                raise InvalidRequest("sampling.seed", f"seed={self.seed} with greedy decoding; "
+                                     + _GREEDY_HINT.format(name="seed"))
+
+
+class Sampler:
+    """One sequence's token chooser; holds its random generator, so one per sequence.
+
+    Order: repetition penalty over prompt + output (CTRL: a positive logit is
+    divided by the penalty, a negative one multiplied), then argmax when greedy,
+    else temperature, top_k, top_p and a draw from numpy's PCG64 seeded with `.seed`.
+    """
+
+    def __init__(self, config: SamplingConfig, vocab_size: int) -> None:
+        config.validate()
+        self.config = config
+        self.vocab_size = vocab_size
+        # The resolved seed is reported back so a sampled answer can be reproduced.
+        self.seed: int | None = None
+        self._rng: np.random.Generator | None = None
+        if not config.greedy:
+            self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+            self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._suppressed = np.zeros(0, dtype=np.int64)
+
+    def suppress(self, token_ids: Sequence[int]) -> None:
+        """Never choose these tokens until `suppress([])` (the engine uses it for min_new_tokens)."""
+        self._suppressed = np.asarray(list(token_ids), dtype=np.int64)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """Choose the next token from 1-D logits; `history` is prompt + output so far."""
+        # float64 throughout: float32 softmax over ~50k entries loses the tail mass.
+        scores = np.array(logits[: self.vocab_size], dtype=np.float64)
+        if self._suppressed.size:
+            scores[self._suppressed] = -np.inf
+        penalty = self.config.repetition_penalty
+        if penalty is not None and penalty != 1:
+            apply_repetition_penalty(scores, history, penalty)
+        if self._rng is None:
+            return int(np.argmax(scores))
+        return int(self._draw(scores))
+
+    def _draw(self, scores: np.ndarray) -> int:
+        assert self._rng is not None and self.config.temperature
+        scores = scores / self.config.temperature
+        top_k = self.config.top_k or 0
+        top_p = self.config.top_p
+        nucleus = top_p is not None and top_p < 1
+        if 0 < top_k < scores.size:
+            candidates = np.sort(np.argpartition(scores, -top_k)[-top_k:])
+        else:
+            candidates = np.arange(scores.size)
+        if nucleus:
+            # Descending by score; the stable sort breaks ties by token id, for reproducibility.
+            candidates = candidates[np.argsort(-scores[candidates], kind="stable")]
+        cand_scores = scores[candidates]
+        probs = np.exp(cand_scores - cand_scores.max())
+        probs /= probs.sum()
+        if nucleus:
+            # Smallest prefix whose mass reaches top_p (the most likely token always stays).
+            keep = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
+            candidates, probs = candidates[:keep], probs[:keep]
+            probs = probs / probs.sum()
+        cumulative = np.cumsum(probs)
+        index = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
+        return int(candidates[min(index, candidates.size - 1)])
+
+
+def apply_repetition_penalty(scores: np.ndarray, history: Sequence[int], penalty: float) -> None:
+    """CTRL repetition penalty, in place: each token seen once or more in `history` has its
+    logit divided by `penalty` when positive and multiplied by it otherwise."""
+    if not len(history):
+        return
+    seen = np.unique(np.asarray(history, dtype=np.int64))
+    seen = seen[(seen >= 0) & (seen < scores.size)]
+    picked = scores[seen]
+    scores[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
