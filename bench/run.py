@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ortserve.cluster import LocalCluster, model_cache
+from ortserve.logs import configure_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_PYTHON = ROOT / ".venv-tools" / "bin" / "python"
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     a = p.parse_args(argv)
+    configure_logging("warning")  # the engine's log lines must not reach stdout
     models_root = model_cache() / "models"
     if a.quick:
         models = {"tiny": models_root / "tiny-llama"}
