@@ -47,7 +47,9 @@ def main() -> None:
     runs = []
     for _ in range(a.repeats + 1):  # the first is a warm-up
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + a.new_tokens, batch_size=a.batch,
+        # min_length pins the count: an early EOS would inflate tokens/s.
+        params.set_search_options(max_length=len(ids) + a.new_tokens,
+                                  min_length=len(ids) + a.new_tokens, batch_size=a.batch,
                                   do_sample=False)
         generator = og.Generator(model, params)
         generator.append_tokens(np.tile(ids, (a.batch, 1)))  # prefill, and the first token
@@ -57,6 +59,8 @@ def main() -> None:
             generator.generate_next_token()
             steps += 1
         elapsed = time.perf_counter() - start
+        if steps < a.new_tokens - 1:
+            raise SystemExit(f"genai peer: only {steps} decode steps of {a.new_tokens}: not comparable")
         runs.append(a.batch * steps / elapsed)
     print(json.dumps({"decode_tokens_per_s": runs[1:], "batch": a.batch, "threads": a.threads,
                       "new_tokens": a.new_tokens, "genai_version": og.__version__}))
