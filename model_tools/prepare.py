@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,7 +55,8 @@ REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokeniz
                   "tokenizer_config.json", "chat_template.jinja")
 TOOL_DISTRIBUTIONS = ("torch", "transformers", "accelerate", "gguf", "onnx", "onnx-ir",
                       "onnxruntime", "onnxruntime-genai", GGUF_DISTRIBUTION)
-RETRY_HINT = "fix the cause and rerun `.venv-tools/bin/python -m model_tools.prepare`"
+RETRY_HINT = ("fix the cause and rerun `.venv-tools/bin/python -m model_tools.prepare` "
+              "(--force also rebuilds the intermediate folders under <cache>/hf)")
 
 
 @dataclass(frozen=True)
@@ -261,8 +263,13 @@ def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path) ->
     # get_args() of onnxruntime_genai/models/builder.py.
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
            "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(builder_cache)]
+    # NOTE: the builder stamps model.onnx's producer_version with `git rev-parse HEAD`
+    # run five folders above its own file: inside .venv-tools that is *this* repo, so
+    # model.onnx would change with every ortserve commit. With no git repository it
+    # falls back to onnxruntime_genai.__commit__, which keeps builds reproducible.
+    env = {**os.environ, "GIT_DIR": os.devnull}
     # The builder's chatter is progress, not a result: all of it goes to stderr.
-    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False)
+    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env, check=False)
     if result.returncode != 0:
         raise PrepareError(f"the onnxruntime-genai builder exited {result.returncode} "
                            f"(-p {precision}, -i {hf_dir}); its messages are above")
@@ -353,9 +360,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Prepare the requested folders; print their paths on stdout; return the exit code."""
     args = parse_args(argv)
+    # SIGTERM (docker stop, timeouts) cleans up like Ctrl-C: temp dirs removed, builder killed.
+    signal.signal(signal.SIGTERM, interrupt)
     cache = resolve_cache_dir(args.cache_dir)
     kinds = list(dict.fromkeys(args.only or DEFAULT_TARGETS))
     start_s = time.monotonic()

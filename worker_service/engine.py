@@ -56,6 +56,10 @@ class EngineConfig:
     intra_op_threads: int = 0  # 0: the cores this process may use (default ORT threading is slow)
     inter_op_threads: int = 1
     kv_capacity_bytes: int = 512 * 2**20
+    # Prompts run in chunks of this many tokens, one chunk per engine iteration:
+    # bounds the host logits of a run (chunk x vocab floats) and lets running
+    # sequences keep decoding while a long prompt is prefilled.
+    prefill_chunk_tokens: int = 512
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ class Sequence:
         self.kv: KVBuffer | None = None
         self.binding: ort.IOBinding | None = None
         self.inputs: list[np.ndarray] = []
-        self.cache_tokens = 0  # positions written into the KV buffer
+        self.cache_tokens = 0  # positions written into the KV buffer (prompt first, chunk by chunk)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
         self.done = False
         self.t_submit = time.perf_counter()
@@ -366,11 +370,11 @@ class Engine:
                     break
                 admitted = list(self._queue)
                 self._queue.clear()
-            stepped = [seq for seq in self._running]  # admitted ones already made a token
+            stepped = list(self._running)  # the admitted ones get their first chunk below
             for seq in admitted:
-                self._guarded(seq, self._prefill)
+                self._guarded(seq, self._admit)
             for seq in stepped:
-                self._guarded(seq, self._decode)
+                self._guarded(seq, self._step)
         closing = EngineError("the worker's engine closed while the sequence was in flight; "
                               "resubmit it")
         with self._cond:
@@ -396,7 +400,7 @@ class Engine:
         if seq.cancel_requested and not seq.done:
             self._finish(seq, Cancelled(seq.req.request_id, len(seq.output_ids)))
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence) -> None:
         seq.t_prefill_start = time.perf_counter()
         seq.emit(Started(seq.req.request_id, (seq.t_prefill_start - seq.t_submit) * 1e3))
         try:
@@ -406,12 +410,20 @@ class Engine:
                                    detail=f"allocation on {self.device} failed: {exc}") from exc
         seq.binding = self.session.io_binding()
         seq.kv.bind(seq.binding)
-        logits = self._run(seq, seq.req.prompt_ids)
         self._running.append(seq)
-        self._accept(seq, logits)
+        self._step(seq)
 
-    def _decode(self, seq: Sequence) -> None:
-        self._accept(seq, self._run(seq, (seq.output_ids[-1],)))
+    def _step(self, seq: Sequence) -> None:
+        """One run for the sequence: its next prompt chunk, or one decode token."""
+        prompt = seq.req.prompt_ids
+        if seq.cache_tokens < len(prompt):
+            chunk = prompt[seq.cache_tokens: seq.cache_tokens + max(self.config.prefill_chunk_tokens, 1)]
+            logits = self._run(seq, chunk)
+            if seq.cache_tokens < len(prompt):
+                return  # more prompt to go; logits of a middle chunk are not needed
+        else:
+            logits = self._run(seq, (seq.output_ids[-1],))
+        self._accept(seq, logits)
 
     def _run(self, seq: Sequence, new_ids: tuple[int, ...] | list[int]) -> np.ndarray:
         """One session run over new_ids appended to the sequence's cache; last position's logits."""

@@ -1,0 +1,172 @@
+"""The engine against a plain ONNX Runtime loop, and its static shared KV buffers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from worker_service.engine import Engine, EngineConfig, SequenceRequest
+from worker_service.errors import ModelLoadError
+from worker_service.kv_cache import StaticSharedKV
+from worker_service.model import ModelSpec, load_model_spec
+from worker_service.sampling import Sampler, SamplingConfig
+
+FRANCE = "What is the capital of France? Answer in one sentence."
+
+
+def prepared_model_dir(name: str) -> Path:
+    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
+    path = cache / "models" / name
+    if not (path / "ortserve-model.json").is_file():
+        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
+                    "run `make tiny-model` (or `make model`) first")
+    return path
+
+
+def plain_session(spec: ModelSpec) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
+
+
+def reference_generate(spec: ModelSpec, session: ort.InferenceSession, prompt_ids: list[int],
+                       new_tokens: int, sampler: Sampler) -> list[int]:
+    """The textbook loop: feed every present back as the next past (a growing cache)."""
+    names = [o.name for o in session.get_outputs()]
+    empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
+    layers = range(spec.num_layers)
+    past = {fmt.format(i=i): empty for i in layers
+            for fmt in (spec.past_key_name, spec.past_value_name)}
+    history, out, step_ids, total = list(prompt_ids), [], list(prompt_ids), 0
+    for _ in range(new_tokens):
+        total += len(step_ids)
+        feeds = {"input_ids": np.array([step_ids], dtype=np.int64),
+                 "attention_mask": np.ones((1, total), dtype=np.int64), **past}
+        result = dict(zip(names, session.run(None, feeds), strict=True))
+        for i in layers:
+            past[spec.past_key_name.format(i=i)] = result[spec.present_key_name.format(i=i)]
+            past[spec.past_value_name.format(i=i)] = result[spec.present_value_name.format(i=i)]
+        token = sampler(result["logits"][0, -1], history)
+        out.append(token)
+        history.append(token)
+        step_ids = [token]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return prepared_model_dir("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_dir):
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as engine:
+        yield engine
+
+
+def test_spec_is_read_from_the_folder(tiny_engine):
+    spec = tiny_engine.spec
+    assert (spec.num_layers, spec.kv_heads, spec.head_dim) == (2, 2, 16)
+    assert spec.bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert spec.kv_dtype == np.float32 and 2 in spec.eos_token_ids
+    assert tiny_engine.provider == "CPUExecutionProvider" and tiny_engine.device == "cpu"
+    assert tiny_engine.intra_op_threads == 2
+
+
+def test_config_that_disagrees_with_the_graph_is_refused(tiny_dir, tmp_path):
+    for name in ("model.onnx", "model.onnx.data", "tokenizer.json"):
+        (tmp_path / name).symlink_to(tiny_dir / name)
+    config = (tiny_dir / "genai_config.json").read_text()
+    (tmp_path / "genai_config.json").write_text(
+        config.replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    with pytest.raises(ModelLoadError, match="says 3 layers but the graph has 2"):
+        load_model_spec(tmp_path)
+    with pytest.raises(ModelLoadError, match="genai_config.json not found"):
+        load_model_spec(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=11)],
+                         ids=["greedy", "sampled"])
+def test_engine_tokens_equal_a_growing_cache_reference_loop(tiny_engine, sampling):
+    # Sampling at temperature 1 on the random tiny model draws from the whole
+    # vocabulary, so any difference in logits (a wrong cache) shows in the tokens.
+    spec = tiny_engine.spec
+    prompt = tiny_engine.tokenizer.encode_chat([("user", FRANCE)])
+    expected = reference_generate(spec, plain_session(spec), prompt, 40,
+                                  Sampler(sampling, spec.vocab_size))
+    done = tiny_engine.generate(SequenceRequest("ref", tuple(prompt), 40, sampling=sampling))
+    assert list(done.token_ids) == expected
+    assert done.finish_reason == "length" and done.generated_tokens == 40
+    if not sampling.greedy:
+        assert len(set(expected)) > 20
+
+
+def test_prompt_prefilled_in_chunks_gives_the_same_tokens(tiny_dir, tiny_engine):
+    prompt = tuple(tiny_engine.tokenizer.encode_chat([("user", FRANCE)]))
+    req = SequenceRequest("chunks", prompt, 24, sampling=SamplingConfig(temperature=1.0, seed=3))
+    whole = tiny_engine.generate(req)
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2,
+                             prefill_chunk_tokens=5)) as chunked:
+        assert len(prompt) > 5 * 3
+        assert chunked.generate(req).token_ids == whole.token_ids
+
+
+def test_static_buffer_is_written_in_place_and_matches_the_growing_cache(tiny_engine):
+    spec = tiny_engine.spec
+    session = plain_session(spec)
+    prompt = tiny_engine.tokenizer.encode("The static cache is shared between past and present.")
+    n = len(prompt)
+    # Growing cache: presents of the prompt.
+    empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
+    feeds = {"input_ids": np.array([prompt], dtype=np.int64),
+             "attention_mask": np.ones((1, n), dtype=np.int64)}
+    feeds |= {fmt.format(i=i): empty for i in range(spec.num_layers)
+              for fmt in (spec.past_key_name, spec.past_value_name)}
+    names = [o.name for o in session.get_outputs()]
+    grown = dict(zip(names, session.run(None, feeds), strict=True))
+    # Static cache: one buffer of 64 positions bound as both past and present.
+    buffer = StaticSharedKV(spec).allocate(64)
+    binding = session.io_binding()
+    buffer.bind(binding)
+    binding.bind_cpu_input("input_ids", feeds["input_ids"])
+    binding.bind_cpu_input("attention_mask", feeds["attention_mask"])
+    binding.bind_output("logits", "cpu")
+    session.run_with_iobinding(binding)
+    # get_outputs() follows the binding order: the presents, then logits.
+    bound_outputs = dict(zip([*[p for _, p, _ in buffer.ortvalues()], "logits"],
+                             binding.get_outputs(), strict=True))
+    for _, present_name, value in buffer.ortvalues():
+        assert value.shape() == [1, spec.kv_heads, 64, spec.head_dim]
+        # ORT wrote the present into the very buffer bound as past: no copy, no new tensor.
+        assert bound_outputs[present_name].data_ptr() == value.data_ptr(), present_name
+        np.testing.assert_allclose(value.numpy()[:, :, :n], grown[present_name], atol=1e-5)
+    np.testing.assert_allclose(bound_outputs["logits"].numpy(), grown["logits"], atol=1e-4)
+    buffer.free()
+
+
+def test_timings_are_consistent(tiny_engine):
+    done = tiny_engine.generate(SequenceRequest("timing", (1, 2, 3), 16))
+    assert done.queue_ms >= 0 and done.prefill_ms > 0 and done.decode_ms > 0
+    assert done.ttft_ms >= done.prefill_ms
+    assert done.total_ms >= done.ttft_ms + done.decode_ms - 1e-6
+    assert done.decode_tokens_per_s == pytest.approx(15 / (done.decode_ms / 1e3))
+    assert done.seed is None
+
+
+@pytest.mark.slow
+def test_smollm2_fp32_greedy_equals_reference_and_answers_paris():
+    model_dir = prepared_model_dir("smollm2-135m-instruct-fp32")
+    with Engine(EngineConfig(model_dir=model_dir, intra_op_threads=2)) as engine:
+        spec = engine.spec
+        prompt = engine.tokenizer.encode_chat([("user", FRANCE)])
+        expected = reference_generate(spec, plain_session(spec), prompt, 32,
+                                      Sampler(SamplingConfig(), spec.vocab_size))
+        done = engine.generate(SequenceRequest("paris", tuple(prompt), 32))
+    assert list(done.token_ids) == expected[: done.generated_tokens]
+    assert done.finish_reason in ("eos", "length")
+    assert "Paris" in done.text

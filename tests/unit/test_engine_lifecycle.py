@@ -1,0 +1,352 @@
+"""Engine lifecycle: validation, capacity, cancel, concurrency, failures, EOS, stop sequences."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import worker_service.engine as engine_module
+from worker_service.engine import (
+    Cancelled,
+    Completed,
+    Engine,
+    EngineConfig,
+    Failed,
+    SequenceRequest,
+    Started,
+    TokenDelta,
+)
+from worker_service.errors import (
+    CapacityExceeded,
+    ContextWindowFull,
+    DeviceUnavailable,
+    EngineError,
+    InvalidRequest,
+)
+from worker_service.sampling import Sampler, SamplingConfig
+
+TERMINAL = (Completed, Cancelled, Failed)
+
+
+def prepared_model_dir(name: str) -> Path:
+    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
+    path = cache / "models" / name
+    if not (path / "ortserve-model.json").is_file():
+        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
+                    "run `make tiny-model` (or `make model`) first")
+    return path
+
+
+class Recorder:
+    """An on_event callback that keeps every event (thread-safe enough: appends only)."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.done = threading.Event()
+        self.tokens = threading.Semaphore(0)
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, TokenDelta):
+            self.tokens.release()
+        if isinstance(event, TERMINAL):
+            self.done.set()
+
+    def terminal(self) -> list:
+        return [e for e in self.events if isinstance(e, TERMINAL)]
+
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TokenDelta))
+
+    def token_ids(self) -> list[int]:
+        return [t for e in self.events if isinstance(e, TokenDelta) for t in e.token_ids]
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    return prepared_model_dir("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def prompt(engine) -> tuple[int, ...]:
+    return tuple(engine.tokenizer.encode_chat([("user", "Tell me a long story.")]))
+
+
+SAMPLED = SamplingConfig(temperature=1.0, seed=21)
+
+
+# --- validation -------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"prompt_ids": ()}, "prompt"),
+        ({"prompt_ids": (1, 49152)}, "prompt"),
+        ({"prompt_ids": (-1,)}, "prompt"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"min_new_tokens": 9}, "min_new_tokens"),
+        ({"stop": ("ok", "")}, "stop"),
+        ({"sampling": SamplingConfig(temperature=1.0, top_p=0.0)}, "sampling.top_p"),
+        ({"sampling": SamplingConfig(temperature=-1.0)}, "sampling.temperature"),
+        ({"sampling": SamplingConfig(temperature=1.0, top_k=-2)}, "sampling.top_k"),
+        ({"sampling": SamplingConfig(seed=5)}, "sampling.seed"),
+        ({"sampling": SamplingConfig(repetition_penalty=0.0)}, "sampling.repetition_penalty"),
+    ],
+)
+def test_bad_request_is_rejected_naming_the_field_and_holds_nothing(engine, change, field):
+    req = dataclasses.replace(SequenceRequest("bad", (1, 2, 3), 8), **change)
+    with pytest.raises(InvalidRequest) as info:
+        engine.submit(req, Recorder())
+    assert info.value.field == field
+    assert engine.held_bytes() == 0 and engine.active_sequences() == 0
+
+
+def test_full_context_window_is_an_error_with_the_numbers(engine):
+    context = engine.spec.context_length
+    with pytest.raises(ContextWindowFull) as info:
+        engine.validate(SequenceRequest("full", (1,) * context, 1))
+    assert (info.value.prompt_tokens, info.value.context_length) == (context, context)
+    assert f"{context:,} tokens" in str(info.value)
+    assert "a full context window is an error, not an empty turn" in str(info.value)
+    with pytest.raises(ContextWindowFull) as info:
+        engine.validate(SequenceRequest("over", (1,) * 100, context))
+    message = str(info.value)
+    assert info.value.max_new_tokens == context
+    assert f"lower max_new_tokens to {context - 100:,}" in message and "100 tokens" in message
+    engine.validate(SequenceRequest("fits", (1,) * 100, context - 100))
+
+
+# --- capacity ----------------------------------------------------------------
+
+def test_held_bytes_equal_the_reservation_and_overflow_raises_with_numbers(tiny_dir, prompt):
+    max_new = 1500
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as probe:
+        per_seq = probe.kv.bytes_for(len(prompt) + max_new)
+    assert per_seq == (len(prompt) + max_new) * probe.spec.bytes_per_token
+    capacity = 2 * per_seq - 1
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2,
+                             kv_capacity_bytes=capacity)) as eng:
+        rec = Recorder()
+        handle = eng.submit(SequenceRequest("a", prompt, max_new), rec)
+        assert eng.held_bytes() == per_seq  # reserved synchronously, before the engine thread runs
+        with pytest.raises(CapacityExceeded) as info:
+            eng.submit(SequenceRequest("b", prompt, max_new), Recorder())
+        err = info.value
+        assert (err.needed_bytes, err.held_bytes, err.capacity_bytes) == (per_seq, per_seq, capacity)
+        assert f"{per_seq:,} bytes" in str(err) and "--kv-budget" in str(err)
+        # A smaller one still fits beside it.
+        small = eng.generate(SequenceRequest("c", prompt[:4], 4))
+        assert small.generated_tokens == 4
+        handle.cancel()
+        assert rec.done.wait(5)
+        assert eng.held_bytes() == 0
+
+
+# --- cancel ------------------------------------------------------------------
+
+def test_cancel_frees_the_buffer_within_a_step_and_sends_one_cancelled(engine, prompt):
+    rec = Recorder()
+    handle = engine.submit(SequenceRequest("cancel-me", prompt, 1800), rec)
+    for _ in range(3):
+        assert rec.tokens.acquire(timeout=5)
+    assert engine.held_bytes() > 0
+    handle.cancel()
+    assert wait_for(lambda: engine.held_bytes() == 0 and rec.done.is_set(), 1.0)
+    handle.cancel()  # idempotent
+    time.sleep(0.05)
+    [terminal] = rec.terminal()
+    assert isinstance(terminal, Cancelled) and 3 <= terminal.generated_tokens < 1800
+    assert isinstance(rec.events[0], Started) and rec.events[-1] is terminal
+    assert engine.active_sequences() == 0
+
+
+def test_cancelling_a_finished_sequence_is_a_no_op(engine, prompt):
+    rec = Recorder()
+    handle = engine.submit(SequenceRequest("short", prompt, 3), rec)
+    assert rec.done.wait(5)
+    handle.cancel()
+    time.sleep(0.05)
+    assert [type(e) for e in rec.terminal()] == [Completed]
+
+
+# --- concurrency -------------------------------------------------------------
+
+def test_two_sequences_interleave_and_each_equals_its_solo_run(engine):
+    reqs = [
+        SequenceRequest("x", tuple(engine.tokenizer.encode("Once upon a time")), 60,
+                        sampling=SamplingConfig(temperature=1.0, seed=1)),
+        SequenceRequest("y", tuple(engine.tokenizer.encode_chat([("user", "Hi there")])), 60,
+                        sampling=SamplingConfig(temperature=0.8, top_k=50, seed=2)),
+    ]
+    solo = [engine.generate(r).token_ids for r in reqs]
+    order: list[str] = []
+    recs = [Recorder(), Recorder()]
+
+    def tap(i):
+        def on_event(event):
+            if isinstance(event, TokenDelta):
+                order.append(event.request_id)
+            recs[i](event)
+        return on_event
+
+    for i, r in enumerate(reqs):
+        engine.submit(r, tap(i))
+    assert all(rec.done.wait(10) for rec in recs)
+    for rec, expected in zip(recs, solo, strict=True):
+        [done] = rec.terminal()
+        assert isinstance(done, Completed)
+        assert tuple(rec.token_ids()) == done.token_ids == expected
+    # Interleaved: each one's tokens arrive while the other is still generating.
+    last = {rid: len(order) - 1 - order[::-1].index(rid) for rid in ("x", "y")}
+    assert order.index("y") < last["x"] and order.index("x") < last["y"]
+    assert sum(a != b for a, b in zip(order, order[1:], strict=False)) > 50
+    assert engine.held_bytes() == 0
+
+
+def test_running_sequences_keep_decoding_while_a_long_prompt_prefills(tiny_dir, prompt):
+    order: list[tuple[str, str]] = []
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2,
+                             prefill_chunk_tokens=4)) as eng:
+        first = Recorder()
+        eng.submit(SequenceRequest("decoding", prompt, 400), lambda e: (
+            order.append((e.request_id, type(e).__name__)), first(e)))
+        assert first.tokens.acquire(timeout=5)
+        second = Recorder()
+        long_prompt = tuple(eng.tokenizer.encode("word " * 200))
+        eng.submit(SequenceRequest("prefilling", long_prompt, 2), lambda e: (
+            order.append((e.request_id, type(e).__name__)), second(e)))
+        assert second.done.wait(10) and first.done.wait(10)
+    started = order.index(("prefilling", "Started"))
+    first_token = order.index(("prefilling", "TokenDelta"))
+    # ~50 chunks of 4: the running sequence made a token in (nearly) every one of those iterations.
+    assert order[started:first_token].count(("decoding", "TokenDelta")) >= 40
+
+
+def test_a_failing_sequence_fails_alone(engine, prompt, monkeypatch):
+    class BrokenSampler(Sampler):
+        calls = 0
+
+        def __call__(self, logits, history):
+            if self.config.seed == 666:
+                BrokenSampler.calls += 1
+                if BrokenSampler.calls == 3:
+                    raise RuntimeError("sampler exploded")
+            return super().__call__(logits, history)
+
+    monkeypatch.setattr(engine_module, "Sampler", BrokenSampler)
+    good, bad = Recorder(), Recorder()
+    engine.submit(SequenceRequest("good", prompt, 30), good)
+    engine.submit(SequenceRequest("bad", prompt, 30,
+                                  sampling=SamplingConfig(temperature=1.0, seed=666)), bad)
+    assert good.done.wait(10) and bad.done.wait(10)
+    [failed] = bad.terminal()
+    assert isinstance(failed, Failed) and isinstance(failed.error, EngineError)
+    assert "RuntimeError: sampler exploded" in str(failed.error)
+    assert isinstance(good.terminal()[0], Completed)
+    assert engine.held_bytes() == 0
+    assert engine.generate(SequenceRequest("after", prompt, 2)).generated_tokens == 2
+
+
+def test_close_fails_what_is_in_flight_and_refuses_more(tiny_dir, prompt):
+    eng = Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2))
+    rec = Recorder()
+    eng.submit(SequenceRequest("long", prompt, 1800), rec)
+    assert rec.tokens.acquire(timeout=5)
+    eng.close()
+    [terminal] = rec.terminal()
+    assert isinstance(terminal, Failed) and "closed" in str(terminal.error)
+    assert eng.held_bytes() == 0
+    with pytest.raises(EngineError, match="closed"):
+        eng.submit(SequenceRequest("late", prompt, 2), Recorder())
+    eng.close()
+
+
+# --- EOS, min_new_tokens, stop sequences --------------------------------------
+
+@pytest.fixture
+def eos_engine(engine, prompt):
+    """The engine, with its EOS set to the token the random model emits first (greedy)."""
+    first = engine.generate(SequenceRequest("probe", prompt, 1)).token_ids[0]
+    original = engine.spec
+    engine.spec = dataclasses.replace(original, eos_token_ids=(first,))
+    yield engine
+    engine.spec = original
+
+
+def test_eos_ends_the_sequence_and_counts_but_adds_no_text(eos_engine, prompt):
+    rec = Recorder()
+    eos_engine.submit(SequenceRequest("eos", prompt, 20), rec)
+    assert rec.done.wait(5)
+    [done] = rec.terminal()
+    assert (done.finish_reason, done.generated_tokens, done.text) == ("eos", 1, "")
+    assert rec.token_ids() == list(done.token_ids) and rec.text() == ""
+
+
+def test_min_new_tokens_masks_eos_until_reached(eos_engine, prompt):
+    eos = eos_engine.spec.eos_token_ids[0]
+    done = eos_engine.generate(SequenceRequest("min", prompt, 20, min_new_tokens=5))
+    assert done.generated_tokens >= 5
+    assert eos not in done.token_ids[:5]
+    if done.finish_reason == "eos":
+        assert done.token_ids[-1] == eos and eos not in done.token_ids[:-1]
+
+
+def test_stop_sequence_ends_the_output_before_the_match(engine):
+    base = SequenceRequest("free", tuple(engine.tokenizer.encode("Once upon a time")), 80,
+                           sampling=SAMPLED)
+    free = engine.generate(base)
+    text = free.text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert len(stop) == 3
+    rec = Recorder()
+    engine.submit(dataclasses.replace(base, request_id="stopped", stop=("never-there", stop)), rec)
+    assert rec.done.wait(5)
+    [done] = rec.terminal()
+    assert (done.finish_reason, done.stop_sequence) == ("stop_sequence", stop)
+    assert done.text == text[: text.index(stop)] == rec.text()
+    assert stop not in rec.text()
+    assert done.generated_tokens < free.generated_tokens
+    assert engine.held_bytes() == 0
+
+
+def test_length_finish_emits_all_text(engine):
+    req = SequenceRequest("len", tuple(engine.tokenizer.encode("Hello")), 25,
+                          sampling=SAMPLED, stop=("zzzzqqqq",))
+    rec = Recorder()
+    engine.submit(req, rec)
+    assert rec.done.wait(5)
+    [done] = rec.terminal()
+    assert done.finish_reason == "length" and done.generated_tokens == 25
+    assert rec.text() == done.text == engine.tokenizer.decode(done.token_ids)
+    assert done.seed == 21
+
+
+# --- devices -----------------------------------------------------------------
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="a GPU is present here")
+def test_cuda_without_a_gpu_is_refused_naming_the_provider(tiny_dir):
+    with pytest.raises(DeviceUnavailable) as info:
+        Engine(EngineConfig(model_dir=tiny_dir, device="cuda"))
+    message = str(info.value)
+    assert message.startswith("CUDAExecutionProvider not active")
+    assert "--device cpu" in message

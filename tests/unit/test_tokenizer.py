@@ -1,0 +1,127 @@
+"""Tokenizer, chat template, incremental detokenization and stop-sequence hold-back."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker_service.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
+
+MULTIBYTE = "héllo wörld 日本語 🙂 — ça va? 𝄞"
+
+
+def prepared_model_dir(name: str) -> Path:
+    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
+    path = cache / "models" / name
+    if not (path / "ortserve-model.json").is_file():
+        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
+                    "run `make tiny-model` (or `make model`) first")
+    return path
+
+
+@functools.cache
+def load_tiny_tokenizer() -> Tokenizer:
+    return Tokenizer(prepared_model_dir("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer() -> Tokenizer:
+    return load_tiny_tokenizer()
+
+
+def stream_deltas(tok: Tokenizer, ids: list[int], prompt_ids: list[int] | None = None) -> list[str]:
+    detok = IncrementalDetokenizer(tok, prompt_ids)
+    return [detok.push(i) for i in ids] + [detok.flush()]
+
+
+def test_encode_adds_no_special_tokens_and_round_trips(tiny_tokenizer):
+    ids = tiny_tokenizer.encode("Hello world")
+    assert tiny_tokenizer.decode(ids) == "Hello world"
+    assert tiny_tokenizer.encode("") == []
+
+
+def test_chat_template_renders_turns_with_a_generation_prompt(tiny_tokenizer):
+    text = tiny_tokenizer.render_chat([("user", "What is 2+2?")])
+    assert "What is 2+2?" in text
+    assert text.rstrip().endswith("assistant")  # SmolLM2: "<|im_start|>assistant\n"
+    ids = tiny_tokenizer.encode_chat([("user", "What is 2+2?")])
+    assert tiny_tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_deltas_never_split_a_character_and_concatenate_to_the_decode(tiny_tokenizer):
+    ids = tiny_tokenizer.encode(MULTIBYTE)
+    deltas = stream_deltas(tiny_tokenizer, ids)
+    assert "".join(deltas) == tiny_tokenizer.decode(ids) == MULTIBYTE
+    assert not any("\ufffd" in d for d in deltas)
+    # The test means something only if some token is a partial character on its own.
+    assert any("\ufffd" in tiny_tokenizer.decode([i]) for i in ids)
+    assert "" in deltas[:-1]
+
+
+def test_prompt_context_does_not_leak_into_deltas(tiny_tokenizer):
+    prompt = tiny_tokenizer.encode_chat([("user", "Say something")])
+    ids = tiny_tokenizer.encode(" " + MULTIBYTE)
+    deltas = stream_deltas(tiny_tokenizer, ids, prompt)
+    assert "".join(deltas) == tiny_tokenizer.decode(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
+def test_deltas_concatenate_to_the_decode_for_any_text(text):
+    tok = load_tiny_tokenizer()
+    ids = tok.encode(text)
+    deltas = stream_deltas(tok, ids)
+    assert "".join(deltas) == tok.decode(ids)
+    if "\ufffd" not in tok.decode(ids):  # the tokenizer cannot encode a few unassigned code points
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def push_all(stream: StopTextStream, ids: list[int], **kw) -> list[str]:
+    out = [stream.push(i, **kw) for i in ids[:-1]]
+    if stream.stop_sequence:
+        return out
+    return [*out, stream.push(ids[-1], final=True, **kw)]
+
+
+def test_stop_sequence_and_what_follows_are_never_emitted(tiny_tokenizer):
+    ids = tiny_tokenizer.encode("The answer is Paris. END of answer, more text")
+    stream = StopTextStream(tiny_tokenizer, None, ["END"])
+    deltas = []
+    for i in ids:
+        deltas.append(stream.push(i))
+        if stream.stop_sequence:
+            break
+    assert stream.stop_sequence == "END"
+    assert "".join(deltas) == stream.text == "The answer is Paris. "
+
+
+def test_text_that_may_begin_a_stop_sequence_is_held_back(tiny_tokenizer):
+    stream = StopTextStream(tiny_tokenizer, None, ["<stop here>"])
+    emitted = "".join(stream.push(i) for i in tiny_tokenizer.encode("abc <stop"))
+    assert emitted == "abc "  # "<stop" may still become "<stop here>"
+    emitted += "".join(push_all(stream, tiny_tokenizer.encode(" there")))
+    assert stream.stop_sequence == ""
+    assert emitted == stream.text == "abc <stop there"
+
+
+def test_earliest_of_several_stop_sequences_wins(tiny_tokenizer):
+    stream = StopTextStream(tiny_tokenizer, None, ["world", "lo"])
+    out = "".join(push_all(stream, tiny_tokenizer.encode("hello world")))
+    assert (stream.stop_sequence, out, stream.text) == ("lo", "hel", "hel")
+
+
+def test_stop_sequences_before_min_new_tokens_do_not_count(tiny_tokenizer):
+    ids = tiny_tokenizer.encode("a END b END c")
+    stream = StopTextStream(tiny_tokenizer, None, ["END"])
+    first = tiny_tokenizer.encode("a END")
+    out = [stream.push(i, stops_armed=False) for i in first]
+    rest = ids[len(first):]
+    assert tiny_tokenizer.decode(first + rest) == "a END b END c"
+    out += [stream.push(i) for i in rest]  # pushes after the match add nothing
+    assert stream.stop_sequence == "END"
+    assert "".join(out) == stream.text == "a END b "
