@@ -229,19 +229,19 @@ def main(argv: list[str] | None = None) -> None:
                            kv_budgets=[a.kv_budget] * a.workers)
     print(f"ortserve: starting the scheduler and {a.workers} worker(s) on {a.model_dir.name}; "
           f"logs in {a.log_dir}/", file=sys.stderr)
-    stop = False
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
 
-    def on_signal(signum, frame):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
+    # NOTE: explicit handlers: a shell starting us in the background leaves SIGINT
+    # ignored, and SIGTERM (docker stop, kill) must stop the children as Ctrl-C does.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         with cluster:
             if a.demo:
                 _demo(cluster.address)
             print(_how_to_call(cluster.address), file=sys.stderr)
-            while not stop:
+            while True:
                 time.sleep(0.5)
                 for service in cluster.services:
                     if service.process.poll() is not None:
