@@ -59,7 +59,6 @@ def engine_decode(model_dir: Path, threads: int, streams: int, new_tokens: int, 
         for repeat in range(repeats + 1):  # the first is a warm-up
             done: list = []
             finished = threading.Event()
-            submitted = time.perf_counter()
 
             def on_event(event, done=done, finished=finished):
                 if type(event).__name__ in ("Completed", "Failed", "Cancelled"):
@@ -81,7 +80,6 @@ def engine_decode(model_dir: Path, threads: int, streams: int, new_tokens: int, 
             if repeat:
                 rates.append(tokens / (last - first))
                 ttfts.append(min(e.ttft_ms for e in done))
-            del submitted
         return {"decode": summary(rates, "tokens/s"), "ttft": summary(ttfts, "ms")}
     finally:
         engine.close()

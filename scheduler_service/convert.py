@@ -34,38 +34,17 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int) ->
     )
 
 
+_CAP_FIELDS = tuple(BudgetCap.__dataclass_fields__)  # the proto's names, one for one
+
+
 def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
     if cap is None:
         return None
-    return types_pb2.BudgetCap(
-        requested_max_new_tokens=cap.requested_max_new_tokens,
-        admitted_max_new_tokens=cap.admitted_max_new_tokens,
-        requested_was_unset=cap.requested_was_unset,
-        requested_bytes=cap.requested_bytes,
-        admitted_bytes=cap.admitted_bytes,
-        available_bytes=cap.available_bytes,
-        capacity_bytes=cap.capacity_bytes,
-        bytes_per_token=cap.bytes_per_token,
-        prompt_tokens=cap.prompt_tokens,
-        worker_id=cap.worker_id,
-        reason=cap.reason,
-    )
+    return types_pb2.BudgetCap(**{name: getattr(cap, name) for name in _CAP_FIELDS})
 
 
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
-    return BudgetCap(
-        requested_max_new_tokens=pb.requested_max_new_tokens,
-        admitted_max_new_tokens=pb.admitted_max_new_tokens,
-        requested_was_unset=pb.requested_was_unset,
-        requested_bytes=pb.requested_bytes,
-        admitted_bytes=pb.admitted_bytes,
-        available_bytes=pb.available_bytes,
-        capacity_bytes=pb.capacity_bytes,
-        bytes_per_token=pb.bytes_per_token,
-        prompt_tokens=pb.prompt_tokens,
-        worker_id=pb.worker_id,
-        reason=pb.reason,
-    )
+    return BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS})
 
 
 def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 
@@ -32,7 +33,10 @@ class LedgerMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.clock = Clock()
-        self.ledger = Ledger(lease_ttl_s=10, claim_ttl_s=30, clock=self.clock)
+        ids = itertools.count()
+        # Deterministic lease ids: a failing sequence then replays and shrinks.
+        self.ledger = Ledger(lease_ttl_s=10, claim_ttl_s=30, clock=self.clock,
+                             new_lease_id=lambda: f"lease-{next(ids):05d}")
         self.leases: dict[str, int] = {}  # lease_id -> reserved bytes, as the test believes
         self.freed_twice = 0
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.models import prepared_model_dir
 from worker_service.engine import Engine, EngineConfig, SequenceRequest
 from worker_service.errors import ModelLoadError
 from worker_service.kv_cache import StaticSharedKV
@@ -16,15 +14,6 @@ from worker_service.model import ModelSpec, load_model_spec
 from worker_service.sampling import Sampler, SamplingConfig
 
 FRANCE = "What is the capital of France? Answer in one sentence."
-
-
-def prepared_model_dir(name: str) -> Path:
-    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
-    path = cache / "models" / name
-    if not (path / "ortserve-model.json").is_file():
-        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
-                    "run `make tiny-model` (or `make model`) first")
-    return path
 
 
 def plain_session(spec: ModelSpec) -> ort.InferenceSession:
@@ -56,11 +45,6 @@ def reference_generate(spec: ModelSpec, session: ort.InferenceSession, prompt_id
         history.append(token)
         step_ids = [token]
     return out
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return prepared_model_dir("tiny-llama")
 
 
 @pytest.fixture(scope="module")

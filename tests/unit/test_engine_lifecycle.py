@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from pathlib import Path
@@ -31,15 +30,6 @@ from worker_service.errors import (
 from worker_service.sampling import Sampler, SamplingConfig
 
 TERMINAL = (Completed, Cancelled, Failed)
-
-
-def prepared_model_dir(name: str) -> Path:
-    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
-    path = cache / "models" / name
-    if not (path / "ortserve-model.json").is_file():
-        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
-                    "run `make tiny-model` (or `make model`) first")
-    return path
 
 
 class Recorder:
@@ -74,11 +64,6 @@ def wait_for(predicate, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.002)
     return predicate()
-
-
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    return prepared_model_dir("tiny-llama")
 
 
 @pytest.fixture(scope="module")

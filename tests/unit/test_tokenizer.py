@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import functools
-import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.models import prepared_model_dir
 from worker_service.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
 
 MULTIBYTE = "héllo wörld 日本語 🙂 — ça va? 𝄞"
-
-
-def prepared_model_dir(name: str) -> Path:
-    cache = Path(os.environ.get("ORTSERVE_MODEL_CACHE", "~/.cache/ortserve")).expanduser()
-    path = cache / "models" / name
-    if not (path / "ortserve-model.json").is_file():
-        pytest.skip(f"model folder {path} is not prepared (no ortserve-model.json): "
-                    "run `make tiny-model` (or `make model`) first")
-    return path
 
 
 @functools.cache
