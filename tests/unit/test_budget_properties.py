@@ -6,7 +6,7 @@ import itertools
 import random
 import threading
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -124,7 +124,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert self.ledger.reserved_bytes() == 0
 
 
-LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+# NOTE: too_slow is a timing check: on a loaded 2-core CI machine it can fail a
+# run that found no counterexample.
+LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])
 test_ledger_invariants_hold_over_random_sequences = LedgerMachine.TestCase
 
 
