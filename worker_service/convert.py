@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ortserve.v1 import types_pb2
 
-from .engine import Completed, Engine, SequenceRequest
+from ortserve.errors import quoted as clip
+
 from .errors import InvalidRequest
 from .sampling import SamplingConfig
+from .sequence import Completed, FinishReason, SequenceRequest
+from .tokenizer import Tokenizer
 
 _FINISH = {
-    "length": types_pb2.LENGTH,
-    "eos": types_pb2.EOS,
-    "stop_sequence": types_pb2.STOP_SEQUENCE,
+    FinishReason.LENGTH: types_pb2.LENGTH,
+    FinishReason.EOS: types_pb2.EOS,
+    FinishReason.STOP_SEQUENCE: types_pb2.STOP_SEQUENCE,
 }
 
 
@@ -34,49 +39,51 @@ def sampling_to_pb(config: SamplingConfig, seed: int | None) -> types_pb2.Sampli
     return pb
 
 
-def prompt_ids(engine: Engine, request: types_pb2.GenerateRequest) -> list[int]:
-    """The request's prompt as token ids; validates ids and the rest of the request."""
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
+               forwarded_ids: Sequence[int] = ()) -> list[int]:
+    """The request's prompt as token ids: the scheduler's forwarded ids when it sent them
+    (it tokenized already; the lease check catches a mismatch), else tokenized here."""
     kind = request.WhichOneof("prompt")
-    if kind == "text":
-        ids = engine.tokenizer.encode(request.text)
-    elif kind == "token_ids":
-        ids = list(request.token_ids.ids)
-        vocab = engine.spec.vocab_size
-        bad = [i for i in ids if i >= vocab]
-        if bad:
-            raise InvalidRequest("token_ids", f"token id {bad[0]} is outside the model's vocabulary "
-                                 f"of {vocab:,} ids ({len(bad)} such ids)")
-    elif kind == "chat":
-        if not request.chat.messages:
-            raise InvalidRequest("chat.messages", "chat has no messages: add at least one turn")
-        ids = engine.tokenizer.encode_chat([(m.role, m.content) for m in request.chat.messages])
-    else:
+    if kind is None:
         raise InvalidRequest("prompt", "request has no prompt: set one of text, token_ids or chat")
-    if not ids:
-        raise InvalidRequest("prompt", "the prompt is empty (0 tokens): send some text or token ids")
-    for i, stop in enumerate(request.stop):
-        if not stop:
-            raise InvalidRequest(f"stop[{i}]", "stop sequences must not be empty strings")
-    if request.HasField("max_new_tokens") and request.max_new_tokens < 1:
-        raise InvalidRequest("max_new_tokens", "max_new_tokens must be >= 1 (or unset for the "
-                             "remaining context window)")
-    if request.HasField("max_new_tokens") and request.min_new_tokens > request.max_new_tokens:
-        raise InvalidRequest("min_new_tokens", f"min_new_tokens {request.min_new_tokens:,} exceeds "
-                             f"max_new_tokens {request.max_new_tokens:,}")
-    sampling_from_pb(request.sampling).validate()
-    return ids
+    if kind == "chat":
+        messages = request.chat.messages
+        if not messages:
+            raise InvalidRequest("chat.messages", "chat has no messages: add at least one turn")
+        for i, message in enumerate(messages):
+            if message.role not in CHAT_ROLES:
+                raise InvalidRequest(f"chat.messages[{i}].role", f"role {clip(message.role)} is "
+                                     f"not one of {', '.join(CHAT_ROLES)}")
+    if forwarded_ids:
+        return list(forwarded_ids)
+    if kind == "text":
+        return tokenizer.encode(request.text)
+    if kind == "token_ids":
+        return list(request.token_ids.ids)
+    return tokenizer.encode_chat([(m.role, m.content) for m in request.chat.messages])
 
 
-def sequence_request(request: types_pb2.GenerateRequest, ids: list[int],
-                     max_new_tokens: int) -> SequenceRequest:
+def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_id: str,
+            forwarded_ids: Sequence[int] = (), arrived_at: float | None = None,
+            context_length: int = 0) -> SequenceRequest:
+    """Validate every field once and build the engine's request (field names are proto paths).
+
+    Without max_new_tokens the ceiling is provisionally the remaining context
+    window; the lease check sets the admitted one.
+    """
+    ids = prompt_ids(request, tokenizer, forwarded_ids)
+    if request.HasField("max_new_tokens"):
+        max_new = request.max_new_tokens
+    else:
+        max_new = max(context_length - len(ids), request.min_new_tokens, 1)
+    kwargs = {} if arrived_at is None else {"arrived_at": arrived_at}
     return SequenceRequest(
-        request_id=request.request_id,
-        prompt_ids=tuple(ids),
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=request.min_new_tokens,
-        sampling=sampling_from_pb(request.sampling),
-        stop=tuple(request.stop),
-    )
+        sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
+        max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
+        sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop), **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from ortserve.logs import configure_logging
-from worker_service.engine import Engine, EngineConfig, SequenceRequest
+from worker_service.engine import Engine, EngineConfig
 from worker_service.errors import EngineError
+from worker_service.sequence import SequenceRequest
 
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -27,7 +28,7 @@ PROMPTS = (
 
 def _greedy(engine: Engine, prompt: str, new_tokens: int, label: str) -> dict:
     ids = engine.tokenizer.encode_chat([("user", prompt)])
-    req = SequenceRequest(request_id=f"{label}-{len(ids)}-{time.monotonic_ns()}",
+    req = SequenceRequest(sequence_id=f"{label}-{len(ids)}-{time.monotonic_ns()}",
                           prompt_ids=tuple(ids), max_new_tokens=new_tokens)
     done = engine.generate(req, timeout_s=300)
     return {"token_ids": list(done.token_ids), "text": done.text,
@@ -45,8 +46,8 @@ def run_checks(model_dir: Path, device_id: int, new_tokens: int) -> dict:
         return summary
     try:
         checks["cuda_provider_active"] = {"ok": cuda.provider == "CUDAExecutionProvider",
-                                          "providers": cuda.session.get_providers()}
-        probe = cuda.kv.allocate(8)
+                                          "providers": cuda.runner.session.get_providers()}
+        probe = cuda.kv.layout.allocate(8)
         devices = sorted(probe.device_names())
         probe.free()
         checks["kv_on_device"] = {"ok": devices == ["cuda"], "device_names": devices}

@@ -1,17 +1,22 @@
-"""KV-cache layouts: how a sequence's keys and values are held, and what that costs.
+"""The worker's KV pool: byte accounting, allocate/free, and the layouts behind it.
 
-The engine and the ledger see only `KVLayout` (what a sequence of N tokens
-physically holds, and allocating it) and `KVBuffer` (binding it to a run), so
-a paged layout for continuous batching can replace `StaticSharedKV` later.
+`KVPool` is the worker's side of the ledger: it charges each sequence
+`bytes_for(prompt + max_new_tokens)` (the scheduler's own formula, from
+ortserve.kv_math) against `capacity_bytes` under one lock, so the worker
+never holds more than it reported. A `KVLayout` decides how the bytes are
+physically held (`StaticSharedKV`: one buffer per sequence); a batched
+layout plugs in behind the same interface.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
-import numpy as np
 import onnxruntime as ort
 
+from ortserve import kv_math
+from worker_service.errors import CapacityExceeded
 from worker_service.model import ModelSpec
 
 
@@ -63,8 +68,7 @@ class StaticSharedKV:
         self.device_id = device_id
 
     def bytes_for(self, max_tokens: int) -> int:
-        blocks = -(-max_tokens // self.block_tokens)
-        return blocks * self.block_tokens * self.spec.bytes_per_token
+        return kv_math.bytes_for(max_tokens, self.spec.bytes_per_token, self.block_tokens)
 
     def allocate(self, max_tokens: int) -> StaticKVBuffer:
         return StaticKVBuffer(self, max_tokens)
@@ -116,6 +120,68 @@ class StaticKVBuffer:
         return self._values is None
 
 
-def kv_dtype_name(dtype: np.dtype) -> str:
-    """np.float32 -> "float32" (what Info reports)."""
-    return np.dtype(dtype).name
+class KVAllocation:
+    """One sequence's charge in the pool; its buffer is made on the engine thread."""
+
+    def __init__(self, max_tokens: int, nbytes: int) -> None:
+        self.max_tokens = max_tokens
+        self.nbytes = nbytes
+        self.buffer: KVBuffer | None = None
+        self.freed = False
+
+
+class KVPool:
+    """What the worker's sequences may hold for KV, and what they hold now. Thread-safe."""
+
+    def __init__(self, layout: KVLayout, capacity_bytes: int) -> None:
+        self.layout = layout
+        self.capacity_bytes = capacity_bytes
+        self._lock = threading.Lock()
+        self._held_bytes = 0  # guarded by _lock
+
+    @property
+    def block_tokens(self) -> int:
+        return self.layout.block_tokens
+
+    def bytes_for(self, max_tokens: int) -> int:
+        return self.layout.bytes_for(max_tokens)
+
+    def held_bytes(self) -> int:
+        """Bytes charged to live sequences: a queued one counts, its buffer is guaranteed."""
+        with self._lock:
+            return self._held_bytes
+
+    def allocate(self, max_tokens: int, detail: str = "") -> KVAllocation:
+        """Charge a sequence of up to `max_tokens`; raises CapacityExceeded when it does not fit."""
+        needed = self.bytes_for(max_tokens)
+        with self._lock:
+            # One lock hold for check and charge: never more than capacity_bytes.
+            if self._held_bytes + needed > self.capacity_bytes:
+                raise CapacityExceeded(needed, self._held_bytes, self.capacity_bytes, detail=detail)
+            self._held_bytes += needed
+        return KVAllocation(max_tokens, needed)
+
+    def materialize(self, allocation: KVAllocation) -> KVBuffer:
+        """The allocation's buffer, created on first use (on the engine thread)."""
+        if allocation.freed:
+            raise RuntimeError("KV allocation used after free()")
+        if allocation.buffer is None:
+            try:
+                allocation.buffer = self.layout.allocate(allocation.max_tokens)
+            except Exception as exc:
+                raise CapacityExceeded(allocation.nbytes, self.held_bytes(), self.capacity_bytes,
+                                       detail=f"the allocation failed: {exc}") from exc
+        return allocation.buffer
+
+    def free(self, allocation: KVAllocation) -> None:
+        """Free the buffer and return the charge. Idempotent."""
+        with self._lock:
+            if allocation.freed:
+                return
+            allocation.freed = True
+        # The memory goes first, then the charge: a new allocation never overlaps it.
+        if allocation.buffer is not None:
+            allocation.buffer.free()
+            allocation.buffer = None
+        with self._lock:
+            self._held_bytes -= allocation.nbytes

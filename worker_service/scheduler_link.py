@@ -64,7 +64,8 @@ class SchedulerLink:
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
 
-    async def claim(self, lease_id: str) -> types_pb2.Lease:
+    async def claim(self, lease_id: str, prompt_tokens: int = 0,
+                    max_new_tokens: int = 0) -> types_pb2.Lease:
         return await self._stub.ClaimLease(
             scheduler_pb2.ClaimLeaseRequest(lease_id=lease_id, worker_id=self.worker_id), timeout=10.0)
 

@@ -5,55 +5,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from dataclasses import dataclass, replace
 
 import grpc
 import structlog
 
+from ortserve.error_path import register_service
 from ortserve.serving import add_health_and_reflection, set_serving
-from ortserve.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.units import human_bytes
+from ortserve.v1 import scheduler_pb2, worker_pb2
 
+from . import device as devices
 from .config import WorkerConfig
 from .engine import Engine, EngineConfig
+from .errors import ConfigError
+from .lease_lifecycle import LeaseLifecycle
 from .scheduler_link import SchedulerLink
 from .servicer import WorkerServicer
+from .status_map import STATUS_OF_REASON
 
 log = structlog.get_logger("worker")
 
-SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-
-def resolve_device(requested: str) -> str:
-    """'auto' -> 'cuda' where an NVIDIA GPU is present, else 'cpu'; others unchanged."""
-    if requested != "auto":
-        return requested
-    return "cuda" if os.path.exists("/dev/nvidia0") else "cpu"
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (the CPU path's budget base)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("MemAvailable not found in /proc/meminfo: pass --kv-budget explicitly")
-
-
-def free_cuda_memory_bytes(device_id: int) -> int:
-    import subprocess
-
-    out = subprocess.run(["nvidia-smi", f"--id={device_id}", "--query-gpu=memory.free",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[0]) * 2**20
+SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
+SERVICE_NAME = SERVICE.full_name
 
 
 def resolve_kv_budget(config: WorkerConfig, device: str) -> int:
     if config.kv_budget_bytes is not None:
         return config.kv_budget_bytes
-    base = free_cuda_memory_bytes(config.device_id) if device == "cuda" else available_memory_bytes()
+    base = (devices.free_cuda_memory_bytes(config.device_id) if device == "cuda"
+            else devices.available_memory_bytes())
     return int(base * config.kv_budget_fraction)
+
+
+def check_kv_budget(engine: Engine) -> None:
+    """Refuse a capacity that cannot serve one request (issue 12 #9); warn below one context."""
+    spec = engine.spec
+    smallest = engine.kv.bytes_for(2)  # one prompt token and one new token
+    full_context = engine.kv.bytes_for(spec.context_length)
+    if engine.capacity_bytes < smallest:
+        raise ConfigError(
+            f"--kv-budget {engine.capacity_bytes:,} bytes cannot hold a single request: the "
+            f"smallest (1 prompt + 1 new token) needs {smallest:,} bytes and one full context of "
+            f"{spec.context_length:,} tokens needs {human_bytes(full_context)} at "
+            f"{spec.bytes_per_token:,} B/token; raise --kv-budget to at least "
+            f"{human_bytes(full_context)}")
+    if engine.capacity_bytes < full_context:
+        log.warning("kv budget below one full context: long requests will be capped",
+                    capacity_bytes=engine.capacity_bytes, full_context_bytes=full_context)
 
 
 def advertise_address(config: WorkerConfig, port: int) -> str:
@@ -78,14 +78,14 @@ class WorkerServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.server.stop(grace_s)
-        if self.servicer.link is not None:
-            await self.servicer.link.close()
-        if self.servicer.engine is not None:
-            self.servicer.engine.close()
+        leases = self.servicer.leases
+        if leases is not None:
+            await leases.link.close()
+            leases.engine.close()
 
 
 async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, health, port: int) -> None:
-    device = resolve_device(config.device)
+    device = devices.resolve_device(config.device)
     capacity_bytes = resolve_kv_budget(config, device)
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
@@ -93,6 +93,11 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  kv_capacity_bytes=capacity_bytes)
     # ORT session creation blocks for seconds: keep it off the event loop.
     engine = await asyncio.to_thread(Engine, engine_config)
+    try:
+        check_kv_budget(engine)
+    except ConfigError:
+        engine.close()
+        raise
     spec = engine.spec
     log.info("model loaded", model=spec.name, device=engine.device, provider=engine.provider,
              intra_op_threads=engine.intra_op_threads, capacity_bytes=engine.capacity_bytes,
@@ -101,12 +106,12 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         worker_id=servicer.worker_id, address=servicer.address, model=spec.name,
         context_length=spec.context_length, bytes_per_token=spec.bytes_per_token,
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
-        execution_provider=engine.provider,
+        execution_provider=engine.provider, vocab_size=spec.vocab_size,
     )
-    servicer.link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
-    servicer.engine = engine
+    link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
+    servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     await set_serving(health, [SERVICE_NAME], True)
-    await servicer.link.run()
+    await link.run()
 
 
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:
@@ -120,7 +125,7 @@ async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task
     worker_id = config.worker_id or f"{socket.gethostname()}-{port}"
     config = replace(config, worker_id=worker_id)
     servicer = WorkerServicer(worker_id, advertise_address(config, port), config.device)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    register_service(server, SERVICE, servicer, STATUS_OF_REASON)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], False)
     await server.start()

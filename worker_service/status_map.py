@@ -1,33 +1,21 @@
-"""One table: an engine error -> its gRPC status code and rich details."""
+"""The worker's one error table: a domain error's reason -> its gRPC status code.
+
+Applied in one place (ortserve.error_path.register_service); handlers raise.
+"""
 
 from __future__ import annotations
 
 import grpc
-from google.protobuf.message import Message
 
-from ortserve import rich_status
+from ortserve.errors import ErrorReason
 
-from .errors import CapacityExceeded, ContextWindowFull, EngineError, InvalidRequest
-
-
-def engine_error_status(error: EngineError) -> tuple[grpc.StatusCode, str, list[Message]]:
-    message = str(error)
-    if isinstance(error, InvalidRequest):
-        return grpc.StatusCode.INVALID_ARGUMENT, message, [
-            rich_status.bad_request(error.field, message),
-            rich_status.error_info("INVALID_REQUEST", {"field": error.field}),
-        ]
-    if isinstance(error, ContextWindowFull):
-        return grpc.StatusCode.INVALID_ARGUMENT, message, [
-            rich_status.bad_request("prompt", message),
-            rich_status.error_info("CONTEXT_LENGTH_EXCEEDED", {
-                "prompt_tokens": error.prompt_tokens, "max_new_tokens": error.max_new_tokens,
-                "context_length": error.context_length}),
-        ]
-    if isinstance(error, CapacityExceeded):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, message, [
-            rich_status.error_info("WORKER_KV_FULL", {
-                "needed_bytes": error.needed_bytes, "held_bytes": error.held_bytes,
-                "capacity_bytes": error.capacity_bytes}),
-        ]
-    return grpc.StatusCode.INTERNAL, message, [rich_status.error_info(type(error).__name__, {})]
+STATUS_OF_REASON = {
+    ErrorReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorReason.CONTEXT_LENGTH_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorReason.WORKER_KV_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.LEASE_NOT_FOUND: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.LEASE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.ENGINE_FAILED: grpc.StatusCode.INTERNAL,
+    ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
+}

@@ -64,7 +64,7 @@ class Tokenizer:
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
         """(role, content) turns -> the prompt text, with the generation prompt appended."""
         if self._template is None:
-            raise InvalidRequest("prompt.chat", "this model folder has no chat template "
+            raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
         try:
             return self._template.render(
@@ -72,7 +72,7 @@ class Tokenizer:
                 add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token,
             )
         except TemplateError as exc:
-            raise InvalidRequest("prompt.chat", f"the chat template refused the messages: {exc}") from exc
+            raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """(role, content) turns -> token ids of the templated prompt."""

@@ -1,0 +1,124 @@
+"""Device resolution, the ORT session on it, and why CUDA did not come up.
+
+ORT falls back to CPU silently when the CUDA libraries are missing, so a
+session asked for CUDA is checked after creation and refused (naming what is
+missing) unless CUDA really runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import onnxruntime as ort
+
+from worker_service.errors import DeviceUnavailable, ModelLoadError
+from worker_service.model import ModelSpec
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' -> 'cuda' where an NVIDIA GPU is present, else 'cpu'; others unchanged."""
+    if requested != "auto":
+        return requested
+    return "cuda" if os.path.exists("/dev/nvidia0") else "cpu"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the ORT thread count when none is given)."""
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (the CPU path's budget base)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("MemAvailable not found in /proc/meminfo: pass --kv-budget explicitly")
+
+
+def free_cuda_memory_bytes(device_id: int) -> int:
+    out = subprocess.run(["nvidia-smi", f"--id={device_id}", "--query-gpu=memory.free",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[0]) * 2**20
+
+
+def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
+                   inter_op_threads: int = 1) -> ort.InferenceSession:
+    """An ORT session for `spec` on `device`, verified to run where it was asked to."""
+    if device not in ("cpu", "cuda"):
+        raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
+    options = ort.SessionOptions()
+    # Explicit threads: ORT's default pool is clearly slower on small machines (MODEL_NOTES).
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # The missing-CUDA warnings are reported, with a remedy, by DeviceUnavailable.
+    options.log_severity_level = 3
+    preload_log = ""
+    if device == "cuda":
+        providers: list = [(CUDA, {"device_id": device_id}), CPU]
+        preload_log = _preload_cuda_libraries()
+    else:
+        providers = [CPU]
+    try:
+        session = ort.InferenceSession(str(spec.model_file), options, providers=providers)
+    except Exception as exc:
+        raise ModelLoadError(f"ONNX Runtime could not load {spec.model_file}: {exc}") from exc
+    active = session.get_providers()
+    if device == "cuda" and (not active or active[0] != CUDA):
+        raise DeviceUnavailable(
+            f"{CUDA} not active: the session runs on {active} because "
+            f"{describe_missing_cuda(device_id, preload_log)}; ONNX Runtime falls back to "
+            "CPU silently, so the worker refuses to start. Install the CUDA and cuDNN libraries "
+            "onnxruntime-gpu needs on a machine with an NVIDIA GPU, or run with --device cpu")
+    _check_session_io(session, spec)
+    return session
+
+
+def _check_session_io(session: ort.InferenceSession, spec: ModelSpec) -> None:
+    names = {i.name for i in session.get_inputs()}
+    needed = {spec.input_ids_name, spec.attention_mask_name, spec.past_key_name.format(i=0)}
+    if not needed <= names:
+        raise ModelLoadError(f"the session of {spec.model_file} lacks inputs "
+                             f"{sorted(needed - names)}; rebuild the model folder")
+
+
+def _preload_cuda_libraries() -> str:
+    # onnxruntime-gpu finds pip-installed CUDA/cuDNN (nvidia-* wheels) only after
+    # preload_dlls; it prints what it could not load, which the diagnosis reuses.
+    captured = io.StringIO()
+    with contextlib.suppress(Exception), contextlib.redirect_stdout(captured):
+        ort.preload_dlls()
+    return captured.getvalue()
+
+
+def describe_missing_cuda(device_id: int = 0, preload_log: str = "") -> str:
+    """Best-effort account of why the CUDA provider did not come up."""
+    if CUDA not in ort.get_available_providers():
+        return "this onnxruntime build has no CUDA provider (install onnxruntime-gpu, not onnxruntime)"
+    reasons = []
+    capi = Path(ort.__file__).parent / "capi"
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
+    except OSError as exc:
+        reasons.append(f"its CUDA provider library cannot load ({exc})")
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        reasons.append("no NVIDIA GPU is visible (no /dev/nvidia0)")
+    elif not Path(f"/dev/nvidia{device_id}").exists():
+        reasons.append(f"GPU {device_id} is not visible (no /dev/nvidia{device_id})")
+    failed = [line.strip() for line in preload_log.splitlines() if line.startswith("Failed to load")]
+    if failed and not reasons:
+        reasons.append("; ".join(failed[:3]))
+    return " and ".join(reasons) or "the CUDA provider failed to initialise (see ORT's log)"

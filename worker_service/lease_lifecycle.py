@@ -1,0 +1,158 @@
+"""A lease's life on the worker: claim -> check -> submit -> events -> cancel/drain -> release.
+
+No path bypasses admission: a sequence runs only under a lease the
+scheduler's ledger holds for this worker. The release happens exactly once,
+on every exit, and only after the engine has freed the sequence's KV, so the
+ledger never offers bytes this worker still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from ortserve.v1 import types_pb2
+
+from .engine import Engine
+from ortserve.errors import quoted as clip
+
+from .errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
+from .scheduler_link import SchedulerLink
+from .sequence import TERMINAL, Event, SequenceRequest
+
+log = structlog.get_logger("worker")
+
+CANCEL_WAIT_S = 30.0  # a cancelled sequence leaves within one step; this bounds a stuck one
+
+
+def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
+                        lease: types_pb2.Lease) -> SequenceRequest:
+    """The request with the lease's ceiling; raises LeaseMismatch when it is not the one admitted."""
+    if req.prompt_tokens != lease.prompt_tokens:
+        raise LeaseMismatch("prompt", f"the prompt is {req.prompt_tokens:,} tokens but lease "
+                            f"{clip(lease.lease_id)} was admitted for {lease.prompt_tokens:,}; "
+                            "send the request you admitted", lease.lease_id)
+    if not max_new_was_set:
+        return dataclasses.replace(req, max_new_tokens=lease.max_new_tokens)
+    if req.max_new_tokens > lease.max_new_tokens:
+        raise LeaseMismatch("max_new_tokens", f"max_new_tokens {req.max_new_tokens:,} exceeds "
+                            f"lease {clip(lease.lease_id)}'s admitted {lease.max_new_tokens:,}; "
+                            "ask for at most that, or admit again", lease.lease_id)
+    return req
+
+
+class LeaseStream:
+    """One claimed lease's sequence: its events, and the exit that frees and releases."""
+
+    def __init__(self, lifecycle: LeaseLifecycle, lease: types_pb2.Lease,
+                 req: SequenceRequest) -> None:
+        self.lease = lease
+        self.request = req
+        self._lifecycle = lifecycle
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._handle = None
+        self._ended = False  # the engine's terminal event for this sequence has arrived
+        self.log = log.bind(lease_id=lease.lease_id, worker_id=lifecycle.worker_id,
+                            request_id=req.request_id)
+
+    def _submit(self, engine: Engine) -> None:
+        loop = asyncio.get_running_loop()
+        self._handle = engine.submit(
+            self.request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event))
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The engine's events, up to and including the terminal one."""
+        while not self._ended:
+            event = await self._events.get()
+            self._ended = isinstance(event, TERMINAL)
+            yield event
+
+    async def close(self) -> None:
+        """Cancel if still running, wait until the KV is freed, then release the lease once."""
+        try:
+            if self._handle is not None and not self._ended:
+                self._handle.cancel()
+                await self._drain()
+        finally:
+            self._lifecycle._live.pop(self.lease.lease_id, None)
+            freed = await self._lifecycle.link.release(self.lease.lease_id)
+            self.log.info("lease released", freed_bytes=freed)
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(asyncio.TimeoutError):
+                event = await asyncio.wait_for(self._events.get(), deadline - time.monotonic())
+                if isinstance(event, TERMINAL):
+                    self._ended = True
+                    return
+        self.log.error("engine did not end a cancelled sequence in time", wait_s=CANCEL_WAIT_S)
+
+
+class LeaseLifecycle:
+    """The worker's live leases and the one way a sequence starts."""
+
+    def __init__(self, worker_id: str, engine: Engine, link: SchedulerLink) -> None:
+        self.worker_id = worker_id
+        self.engine = engine
+        self.link = link
+        self._live: dict[str, types_pb2.Lease] = {}  # claimed, sequence submitted
+        self._busy: set[str] = set()  # lease ids being opened or served
+
+    def live_leases(self) -> list[types_pb2.Lease]:
+        return list(self._live.values())
+
+    @contextlib.asynccontextmanager
+    async def open(self, lease_id: str, req: SequenceRequest,
+                   max_new_was_set: bool) -> AsyncIterator[LeaseStream]:
+        """Claim the lease, check the request against it and start the sequence.
+
+        Raises before anything is held when the lease is not live (NoLiveLease)
+        or the request does not match it (LeaseMismatch; the lease stays usable).
+        """
+        if lease_id in self._busy:
+            raise LeaseInUse(lease_id)
+        self._busy.add(lease_id)  # before any await: a second call on this lease is refused
+        try:
+            lease = await self._claim(lease_id, req, max_new_was_set)
+            try:
+                req = check_against_lease(req, max_new_was_set, lease)
+            except LeaseMismatch:
+                # The ledger checks the numbers before claiming; an older scheduler does
+                # not, and then the claimed lease must go back rather than linger.
+                await self.link.release(lease.lease_id)
+                raise
+            stream = LeaseStream(self, lease, req)
+            self._live[lease.lease_id] = lease
+            try:
+                stream._submit(self.engine)
+                stream.log.info("sequence started", prompt_tokens=req.prompt_tokens,
+                                max_new_tokens=req.max_new_tokens,
+                                capped=lease.HasField("budget_cap"))
+                yield stream
+            finally:
+                await stream.close()
+        finally:
+            self._busy.discard(lease_id)
+
+    async def _claim(self, lease_id: str, req: SequenceRequest,
+                     max_new_was_set: bool) -> types_pb2.Lease:
+        try:
+            return await self.link.claim(lease_id, req.prompt_tokens,
+                                         req.max_new_tokens if max_new_was_set else 0)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                # The ledger refused the numbers without claiming: the lease stays usable.
+                raise LeaseMismatch("lease_id", error.details() or "", lease_id) from error
+            if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise NoLiveLease(lease_id, self.worker_id, error.details() or "") from error
+            raise SchedulerUnreachable(
+                f"worker {self.worker_id} could not check lease {clip(lease_id)} with the "
+                f"scheduler at {self.link.address} ({error.code().name}: {error.details()}); "
+                "retry shortly") from error

@@ -1,0 +1,227 @@
+"""One sequence's request, state and events: pure Python, no ORT, no grpc.
+
+A sequence's tokens are its prompt followed by what it generated. One counter,
+`num_computed_tokens`, says how many of them the KV cache holds: prefill and
+decode are the same thing (compute the pending tokens), only the chunk size
+differs. The engine reads events; the servicer turns them into protobuf.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from worker_service.errors import EngineError, InvalidRequest
+from worker_service.sampling import Sampler, SamplingConfig
+from worker_service.tokenizer import StopTextStream, Tokenizer
+
+log = structlog.get_logger(__name__)
+
+MAX_STOP_SEQUENCES = 16
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended normally."""
+
+    LENGTH = "length"  # max_new_tokens reached
+    EOS = "eos"  # the model emitted an end-of-sequence token
+    STOP_SEQUENCE = "stop_sequence"  # the output text contained a stop sequence
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """One generation: prompt ids in, at most max_new_tokens out.
+
+    Construction validates what the request alone can tell (field names are the
+    proto paths); the model-dependent checks (vocabulary, context window) are
+    the engine's. `sequence_id` identifies the sequence on this worker (the
+    lease id); `request_id` is only a label for logs.
+    """
+
+    sequence_id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: tuple[str, ...] = ()
+    request_id: str = ""
+    # perf_counter() when the request reached this process: timings start here,
+    # so ttft_ms includes claim, tokenize and queueing.
+    arrived_at: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise InvalidRequest("prompt", "the prompt is empty (0 tokens): send some text or "
+                                 "token ids")
+        if self.max_new_tokens < 1:
+            raise InvalidRequest("max_new_tokens", f"max_new_tokens must be >= 1, got "
+                                 f"{self.max_new_tokens:,} (or leave it unset for the remaining "
+                                 "context window)")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise InvalidRequest("min_new_tokens", f"min_new_tokens {self.min_new_tokens:,} must "
+                                 f"be between 0 and max_new_tokens {self.max_new_tokens:,}")
+        if len(self.stop) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest("stop", f"{len(self.stop)} stop sequences; at most "
+                                 f"{MAX_STOP_SEQUENCES} are allowed")
+        for i, stop in enumerate(self.stop):
+            if not isinstance(stop, str) or not stop:
+                raise InvalidRequest(f"stop[{i}]", "stop sequences must not be empty strings; "
+                                     "drop it or give text")
+        self.sampling.validate()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens this sequence can hold: what its KV reservation is for."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """One generated token (EOS included) and the text it completes (may be "")."""
+
+    sequence_id: str
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Completed:
+    """Terminal: generation ended normally."""
+
+    sequence_id: str
+    finish_reason: FinishReason
+    stop_sequence: str
+    prompt_tokens: int
+    generated_tokens: int  # an ending EOS token included
+    max_new_tokens: int
+    queue_ms: float  # arrival -> its first step
+    prefill_ms: float
+    ttft_ms: float  # arrival -> first generated token
+    decode_ms: float
+    decode_tokens_per_s: float
+    total_ms: float
+    seed: int | None
+    text: str  # the whole output, without a stop sequence or what followed it
+    token_ids: tuple[int, ...] = ()  # every generated token
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """Terminal: the caller cancelled."""
+
+    sequence_id: str
+    generated_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Terminal: this sequence failed; the engine goes on."""
+
+    sequence_id: str
+    error: EngineError
+
+
+Event = TokenDelta | Completed | Cancelled | Failed
+TERMINAL = (Completed, Cancelled, Failed)
+
+
+class Sequence:
+    """Engine-side state of one sequence: tokens, sampler, text stream, KV handle."""
+
+    def __init__(self, req: SequenceRequest, on_event: Callable[[Event], None],
+                 tokenizer: Tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.req = req
+        self.sequence_id = req.sequence_id
+        self.on_event = on_event
+        self.sampler = Sampler(req.sampling, vocab_size)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stream = StopTextStream(tokenizer, req.prompt_ids, req.stop)
+        self.token_ids = list(req.prompt_ids)  # prompt + output; the repetition penalty reads it
+        self.num_computed_tokens = 0  # tokens whose K/V the cache holds
+        self.kv = None  # the KV pool's allocation, set at submit
+        self.cancel_requested = False  # set under the engine's lock, read by the engine thread
+        self.done = False
+        self.t_prefill_start = self.t_first = self.t_last = 0.0
+        if req.min_new_tokens > 0:
+            # min_new_tokens: EOS is masked until that many tokens exist.
+            self.sampler.suppress(sorted(self.eos_token_ids))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.req.prompt_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.req.prompt_tokens
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.on_event(event)
+        except Exception:
+            # A broken callback must not take the engine thread down.
+            log.exception("event_callback_failed", sequence_id=self.sequence_id,
+                          event=type(event).__name__)
+
+    def computed(self, num_tokens: int) -> None:
+        """The model ran `num_tokens` more of this sequence's tokens into the cache."""
+        self.num_computed_tokens += num_tokens
+
+    def mark_scheduled(self, now: float) -> None:
+        """The step that runs this sequence's first tokens starts now (ends its queueing)."""
+        if not self.t_prefill_start:
+            self.t_prefill_start = now
+
+    def accept(self, logits: np.ndarray) -> tuple[int, str, FinishReason | None]:
+        """Sample the next token from the last position's logits and append it.
+
+        Returns (token id, text that may go out now, finish reason or None).
+        """
+        token = self.sampler(logits, self.token_ids)
+        now = time.perf_counter()
+        if self.num_output_tokens == 0:
+            self.t_first = now
+        self.t_last = now
+        self.token_ids.append(token)
+        generated = self.num_output_tokens
+        if generated == self.req.min_new_tokens:
+            self.sampler.suppress([])
+        armed = generated >= self.req.min_new_tokens
+        if token in self.eos_token_ids:
+            # EOS counts as a generated token but adds no text.
+            return token, self.stream.push(None, final=True, stops_armed=armed), FinishReason.EOS
+        final = generated >= self.req.max_new_tokens
+        text = self.stream.push(token, final=final, stops_armed=armed)
+        if self.stream.stop_sequence:
+            return token, text, FinishReason.STOP_SEQUENCE
+        return token, text, FinishReason.LENGTH if final else None
+
+    def completed(self, finish_reason: FinishReason) -> Completed:
+        end = time.perf_counter()
+        generated = self.num_output_tokens
+        decode_s = self.t_last - self.t_first
+        arrived = self.req.arrived_at
+        return Completed(
+            sequence_id=self.sequence_id, finish_reason=finish_reason,
+            stop_sequence=self.stream.stop_sequence, prompt_tokens=self.req.prompt_tokens,
+            generated_tokens=generated, max_new_tokens=self.req.max_new_tokens,
+            queue_ms=(self.t_prefill_start - arrived) * 1e3,
+            prefill_ms=(self.t_first - self.t_prefill_start) * 1e3,
+            ttft_ms=(self.t_first - arrived) * 1e3, decode_ms=decode_s * 1e3,
+            decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
+            token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
+        )
