@@ -101,7 +101,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         worker_id=servicer.worker_id, address=servicer.address, model=spec.name,
         context_length=spec.context_length, bytes_per_token=spec.bytes_per_token,
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
-        execution_provider=engine.provider,
+        execution_provider=engine.provider, vocab_size=spec.vocab_size,
     )
     servicer.link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
     servicer.engine = engine
