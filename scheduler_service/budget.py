@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from ortserve import kv_math
 from ortserve.units import human_bytes, tokens
 
 
@@ -68,12 +69,11 @@ class WorkerGeometry:
 
     def bytes_for(self, n_tokens: int) -> int:
         """Bytes a sequence of `n_tokens` holds: whole blocks, rounded up."""
-        blocks = -(-n_tokens // self.block_tokens)
-        return blocks * self.block_bytes
+        return kv_math.bytes_for(n_tokens, self.bytes_per_token, self.block_tokens)
 
     def tokens_within(self, n_bytes: int) -> int:
         """The most tokens whose reservation fits in `n_bytes`."""
-        return (max(n_bytes, 0) // self.block_bytes) * self.block_tokens
+        return kv_math.tokens_within(n_bytes, self.bytes_per_token, self.block_tokens)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class SchedulerLink:
         for attempt in range(3):
             try:
                 reply = await self._stub.Release(
-                    scheduler_pb2.ReleaseRequest(lease_id=lease_id), timeout=5.0)
+                    scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id),
+                    timeout=5.0)
                 return reply.freed_bytes
             except grpc.aio.AioRpcError as error:
                 log.warning("release failed", lease_id=lease_id, code=error.code().name,

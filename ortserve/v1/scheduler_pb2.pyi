@@ -16,10 +16,12 @@ class AdmitRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id",)
+    __slots__ = ("lease_id", "worker_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
-    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+    worker_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("freed_bytes", "released")
@@ -80,7 +82,7 @@ class Budget(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider")
+    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +92,7 @@ class RegisterWorkerRequest(_message.Message):
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -99,7 +102,8 @@ class RegisterWorkerRequest(_message.Message):
     block_tokens: int
     live_leases: _containers.RepeatedCompositeFieldContainer[_types_pb2.Lease]
     execution_provider: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ...) -> None: ...
+    vocab_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s", "lease_ttl_s", "refused_lease_ids")

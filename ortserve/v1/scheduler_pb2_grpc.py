@@ -97,8 +97,14 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Give back a lease. Idempotent: releasing twice frees once. A worker
-        releases the leases it claimed once their KV buffers are freed.
+        """Give back a lease. Idempotent: releasing twice frees once (released
+        false the second time). An unclaimed lease (admitted, no worker serving
+        it yet) is released by anyone holding its id. A claimed lease is the
+        serving worker's to release, once its KV buffer is really freed: a
+        Release without that worker's worker_id is refused with
+        FAILED_PRECONDITION (ErrorInfo reason LEASE_CLAIMED, naming the worker)
+        and the lease stays held; to stop a running request, cancel its
+        Generate stream instead (the worker then frees and releases it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -113,6 +119,9 @@ class SchedulerServicer:
 
     def RegisterWorker(self, request, context):
         """A worker announces itself (and, after a scheduler restart, its live leases).
+        ALREADY_EXISTS (reason WORKER_ID_IN_USE) when another worker is live
+        under the same worker_id at another address; INVALID_ARGUMENT when the
+        geometry cannot serve (e.g. capacity_bytes below one block).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -137,7 +137,7 @@ class BudgetCap(_message.Message):
     def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
-    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after")
+    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REMEDY_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Rejection(_message.Message):
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     cause: RejectionCause
     message: str
     remedy: str
@@ -166,7 +167,8 @@ class Rejection(_message.Message):
     capacity_bytes: int
     bytes_per_token: int
     retry_after: _duration_pb2.Duration
-    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    prompt_tokens_unknown: bool
+    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ...) -> None: ...
 
 class Admission(_message.Message):
     __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run")

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerGenerateRequest(_message.Message):
-    __slots__ = ("lease_id", "request")
+    __slots__ = ("lease_id", "request", "prompt_token_ids")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request: _types_pb2.GenerateRequest
-    def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

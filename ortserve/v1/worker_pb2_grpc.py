@@ -59,10 +59,14 @@ class WorkerServicer:
 
     def Generate(self, request, context):
         """Serve a request under a lease from the scheduler. The worker claims the
-        lease from the scheduler first and refuses (FAILED_PRECONDITION) a
-        request without a live lease, or one that does not match it. The stream
-        is Admission (from the lease, with its BudgetCap), token chunks, Finished.
-        The lease is released on every exit.
+        lease from the scheduler first. A request without a live lease is
+        NOT_FOUND (reason LEASE_NOT_FOUND). A request that does not match its
+        lease (prompt length or token ids differ from the admitted ones,
+        max_new_tokens above the lease's) is FAILED_PRECONDITION (reason
+        LEASE_MISMATCH), and the refused call leaves the lease live and usable:
+        a corrected retry may use it, or the caller releases it. The stream is
+        Admission (from the lease, with its BudgetCap), token chunks, Finished.
+        Once the worker starts serving, it releases the lease on every exit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

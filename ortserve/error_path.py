@@ -1,0 +1,238 @@
+"""One error path per service: register a servicer so every method fails the same way.
+
+Built from the service descriptor instead of the generated add_*_to_server,
+because requests must reach us as raw bytes: a parse failure (invalid UTF-8
+in a string field) happens before any handler runs, and grpc's own
+deserializer would turn it into UNKNOWN (issue 12 #6). Every method, unary and
+server-streaming, is wrapped so that:
+
+- a request that does not parse is INVALID_ARGUMENT naming the field;
+- a raised `DomainError` is mapped through the service's STATUS_OF_REASON
+  table to a code with rich details (ErrorInfo, BadRequest, RetryInfo, extras);
+- an upstream status (`Relayed`, or an uncaught grpc.aio.AioRpcError) is
+  passed through with its details;
+- anything else is INTERNAL with the traceback logged, never UNKNOWN.
+
+Handlers raise; none calls context.abort by hand.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+
+import grpc
+import structlog
+from google.protobuf import any_pb2, descriptor, message_factory
+from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2
+
+from . import rich_status
+from .errors import ECHO_LIMIT, MESSAGE_LIMIT, DomainError, ErrorReason, clip
+
+log = structlog.get_logger("error_path")
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_DESCRIPTION_LIMIT = 300
+_CODE_OF_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class Relayed(Exception):
+    """An upstream call's failure passed on to our caller with our own message.
+
+    The upstream status details are kept (re-labelled with `message`: a
+    google.rpc.Status must agree with grpc-message, or clients drop it).
+    """
+
+    def __init__(self, error: grpc.aio.AioRpcError, message: str | None = None) -> None:
+        super().__init__(message or error.details() or "")
+        self.code = error.code()
+        self.message = message if message is not None else (error.details() or "")
+        self.status_bin = next((v for k, v in (error.trailing_metadata() or ())
+                                if k == STATUS_DETAILS_KEY), None)
+
+
+# -- what a failure becomes ----------------------------------------------------------
+
+
+def _metadata(code: grpc.StatusCode, message: str, details: list[Message],
+              status_bin: bytes | None = None) -> tuple[tuple[str, bytes], ...]:
+    if status_bin is not None:
+        status = status_pb2.Status.FromString(status_bin)
+    else:
+        status = status_pb2.Status()
+        for detail in details:
+            packed = any_pb2.Any()
+            packed.Pack(detail)
+            status.details.append(packed)
+    status.code = code.value[0]
+    status.message = message
+    return ((STATUS_DETAILS_KEY, status.SerializeToString()),)
+
+
+def domain_status(error: DomainError, status_of_reason: Mapping[ErrorReason, grpc.StatusCode],
+                  ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(code, message, trailing metadata) for a domain error, through `status_of_reason`.
+
+    Public so a worker can also end a stream it relays through a queue the same way.
+    """
+    code = status_of_reason.get(error.reason)
+    if code is None:
+        log.error("reason missing from STATUS_OF_REASON; answering INTERNAL", reason=error.reason)
+        code = grpc.StatusCode.INTERNAL
+    message = clip(error.message, MESSAGE_LIMIT)
+    numbers = {k: clip(v, ECHO_LIMIT * 2) for k, v in error.metadata.items()}
+    details: list[Message] = [*error.details, rich_status.error_info(error.reason.value, numbers)]
+    if error.field:
+        details.append(rich_status.bad_request(clip(error.field, ECHO_LIMIT * 2),
+                                               clip(error.message, _DESCRIPTION_LIMIT)))
+    if error.retry_after_s > 0:
+        details.append(rich_status.retry_info(error.retry_after_s))
+    return code, message, _metadata(code, message, details)
+
+
+def _status_of(error: BaseException, status_of_reason, method: str):
+    if isinstance(error, DomainError):
+        return domain_status(error, status_of_reason)
+    if isinstance(error, Relayed):
+        message = clip(error.message, MESSAGE_LIMIT)
+        return error.code, message, _metadata(error.code, message, [], error.status_bin)
+    if isinstance(error, grpc.aio.AioRpcError):
+        return _status_of(Relayed(error), status_of_reason, method)
+    log.error("unexpected error; answering INTERNAL", method=method,
+              error=f"{type(error).__name__}: {clip(error, 200)}", traceback=traceback.format_exc())
+    message = (f"internal error in {method}: {type(error).__name__}: {clip(error, 200)}; this is "
+               "a bug: the server logged its traceback, please report it")
+    return grpc.StatusCode.INTERNAL, message, _metadata(
+        grpc.StatusCode.INTERNAL, message, [rich_status.error_info(ErrorReason.INTERNAL.value, {})])
+
+
+# -- parsing raw requests -------------------------------------------------------------------
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _is_repeated(field: descriptor.FieldDescriptor) -> bool:
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == descriptor.FieldDescriptor.LABEL_REPEATED
+
+
+def first_bad_utf8_field(message_descriptor: descriptor.Descriptor, data: bytes,
+                         prefix: str = "") -> str | None:
+    """The proto path of the first string field whose bytes are not UTF-8, e.g.
+    "chat.messages[2].content"; None when there is none (or the bytes are not wire format)."""
+    pos, seen = 0, {}
+    try:
+        while pos < len(data):
+            key, pos = _varint(data, pos)
+            number, wire_type = key >> 3, key & 7
+            if wire_type == 0:
+                _, pos = _varint(data, pos)
+            elif wire_type == 1:
+                pos += 8
+            elif wire_type == 5:
+                pos += 4
+            elif wire_type == 2:
+                size, pos = _varint(data, pos)
+                chunk, pos = data[pos:pos + size], pos + size
+                field = message_descriptor.fields_by_number.get(number)
+                if field is None:
+                    continue
+                path = prefix + field.name
+                if _is_repeated(field) and field.type in (field.TYPE_STRING, field.TYPE_MESSAGE):
+                    seen[number] = seen.get(number, -1) + 1
+                    path += f"[{seen[number]}]"
+                if field.type == field.TYPE_STRING:
+                    try:
+                        chunk.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return path
+                elif field.type == field.TYPE_MESSAGE:
+                    found = first_bad_utf8_field(field.message_type, chunk, path + ".")
+                    if found:
+                        return found
+            else:
+                return None  # groups are not used by our protos
+    except IndexError:
+        return None
+    return None
+
+
+def parse_request(request_class: type[Message], raw: bytes) -> Message:
+    """Parse `raw`; raises InvalidField-like DomainError naming the field when it does not parse."""
+    try:
+        return request_class.FromString(raw)
+    except DecodeError as error:
+        name = request_class.DESCRIPTOR.full_name
+        path = first_bad_utf8_field(request_class.DESCRIPTOR, raw)
+        if path:
+            raise DomainError(
+                ErrorReason.INVALID_REQUEST,
+                f"{path}: not valid UTF-8 (string fields must be UTF-8 text); send text as "
+                "UTF-8, or token ids in token_ids", metadata={"field": path}, field=path) from None
+        raise DomainError(
+            ErrorReason.INVALID_REQUEST,
+            f"the request is not a valid {name} message ({clip(error, 200)}); check that the "
+            "client's protos match this server's", metadata={"message_type": name}) from None
+
+
+# -- registration ---------------------------------------------------------------------
+
+
+def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, servicer: object,
+                     status_of_reason: Mapping[ErrorReason, grpc.StatusCode]) -> None:
+    """Serve `servicer`'s methods for `service` on `server`, every one through the error path."""
+    handlers = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        impl = getattr(servicer, method.name)
+        full = f"/{service.full_name}/{method.name}"
+        if method.client_streaming:
+            raise NotImplementedError(f"{full}: client streaming is not supported by the error path")
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _streaming(impl, request_class, status_of_reason, full),
+                request_deserializer=None, response_serializer=response_class.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _unary(impl, request_class, status_of_reason, full),
+                request_deserializer=None, response_serializer=response_class.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _unary(impl, request_class, status_of_reason, full):
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            return await impl(parse_request(request_class, raw), context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:  # noqa: BLE001 - this is the one place errors are mapped
+            await context.abort(*_status_of(error, status_of_reason, full))
+    return handler
+
+
+def _streaming(impl, request_class, status_of_reason, full):
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            async for item in impl(parse_request(request_class, raw), context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:  # noqa: BLE001 - this is the one place errors are mapped
+            await context.abort(*_status_of(error, status_of_reason, full))
+    return handler
+
+
+def bad_request_of(error: grpc.RpcError) -> error_details_pb2.BadRequest | None:
+    """The BadRequest detail of a failed call, for tests and clients."""
+    return rich_status.unpack(rich_status.details_of(error), error_details_pb2.BadRequest)

@@ -1,0 +1,81 @@
+"""Domain errors shared by every ortserve service: a reason, a message, the numbers.
+
+Pure (no grpc import): cores raise these, and each service's one error path
+(`ortserve.error_path`) maps `reason` to a status code through its own table.
+The reason strings are the google.rpc.ErrorInfo reasons clients key on, so
+they are part of the API: add, never rename.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# An echoed caller string (a lease id, a role) is clipped to this: a 5,000-char
+# id echoed into a status once overflowed the metadata limit (issue 12 #7).
+ECHO_LIMIT = 64
+# A whole status message is clipped to this; messages plus details stay far
+# below gRPC's 8 KiB metadata soft limit.
+MESSAGE_LIMIT = 1_000
+
+
+class ErrorReason(enum.StrEnum):
+    """google.rpc.ErrorInfo.reason values (domain "ortserve.v1")."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"  # a field is malformed or out of range
+    CONTEXT_LENGTH_EXCEEDED = "CONTEXT_LENGTH_EXCEEDED"  # prompt (+ new tokens) beyond the window
+    EXCEEDS_CAPACITY = "EXCEEDS_CAPACITY"  # beyond any worker's whole KV capacity
+    BUDGET_BUSY = "BUDGET_BUSY"  # the budget is held by others now; retry
+    NO_WORKER = "NO_WORKER"  # no worker registered / answering; retry
+    WORKER_KV_FULL = "WORKER_KV_FULL"  # a worker could not allocate what the lease promised
+    LEASE_NOT_FOUND = "LEASE_NOT_FOUND"  # released, expired, or another worker's
+    LEASE_MISMATCH = "LEASE_MISMATCH"  # the request differs from what the lease admitted
+    LEASE_CLAIMED = "LEASE_CLAIMED"  # a worker serves it: only that worker may release it
+    WORKER_ID_IN_USE = "WORKER_ID_IN_USE"  # another live worker registered under this id
+    NOT_READY = "NOT_READY"  # the service is starting (model loading, not registered)
+    WORKER_FAILED = "WORKER_FAILED"  # the worker serving the request failed mid-stream
+    ENGINE_FAILED = "ENGINE_FAILED"  # the worker's engine hit an error it could not recover
+    INTERNAL = "INTERNAL"  # a bug: logged with a traceback on the server
+
+
+def clip(value: object, limit: int = ECHO_LIMIT) -> str:
+    """`value` as text, at most `limit` characters (an ellipsis and the full length if cut)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text):,} chars)"
+
+
+def quoted(value: object, limit: int = ECHO_LIMIT) -> str:
+    """An echoed caller string, clipped and quoted, for messages: 'abc...(5,000 chars)'."""
+    return repr(clip(value, limit))
+
+
+class DomainError(Exception):
+    """An error with a stable reason, a readable message and its numbers.
+
+    `metadata` holds the numbers (ErrorInfo metadata), `field` a proto path
+    such as "sampling.top_p" or "chat.messages[2].role" (BadRequest),
+    `retry_after_s` a suggested wait (RetryInfo), `details` further protobuf
+    messages to attach (e.g. an ortserve.v1.Rejection).
+    """
+
+    def __init__(self, reason: ErrorReason, message: str, *,
+                 metadata: Mapping[str, Any] | None = None, field: str = "",
+                 retry_after_s: float = 0.0, details: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata = dict(metadata or {})
+        self.field = field
+        self.retry_after_s = retry_after_s
+        self.details = tuple(details)
+
+
+class InvalidField(DomainError, ValueError):
+    """A request field is malformed (INVALID_REQUEST); also a ValueError for pure callers."""
+
+    def __init__(self, field: str, message: str, **numbers: Any) -> None:
+        super().__init__(ErrorReason.INVALID_REQUEST, f"{field}: {message}",
+                         metadata={"field": field, **numbers}, field=field)
