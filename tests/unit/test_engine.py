@@ -7,11 +7,12 @@ import onnxruntime as ort
 import pytest
 
 from tests.models import prepared_model_dir
-from worker_service.engine import Engine, EngineConfig, SequenceRequest
+from worker_service.engine import Engine, EngineConfig
 from worker_service.errors import ModelLoadError
 from worker_service.kv_cache import StaticSharedKV
 from worker_service.model import ModelSpec, load_model_spec
 from worker_service.sampling import Sampler, SamplingConfig
+from worker_service.sequence import FinishReason, SequenceRequest
 
 FRANCE = "What is the capital of France? Answer in one sentence."
 
@@ -85,7 +86,7 @@ def test_engine_tokens_equal_a_growing_cache_reference_loop(tiny_engine, samplin
                                   Sampler(sampling, spec.vocab_size))
     done = tiny_engine.generate(SequenceRequest("ref", tuple(prompt), 40, sampling=sampling))
     assert list(done.token_ids) == expected
-    assert done.finish_reason == "length" and done.generated_tokens == 40
+    assert done.finish_reason is FinishReason.LENGTH and done.generated_tokens == 40
     if not sampling.greedy:
         assert len(set(expected)) > 20
 
@@ -152,5 +153,5 @@ def test_smollm2_fp32_greedy_equals_reference_and_answers_paris():
                                       Sampler(SamplingConfig(), spec.vocab_size))
         done = engine.generate(SequenceRequest("paris", tuple(prompt), 32))
     assert list(done.token_ids) == expected[: done.generated_tokens]
-    assert done.finish_reason in ("eos", "length")
+    assert done.finish_reason in (FinishReason.EOS, FinishReason.LENGTH)
     assert "Paris" in done.text

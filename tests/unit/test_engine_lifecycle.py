@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-import worker_service.engine as engine_module
-from worker_service.engine import (
+import worker_service.sequence as sequence_module
+from worker_service.engine import Engine, EngineConfig
+from worker_service.sequence import (
     Cancelled,
     Completed,
-    Engine,
-    EngineConfig,
     Failed,
+    FinishReason,
     SequenceRequest,
-    Started,
     TokenDelta,
 )
 from worker_service.errors import (
@@ -86,11 +85,11 @@ SAMPLED = SamplingConfig(temperature=1.0, seed=21)
     ("change", "field"),
     [
         ({"prompt_ids": ()}, "prompt"),
-        ({"prompt_ids": (1, 49152)}, "prompt"),
-        ({"prompt_ids": (-1,)}, "prompt"),
+        ({"prompt_ids": (1, 49152)}, "token_ids.ids[1]"),
+        ({"prompt_ids": (-1,)}, "token_ids.ids[0]"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"min_new_tokens": 9}, "min_new_tokens"),
-        ({"stop": ("ok", "")}, "stop"),
+        ({"stop": ("ok", "")}, "stop[1]"),
         ({"sampling": SamplingConfig(temperature=1.0, top_p=0.0)}, "sampling.top_p"),
         ({"sampling": SamplingConfig(temperature=-1.0)}, "sampling.temperature"),
         ({"sampling": SamplingConfig(temperature=1.0, top_k=-2)}, "sampling.top_k"),
@@ -99,9 +98,9 @@ SAMPLED = SamplingConfig(temperature=1.0, seed=21)
     ],
 )
 def test_bad_request_is_rejected_naming_the_field_and_holds_nothing(engine, change, field):
-    req = dataclasses.replace(SequenceRequest("bad", (1, 2, 3), 8), **change)
     with pytest.raises(InvalidRequest) as info:
-        engine.submit(req, Recorder())
+        engine.submit(dataclasses.replace(SequenceRequest("bad", (1, 2, 3), 8), **change),
+                      Recorder())
     assert info.value.field == field
     assert engine.held_bytes() == 0 and engine.active_sequences() == 0
 
@@ -109,16 +108,16 @@ def test_bad_request_is_rejected_naming_the_field_and_holds_nothing(engine, chan
 def test_full_context_window_is_an_error_with_the_numbers(engine):
     context = engine.spec.context_length
     with pytest.raises(ContextWindowFull) as info:
-        engine.validate(SequenceRequest("full", (1,) * context, 1))
+        engine.check(SequenceRequest("full", (1,) * context, 1))
     assert (info.value.prompt_tokens, info.value.context_length) == (context, context)
     assert f"{context:,} tokens" in str(info.value)
     assert "a full context window is an error, not an empty turn" in str(info.value)
     with pytest.raises(ContextWindowFull) as info:
-        engine.validate(SequenceRequest("over", (1,) * 100, context))
+        engine.check(SequenceRequest("over", (1,) * 100, context))
     message = str(info.value)
     assert info.value.max_new_tokens == context
     assert f"lower max_new_tokens to {context - 100:,}" in message and "100 tokens" in message
-    engine.validate(SequenceRequest("fits", (1,) * 100, context - 100))
+    engine.check(SequenceRequest("fits", (1,) * 100, context - 100))
 
 
 # --- capacity ----------------------------------------------------------------
@@ -161,7 +160,7 @@ def test_cancel_frees_the_buffer_within_a_step_and_sends_one_cancelled(engine, p
     time.sleep(0.05)
     [terminal] = rec.terminal()
     assert isinstance(terminal, Cancelled) and 3 <= terminal.generated_tokens < 1800
-    assert isinstance(rec.events[0], Started) and rec.events[-1] is terminal
+    assert isinstance(rec.events[0], TokenDelta) and rec.events[-1] is terminal
     assert engine.active_sequences() == 0
 
 
@@ -190,7 +189,7 @@ def test_two_sequences_interleave_and_each_equals_its_solo_run(engine):
     def tap(i):
         def on_event(event):
             if isinstance(event, TokenDelta):
-                order.append(event.request_id)
+                order.append(event.sequence_id)
             recs[i](event)
         return on_event
 
@@ -214,14 +213,15 @@ def test_running_sequences_keep_decoding_while_a_long_prompt_prefills(tiny_dir, 
                              prefill_chunk_tokens=4)) as eng:
         first = Recorder()
         eng.submit(SequenceRequest("decoding", prompt, 400), lambda e: (
-            order.append((e.request_id, type(e).__name__)), first(e)))
+            order.append((e.sequence_id, type(e).__name__)), first(e)))
         assert first.tokens.acquire(timeout=5)
         second = Recorder()
         long_prompt = tuple(eng.tokenizer.encode("word " * 200))
+        order.append(("prefilling", "Submitted"))
         eng.submit(SequenceRequest("prefilling", long_prompt, 2), lambda e: (
-            order.append((e.request_id, type(e).__name__)), second(e)))
+            order.append((e.sequence_id, type(e).__name__)), second(e)))
         assert second.done.wait(10) and first.done.wait(10)
-    started = order.index(("prefilling", "Started"))
+    started = order.index(("prefilling", "Submitted"))
     first_token = order.index(("prefilling", "TokenDelta"))
     # ~50 chunks of 4: the running sequence made a token in (nearly) every one of those iterations.
     assert order[started:first_token].count(("decoding", "TokenDelta")) >= 40
@@ -238,7 +238,7 @@ def test_a_failing_sequence_fails_alone(engine, prompt, monkeypatch):
                     raise RuntimeError("sampler exploded")
             return super().__call__(logits, history)
 
-    monkeypatch.setattr(engine_module, "Sampler", BrokenSampler)
+    monkeypatch.setattr(sequence_module, "Sampler", BrokenSampler)
     good, bad = Recorder(), Recorder()
     engine.submit(SequenceRequest("good", prompt, 30), good)
     engine.submit(SequenceRequest("bad", prompt, 30,
@@ -283,7 +283,7 @@ def test_eos_ends_the_sequence_and_counts_but_adds_no_text(eos_engine, prompt):
     eos_engine.submit(SequenceRequest("eos", prompt, 20), rec)
     assert rec.done.wait(5)
     [done] = rec.terminal()
-    assert (done.finish_reason, done.generated_tokens, done.text) == ("eos", 1, "")
+    assert (done.finish_reason, done.generated_tokens, done.text) == (FinishReason.EOS, 1, "")
     assert rec.token_ids() == list(done.token_ids) and rec.text() == ""
 
 
@@ -292,7 +292,7 @@ def test_min_new_tokens_masks_eos_until_reached(eos_engine, prompt):
     done = eos_engine.generate(SequenceRequest("min", prompt, 20, min_new_tokens=5))
     assert done.generated_tokens >= 5
     assert eos not in done.token_ids[:5]
-    if done.finish_reason == "eos":
+    if done.finish_reason is FinishReason.EOS:
         assert done.token_ids[-1] == eos and eos not in done.token_ids[:-1]
 
 
@@ -304,10 +304,10 @@ def test_stop_sequence_ends_the_output_before_the_match(engine):
     stop = text[len(text) // 2: len(text) // 2 + 3]
     assert len(stop) == 3
     rec = Recorder()
-    engine.submit(dataclasses.replace(base, request_id="stopped", stop=("never-there", stop)), rec)
+    engine.submit(dataclasses.replace(base, sequence_id="stopped", stop=("never-there", stop)), rec)
     assert rec.done.wait(5)
     [done] = rec.terminal()
-    assert (done.finish_reason, done.stop_sequence) == ("stop_sequence", stop)
+    assert (done.finish_reason, done.stop_sequence) == (FinishReason.STOP_SEQUENCE, stop)
     assert done.text == text[: text.index(stop)] == rec.text()
     assert stop not in rec.text()
     assert done.generated_tokens < free.generated_tokens
@@ -321,7 +321,7 @@ def test_length_finish_emits_all_text(engine):
     engine.submit(req, rec)
     assert rec.done.wait(5)
     [done] = rec.terminal()
-    assert done.finish_reason == "length" and done.generated_tokens == 25
+    assert done.finish_reason is FinishReason.LENGTH and done.generated_tokens == 25
     assert rec.text() == done.text == engine.tokenizer.decode(done.token_ids)
     assert done.seed == 21
 
