@@ -49,7 +49,8 @@ def ratio(a: dict, b: dict) -> float:
 
 def engine_decode(model_dir: Path, threads: int, streams: int, new_tokens: int, repeats: int) -> dict:
     """Aggregate decode tokens/s of `streams` concurrent sequences on one Engine."""
-    from worker_service.engine import Engine, EngineConfig, SequenceRequest
+    from worker_service.engine import Engine, EngineConfig
+    from worker_service.sequence import TERMINAL, Completed, SequenceRequest
 
     engine = Engine(EngineConfig(model_dir=model_dir, device="cpu", intra_op_threads=threads,
                                  kv_capacity_bytes=4 * 2**30))
@@ -61,17 +62,17 @@ def engine_decode(model_dir: Path, threads: int, streams: int, new_tokens: int, 
             finished = threading.Event()
 
             def on_event(event, done=done, finished=finished):
-                if type(event).__name__ in ("Completed", "Failed", "Cancelled"):
+                if isinstance(event, TERMINAL):
                     done.append(event)
                     if len(done) == streams:
                         finished.set()
 
             for i in range(streams):
-                engine.submit(SequenceRequest(request_id=f"b{repeat}-{i}", prompt_ids=ids,
+                engine.submit(SequenceRequest(sequence_id=f"b{repeat}-{i}", prompt_ids=ids,
                                               max_new_tokens=new_tokens, min_new_tokens=new_tokens),
                               on_event)
             finished.wait(600)
-            failed = [e for e in done if type(e).__name__ != "Completed"]
+            failed = [e for e in done if not isinstance(e, Completed)]
             if failed:
                 raise RuntimeError(f"engine bench sequence failed: {failed[0]}")
             first = min(e.ttft_ms for e in done) / 1e3
