@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ortserve.v1 import types_pb2
-
 from ortserve.errors import quoted as clip
+from ortserve.v1 import types_pb2
 
 from .errors import InvalidRequest
 from .sampling import SamplingConfig

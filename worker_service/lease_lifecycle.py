@@ -17,11 +17,10 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
+from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
 
 from .engine import Engine
-from ortserve.errors import quoted as clip
-
 from .errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
 from .scheduler_link import SchedulerLink
 from .sequence import TERMINAL, Event, SequenceRequest

@@ -11,14 +11,6 @@ import pytest
 
 import worker_service.sequence as sequence_module
 from worker_service.engine import Engine, EngineConfig
-from worker_service.sequence import (
-    Cancelled,
-    Completed,
-    Failed,
-    FinishReason,
-    SequenceRequest,
-    TokenDelta,
-)
 from worker_service.errors import (
     CapacityExceeded,
     ContextWindowFull,
@@ -27,6 +19,14 @@ from worker_service.errors import (
     InvalidRequest,
 )
 from worker_service.sampling import Sampler, SamplingConfig
+from worker_service.sequence import (
+    Cancelled,
+    Completed,
+    Failed,
+    FinishReason,
+    SequenceRequest,
+    TokenDelta,
+)
 
 TERMINAL = (Completed, Cancelled, Failed)
 
