@@ -54,7 +54,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--kv-budget", default=_env("ORTSERVE_WORKER_KV_BUDGET"),
                    help="KV-cache bytes this worker lets sequences hold, e.g. 2GiB")
     p.add_argument("--kv-budget-fraction", type=float,
-                   default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_budget_fraction)),
+                   default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_capacity_fraction)),
                    help="without --kv-budget: this fraction of available (device) memory")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -70,8 +70,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
-        device_id=a.device_id, intra_op_threads=a.threads, kv_budget_bytes=kv_budget,
-        kv_budget_fraction=a.kv_budget_fraction, log_level=a.log_level, log_json=a.log_json,
+        device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
+        kv_capacity_fraction=a.kv_budget_fraction, log_level=a.log_level, log_json=a.log_json,
     )
 
 

@@ -17,7 +17,7 @@ class WorkerConfig:
     device: str = "auto"  # auto | cpu | cuda
     device_id: int = 0
     intra_op_threads: int = 0  # 0 -> every usable core
-    kv_budget_bytes: int | None = None  # None -> kv_budget_fraction of available memory
-    kv_budget_fraction: float = 0.2
+    kv_capacity_bytes: int | None = None  # None -> kv_capacity_fraction of available memory (--kv-budget)
+    kv_capacity_fraction: float = 0.2
     log_level: str = "info"
     log_json: bool | None = None

@@ -32,11 +32,11 @@ SERVICE_NAME = SERVICE.full_name
 
 
 def resolve_kv_budget(config: WorkerConfig, device: str) -> int:
-    if config.kv_budget_bytes is not None:
-        return config.kv_budget_bytes
+    if config.kv_capacity_bytes is not None:
+        return config.kv_capacity_bytes
     base = (devices.free_cuda_memory_bytes(config.device_id) if device == "cuda"
             else devices.available_memory_bytes())
-    return int(base * config.kv_budget_fraction)
+    return int(base * config.kv_capacity_fraction)
 
 
 def check_kv_budget(engine: Engine) -> None:
