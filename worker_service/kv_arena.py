@@ -26,6 +26,7 @@ capacity_bytes. The caller reports how many tokens a row holds
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import mmap
 from dataclasses import dataclass
@@ -38,6 +39,15 @@ from worker_service.model import ModelSpec
 
 # Not exported by Python's mmap module; the Linux value on x86_64 and arm64.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_GUARD_BYTES = mmap.PAGESIZE
+_PROT_NONE = 0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _protect_none(address: int) -> None:
+    """Make one page inaccessible (a guard: its own VMA, never merged with the arena's)."""
+    if _libc.mprotect(ctypes.c_void_p(address), ctypes.c_size_t(_GUARD_BYTES), _PROT_NONE) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect of the KV arena's guard page failed")
 
 
 def block_tokens_for(head_dim: int, itemsize: int, page_bytes: int = mmap.PAGESIZE) -> int:
@@ -77,12 +87,18 @@ class KVArena:
         self.row_shape = (spec.kv_heads, self.seq_tokens, spec.head_dim)
         self.region_bytes = max_rows * math.prod(self.row_shape) * self.dtype.itemsize
         self.mapped_bytes = 2 * spec.num_layers * self.region_bytes
-        self._map = mmap.mmap(-1, self.mapped_bytes,
+        # A PROT_NONE guard page on each side: the kernel merges adjacent anonymous
+        # mappings of equal flags (another arena's, say) into one VMA, which would
+        # blur the kernel's count of this arena's pages (found in the tests).
+        self._map = mmap.mmap(-1, self.mapped_bytes + 2 * _GUARD_BYTES,
                               flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         # Huge pages would commit 2 MiB at a touch: far above a short row's charge.
         self._map.madvise(mmap.MADV_NOHUGEPAGE)
-        flat = np.frombuffer(self._map, dtype=self.dtype)
+        flat = np.frombuffer(self._map, dtype=self.dtype,
+                             count=self.mapped_bytes // self.dtype.itemsize, offset=_GUARD_BYTES)
+        _protect_none(flat.ctypes.data - _GUARD_BYTES)
+        _protect_none(flat.ctypes.data + self.mapped_bytes)
         per_region = self.region_bytes // self.dtype.itemsize
         shape = (max_rows, *self.row_shape)
         # keys[i], values[i]: layer i's [max_rows, kv_heads, seq_tokens, head_dim].
@@ -203,7 +219,7 @@ class KVArena:
         head_bytes = self.seq_tokens * token_bytes
         for r in range(2 * self.spec.num_layers):
             for h in range(self.spec.kv_heads):
-                offset = (r * self.region_bytes + (row * self.spec.kv_heads + h) * head_bytes
+                offset = (_GUARD_BYTES + r * self.region_bytes + (row * self.spec.kv_heads + h) * head_bytes
                           + t0 * token_bytes)
                 self._map.madvise(mmap.MADV_DONTNEED, offset, (t1 - t0) * token_bytes)
 
