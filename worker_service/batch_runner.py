@@ -1,0 +1,145 @@
+"""Runs a builder graph over a KVArena: batch-1 prompt chunks and batched single-token decode.
+
+Why two entry points (DESIGN.md, "Batching"): GroupQueryAttention takes each
+row's length from its attention-mask row sum and the total from the mask's
+width, so one run decodes B sequences of different lengths with right-padded
+masks; but it refuses more than one new token over a past at B > 1, so
+prompt chunks run batch 1 into the sequence's own row.
+
+Both bind the arena rows as past input and present output (one buffer), so
+nothing is copied per step. Host arrays for ids, mask and logits are
+preallocated once; returned logits are views into them, valid until the
+next call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from worker_service.kv_arena import KVArena
+from worker_service.model import ModelSpec
+
+
+class BatchRunner:
+    """One ORT session over one KVArena; see the module docstring."""
+
+    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
+                 max_chunk_tokens: int = 512) -> None:
+        if arena.spec is not spec and arena.spec != spec:
+            raise ValueError("the arena was made for another model spec")
+        self.session = session
+        self.spec = spec
+        self.arena = arena
+        self.max_chunk_tokens = max_chunk_tokens
+        logits_type = next(o.type for o in session.get_outputs() if o.name == spec.logits_name)
+        self.logits_dtype = np.dtype(np.float16 if "float16" in logits_type else np.float32)
+        rows, ctx, vocab = arena.max_rows, spec.context_length, spec.vocab_size
+        # Flat buffers: the first B x W entries viewed as [B, W] are contiguous, as ORT needs.
+        self._ids = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
+        self._positions = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
+        self._mask = np.zeros(rows * ctx, dtype=np.int64)
+        self._columns = np.arange(ctx, dtype=np.int64)
+        self._decode_logits = np.empty(rows * vocab, dtype=self.logits_dtype)
+        # A chunk's logits are [1, n, vocab]; only the last row is used (grows on demand).
+        self._prefill_logits = np.empty(vocab, dtype=self.logits_dtype)
+        self._decode_binding = session.io_binding()
+        self._decode_rows = 0  # rows [0, n) bound in _decode_binding's KV, 0: none
+        self._prefill_binding = session.io_binding()
+        self._prefill_row = -1
+        self.runs = 0
+        self.largest_batch = 0
+
+    def invalidate(self) -> None:
+        """Forget cached KV bindings (call after the arena moved rows); rebinding is cheap."""
+        self._decode_rows = 0
+        self._prefill_row = -1
+
+    def prefill(self, row: int, past_tokens: int, ids: Sequence[int]) -> np.ndarray:
+        """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
+        n = len(ids)
+        if not 1 <= n <= self.max_chunk_tokens:
+            raise ValueError(f"a prompt chunk is 1..{self.max_chunk_tokens} tokens, got {n}")
+        total = past_tokens + n
+        self._check_room(row, past_tokens, total)
+        spec, binding = self.spec, self._prefill_binding
+        if self._prefill_row != row:
+            self.arena.bind(binding, row, row + 1)
+            self._prefill_row = row
+        ids_view = self._ids[:n].reshape(1, n)
+        ids_view[0] = ids
+        # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
+        mask = self._mask[:total].reshape(1, total)
+        mask.fill(1)
+        binding.bind_cpu_input(spec.input_ids_name, ids_view)
+        binding.bind_cpu_input(spec.attention_mask_name, mask)
+        if spec.position_ids_name:
+            positions = self._positions[:n].reshape(1, n)
+            positions[0] = np.arange(past_tokens, total)
+            binding.bind_cpu_input(spec.position_ids_name, positions)
+        if self._prefill_logits.size < n * spec.vocab_size:
+            self._prefill_logits = np.empty(n * spec.vocab_size, dtype=self.logits_dtype)
+        logits = self._prefill_logits[:n * spec.vocab_size]
+        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype, [1, n, spec.vocab_size],
+                            logits.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        self.arena.note_written(row, total)
+        self.runs += 1
+        self.largest_batch = max(self.largest_batch, 1)
+        return logits[(n - 1) * spec.vocab_size:]
+
+    def decode(self, rows: int, past_tokens_per_row: Sequence[int],
+               next_ids: Sequence[int]) -> np.ndarray:
+        """One token for each of rows [0, rows) in ONE run; logits [rows, vocab].
+
+        Row b has written past_tokens_per_row[b] positions; its new token lands at
+        that position. The mask is right-padded: row b has past_b + 1 ones, then
+        zeros, to width max(past) + 1.
+        """
+        if not 1 <= rows <= self.arena.rows:
+            raise ValueError(f"decode over rows [0, {rows}) but the arena has "
+                             f"{self.arena.rows} live rows")
+        if len(past_tokens_per_row) != rows or len(next_ids) != rows:
+            raise ValueError(f"decode over {rows} rows needs {rows} past lengths and ids, got "
+                             f"{len(past_tokens_per_row)} and {len(next_ids)}")
+        past = np.asarray(past_tokens_per_row, dtype=np.int64)
+        for b in range(rows):
+            self._check_room(b, int(past[b]), int(past[b]) + 1)
+        spec, binding = self.spec, self._decode_binding
+        if self._decode_rows != rows:
+            self.arena.bind(binding, 0, rows)
+            self._decode_rows = rows
+        width = int(past.max()) + 1
+        ids_view = self._ids[:rows].reshape(rows, 1)
+        ids_view[:, 0] = next_ids
+        mask = self._mask[:rows * width].reshape(rows, width)
+        np.less(self._columns[:width], past[:, None] + 1, out=mask, casting="unsafe")
+        binding.bind_cpu_input(spec.input_ids_name, ids_view)
+        binding.bind_cpu_input(spec.attention_mask_name, mask)
+        if spec.position_ids_name:
+            positions = self._positions[:rows].reshape(rows, 1)
+            positions[:, 0] = past
+            binding.bind_cpu_input(spec.position_ids_name, positions)
+        logits = self._decode_logits[:rows * spec.vocab_size]
+        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
+                            [rows, 1, spec.vocab_size], logits.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        for b in range(rows):
+            self.arena.note_written(b, int(past[b]) + 1)
+        self.runs += 1
+        self.largest_batch = max(self.largest_batch, rows)
+        return logits.reshape(rows, spec.vocab_size)
+
+    def _check_room(self, row: int, past_tokens: int, total_tokens: int) -> None:
+        # A run writes positions [past, total): never past the row's charge, never a gap.
+        if not 0 <= row < self.arena.rows:
+            raise ValueError(f"row {row} is not live (rows are [0, {self.arena.rows}))")
+        written = self.arena.written_tokens(row)
+        if past_tokens != written:
+            raise ValueError(f"row {row} holds {written:,} tokens but the run says the past "
+                             f"is {past_tokens:,}")
+        if total_tokens > self.arena.max_tokens(row):
+            raise ValueError(f"row {row} is charged for {self.arena.max_tokens(row):,} tokens; "
+                             f"a run to {total_tokens:,} would write beyond it")

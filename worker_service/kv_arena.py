@@ -1,0 +1,264 @@
+"""A commit-on-touch KV arena: every sequence is one row of a shared batch buffer (CPU).
+
+Batched decode needs each layer's past/present as ONE tensor [B, kv_heads, L,
+head_dim] whose rows are the running sequences (DESIGN.md, "Batching"). The
+arena reserves address space for `max_rows` full-context rows up front and lets
+the kernel commit memory only where KV is written:
+
+- one anonymous private mapping (MAP_NORESERVE, MADV_NOHUGEPAGE) holds, for
+  every layer, a K region and a V region, each viewed as a numpy array
+  [max_rows, kv_heads, seq_tokens, head_dim]. One mapping rather than one per
+  layer: the kernel may merge adjacent anonymous mappings into one VMA anyway,
+  and a single VMA makes the kernel's view (`kernel_committed_bytes`) exact;
+- `block_tokens` tokens of one head fill whole pages, and every head's region
+  starts on a page boundary (seq_tokens is context_length rounded up to
+  blocks), so a row holding n tokens commits exactly
+  ceil(n / block_tokens) x block_tokens x bytes_per_token: the ledger's own
+  formula (`bytes_for`) applied to what was written, never above the charge;
+- freeing a row returns its pages (MADV_DONTNEED) and moves the last row into
+  the hole, so rows [0, n) stay contiguous and one run decodes them all.
+
+Accounting is by charge: sum of bytes_for(max_tokens) over live rows <=
+capacity_bytes. The caller reports how many tokens a row holds
+(`note_written`); the runner does so after every run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from worker_service.errors import CapacityExceeded
+from worker_service.model import ModelSpec
+
+# Not exported by Python's mmap module; the Linux value on x86_64 and arm64.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_GUARD_BYTES = mmap.PAGESIZE
+_PROT_NONE = 0
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _protect_none(address: int) -> None:
+    """Make one page inaccessible (a guard: its own VMA, never merged with the arena's)."""
+    if _libc.mprotect(ctypes.c_void_p(address), ctypes.c_size_t(_GUARD_BYTES), _PROT_NONE) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect of the KV arena's guard page failed")
+
+
+def block_tokens_for(head_dim: int, itemsize: int, page_bytes: int = mmap.PAGESIZE) -> int:
+    """Fewest tokens whose K (or V) of one head fills whole pages.
+
+    page / (head_dim x itemsize) when that divides (16 at head_dim 64 fp32);
+    otherwise the smallest page-aligned block (head_dim 96 fp32: 32 tokens in
+    3 pages), so committed memory still moves in whole blocks.
+    """
+    token_head_bytes = head_dim * itemsize
+    return math.lcm(page_bytes, token_head_bytes) // token_head_bytes
+
+
+@dataclass
+class _Row:
+    max_tokens: int
+    charged_bytes: int
+    written_tokens: int = 0
+
+
+class KVArena:
+    """Rows of KV in one commit-on-touch mapping; see the module docstring."""
+
+    def __init__(self, spec: ModelSpec, max_rows: int, capacity_bytes: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.spec = spec
+        self.max_rows = max_rows
+        self.capacity_bytes = capacity_bytes
+        self.dtype = np.dtype(spec.kv_dtype)
+        self.block_tokens = block_tokens_for(spec.head_dim, self.dtype.itemsize)
+        # The row's sequence axis, rounded up so each head's region is whole blocks
+        # (and so page-aligned). GQA only reads and writes positions < the mask width.
+        self.seq_tokens = -(-spec.context_length // self.block_tokens) * self.block_tokens
+        self.row_shape = (spec.kv_heads, self.seq_tokens, spec.head_dim)
+        self.region_bytes = max_rows * math.prod(self.row_shape) * self.dtype.itemsize
+        self.mapped_bytes = 2 * spec.num_layers * self.region_bytes
+        # A PROT_NONE guard page on each side: the kernel merges adjacent anonymous
+        # mappings of equal flags (another arena's, say) into one VMA, which would
+        # blur the kernel's count of this arena's pages (found in the tests).
+        self._map = mmap.mmap(-1, self.mapped_bytes + 2 * _GUARD_BYTES,
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # Huge pages would commit 2 MiB at a touch: far above a short row's charge.
+        self._map.madvise(mmap.MADV_NOHUGEPAGE)
+        flat = np.frombuffer(self._map, dtype=self.dtype,
+                             count=self.mapped_bytes // self.dtype.itemsize, offset=_GUARD_BYTES)
+        _protect_none(flat.ctypes.data - _GUARD_BYTES)
+        _protect_none(flat.ctypes.data + self.mapped_bytes)
+        per_region = self.region_bytes // self.dtype.itemsize
+        shape = (max_rows, *self.row_shape)
+        # keys[i], values[i]: layer i's [max_rows, kv_heads, seq_tokens, head_dim].
+        self.keys = [flat[(2 * i) * per_region:(2 * i + 1) * per_region].reshape(shape)
+                     for i in range(spec.num_layers)]
+        self.values = [flat[(2 * i + 1) * per_region:(2 * i + 2) * per_region].reshape(shape)
+                       for i in range(spec.num_layers)]
+        self.base_address = flat.ctypes.data
+        self._rows: list[_Row] = []  # index = row; rows [0, len) are live
+
+    # --- accounting ----------------------------------------------------------
+
+    def bytes_for(self, n_tokens: int) -> int:
+        """Bytes a row of up to n_tokens holds: whole blocks, as the ledger rounds them."""
+        blocks = -(-max(n_tokens, 0) // self.block_tokens)
+        return blocks * self.block_tokens * self.spec.bytes_per_token
+
+    def charged_bytes(self) -> int:
+        return sum(r.charged_bytes for r in self._rows)
+
+    def committed_bytes(self) -> int:
+        """The arena's page accounting: whole blocks of the tokens each row has written."""
+        return sum(self.bytes_for(r.written_tokens) for r in self._rows)
+
+    def kernel_committed_bytes(self) -> int:
+        """Resident bytes of the arena's mapping, as the kernel counts them (/proc/self/smaps)."""
+        start, end = self.base_address, self.base_address + self.mapped_bytes
+        total_kib = 0
+        inside = False
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                head = line.split(maxsplit=1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo < end and hi > start
+                    if inside and (lo < start or hi > end):
+                        # Merged with a neighbour: the count would not be the arena's alone.
+                        raise RuntimeError(f"VMA {head} straddles the arena [{start:#x}, {end:#x})")
+                elif inside and head == "Rss:":
+                    total_kib += int(line.split()[1])
+        return total_kib * 1024
+
+    @property
+    def rows(self) -> int:
+        """Live rows: they are exactly [0, rows)."""
+        return len(self._rows)
+
+    def written_tokens(self, row: int) -> int:
+        return self._rows[row].written_tokens
+
+    def max_tokens(self, row: int) -> int:
+        return self._rows[row].max_tokens
+
+    # --- allocate / free -----------------------------------------------------
+
+    def can_allocate(self, max_tokens: int) -> bool:
+        return (len(self._rows) < self.max_rows and 1 <= max_tokens <= self.spec.context_length
+                and self.charged_bytes() + self.bytes_for(max_tokens) <= self.capacity_bytes)
+
+    def allocate(self, max_tokens: int) -> int:
+        """A new row (the next index) for a sequence of up to max_tokens tokens."""
+        if not 1 <= max_tokens <= self.spec.context_length:
+            raise ValueError(f"a row holds 1..{self.spec.context_length} tokens (the model's "
+                             f"context), got {max_tokens}")
+        needed = self.bytes_for(max_tokens)
+        held = self.charged_bytes()
+        if held + needed > self.capacity_bytes:
+            raise CapacityExceeded(needed, held, self.capacity_bytes,
+                                   detail=f"a KV arena row of {max_tokens:,} tokens")
+        if len(self._rows) >= self.max_rows:
+            raise CapacityExceeded(needed, held, self.capacity_bytes,
+                                   detail=f"a KV arena row, but all {self.max_rows} rows are in "
+                                          "use (raise the arena's max_rows)")
+        self._rows.append(_Row(max_tokens, needed))
+        return len(self._rows) - 1
+
+    def note_written(self, row: int, n_tokens: int) -> None:
+        """Record that `row` now holds positions [0, n_tokens) (the runner calls it per run)."""
+        entry = self._rows[row]
+        if not 0 <= n_tokens <= entry.max_tokens:
+            raise ValueError(f"row {row} is charged for {entry.max_tokens:,} tokens; "
+                             f"it cannot hold {n_tokens:,}")
+        entry.written_tokens = n_tokens
+
+    def free(self, row: int) -> dict[int, int]:
+        """Release `row`; returns {old row: new row} for a row moved into the hole (maybe {}).
+
+        The last live row moves into the hole, copying only its written tokens,
+        so rows stay [0, n). The freed row's charge is dropped only once the move
+        is done, and the copy goes in chunks no larger than that charge whose
+        source pages are returned at once: committed memory stays within the
+        charges throughout.
+        """
+        if not 0 <= row < len(self._rows):
+            raise IndexError(f"row {row} is not live (rows are [0, {len(self._rows)}))")
+        last = len(self._rows) - 1
+        freed = self._rows[row]
+        self._discard_from(row, 0)
+        moved: dict[int, int] = {}
+        if row != last:
+            kept = self._rows[last]
+            chunk_tokens = self.bytes_for(freed.max_tokens) // self.spec.bytes_per_token
+            for t0 in range(0, kept.written_tokens, chunk_tokens):
+                t1 = min(t0 + chunk_tokens, kept.written_tokens)
+                for region in (*self.keys, *self.values):
+                    region[row, :, t0:t1] = region[last, :, t0:t1]
+                self._discard_from(last, t0, t1)
+            self._discard_from(last, 0)
+            self._rows[row] = kept
+            moved[last] = row
+        self._rows.pop()
+        return moved
+
+    def _discard_from(self, row: int, t0: int, t1: int | None = None) -> None:
+        """Return the pages of tokens [t0, t1) (t0, t1 block-aligned or the end) of every head."""
+        t1 = self.seq_tokens if t1 is None else -(-t1 // self.block_tokens) * self.block_tokens
+        token_bytes = self.spec.head_dim * self.dtype.itemsize
+        head_bytes = self.seq_tokens * token_bytes
+        for r in range(2 * self.spec.num_layers):
+            for h in range(self.spec.kv_heads):
+                offset = (_GUARD_BYTES + r * self.region_bytes + (row * self.spec.kv_heads + h) * head_bytes
+                          + t0 * token_bytes)
+                self._map.madvise(mmap.MADV_DONTNEED, offset, (t1 - t0) * token_bytes)
+
+    def close(self) -> None:
+        """Drop the mapping; OrtValues made by `ortvalues` must be gone first."""
+        self._rows.clear()
+        self.keys = self.values = []
+        # Views still exported (BufferError): the mapping goes with the last of them.
+        with contextlib.suppress(BufferError):
+            self._map.close()
+
+    # --- binding -------------------------------------------------------------
+
+    def ortvalues(self, start_row: int, stop_row: int) -> list[tuple[str, str, ort.OrtValue]]:
+        """(past name, present name, OrtValue over rows [start, stop)) per layer, K and V.
+
+        A contiguous slice of rows is a contiguous tensor, so ORT reads and writes
+        the arena in place: bind each value as both past and present
+        (past_present_share_buffer). [0, n) for a batched decode, [r, r+1) for a
+        batch-1 prompt chunk into row r.
+        """
+        spec = self.spec
+        out = []
+        for i in range(spec.num_layers):
+            for fmt_past, fmt_present, region in (
+                    (spec.past_key_name, spec.present_key_name, self.keys[i]),
+                    (spec.past_value_name, spec.present_value_name, self.values[i])):
+                out.append((fmt_past.format(i=i), fmt_present.format(i=i),
+                            ort.OrtValue.ortvalue_from_numpy(region[start_row:stop_row])))
+        return out
+
+    def bind(self, binding: ort.IOBinding, start_row: int, stop_row: int) -> None:
+        """Bind rows [start, stop) of every layer as past input and present output, by pointer."""
+        spec = self.spec
+        shape = [stop_row - start_row, *self.row_shape]
+        for i in range(spec.num_layers):
+            for fmt_past, fmt_present, region in (
+                    (spec.past_key_name, spec.present_key_name, self.keys[i]),
+                    (spec.past_value_name, spec.present_value_name, self.values[i])):
+                ptr = region[start_row].ctypes.data
+                binding.bind_input(fmt_past.format(i=i), "cpu", 0, self.dtype, shape, ptr)
+                binding.bind_output(fmt_present.format(i=i), "cpu", 0, self.dtype, shape, ptr)
