@@ -26,9 +26,10 @@ import structlog
 from ortserve.units import tokens
 from worker_service import device as devices
 from worker_service.errors import ContextWindowFull, EngineError, InvalidRequest, LeaseInUse
+from worker_service.kv_arena import KVArena
 from worker_service.kv_cache import KVPool, StaticSharedKV
 from worker_service.model import ModelSpec, load_model_spec
-from worker_service.model_runner import ModelRunner, StepOutput
+from worker_service.model_runner import BatchedModelRunner, ModelRunner, StepOutput
 from worker_service.sequence import (
     TERMINAL,
     Cancelled,
@@ -58,6 +59,11 @@ class EngineConfig:
     # Prompt tokens one step may prefill (batch 1 chunks): bounds the host logits of a
     # run and how long a long prompt delays the decoding streams.
     prefill_chunk_tokens: int = 512
+    # "arena": running sequences are rows of one commit-on-touch KV arena and decode
+    # in one batched run (CPU only); "static": one buffer per sequence, one run each
+    # (the CUDA path); "auto": arena on CPU, static on CUDA.
+    kv_layout: str = "auto"
+    max_batch_rows: int = 32  # the arena's rows: the most sequences running at once
 
 
 class SequenceHandle:
@@ -85,10 +91,28 @@ class Engine:
                                          self.intra_op_threads, config.inter_op_threads)
         self.provider = session.get_providers()[0]
         self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
-        self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),
-                         config.kv_capacity_bytes)
-        self.runner = ModelRunner(session, self.spec, self.kv)
-        self.scheduler = StepScheduler(max_prefill_tokens=max(config.prefill_chunk_tokens, 1))
+        chunk_tokens = max(config.prefill_chunk_tokens, 1)
+        layout = config.kv_layout if config.kv_layout != "auto" else (
+            "arena" if config.device == "cpu" else "static")
+        if layout == "arena":
+            if config.device != "cpu":
+                raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with "
+                                     "device cpu, or kv_layout static on cuda")
+            self._arena: KVArena | None = KVArena(self.spec, config.max_batch_rows,
+                                                  config.kv_capacity_bytes)
+            self.kv = KVPool(self._arena, config.kv_capacity_bytes)
+            self.runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens)
+        elif layout == "static":
+            self._arena = None
+            self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),
+                             config.kv_capacity_bytes)
+            self.runner = ModelRunner(session, self.spec, self.kv)
+        else:
+            raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of auto, arena, "
+                                 "static")
+        self.kv_layout = layout
+        self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
+                                       can_start=self.runner.can_start)
 
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
@@ -208,6 +232,8 @@ class Engine:
             self._inbox.clear()
         for seq in left:
             self._finish(seq, Failed(seq.sequence_id, closing))
+        if self._arena is not None:
+            self._arena.close()
 
     def step(self) -> None:
         """One engine step: schedule -> run -> postprocess."""
@@ -221,7 +247,7 @@ class Engine:
         self._postprocess(plan, output)
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
-        for seq in [*plan.decodes, *(chunk.seq for chunk in plan.prefills)]:
+        for seq in output.ran:
             error = output.errors.get(seq.sequence_id)
             if error is not None:
                 self._fail(seq, error)

@@ -1,9 +1,13 @@
-"""The model runner: runs one step plan through the ORT session; returns logits rows.
+"""The model runners: run one step plan through the ORT session; return logits rows.
 
-It reads a sequence's tokens and its computed-token count but changes no
-sequence state: the engine's postprocess does that, once the step is over.
-With the per-sequence `StaticSharedKV` layout each sequence has its own
-IOBinding over its own buffer, and a decode batch is one run per sequence.
+A runner reads a sequence's tokens and its computed-token count but changes
+no sequence state: the engine's postprocess does that, once the step is over.
+
+- `BatchedModelRunner` (CPU): every running sequence is one row of a KV
+  arena, and one session run advances all of them by one token; prompt
+  chunks then run batch 1 into their rows.
+- `ModelRunner` (per-sequence `StaticSharedKV` buffers; the CUDA path): each
+  sequence has its own IOBinding over its own buffer, one run per sequence.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from worker_service.batch_runner import BatchRunner
+from worker_service.kv_arena import KVArena
 from worker_service.kv_cache import KVPool
 from worker_service.model import ModelSpec
 from worker_service.sequence import Sequence
@@ -21,9 +27,10 @@ from worker_service.step_scheduler import StepPlan
 
 @dataclass
 class StepOutput:
-    """What one step computed: tokens run per sequence, last-position logits of those
-    that sample next, and the sequences whose run failed (they fail alone)."""
+    """What one step computed: the sequences it ran (in order), tokens run per sequence,
+    last-position logits of those that sample next, and the failed ones (they fail alone)."""
 
+    ran: list[Sequence] = field(default_factory=list)
     computed_tokens: dict[str, int] = field(default_factory=dict)
     logits: dict[str, np.ndarray] = field(default_factory=dict)
     errors: dict[str, Exception] = field(default_factory=dict)
@@ -45,6 +52,12 @@ class ModelRunner:
         self._decode_logits_value = ort.OrtValue.ortvalue_from_numpy(self._decode_logits)
         self._bindings: dict[str, ort.IOBinding] = {}
 
+    batched = False
+    largest_batch = 1
+
+    def can_start(self, seq: Sequence) -> bool:
+        return True  # its buffer was charged at submit; it is made on first use
+
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()
         for seq in plan.decodes:
@@ -64,8 +77,10 @@ class ModelRunner:
         try:
             logits = self._run(seq, n)
         except Exception as exc:  # one sequence's failure is that sequence's alone
+            out.ran.append(seq)
             out.errors[seq.sequence_id] = exc
             return
+        out.ran.append(seq)
         out.computed_tokens[seq.sequence_id] = n
         if seq.num_computed_tokens + n == len(seq.token_ids):
             out.logits[seq.sequence_id] = logits  # a middle prompt chunk's logits are not needed
@@ -102,3 +117,83 @@ class ModelRunner:
         binding.bind_ortvalue_output(spec.logits_name, logits_value)
         self.session.run_with_iobinding(binding)
         return logits[0, -1].copy() if n == 1 else logits[0, -1]
+
+
+class BatchedModelRunner:
+    """Every running sequence is a row of one KV arena; a step is ONE batched run over all
+    rows, then the prompt chunks batch 1. Engine thread only.
+
+    In the batched run a decoding row feeds its last sampled token and a
+    prefilling row its next prompt token: both are "compute the next pending
+    token", so rows never need reordering, and a prompt advances a token even
+    in steps whose chunk budget went to another.
+    """
+
+    batched = True
+
+    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
+                 max_chunk_tokens: int) -> None:
+        self.session = session
+        self.spec = spec
+        self.arena = arena
+        self.batch = BatchRunner(session, spec, arena, max_chunk_tokens=max_chunk_tokens)
+        self._by_row: list[Sequence] = []  # row b's sequence; rows are [0, n)
+
+    @property
+    def largest_batch(self) -> int:
+        return self.batch.largest_batch
+
+    def can_start(self, seq: Sequence) -> bool:
+        return self.arena.can_allocate(seq.kv.max_tokens)
+
+    def run(self, plan: StepPlan) -> StepOutput:
+        out = StepOutput()
+        for chunk in plan.prefills:
+            if chunk.seq not in self._by_row:
+                assert self.arena.allocate(chunk.seq.kv.max_tokens) == len(self._by_row)
+                self._by_row.append(chunk.seq)
+        rows = list(self._by_row)
+        if not rows:
+            return out
+        past = [seq.num_computed_tokens for seq in rows]
+        try:
+            logits = self.batch.decode(len(rows), past,
+                                       [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)])
+        except Exception as exc:  # the run was shared: every row in it failed
+            for seq in rows:
+                out.ran.append(seq)
+                out.errors[seq.sequence_id] = exc
+            return out
+        for b, seq in enumerate(rows):
+            out.ran.append(seq)
+            out.computed_tokens[seq.sequence_id] = 1
+            if past[b] + 1 == len(seq.token_ids):
+                out.logits[seq.sequence_id] = logits[b].copy()
+        for chunk in plan.prefills:
+            self._prefill(out, chunk.seq, chunk.num_tokens)
+        return out
+
+    def _prefill(self, out: StepOutput, seq: Sequence, num_tokens: int) -> None:
+        start = seq.num_computed_tokens + out.computed_tokens[seq.sequence_id]
+        n = min(num_tokens, len(seq.token_ids) - start)  # the batched run took one already
+        if n <= 0 or seq.sequence_id in out.errors:
+            return
+        try:
+            logits = self.batch.prefill(self._by_row.index(seq), start, seq.token_ids[start:start + n])
+        except Exception as exc:
+            out.errors[seq.sequence_id] = exc
+            return
+        out.computed_tokens[seq.sequence_id] += n
+        if start + n == len(seq.token_ids):
+            out.logits[seq.sequence_id] = logits.copy()
+
+    def forget(self, seq: Sequence) -> None:
+        """Free the sequence's row; the last row moves into the hole (rows stay [0, n))."""
+        if seq not in self._by_row:
+            return
+        row = self._by_row.index(seq)
+        moved = self.arena.free(row)
+        last = self._by_row.pop()
+        if moved:
+            self._by_row[row] = last
+        self.batch.invalidate()

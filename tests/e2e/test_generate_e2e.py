@@ -57,6 +57,11 @@ def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_
     budget = (n_prompt + CAP_ROOM_TOKENS) * BPT
     cluster = start_cluster(tmp_path_factory, "incident", kv_budgets=[str(budget)])
     try:
+        block = worker_stub(cluster.worker_services[0].address).Info(
+            worker_pb2.InfoRequest(), timeout=5).block_tokens
+        # The ledger charges whole blocks: the cap is what whole blocks of the budget hold.
+        room = (n_prompt + CAP_ROOM_TOKENS) // block * block - n_prompt
+        assert CAP_ROOM_TOKENS - block < room <= CAP_ROOM_TOKENS
         with Client(cluster.address, timeout_s=120) as client:
             seen_before_first_chunk = []
             stream = client.stream(ESSAY, on_admission=seen_before_first_chunk.append)
@@ -66,31 +71,31 @@ def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_
         cap = adm.budget_cap
         assert cap.requested_was_unset
         assert cap.requested_max_new_tokens == 8192 - n_prompt
-        assert cap.admitted_max_new_tokens == CAP_ROOM_TOKENS
-        assert cap.bytes_per_token == BPT and cap.capacity_bytes == budget
-        assert cap.admitted_bytes == budget == cap.available_bytes
+        assert cap.admitted_max_new_tokens == room
+        assert cap.bytes_per_token == BPT and cap.capacity_bytes == budget == cap.available_bytes
+        assert cap.admitted_bytes == (n_prompt + room) * BPT <= budget
         assert cap.requested_bytes == 8192 * BPT
         result = stream.result
         assert result.finish_reason == "LENGTH"
         assert result.budget_cap == cap  # repeated in the final event
-        assert result.usage.generated_tokens == CAP_ROOM_TOKENS
+        assert result.usage.generated_tokens == room
 
         # The CLI: text only on stdout, the cap on stderr; --json carries the cap.
         plain = run_cli(cluster.address, "generate", ESSAY, "--stats")
         assert plain.returncode == 0, plain.stderr
-        assert "CAPPED" in plain.stderr and f"-> {CAP_ROOM_TOKENS}" in plain.stderr
+        assert "CAPPED" in plain.stderr and f"-> {room}" in plain.stderr
         assert "ortserve:" not in plain.stdout and "CAPPED" not in plain.stdout
         assert plain.stdout.strip() and "budget_cap requested=" in plain.stderr
         as_json = run_cli(cluster.address, "generate", ESSAY, "--json")
         assert as_json.returncode == 0, as_json.stderr
         doc = json.loads(as_json.stdout)
-        assert doc["budget_cap"]["admitted_max_new_tokens"] == CAP_ROOM_TOKENS
+        assert doc["budget_cap"]["admitted_max_new_tokens"] == room
         assert doc["finish_reason"] == "LENGTH" and "CAPPED" in as_json.stderr
 
         # Strict cap policy: the same request is rejected, with the numbers.
         with Client(cluster.address, timeout_s=60) as client, pytest.raises(ExceedsCapacity) as err:
             client.generate(ESSAY, strict=True)
-        assert err.value.cap_refused and err.value.admissible_max_new_tokens == CAP_ROOM_TOKENS
+        assert err.value.cap_refused and err.value.admissible_max_new_tokens == room
         assert err.value.capacity_bytes == budget
         strict = run_cli(cluster.address, "generate", ESSAY, "--strict")
         assert strict.returncode == 3 and strict.stdout == ""
