@@ -60,12 +60,13 @@ test-fast: setup tiny-model
 	$(BIN)/pytest -q -m "not slow" tests/unit tests/service
 
 ## run: serve the default model locally (scheduler + one CPU worker), a demo answer, then keep serving
+## (stdout: the answer only; the runner's notices go to stderr)
 run: setup model
-	$(BIN)/python -m ortserve.cluster --workers 1 --demo
+	@$(BIN)/python -m devtools.cluster --workers 1 --demo
 
 ## cluster: the compose topology as local processes, WORKERS=N
 cluster: setup model
-	$(BIN)/python -m ortserve.cluster --workers $(WORKERS)
+	@$(BIN)/python -m devtools.cluster --workers $(WORKERS)
 
 bench: setup tools-setup model
 	$(BIN)/python -m bench.run

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ortserve.cluster import model_cache
+from devtools.cluster import model_cache
 
 
 def prepared_model_dir(name: str) -> Path:

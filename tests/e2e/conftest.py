@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ortserve.cluster import LocalCluster, default_model_dir
+from devtools.cluster import LocalCluster, default_model_dir
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from ortserve_client import Client
 
-from ortserve.cluster import Service, start_service, stop_service, wait_serving
+from devtools.cluster import Service, start_service, stop_service, wait_serving
 from tests.e2e.conftest import BIN, ROOT, require_model, reserved_bytes
 
 COMPOSE = ROOT / "compose.yaml"

@@ -7,7 +7,6 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -66,4 +65,13 @@ def test_the_node_client_streams_a_generation(roomy):
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "finish_reason=" in result.stderr and "finish_reason" not in result.stdout
-    assert Path(client_dir / "generate.js").exists()
+    # The flag reached the request: the Finished event reports the ceiling it asked for,
+    # nothing was capped, and the ledger is back at zero once the stream has ended.
+    stats = re.search(r"finish_reason=(\w+) generated_tokens=(\d+) max_new_tokens=(\d+)(.*)",
+                      result.stderr)
+    assert stats, result.stderr
+    finish_reason, generated, ceiling, rest = stats.groups()
+    assert int(ceiling) == 24 and "capped_from" not in rest
+    assert 0 < int(generated) <= 24
+    assert finish_reason in ("EOS", "LENGTH")
+    assert reserved_bytes(roomy.address) == 0

@@ -11,10 +11,12 @@ from .errors import (
     OrtserveError,
     Rejected,
 )
+from .report import cap_notice, notice, print_stats, stats_lines
 from .types import Admission, BudgetCap, GenerateResult, TextChunk, Timings, Usage
 
 __all__ = [
     "Admission", "BudgetBusy", "BudgetCap", "Client", "ContextLengthExceeded", "ExceedsCapacity",
     "GenerateResult", "GenerationFailed", "GenerationStream", "InvalidRequest", "NoWorker",
-    "OrtserveError", "Rejected", "TextChunk", "Timings", "Usage",
+    "OrtserveError", "Rejected", "TextChunk", "Timings", "Usage", "cap_notice", "notice",
+    "print_stats", "stats_lines",
 ]

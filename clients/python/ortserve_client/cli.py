@@ -5,7 +5,8 @@
   ortserve admit "..." --max-new-tokens 512        (dry run: admitted, capped or rejected?)
   ortserve budget --leases
 
-Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request.
+Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
+141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
 first token, and is in --stats and --json.
 """
@@ -16,29 +17,20 @@ import argparse
 import json
 import os
 import sys
+from importlib import metadata
 
 from google.protobuf import json_format
 
 from ortserve.units import human_bytes
 
+from . import flags
 from .client import DEFAULT_ADDRESS, Client
 from .errors import InvalidRequest, OrtserveError, Rejected
-from .types import Admission, BudgetCap, GenerateResult
+from .report import cap_notice, notice, print_stats
+from .types import Admission
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2, 3, 4
-
-
-def notice(text: str) -> None:
-    print(f"ortserve: {text}", file=sys.stderr, flush=True)
-
-
-def cap_notice(cap: BudgetCap) -> str:
-    return (f"CAPPED by the KV budget: max_new_tokens {cap.requested_max_new_tokens:,}"
-            f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
-            f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
-            f"{cap.bytes_per_token:,} B/token, reserved {human_bytes(cap.admitted_bytes)}, "
-            f"{human_bytes(cap.available_bytes)} was free of {human_bytes(cap.capacity_bytes)} "
-            f"on worker {cap.worker_id}. {cap.reason}")
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what the shell reports for `cat` in the same place
 
 
 def _request_kwargs(a: argparse.Namespace) -> dict:
@@ -54,25 +46,6 @@ def _request_kwargs(a: argparse.Namespace) -> dict:
         if value is not None:
             kw[name] = value
     return kw
-
-
-def _print_stats(result: GenerateResult) -> None:
-    u, t = result.usage, result.timings
-    cap = result.budget_cap
-    ceiling = (f"{u.max_new_tokens:,} (capped from {cap.requested_max_new_tokens:,} by the KV budget)"
-               if cap else f"{u.max_new_tokens:,}")
-    notice(f"stats: finish_reason={result.finish_reason} prompt_tokens={u.prompt_tokens:,} "
-           f"generated_tokens={u.generated_tokens:,} max_new_tokens={ceiling}")
-    notice(f"stats: ttft_ms={t.ttft_ms:.1f} prefill_ms={t.prefill_ms:.1f} queue_ms={t.queue_ms:.1f} "
-           f"decode_ms={t.decode_ms:.1f} decode_tokens_per_s={t.decode_tokens_per_s:.1f} "
-           f"total_ms={t.total_ms:.1f}")
-    notice(f"stats: worker={result.worker_id} provider={result.execution_provider} "
-           f"sampling={json.dumps(result.sampling) if result.sampling else 'greedy'}")
-    if cap:
-        notice(f"stats: budget_cap requested={cap.requested_max_new_tokens:,} "
-               f"admitted={cap.admitted_max_new_tokens:,} requested_bytes={cap.requested_bytes:,} "
-               f"admitted_bytes={cap.admitted_bytes:,} available_bytes={cap.available_bytes:,} "
-               f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}")
 
 
 def cmd_generate(client: Client, a: argparse.Namespace) -> int:
@@ -91,7 +64,7 @@ def cmd_generate(client: Client, a: argparse.Namespace) -> int:
     else:
         sys.stdout.write("\n")
     if a.stats:
-        _print_stats(result)
+        print_stats(result)
     return EXIT_OK
 
 
@@ -138,10 +111,20 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text, or - to read it from stdin")
     p.add_argument("--chat", action="store_true", help="send as a user turn (the model's chat template)")
     p.add_argument("--system", help="with --chat: a system turn first")
-    p.add_argument("--max-new-tokens", type=int, help="unset: the remaining context window (may be capped)")
-    p.add_argument("--min-new-tokens", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=flags.max_new_tokens,
+                   help="1 to 4,294,967,295; unset: the remaining context window (may be capped)")
+    p.add_argument("--min-new-tokens", type=flags.uint32, default=0,
+                   help="no EOS or stop sequence ends the output before this many tokens")
     p.add_argument("--strict", action="store_true", help="refuse to be capped: reject instead")
     p.add_argument("--request-id")
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml), or a note that it is not installed."""
+    try:
+        return metadata.version("ortserve")
+    except metadata.PackageNotFoundError:
+        return "(not installed: run `make setup`)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,15 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
                    help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
-    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--timeout", type=flags.timeout_s, default=None, help="deadline in seconds")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="stream a generation to stdout")
     _add_request_flags(g)
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--repetition-penalty", type=float)
+    g.add_argument("--temperature", type=flags.temperature, help=">= 0; unset or 0: greedy")
+    g.add_argument("--top-k", type=flags.uint32,
+                   help=">= 0; 0: no limit")
+    g.add_argument("--top-p", type=flags.top_p, help="in (0, 1]; 1: no limit")
+    g.add_argument("--seed", type=flags.uint64, help="0 to 2**64-1; unset: random, reported")
+    g.add_argument("--repetition-penalty", type=flags.repetition_penalty, help="> 0; 1: none")
     g.add_argument("--stop", action="append", help="a stop sequence (repeatable)")
     g.add_argument("--stats", action="store_true", help="timings and usage on stderr")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text")
@@ -173,21 +158,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    a = build_parser().parse_args(argv)
+def run(argv: list[str] | None = None) -> int:
+    """Parse argv, run the command, return the exit code (argparse's own exits included)."""
+    try:
+        a = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, --version, usage errors: their output is flushed in main
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     with Client(a.address, timeout_s=a.timeout) as client:
         try:
-            code = a.func(client, a)
+            return a.func(client, a)
         except OrtserveError as error:
             label = "rejected" if isinstance(error, Rejected) else "error"
             notice(f"{label} [{error.code.name}]: {error.message}")
             if getattr(a, "json", False):
                 print(json.dumps(error.to_dict()))
-            code = (EXIT_REJECTED if isinstance(error, Rejected)
+            return (EXIT_REJECTED if isinstance(error, Rejected)
                     else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
         except KeyboardInterrupt:
             notice("interrupted")
-            code = 130
+            return 130
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = run(argv)
+        # NOTE: flush here, not at interpreter exit: a reader that closed the pipe
+        # (`| head`) would make the exit-time flush print "Exception ignored".
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader is gone; leaving the Client's block cancelled the stream (the lease
+        # is freed). Point both streams at /dev/null so the exit-time flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        code = EXIT_BROKEN_PIPE
     sys.exit(code)
 
 

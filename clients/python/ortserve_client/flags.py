@@ -1,0 +1,62 @@
+"""argparse `type=` functions for the CLI's numeric flags, one per range of the proto field.
+
+A value outside its field's range would otherwise reach protobuf, which raises
+"Value out of range" from deep inside the request builder: argparse must refuse it
+first, so the user sees exit 2 and a message naming the flag and the range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+# NOTE: the sampling fields are proto `float` (32-bit): a larger double becomes inf on the wire.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def int_range(low: int, high: int, what: str) -> Callable[[str], int]:
+    """A parser of integers in [low, high]; `what` names the range in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; expected {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some of its own messages
+    return parse
+
+
+def float_range(low: float, high: float, what: str, *, low_open: bool = False) -> Callable[[str], float]:
+    """A parser of finite floats in [low, high] (or (low, high] with low_open)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected {what}") from None
+        above_low = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above_low and value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range; expected {what}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+# One per proto field (protos/ortserve/v1/types.proto); the servers check the same ranges.
+max_new_tokens = int_range(1, UINT32_MAX, f"an integer from 1 to {UINT32_MAX:,} (uint32)")
+uint32 = int_range(0, UINT32_MAX, f"an integer from 0 to {UINT32_MAX:,} (uint32)")
+uint64 = int_range(0, UINT64_MAX, f"an integer from 0 to {UINT64_MAX:,} (uint64)")
+temperature = float_range(0.0, FLOAT32_MAX, "a finite number >= 0 (0: greedy)")
+top_p = float_range(0.0, 1.0, "a number in (0, 1]", low_open=True)
+repetition_penalty = float_range(0.0, FLOAT32_MAX, "a finite number > 0 (1: no penalty)",
+                                 low_open=True)
+# The gRPC deadline: a zero or negative one would fail every call before it is sent.
+timeout_s = float_range(0.0, 365 * 86_400.0, "a number of seconds > 0", low_open=True)

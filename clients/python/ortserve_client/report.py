@@ -1,0 +1,60 @@
+"""Human-readable notices about a generation: the budget cap and the stats, for stderr.
+
+Public so that tools besides the CLI (the local-cluster runner's demo, scripts,
+benchmarks) print them the same way; stdout stays free for the generated text.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from ortserve.units import human_bytes
+
+from .types import BudgetCap, GenerateResult
+
+PREFIX = "ortserve: "
+
+
+def notice(text: str, file: TextIO | None = None) -> None:
+    """Print one notice line, prefixed, on `file` (default: stderr), flushed at once."""
+    print(f"{PREFIX}{text}", file=file or sys.stderr, flush=True)
+
+
+def cap_notice(cap: BudgetCap) -> str:
+    """One line saying that and why the KV budget reduced max_new_tokens, with the numbers."""
+    return (f"CAPPED by the KV budget: max_new_tokens {cap.requested_max_new_tokens:,}"
+            f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
+            f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
+            f"{cap.bytes_per_token:,} B/token, reserved {human_bytes(cap.admitted_bytes)}, "
+            f"{human_bytes(cap.available_bytes)} was free of {human_bytes(cap.capacity_bytes)} "
+            f"on worker {cap.worker_id}. {cap.reason}")
+
+
+def stats_lines(result: GenerateResult) -> list[str]:
+    """The usage, timings, placement and cap of a finished generation, as key=value lines."""
+    u, t, cap = result.usage, result.timings, result.budget_cap
+    ceiling = (f"{u.max_new_tokens:,} (capped from {cap.requested_max_new_tokens:,} by the KV budget)"
+               if cap else f"{u.max_new_tokens:,}")
+    lines = [
+        f"stats: finish_reason={result.finish_reason} prompt_tokens={u.prompt_tokens:,} "
+        f"generated_tokens={u.generated_tokens:,} max_new_tokens={ceiling}",
+        f"stats: ttft_ms={t.ttft_ms:.1f} prefill_ms={t.prefill_ms:.1f} queue_ms={t.queue_ms:.1f} "
+        f"decode_ms={t.decode_ms:.1f} decode_tokens_per_s={t.decode_tokens_per_s:.1f} "
+        f"total_ms={t.total_ms:.1f}",
+        f"stats: worker={result.worker_id} provider={result.execution_provider} "
+        f"sampling={json.dumps(result.sampling) if result.sampling else 'greedy'}",
+    ]
+    if cap:
+        lines.append(f"stats: budget_cap requested={cap.requested_max_new_tokens:,} "
+                     f"admitted={cap.admitted_max_new_tokens:,} requested_bytes={cap.requested_bytes:,} "
+                     f"admitted_bytes={cap.admitted_bytes:,} available_bytes={cap.available_bytes:,} "
+                     f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}")
+    return lines
+
+
+def print_stats(result: GenerateResult, file: TextIO | None = None) -> None:
+    """Print stats_lines(result) as notices on `file` (default: stderr)."""
+    for line in stats_lines(result):
+        notice(line, file)

@@ -1,0 +1,269 @@
+"""A local cluster as processes: the scheduler and N workers, as compose.yaml runs them.
+
+  python -m devtools.cluster --workers 2            (make cluster WORKERS=2)
+  python -m devtools.cluster --workers 1 --demo     (make run)
+
+Each process logs to <log-dir>/<name>.log; Ctrl-C stops them all cleanly.
+stdout carries the demo's answer and nothing else; every notice goes to stderr.
+The end-to-end tests and the bench start their processes through this module too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from ortserve_client import Client, cap_notice, notice, print_stats
+from ortserve_client.flags import int_range
+
+from ortserve.probe import check
+
+__all__ = ["DEFAULT_MODEL", "ClusterError", "LocalCluster", "Service", "default_model_dir",
+           "model_cache", "start_service", "stop_service", "usable_cores", "wait_serving"]
+
+DEFAULT_MODEL = "smollm2-135m-instruct-fp32"
+
+
+def model_cache() -> Path:
+    return Path(os.environ.get("ORTSERVE_MODEL_CACHE", Path.home() / ".cache" / "ortserve"))
+
+
+def default_model_dir() -> Path:
+    return model_cache() / "models" / DEFAULT_MODEL
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class Service:
+    """One running process: its name, address and log file."""
+
+    name: str
+    process: subprocess.Popen
+    address: str
+    log_path: Path
+
+    def log_tail(self, n_lines: int = 30) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n_lines:])
+
+
+def _bin(name: str) -> str:
+    """A console script of this venv (beside the running interpreter)."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                  timeout_s: float = 60.0) -> Service:
+    """Start a process that prints 'listening HOST:PORT' first on stdout; return once it has."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "wb")  # noqa: SIM115 (the child owns it for its lifetime)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL,
+                               env={**os.environ, **(env or {})}, start_new_session=True)
+    log_file.close()
+    deadline = time.monotonic() + timeout_s
+    line = process.stdout.readline().decode().strip()
+    if not line.startswith("listening ") or time.monotonic() > deadline:
+        process.kill()
+        raise ClusterError(f"{name} did not start ({line!r}); see {log_path}:\n"
+                           + log_path.read_text(errors="replace")[-3000:])
+    return Service(name, process, line.split()[1], log_path)
+
+
+def wait_serving(service: Service, health_service: str = "", timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    status = ""
+    while time.monotonic() < deadline:
+        if service.process.poll() is not None:
+            raise ClusterError(f"{service.name} exited with {service.process.returncode}; "
+                               f"see {service.log_path}:\n{service.log_tail()}")
+        status = check(service.address, health_service, timeout_s=2.0)
+        if status == "SERVING":
+            return
+        time.sleep(0.2)
+    raise ClusterError(f"{service.name} not SERVING after {timeout_s:g} s (last: {status}); "
+                       f"see {service.log_path}:\n{service.log_tail()}")
+
+
+def stop_service(service: Service, timeout_s: float = 10.0) -> int:
+    if service.process.poll() is None:
+        service.process.send_signal(signal.SIGTERM)
+        try:
+            service.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            service.process.wait()
+    return service.process.returncode
+
+
+@dataclass
+class LocalCluster:
+    model_dir: Path
+    workers: int = 1
+    log_dir: Path = Path("logs")
+    scheduler_port: int = 0
+    host: str = "127.0.0.1"
+    kv_budgets: list[str | None] = field(default_factory=list)  # per worker; None: the default
+    threads: int = 0  # per worker; 0: the cores shared out
+    device: str = "cpu"
+    scheduler_args: list[str] = field(default_factory=list)
+    services: list[Service] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.services[0].address
+
+    @property
+    def worker_services(self) -> list[Service]:
+        return self.services[1:]
+
+    def start(self) -> LocalCluster:
+        try:
+            scheduler = start_service("scheduler", [
+                _bin("ortserve-scheduler"), "--host", self.host, "--port", str(self.scheduler_port),
+                *self.scheduler_args], self.log_dir)
+            self.services.append(scheduler)
+            wait_serving(scheduler)
+            for i in range(self.workers):
+                self.start_worker(i)
+            for worker in self.worker_services:
+                wait_serving(worker, "ortserve.v1.Worker")
+            self.wait_registered(self.workers)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_worker(self, index: int, extra_args: list[str] = ()) -> Service:
+        threads = self.threads or max(1, usable_cores() // max(self.workers, 1))
+        argv = [_bin("ortserve-worker"), "--model-dir", str(self.model_dir),
+                "--scheduler", self.address, "--host", self.host, "--port", "0",
+                "--worker-id", f"worker-{index}", "--device", self.device, "--threads", str(threads)]
+        budget = self.kv_budgets[index] if index < len(self.kv_budgets) else None
+        if budget:
+            argv += ["--kv-budget", budget]
+        service = start_service(f"worker-{index}", [*argv, *extra_args], self.log_dir)
+        self.services.append(service)
+        return service
+
+    def wait_registered(self, n_workers: int, timeout_s: float = 60.0) -> None:
+        import grpc
+
+        from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while time.monotonic() < deadline:
+                budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
+                if len(budget.workers) >= n_workers:
+                    return
+                time.sleep(0.2)
+        raise ClusterError(f"only {len(budget.workers)} of {n_workers} workers registered "
+                           f"after {timeout_s:g} s; see the logs in {self.log_dir}")
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            stop_service(service)
+        self.services.clear()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+DEMO_PROMPT = "What is the capital of France? Answer in one sentence."
+
+
+def demo(address: str, out: TextIO | None = None) -> None:
+    """Stream one answer to `out` (default: stdout); the cap, prompt and stats go to stderr."""
+    out = out or sys.stdout
+    with Client(address, timeout_s=120) as client:
+        stream = client.stream(chat=[("user", DEMO_PROMPT)], max_new_tokens=64,
+                               on_admission=lambda a: a.budget_cap and notice(cap_notice(a.budget_cap)))
+        notice(f"demo: {DEMO_PROMPT}")
+        for chunk in stream:
+            out.write(chunk.text)
+            out.flush()
+        out.write("\n")
+        out.flush()
+        print_stats(stream.result)
+
+
+def _how_to_call(address: str) -> str:
+    return f"""
+ortserve is serving on {address}  (Ctrl-C stops it)
+  CLI:     .venv/bin/ortserve --address {address} generate "Name three rivers." --chat --stats
+           .venv/bin/ortserve --address {address} budget
+  grpcurl: .venv/bin/grpcurl -plaintext {address} list
+           .venv/bin/grpcurl -plaintext -d '{{"chat": {{"messages": [{{"role": "user", "content": "Hi!"}}]}}, "max_new_tokens": 32}}' {address} ortserve.v1.Scheduler/Generate
+  any language: compile protos/ortserve/v1/*.proto with -I protos (Node example: clients/node/)
+"""
+
+
+positive_int = int_range(1, 1024, "an integer from 1 to 1,024")
+port_number = int_range(0, 65_535, "a TCP port from 0 to 65,535 (0: any free port)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m devtools.cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=positive_int, default=1)
+    p.add_argument("--model-dir", type=Path, default=default_model_dir())
+    p.add_argument("--port", type=port_number, default=int(os.environ.get("ORTSERVE_SCHEDULER_PORT", 50051)))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--kv-budget", default=os.environ.get("ORTSERVE_WORKER_KV_BUDGET"),
+                   help="per worker, e.g. 1GiB")
+    p.add_argument("--log-dir", type=Path, default=Path("logs"))
+    p.add_argument("--demo", action="store_true", help="stream one demo answer, then keep serving")
+    a = p.parse_args(argv)
+    if not (a.model_dir / "genai_config.json").exists():
+        sys.exit(f"ortserve: no model at {a.model_dir}: run `make model` (or pass --model-dir)")
+    cluster = LocalCluster(model_dir=a.model_dir, workers=a.workers, log_dir=a.log_dir,
+                           scheduler_port=a.port, host=a.host,
+                           kv_budgets=[a.kv_budget] * a.workers)
+    notice(f"starting the scheduler and {a.workers} worker(s) on {a.model_dir.name}; "
+           f"logs in {a.log_dir}/")
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # NOTE: explicit handlers: a shell starting us in the background leaves SIGINT
+    # ignored, and SIGTERM (docker stop, kill) must stop the children as Ctrl-C does.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with cluster:
+            if a.demo:
+                demo(cluster.address)
+            print(_how_to_call(cluster.address), file=sys.stderr, flush=True)
+            while True:
+                time.sleep(0.5)
+                for service in cluster.services:
+                    if service.process.poll() is not None:
+                        raise ClusterError(f"{service.name} exited ({service.process.returncode}); "
+                                           f"see {service.log_path}:\n{service.log_tail()}")
+    except KeyboardInterrupt:
+        pass
+    except ClusterError as error:
+        sys.exit(f"ortserve: {error}")
+    notice("stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The CLI as a user runs it, before any server is reached: usage errors and --version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ORTSERVE = Path(sys.executable).with_name("ortserve")
+# NOTE: nothing listens here; a test that gets past argument parsing fails fast and visibly.
+NO_SERVER = "127.0.0.1:9"
+
+
+def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ORTSERVE), "--address", NO_SERVER, "--timeout", "5", *args],
+                          capture_output=True, text=True, timeout=60, **kw)
+
+
+@pytest.mark.parametrize(("flag", "value", "range_text"), [
+    ("--max-new-tokens", "-5", "from 1 to 4,294,967,295"),
+    ("--max-new-tokens", "0", "from 1 to 4,294,967,295"),
+    ("--max-new-tokens", "99999999999", "from 1 to 4,294,967,295"),
+    ("--min-new-tokens", "-2", "from 0 to 4,294,967,295"),
+    ("--top-k", "-3", "from 0 to 4,294,967,295"),
+    ("--seed", "-1", "from 0 to 18,446,744,073,709,551,615"),
+    ("--seed", "18446744073709551616", "from 0 to 18,446,744,073,709,551,615"),
+    ("--temperature", "-0.5", ">= 0"),
+    ("--temperature", "nan", ">= 0"),
+    ("--temperature", "1e39", ">= 0"),  # beyond float32: inf on the wire
+    ("--top-p", "0", "in (0, 1]"),
+    ("--top-p", "1.5", "in (0, 1]"),
+    ("--repetition-penalty", "0", "> 0"),
+    ("--repetition-penalty", "inf", "> 0"),
+    ("--max-new-tokens", "ten", "from 1 to 4,294,967,295"),
+])
+def test_an_out_of_range_number_is_bad_usage_naming_the_flag_and_range(flag, value, range_text):
+    result = run_cli("generate", "hi", flag, value)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"argument {flag}: " in result.stderr
+    assert range_text in result.stderr
+    assert result.stdout == ""
+
+
+def test_admit_checks_its_numbers_too():
+    result = run_cli("admit", "hi", "--max-new-tokens", "-5")
+    assert result.returncode == 2 and "argument --max-new-tokens: " in result.stderr
+
+
+def test_a_non_positive_timeout_is_bad_usage():
+    result = run_cli("--timeout", "0", "budget")
+    assert result.returncode == 2 and "argument --timeout: " in result.stderr
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--max-new-tokens", "4294967295"), ("--seed", "18446744073709551615"), ("--top-k", "0"),
+    ("--top-p", "1"), ("--temperature", "0"),
+])
+def test_a_number_at_the_edge_of_its_range_passes_parsing(flag, value):
+    # Past parsing, the call meets no server: UNAVAILABLE, exit 1, not usage (2).
+    result = run_cli("generate", "hi", flag, value)
+    assert result.returncode == 1, result.stderr
+    assert "error [UNAVAILABLE]" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_version_prints_the_installed_package_version_on_stdout():
+    result = subprocess.run([str(ORTSERVE), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"ortserve {metadata.version('ortserve')}\n"
+
