@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from ortserve.cluster import model_cache
+from devtools.cluster import model_cache
 from worker_service.batch_runner import BatchRunner
 from worker_service.kv_arena import KVArena
 from worker_service.model import ModelSpec, load_model_spec

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortserve.cluster import LocalCluster, model_cache
+from devtools.cluster import LocalCluster, model_cache
 from ortserve.logs import configure_logging
 
 ROOT = Path(__file__).resolve().parents[1]
