@@ -45,9 +45,9 @@ def _under(prefix: str) -> Iterator[None]:
     try:
         yield
     except InvalidField as error:
-        field = prefix + error.field
-        raise InvalidField(field, error.message.split(": ", 1)[-1], **{
-            **error.metadata, "field": field}) from None
+        numbers = {k: v for k, v in error.metadata.items() if k != "field"}
+        raise InvalidField(prefix + error.field, error.message.split(": ", 1)[-1],
+                           **numbers) from None
 
 
 @dataclass(frozen=True)
