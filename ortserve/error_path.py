@@ -46,7 +46,8 @@ class Relayed(Exception):
 
     def __init__(self, error: grpc.aio.AioRpcError, message: str | None = None) -> None:
         super().__init__(message or error.details() or "")
-        self.code = error.code()
+        # NOTE: an upstream UNKNOWN (a bug there) is INTERNAL here: we never answer UNKNOWN.
+        self.code = error.code() if error.code() != grpc.StatusCode.UNKNOWN else grpc.StatusCode.INTERNAL
         self.message = message if message is not None else (error.details() or "")
         self.status_bin = next((v for k, v in (error.trailing_metadata() or ())
                                 if k == STATUS_DETAILS_KEY), None)

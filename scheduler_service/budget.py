@@ -10,176 +10,33 @@ bytes in one step and reserves in another, and never reserves less than the
 admitted ceiling needs.
 
 Running out of budget is a returned value (an `Admission` with a `Rejection`),
-not an exception; misuse (bad geometry, negative counts) raises ValueError.
+not an exception; misuse (bad geometry, negative counts, releasing a lease a
+worker is serving, a second live worker under one id) raises a DomainError.
+The sentences are rendered from the numbers in `messages`.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from ortserve import kv_math
-from ortserve.units import human_bytes, tokens
-
-
-class Decision(enum.Enum):
-    ADMITTED = "admitted"
-    CAPPED = "capped"
-    REJECTED = "rejected"
-
-
-class Cause(enum.Enum):
-    """Why a request was rejected; each maps to its own gRPC status code."""
-
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # INVALID_ARGUMENT
-    EXCEEDS_CAPACITY = "exceeds_capacity"  # FAILED_PRECONDITION
-    BUDGET_BUSY = "budget_busy"  # RESOURCE_EXHAUSTED + RetryInfo
-    NO_WORKER = "no_worker"  # UNAVAILABLE
-
-
-@dataclass(frozen=True)
-class WorkerGeometry:
-    """What a worker reports about itself at registration."""
-
-    worker_id: str
-    address: str
-    model: str
-    context_length: int
-    bytes_per_token: int
-    capacity_bytes: int
-    block_tokens: int = 1
-    execution_provider: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.worker_id:
-            raise ValueError("worker_id must not be empty")
-        for name in ("context_length", "bytes_per_token", "block_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.capacity_bytes < 0:
-            raise ValueError(f"capacity_bytes must be >= 0, got {self.capacity_bytes}")
-
-    @property
-    def block_bytes(self) -> int:
-        return self.block_tokens * self.bytes_per_token
-
-    def bytes_for(self, n_tokens: int) -> int:
-        """Bytes a sequence of `n_tokens` holds: whole blocks, rounded up."""
-        return kv_math.bytes_for(n_tokens, self.bytes_per_token, self.block_tokens)
-
-    def tokens_within(self, n_bytes: int) -> int:
-        """The most tokens whose reservation fits in `n_bytes`."""
-        return kv_math.tokens_within(n_bytes, self.bytes_per_token, self.block_tokens)
-
-
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """The numbers admission needs; the servicer counts the prompt first."""
-
-    request_id: str
-    prompt_tokens: int
-    max_new_tokens: int | None = None  # None: the remaining context window
-    min_new_tokens: int = 0
-    strict: bool = False  # cap policy STRICT: reject rather than cap
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 1:
-            raise ValueError(f"prompt_tokens must be >= 1, got {self.prompt_tokens}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1 when set, got {self.max_new_tokens}")
-        if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
-        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens ({self.min_new_tokens}) must not exceed "
-                f"max_new_tokens ({self.max_new_tokens})"
-            )
-
-    @property
-    def floor_new_tokens(self) -> int:
-        """The fewest new tokens worth admitting: min_new_tokens, and at least one."""
-        return max(self.min_new_tokens, 1)
-
-
-@dataclass(frozen=True)
-class BudgetCap:
-    """How and why max_new_tokens was reduced; travels with the lease."""
-
-    requested_max_new_tokens: int
-    admitted_max_new_tokens: int
-    requested_was_unset: bool
-    requested_bytes: int
-    admitted_bytes: int
-    available_bytes: int
-    capacity_bytes: int
-    bytes_per_token: int
-    prompt_tokens: int
-    worker_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Bytes of one worker's budget held for one request."""
-
-    lease_id: str
-    worker_id: str
-    request_id: str
-    prompt_tokens: int
-    max_new_tokens: int
-    reserved_bytes: int
-    budget_cap: BudgetCap | None = None
-    created_at: float = 0.0
-    claimed: bool = False
-    claimed_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class Rejection:
-    cause: Cause
-    message: str
-    remedy: str
-    prompt_tokens: int
-    min_new_tokens: int
-    requested_max_new_tokens: int = 0
-    admissible_max_new_tokens: int = 0
-    context_length: int = 0
-    needed_bytes: int = 0
-    available_bytes: int = 0
-    capacity_bytes: int = 0
-    bytes_per_token: int = 0
-    cap_refused: bool = False
-    retry_after_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Admission:
-    decision: Decision
-    request_id: str
-    prompt_tokens: int
-    max_new_tokens: int = 0
-    reserved_bytes: int = 0
-    worker: WorkerGeometry | None = None
-    lease: Lease | None = None  # None when rejected or dry_run
-    budget_cap: BudgetCap | None = None
-    rejection: Rejection | None = None
-    dry_run: bool = False
-
-
-@dataclass(frozen=True)
-class WorkerSnapshot:
-    geometry: WorkerGeometry
-    reserved_bytes: int
-    heartbeat_age_s: float
-    leases: tuple[Lease, ...]
-
-    @property
-    def available_bytes(self) -> int:
-        return self.geometry.capacity_bytes - self.reserved_bytes
+from . import messages
+from .ledger_types import (  # noqa: F401 - re-exported: budget is the ledger's public face
+    Admission,
+    AdmissionRequest,
+    BudgetCap,
+    Cause,
+    Decision,
+    Expired,
+    Lease,
+    Rejection,
+    WorkerGeometry,
+    WorkerSnapshot,
+    no_worker_rejection,
+)
 
 
 @dataclass
@@ -227,6 +84,8 @@ class Ledger:
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
         self._lease_owner: dict[str, str] = {}  # lease_id -> worker_id
+        # NOTE: expiry happens inside admit() too; recording here lets one place log them all.
+        self._expired: list[Expired] = []
 
     # -- workers -------------------------------------------------------------
 
@@ -242,7 +101,13 @@ class Ledger:
         now = self._clock()
         refused: list[str] = []
         with self._lock:
-            old = self._workers.pop(geometry.worker_id, None)
+            old = self._workers.get(geometry.worker_id)
+            if old is not None and old.geometry.address != geometry.address:
+                age = now - old.last_heartbeat
+                if age <= self.lease_ttl_s:
+                    raise messages.worker_id_in_use(geometry.worker_id, old.geometry.address,
+                                                    geometry.address, age, self.lease_ttl_s)
+            self._workers.pop(geometry.worker_id, None)
             worker = _Worker(geometry=geometry, last_heartbeat=now)
             candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
                                   claimed_at=lease.claimed_at or now)
@@ -251,6 +116,10 @@ class Ledger:
                 reported = {lease.lease_id for lease in candidates}
                 candidates += [lease for lease in old.leases.values()
                                if not lease.claimed and lease.lease_id not in reported]
+                self._expired += [Expired(lease, "worker re-registered without it",
+                                          now - lease.created_at)
+                                  for lease in old.leases.values()
+                                  if lease.claimed and lease.lease_id not in reported]
                 for lease_id in old.leases:
                     self._lease_owner.pop(lease_id, None)
             for lease in candidates:
@@ -313,13 +182,22 @@ class Ledger:
             self._hold(worker, lease)
             return replace(decision, lease=lease)
 
-    def release(self, lease_id: str) -> int:
-        """Give a lease back. Idempotent: returns its bytes the first time, 0 after."""
+    def release(self, lease_id: str, worker_id: str = "") -> int:
+        """Give a lease back. Idempotent: returns its bytes the first time, 0 after.
+
+        A claimed lease is released only by its worker (`worker_id`), once it has
+        freed the buffer: anyone else's release would offer bytes the worker
+        still holds (issue 12 #1), so it raises LEASE_CLAIMED and changes nothing.
+        """
         with self._lock:
-            worker_id = self._lease_owner.pop(lease_id, None)
-            if worker_id is None:
+            owner = self._lease_owner.get(lease_id)
+            if owner is None:
                 return 0
-            worker = self._workers[worker_id]
+            worker = self._workers[owner]
+            held = worker.leases[lease_id]
+            if held.claimed and worker_id != owner:
+                raise messages.lease_claimed(lease_id, owner, held.reserved_bytes)
+            del self._lease_owner[lease_id]
             lease = worker.leases.pop(lease_id)
             worker.reserved_bytes -= lease.reserved_bytes
             return lease.reserved_bytes
@@ -331,11 +209,15 @@ class Ledger:
         its worker after the KV buffer is really freed, so the ledger never
         offers bytes a worker still holds; worker death is covered by expiry.
         """
-        with self._lock:
+        with self._lock:  # one hold: a worker may claim it between a check and a release
             worker_id = self._lease_owner.get(lease_id)
             if worker_id is None or self._workers[worker_id].leases[lease_id].claimed:
                 return 0
-        return self.release(lease_id)
+            worker = self._workers[worker_id]
+            del self._lease_owner[lease_id]
+            lease = worker.leases.pop(lease_id)
+            worker.reserved_bytes -= lease.reserved_bytes
+            return lease.reserved_bytes
 
     def reconcile(self, worker_id: str, live_lease_ids: Iterable[str], grace_s: float) -> list[Lease]:
         """Release claimed leases the worker no longer reports (claimed > grace_s ago)."""
@@ -371,10 +253,16 @@ class Ledger:
             worker_id = self._lease_owner.get(lease_id)
             return self._workers[worker_id].leases[lease_id] if worker_id else None
 
-    def expire(self) -> list[Lease]:
-        """Drop silent workers (their leases with them) and unclaimed stale leases."""
+    def expire(self) -> list[Expired]:
+        """Drop silent workers (their leases with them) and unclaimed stale leases.
+
+        Returns every lease dropped since the last call, whoever dropped it
+        (admit() expires too): the caller logs them, in one place.
+        """
         with self._lock:
-            return self._expire_locked(self._clock())
+            self._expire_locked(self._clock())
+            expired, self._expired = self._expired, []
+            return expired
 
     # -- reading -------------------------------------------------------------
 
@@ -404,12 +292,13 @@ class Ledger:
         # NOTE: the invariant this whole module exists for.
         assert worker.reserved_bytes <= worker.geometry.capacity_bytes
 
-    def _expire_locked(self, now: float) -> list[Lease]:
-        expired: list[Lease] = []
+    def _expire_locked(self, now: float) -> None:
+        expired = self._expired
         for worker_id in list(self._workers):
             worker = self._workers[worker_id]
             if now - worker.last_heartbeat > self.lease_ttl_s:
-                expired += worker.leases.values()
+                expired += [Expired(lease, "worker silent", now - lease.created_at)
+                            for lease in worker.leases.values()]
                 for lease_id in worker.leases:
                     self._lease_owner.pop(lease_id, None)
                 del self._workers[worker_id]
@@ -419,8 +308,7 @@ class Ledger:
                     del worker.leases[lease.lease_id]
                     del self._lease_owner[lease.lease_id]
                     worker.reserved_bytes -= lease.reserved_bytes
-                    expired.append(lease)
-        return expired
+                    expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
     def _decide_locked(self, req: AdmissionRequest) -> Admission:
         workers = list(self._workers.values())
@@ -482,32 +370,16 @@ class Ledger:
         g = best.worker.geometry
         n_new = best.admissible_max_new_tokens
         requested = best.requested_max_new_tokens
-        requested_bytes = g.bytes_for(req.prompt_tokens + requested)
         admitted_bytes = g.bytes_for(req.prompt_tokens + n_new)
-        available = best.worker.available_bytes
-        asked = ("max_new_tokens unset (the remaining context window: "
-                 f"{tokens(requested)})" if req.max_new_tokens is None
-                 else f"max_new_tokens {requested:,}")
-        if g.bytes_for(req.prompt_tokens + requested) > g.capacity_bytes:
-            why = (f"worker {g.worker_id}'s whole KV capacity is {human_bytes(g.capacity_bytes)}; "
-                   f"raise its --kv-budget to at least {human_bytes(requested_bytes)} "
-                   f"or ask for max_new_tokens <= {n_new:,}")
-        else:
-            why = (f"other requests hold {human_bytes(best.worker.reserved_bytes)} of worker "
-                   f"{g.worker_id}'s {human_bytes(g.capacity_bytes)} now; retry later for the "
-                   f"full ceiling, or set cap_policy STRICT to be refused instead")
-        reason = (
-            f"prompt {tokens(req.prompt_tokens)} + {asked} needs {human_bytes(requested_bytes)} "
-            f"of KV at {g.bytes_per_token:,} B/token, but {human_bytes(available)} is free; "
-            f"capped to max_new_tokens {n_new:,} ({human_bytes(admitted_bytes)}): {why}"
-        )
         cap = BudgetCap(
             requested_max_new_tokens=requested, admitted_max_new_tokens=n_new,
-            requested_was_unset=req.max_new_tokens is None, requested_bytes=requested_bytes,
-            admitted_bytes=admitted_bytes, available_bytes=available,
+            requested_was_unset=req.max_new_tokens is None,
+            requested_bytes=g.bytes_for(req.prompt_tokens + requested),
+            admitted_bytes=admitted_bytes, available_bytes=best.worker.available_bytes,
             capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
-            prompt_tokens=req.prompt_tokens, worker_id=g.worker_id, reason=reason,
+            prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
         )
+        cap = replace(cap, reason=messages.cap_reason(cap))
         return Admission(
             decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
             max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
@@ -516,78 +388,37 @@ class Ledger:
     def _reject_context(self, req: AdmissionRequest, widest: _Worker) -> Admission:
         g = widest.geometry
         ctx = g.context_length
-        if req.prompt_tokens + req.floor_new_tokens > ctx:
-            message = (f"prompt is {tokens(req.prompt_tokens)} and min_new_tokens "
-                       f"{req.min_new_tokens:,} (at least 1 new token) need "
-                       f"{req.prompt_tokens + req.floor_new_tokens:,} positions, but the model's "
-                       f"context window is {tokens(ctx)}")
-            remedy = (f"shorten the prompt to at most {ctx - req.floor_new_tokens:,} tokens"
-                      + (" or lower min_new_tokens" if req.min_new_tokens > 1 else ""))
-        else:
-            message = (f"prompt {tokens(req.prompt_tokens)} + max_new_tokens "
-                       f"{req.max_new_tokens:,} = {req.prompt_tokens + (req.max_new_tokens or 0):,} "
-                       f"positions exceed the model's context window of {tokens(ctx)}")
-            remedy = (f"lower max_new_tokens to at most {ctx - req.prompt_tokens:,}, "
-                      "or leave it unset to use the remaining context window")
         rejection = Rejection(
-            cause=Cause.CONTEXT_LENGTH_EXCEEDED, message=message, remedy=remedy,
+            cause=Cause.CONTEXT_LENGTH_EXCEEDED,
             prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
             requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
             context_length=ctx, bytes_per_token=g.bytes_per_token,
             capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
-        )
+        ).rendered()
         return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                          prompt_tokens=req.prompt_tokens, rejection=rejection)
 
     def _reject(self, req: AdmissionRequest, cause: Cause, options: Iterable[_Option] = (),
                 cap_refused: bool = False) -> Admission:
         if cause is Cause.NO_WORKER:
-            rejection = Rejection(
-                cause=cause, prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
-                message="no worker is registered and heartbeating with the scheduler",
-                remedy="start a worker (ortserve-worker --scheduler HOST:PORT) or check that "
-                       "workers can reach the scheduler",
-                retry_after_s=self.retry_after_s,
-            )
-            return Admission(decision=Decision.REJECTED, request_id=req.request_id,
-                             prompt_tokens=req.prompt_tokens, rejection=rejection)
+            return no_worker_rejection(req.request_id, req.prompt_tokens, req.min_new_tokens,
+                                       self.retry_after_s)
         options = list(options)
         best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes))
-        biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes)
+        biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
         g = best.worker.geometry
-        floor = req.floor_new_tokens
-        n_new = best.requested_max_new_tokens if cap_refused else floor
-        needed = g.bytes_for(req.prompt_tokens + n_new)
-        available = max(o.worker.available_bytes for o in options)
-        capacity = biggest.worker.geometry.capacity_bytes
-        what = (f"prompt {tokens(req.prompt_tokens)} + max_new_tokens {n_new:,} "
-                "(cap policy STRICT refuses a smaller ceiling)" if cap_refused
-                else f"prompt {tokens(req.prompt_tokens)} + min_new_tokens {n_new:,}")
-        if cause is Cause.EXCEEDS_CAPACITY:
-            message = (f"{what} need {human_bytes(needed)} of KV at {g.bytes_per_token:,} B/token, "
-                       f"more than any worker's whole capacity (largest: "
-                       f"{human_bytes(capacity)} on {biggest.worker.geometry.worker_id})")
-            fit = biggest.worker.geometry.tokens_within(capacity) - req.prompt_tokens
-            remedy = (f"raise the worker's --kv-budget to at least {human_bytes(needed)}"
-                      + (f", or ask for max_new_tokens <= {fit:,}" if fit >= floor else
-                         ", or shorten the prompt"))
-            retry = 0.0
-        else:
-            message = (f"{what} need {human_bytes(needed)} of KV at {g.bytes_per_token:,} B/token; "
-                       f"the most free on any worker now is {human_bytes(available)} "
-                       f"(capacity {human_bytes(capacity)}): the budget is held by other requests")
-            remedy = (f"retry in {self.retry_after_s:g} s"
-                      + (f", or accept a cap (max_new_tokens <= {best.admissible_max_new_tokens:,} "
-                         "fits now)" if cap_refused else "")
-                      + ", or add workers")
-            retry = self.retry_after_s
+        n_new = best.requested_max_new_tokens if cap_refused else req.floor_new_tokens
         rejection = Rejection(
-            cause=cause, message=message, remedy=remedy, cap_refused=cap_refused,
+            cause=cause, cap_refused=cap_refused,
             prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
             requested_max_new_tokens=best.requested_max_new_tokens,
             admissible_max_new_tokens=best.admissible_max_new_tokens,
-            context_length=g.context_length, needed_bytes=needed, available_bytes=available,
-            capacity_bytes=capacity, bytes_per_token=g.bytes_per_token, retry_after_s=retry,
-        )
+            context_length=g.context_length, needed_bytes=g.bytes_for(req.prompt_tokens + n_new),
+            available_bytes=max(o.worker.available_bytes for o in options),
+            capacity_bytes=biggest.capacity_bytes, bytes_per_token=g.bytes_per_token,
+            retry_after_s=self.retry_after_s if cause is Cause.BUDGET_BUSY else 0.0,
+            largest_worker_id=biggest.worker_id,
+            max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
+        ).rendered()
         return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                          prompt_tokens=req.prompt_tokens, rejection=rejection)

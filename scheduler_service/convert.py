@@ -25,6 +25,7 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int) -> AdmissionRequest:
+    """The ledger's view of a request; raises InvalidField naming the proto field."""
     return AdmissionRequest(
         request_id=request.request_id,
         prompt_tokens=prompt_tokens,
@@ -62,6 +63,7 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         available_bytes=rejection.available_bytes,
         capacity_bytes=rejection.capacity_bytes,
         bytes_per_token=rejection.bytes_per_token,
+        prompt_tokens_unknown=rejection.prompt_tokens_unknown,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
@@ -130,6 +132,7 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         capacity_bytes=pb.capacity_bytes,
         block_tokens=pb.block_tokens or 1,
         execution_provider=pb.execution_provider,
+        vocab_size=pb.vocab_size,
     )
 
 

@@ -1,4 +1,9 @@
-"""One table: a rejection cause -> its gRPC status code and rich details."""
+"""One table: a domain error's reason -> its gRPC status code (applied by ortserve.error_path).
+
+The worker's errors module has a table of the same name; the reasons come from
+one enum (ortserve.errors.ErrorReason), so a client keys on the same strings
+whichever service answered.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +11,35 @@ import grpc
 from google.protobuf.message import Message
 
 from ortserve import rich_status
+from ortserve.errors import DomainError, ErrorReason
 from ortserve.units import human_bytes
 
 from .budget import Cause, Rejection
 from .convert import rejection_to_pb
 
-STATUS_OF_CAUSE = {
-    Cause.CONTEXT_LENGTH_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
-    Cause.EXCEEDS_CAPACITY: grpc.StatusCode.FAILED_PRECONDITION,
-    Cause.BUDGET_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Cause.NO_WORKER: grpc.StatusCode.UNAVAILABLE,
+STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
+    ErrorReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorReason.CONTEXT_LENGTH_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorReason.EXCEEDS_CAPACITY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.BUDGET_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.NO_WORKER: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.LEASE_CLAIMED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.WORKER_ID_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorReason.WORKER_FAILED: grpc.StatusCode.UNAVAILABLE,
+    ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
 
-def rejection_status(rejection: Rejection) -> tuple[grpc.StatusCode, str, list[Message]]:
-    """(code, message, details) for a rejection, as Scheduler.Generate ends with it."""
-    code = STATUS_OF_CAUSE[rejection.cause]
-    message = f"rejected ({rejection.cause.value}): {rejection.message}; {rejection.remedy}"
+def rejection_error(rejection: Rejection) -> DomainError:
+    """A REJECTED admission as the error Scheduler.Generate ends with.
+
+    Every cause takes this one path, NO_WORKER included, so clients always find
+    the Rejection detail (the Python client keys its exception on it).
+    """
     numbers = {
         "prompt_tokens": rejection.prompt_tokens,
+        "prompt_tokens_unknown": str(rejection.prompt_tokens_unknown).lower(),
         "min_new_tokens": rejection.min_new_tokens,
         "requested_max_new_tokens": rejection.requested_max_new_tokens,
         "admissible_max_new_tokens": rejection.admissible_max_new_tokens,
@@ -35,19 +50,16 @@ def rejection_status(rejection: Rejection) -> tuple[grpc.StatusCode, str, list[M
         "bytes_per_token": rejection.bytes_per_token,
         "cap_refused": str(rejection.cap_refused).lower(),
     }
-    details: list[Message] = [
-        rejection_to_pb(rejection),
-        rich_status.error_info(rejection.cause.name, numbers),
-    ]
+    details: list[Message] = [rejection_to_pb(rejection)]
+    field = ""
     if rejection.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
         field = "max_new_tokens" if rejection.prompt_tokens < rejection.context_length else "prompt"
-        details.append(rich_status.bad_request(field, rejection.message))
     if rejection.cause in (Cause.BUDGET_BUSY, Cause.EXCEEDS_CAPACITY):
         details.append(rich_status.quota_failure(
             "kv_cache_bytes",
             f"needs {human_bytes(rejection.needed_bytes)}, {human_bytes(rejection.available_bytes)} "
-            f"free of {human_bytes(rejection.capacity_bytes)}",
-        ))
-    if rejection.retry_after_s:
-        details.append(rich_status.retry_info(rejection.retry_after_s))
-    return code, message, details
+            f"free of {human_bytes(rejection.capacity_bytes)}"))
+    return DomainError(
+        ErrorReason(rejection.cause.name),
+        f"rejected ({rejection.cause.value}): {rejection.message}; {rejection.remedy}",
+        metadata=numbers, field=field, retry_after_s=rejection.retry_after_s, details=details)

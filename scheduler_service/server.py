@@ -9,17 +9,20 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from ortserve.error_path import register_service
 from ortserve.serving import add_health_and_reflection, set_serving
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from ortserve.v1 import scheduler_pb2
 
 from .budget import Ledger
 from .config import SchedulerConfig
-from .servicer import SchedulerServicer
+from .errors import STATUS_OF_REASON
+from .servicer import SchedulerServicer, log_expired
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
 
-SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
+SERVICE_NAME = SERVICE.full_name
 
 
 @dataclass
@@ -41,9 +44,7 @@ class SchedulerServer:
 async def _expire_forever(ledger: Ledger, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        for lease in ledger.expire():
-            log.warning("lease expired", lease_id=lease.lease_id, worker_id=lease.worker_id,
-                        claimed=lease.claimed, freed_bytes=lease.reserved_bytes)
+        log_expired(ledger.expire())
 
 
 async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) -> SchedulerServer:
@@ -52,8 +53,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                               retry_after_s=config.retry_after_s)
     workers = WorkerClients()
     server = grpc.aio.server()
-    scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-        SchedulerServicer(config, ledger, workers), server)
+    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers), STATUS_OF_REASON)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:

@@ -1,36 +1,59 @@
-"""SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate relays a worker's stream."""
+"""SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate relays a worker's stream.
+
+Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
+through errors.STATUS_OF_REASON in one place.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import grpc
 import structlog
-from google.rpc import status_pb2
 
-from ortserve import rich_status
+from ortserve.error_path import Relayed
+from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 
-from . import convert
-from .budget import Decision, Ledger
+from . import convert, messages, validate
+from .budget import Admission, Decision, Expired, Ledger, no_worker_rejection
 from .config import SchedulerConfig
-from .errors import rejection_status
+from .errors import rejection_error
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
 
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+def log_expired(expired: list[Expired]) -> None:
+    """The one place a dropped lease is logged, with its numbers."""
+    for gone in expired:
+        lease = gone.lease
+        log.warning("lease expired", why=gone.why, lease_id=lease.lease_id,
+                    worker_id=lease.worker_id, request_id=clip(lease.request_id),
+                    claimed=lease.claimed, age_s=round(gone.age_s, 3),
+                    prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens,
+                    freed_bytes=lease.reserved_bytes)
 
 
-def _relay_metadata(error: grpc.aio.AioRpcError, message: str) -> tuple[tuple[str, bytes], ...]:
-    """The worker's rich details, re-labelled with our message (they must agree)."""
-    for key, value in error.trailing_metadata() or ():
-        if key == _STATUS_DETAILS_KEY:
-            status = status_pb2.Status.FromString(value)
-            status.message = message
-            return ((_STATUS_DETAILS_KEY, status.SerializeToString()),)
-    return ()
+@contextmanager
+def _under(prefix: str) -> Iterator[None]:
+    """Name fields from the caller's message root (AdmitRequest's are under "request.")."""
+    try:
+        yield
+    except InvalidField as error:
+        numbers = {k: v for k, v in error.metadata.items() if k != "field"}
+        raise InvalidField(prefix + error.field, error.message.split(": ", 1)[-1],
+                           **numbers) from None
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    token_ids: list[int]  # empty when no worker could count it
+    known: bool
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -41,56 +64,58 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     # -- admission -------------------------------------------------------------
 
-    async def _count_prompt(self, request: types_pb2.GenerateRequest,
-                            context: grpc.aio.ServicerContext) -> int | None:
-        """Prompt tokens, via a worker's Tokenize (which validates the request).
+    async def _prompt(self, request: types_pb2.GenerateRequest) -> _Prompt | str:
+        """The prompt's token ids, or why no worker could count them (-> NO_WORKER).
 
-        Returns None when no worker is registered: admission then rejects NO_WORKER.
+        A token-id prompt is checked against a registered vocabulary here, with
+        no round trip; text and chat go through a worker's Tokenize, which also
+        validates the request as Generate would.
         """
-        if request.WhichOneof("prompt") is None:
-            await rich_status.abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT,
-                "request has no prompt: set one of text, token_ids or chat",
-                [rich_status.bad_request("prompt", "set one of text, token_ids or chat")],
-            )
         snapshot = self._ledger.snapshot()
+        if request.WhichOneof("prompt") == "token_ids":
+            ids = list(request.token_ids.ids)
+            vocab = max((w.geometry.vocab_size for w in snapshot), default=0)
+            if vocab or not snapshot:
+                if vocab:
+                    validate.token_ids(ids, vocab)
+                return _Prompt(ids, known=True)
         if not snapshot:
-            return None
-        last_error: grpc.aio.AioRpcError | None = None
+            return "no worker registered"
+        last_error = "none"
         # NOTE: any worker will do: a cluster serves one model, so one tokenizer.
         for worker in sorted(snapshot, key=lambda w: len(w.leases)):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
-                return len(answer.token_ids)
+                return _Prompt(list(answer.token_ids), known=True)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
-                    await context.abort(error.code(), error.details(),
-                                        _relay_metadata(error, error.details()))
-                last_error = error
-        await rich_status.abort(
-            context, grpc.StatusCode.UNAVAILABLE,
-            f"no worker answered Tokenize ({len(snapshot)} registered; last error: "
-            f"{last_error.details() if last_error else 'none'}); retry shortly or check the workers",
-            [rich_status.error_info("NO_WORKER", {"registered_workers": len(snapshot)}),
-             rich_status.retry_info(self._config.retry_after_s)],
-        )
-        raise AssertionError("unreachable")
+                    raise Relayed(error) from None  # the worker judged the request: pass it on
+                last_error = f"{worker.geometry.worker_id}: {clip(error.details(), 120)}"
+        return last_error
 
-    async def _admit(self, request: types_pb2.GenerateRequest, context, dry_run: bool):
-        prompt_tokens = await self._count_prompt(request, context)
-        try:
-            domain_request = convert.admission_request(request, prompt_tokens or 1)
-        except ValueError as error:
-            await rich_status.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error),
-                                    [rich_status.bad_request("min_new_tokens", str(error))])
-        return self._ledger.admit(domain_request, dry_run=dry_run)
+    async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
+                     ) -> tuple[Admission, list[int]]:
+        validate.generate_request(request)
+        prompt = await self._prompt(request)
+        if isinstance(prompt, str):
+            n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
+            domain = convert.admission_request(request, max(n_known, 1))  # validates the numbers
+            return no_worker_rejection(
+                request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
+                registered_workers=len(self._ledger.snapshot()),
+                worker_error="" if prompt == "no worker registered" else prompt), []
+        admission = self._ledger.admit(convert.admission_request(request, len(prompt.token_ids)),
+                                       dry_run=dry_run)
+        log_expired(self._ledger.expire())
+        return admission, prompt.token_ids
 
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
-        admission = await self._admit(inner, context, dry_run=request.dry_run)
+        with _under("request."):
+            admission, _ = await self._admit(inner, dry_run=request.dry_run)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -99,33 +124,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return convert.admission_to_pb(admission)
 
     async def Release(self, request: scheduler_pb2.ReleaseRequest, context):
-        freed = self._ledger.release(request.lease_id)
-        log.info("release", lease_id=request.lease_id, freed_bytes=freed)
+        validate.bounded("lease_id", request.lease_id, validate.MAX_LEASE_ID_CHARS)
+        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
+        freed = self._ledger.release(request.lease_id, request.worker_id)
+        log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
+                 freed_bytes=freed)
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def GetBudget(self, request: scheduler_pb2.GetBudgetRequest, context):
-        self._ledger.expire()
+        log_expired(self._ledger.expire())
         return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic())
 
     # -- workers ------------------------------------------------------------------
 
     async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest, context):
-        try:
-            geometry = convert.geometry_from_pb(request)
-        except ValueError as error:
-            await rich_status.abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"worker registration refused: {error}",
-                                    [rich_status.bad_request("geometry", str(error))])
+        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
+        validate.bounded("address", request.address, validate.MAX_ADDRESS_CHARS)
+        geometry = convert.geometry_from_pb(request)
         now = time.monotonic()
         leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
         previous = self._ledger.geometry(geometry.worker_id)
+        refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
         if previous is not None and previous.address != geometry.address:
             await self._workers.forget(previous.address)
-        refused = self._ledger.register(geometry, leases)
+        log_expired(self._ledger.expire())
         log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,
                  capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
-                 context_length=geometry.context_length, restored_leases=len(leases) - len(refused),
-                 refused_leases=len(refused), execution_provider=geometry.execution_provider)
+                 context_length=geometry.context_length, vocab_size=geometry.vocab_size,
+                 restored_leases=len(leases) - len(refused), refused_leases=len(refused),
+                 execution_provider=geometry.execution_provider)
         return scheduler_pb2.RegisterWorkerResponse(
             heartbeat_interval_s=self._config.heartbeat_interval_s,
             lease_ttl_s=self._config.lease_ttl_s,
@@ -139,21 +166,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                           grace_s=2 * self._config.heartbeat_interval_s)
             for lease in lost:
                 log.warning("lease lost by its worker; released", lease_id=lease.lease_id,
-                            worker_id=lease.worker_id, freed_bytes=lease.reserved_bytes)
+                            worker_id=lease.worker_id, freed_bytes=lease.reserved_bytes,
+                            prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens)
         return scheduler_pb2.HeartbeatResponse(known=known)
 
     async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
         lease = self._ledger.claim(request.lease_id, request.worker_id)
         if lease is None:
-            await rich_status.abort(
-                context, grpc.StatusCode.NOT_FOUND,
-                f"lease {request.lease_id!r} is not live for worker {request.worker_id!r}: it was "
-                f"released, expired (unclaimed for {self._config.claim_ttl_s:g} s, or its worker "
-                "stopped heartbeating) or belongs to another worker; get a new lease from "
-                "Scheduler.Admit, or call Scheduler.Generate",
-                [rich_status.error_info("LEASE_NOT_FOUND", {"lease_id": request.lease_id,
-                                                            "worker_id": request.worker_id})],
-            )
+            raise messages.lease_not_live(request.lease_id, request.worker_id,
+                                          self._config.claim_ttl_s)
         log.info("lease claimed", lease_id=lease.lease_id, worker_id=lease.worker_id)
         return convert.lease_to_pb(lease, time.monotonic())
 
@@ -161,31 +182,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Generate(self, request: types_pb2.GenerateRequest, context):
         arrived = time.perf_counter()
-        request_id = request.request_id or uuid.uuid4().hex[:16]
+        # NOTE: request_id is a label for logs, never a key: two callers may share one.
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request)
-        inner.request_id = request_id
-        admission = await self._admit(inner, context, dry_run=False)
-        bound = log.bind(request_id=request_id)
+        inner.request_id = request.request_id or uuid.uuid4().hex[:16]
+        admission, prompt_ids = await self._admit(inner, dry_run=False)
+        bound = log.bind(request_id=inner.request_id)
         if admission.decision is Decision.REJECTED:
-            code, message, details = rejection_status(admission.rejection)
             bound.info("rejected", cause=admission.rejection.cause.value)
-            await rich_status.abort(context, code, message, details)
+            raise rejection_error(admission.rejection)
         lease, worker = admission.lease, admission.worker
         bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
         bound.info("admitted", decision=admission.decision.value,
                    max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
-        # The worker gets the admitted ceiling explicitly: no second resolution.
+        # The worker gets the admitted ceiling and the counted prompt: no second resolution.
         inner.max_new_tokens = admission.max_new_tokens
         call = None
         relayed_tokens = 0
         try:
             yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
-            remaining = context.time_remaining()
             call = self._workers.stub(worker.address).Generate(
-                worker_pb2.WorkerGenerateRequest(lease_id=lease.lease_id, request=inner),
-                timeout=remaining,
-            )
+                worker_pb2.WorkerGenerateRequest(lease_id=lease.lease_id, request=inner,
+                                                 prompt_token_ids=prompt_ids),
+                timeout=context.time_remaining())
             relay_offset_ms = (time.perf_counter() - arrived) * 1e3
             async for event in call:
                 kind = event.WhichOneof("event")
@@ -204,12 +223,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 message = (f"worker {worker.worker_id} at {worker.address} failed after "
-                           f"{relayed_tokens} tokens: {error.details()}; its lease returns to the "
-                           f"budget within {self._config.lease_ttl_s:g} s; retry the request")
+                           f"{relayed_tokens} tokens: {clip(error.details(), 300)}; its lease "
+                           f"returns to the budget within {self._config.lease_ttl_s:g} s; retry the request")
             else:
-                message = f"worker {worker.worker_id}: {error.details()}"
-            bound.warning("worker call failed", code=error.code().name, details=error.details())
-            await context.abort(error.code(), message, _relay_metadata(error, message))
+                message = f"worker {worker.worker_id}: {clip(error.details(), 600)}"
+            bound.warning("worker call failed", code=error.code().name, details=clip(error.details(), 300))
+            raise Relayed(error, message) from None
         finally:
             if call is not None and not call.done():
                 call.cancel()  # propagates a client cancel to the worker

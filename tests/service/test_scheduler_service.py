@@ -186,9 +186,10 @@ def test_reregistration_restores_live_leases_and_heartbeat_tells_unknown_workers
     lease = stub.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id, worker_id="w1"),
                             timeout=5)
     assert lease.budget_cap.admitted_max_new_tokens == 500
-    # A "restarted scheduler" sees the worker register again with its live lease.
+    # A "restarted scheduler" sees the worker register again (same address) with its live lease.
+    address = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).workers[0].address
     reply = stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
-        worker_id="w1", address="127.0.0.1:1", model="m", context_length=CTX, bytes_per_token=BPT,
+        worker_id="w1", address=address, model="m", context_length=CTX, bytes_per_token=BPT,
         capacity_bytes=537 * BPT, live_leases=[lease]), timeout=5)
     assert list(reply.refused_lease_ids) == []
     budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=True), timeout=5)

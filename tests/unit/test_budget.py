@@ -229,7 +229,7 @@ def test_reregistration_after_restart_restores_live_leases_with_their_cap():
     restored = restarted.lease(lease.lease_id)
     assert restored.budget_cap == lease.budget_cap and restored.claimed
     assert restarted.reserved_bytes() == lease.reserved_bytes
-    assert restarted.release(lease.lease_id) == lease.reserved_bytes
+    assert restarted.release(lease.lease_id, worker_id="w1") == lease.reserved_bytes
 
 
 def test_reregistration_refuses_leases_beyond_capacity():
@@ -244,7 +244,7 @@ def test_reregistration_refuses_leases_beyond_capacity():
 def test_bad_geometry_and_requests_raise():
     with pytest.raises(ValueError, match="bytes_per_token"):
         WorkerGeometry("w", "a", "m", context_length=10, bytes_per_token=0, capacity_bytes=1)
-    with pytest.raises(ValueError, match="prompt_tokens"):
+    with pytest.raises(ValueError, match="prompt"):
         AdmissionRequest("r", prompt_tokens=0)
     with pytest.raises(ValueError, match="min_new_tokens"):
         AdmissionRequest("r", prompt_tokens=1, max_new_tokens=2, min_new_tokens=3)
@@ -257,7 +257,7 @@ def test_scheduler_exit_releases_only_unclaimed_leases():
     ledger.claim(b.lease_id, "w1")
     assert ledger.release_unclaimed(a.lease_id) == 20 * BPT
     assert ledger.release_unclaimed(b.lease_id) == 0  # its worker releases it
-    assert ledger.release(b.lease_id) == 20 * BPT
+    assert ledger.release(b.lease_id, worker_id="w1") == 20 * BPT
 
 
 def test_heartbeat_reconcile_drops_claimed_leases_the_worker_lost_after_grace():

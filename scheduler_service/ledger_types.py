@@ -1,0 +1,210 @@
+"""The ledger's value types: what workers report, what requests ask, what admission answers.
+
+Pure data with the checks that keep it sane; the arithmetic over it is in
+budget.py, the sentences in messages.py.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from ortserve import kv_math
+from ortserve.errors import InvalidField
+
+from . import messages
+
+
+class Decision(enum.Enum):
+    ADMITTED = "admitted"
+    CAPPED = "capped"
+    REJECTED = "rejected"
+
+
+class Cause(enum.Enum):
+    """Why a request was rejected; each maps to its own gRPC status code."""
+
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # INVALID_ARGUMENT
+    EXCEEDS_CAPACITY = "exceeds_capacity"  # FAILED_PRECONDITION
+    BUDGET_BUSY = "budget_busy"  # RESOURCE_EXHAUSTED + RetryInfo
+    NO_WORKER = "no_worker"  # UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class WorkerGeometry:
+    """What a worker reports about itself at registration."""
+
+    worker_id: str
+    address: str
+    model: str
+    context_length: int
+    bytes_per_token: int
+    capacity_bytes: int
+    block_tokens: int = 1
+    execution_provider: str = ""
+    vocab_size: int = 0  # 0: unknown (token-id prompts then go through Tokenize)
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            raise InvalidField("worker_id", "must not be empty: start the worker with --worker-id")
+        for name in ("context_length", "bytes_per_token", "block_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidField(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.capacity_bytes < self.block_bytes:
+            raise messages.capacity_below_one_block(self.capacity_bytes, self.block_bytes,
+                                                    self.block_tokens)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.bytes_per_token
+
+    def bytes_for(self, n_tokens: int) -> int:
+        """Bytes a sequence of `n_tokens` holds: whole blocks, rounded up."""
+        return kv_math.bytes_for(n_tokens, self.bytes_per_token, self.block_tokens)
+
+    def tokens_within(self, n_bytes: int) -> int:
+        """The most tokens whose reservation fits in `n_bytes`."""
+        return kv_math.tokens_within(n_bytes, self.bytes_per_token, self.block_tokens)
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """The numbers admission needs; the servicer counts the prompt first."""
+
+    request_id: str
+    prompt_tokens: int
+    max_new_tokens: int | None = None  # None: the remaining context window
+    min_new_tokens: int = 0
+    strict: bool = False  # cap policy STRICT: reject rather than cap
+
+    def __post_init__(self) -> None:
+        # Field names are the proto's, so the servicer can pass them on as BadRequest.
+        if self.prompt_tokens < 1:
+            raise InvalidField("prompt", f"is empty ({self.prompt_tokens} tokens); send at least "
+                               "one token", prompt_tokens=self.prompt_tokens)
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise InvalidField("max_new_tokens", f"must be >= 1 when set, got {self.max_new_tokens}; "
+                               "leave it unset for the remaining context window")
+        if self.min_new_tokens < 0:
+            raise InvalidField("min_new_tokens", f"must be >= 0, got {self.min_new_tokens}")
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise InvalidField(
+                "min_new_tokens", f"({self.min_new_tokens:,}) must not exceed max_new_tokens "
+                f"({self.max_new_tokens:,}); lower min_new_tokens or raise max_new_tokens",
+                min_new_tokens=self.min_new_tokens, max_new_tokens=self.max_new_tokens)
+
+    @property
+    def floor_new_tokens(self) -> int:
+        """The fewest new tokens worth admitting: min_new_tokens, and at least one."""
+        return max(self.min_new_tokens, 1)
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    """How and why max_new_tokens was reduced; travels with the lease."""
+
+    requested_max_new_tokens: int
+    admitted_max_new_tokens: int
+    requested_was_unset: bool
+    requested_bytes: int
+    admitted_bytes: int
+    available_bytes: int
+    capacity_bytes: int
+    bytes_per_token: int
+    prompt_tokens: int
+    worker_id: str
+    reason: str = ""  # rendered by messages.cap_reason from the numbers above
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Bytes of one worker's budget held for one request."""
+
+    lease_id: str
+    worker_id: str
+    request_id: str
+    prompt_tokens: int
+    max_new_tokens: int
+    reserved_bytes: int
+    budget_cap: BudgetCap | None = None
+    created_at: float = 0.0
+    claimed: bool = False
+    claimed_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rejection:
+    cause: Cause
+    prompt_tokens: int
+    min_new_tokens: int
+    message: str = ""  # message and remedy: rendered by messages.rejection_text
+    remedy: str = ""
+    requested_max_new_tokens: int = 0
+    admissible_max_new_tokens: int = 0
+    context_length: int = 0
+    needed_bytes: int = 0
+    available_bytes: int = 0
+    capacity_bytes: int = 0
+    bytes_per_token: int = 0
+    cap_refused: bool = False
+    retry_after_s: float = 0.0
+    prompt_tokens_unknown: bool = False  # text prompt, no worker to count it: prompt_tokens is 0
+    largest_worker_id: str = ""  # the worker with the largest capacity
+    max_fit_new_tokens: int = 0  # new tokens that fit that worker's whole capacity
+    registered_workers: int = 0  # NO_WORKER: registered but none answered
+    worker_error: str = ""  # NO_WORKER: the last worker error, clipped
+
+    def rendered(self) -> Rejection:
+        message, remedy = messages.rejection_text(self)
+        return replace(self, message=message, remedy=remedy)
+
+
+def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
+                        retry_after_s: float, registered_workers: int = 0,
+                        worker_error: str = "") -> Admission:
+    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize".
+
+    prompt_tokens 0 means unknown (a text prompt nobody could count): reported so, never guessed.
+    """
+    rejection = Rejection(
+        cause=Cause.NO_WORKER, prompt_tokens=prompt_tokens, min_new_tokens=min_new_tokens,
+        retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
+        registered_workers=registered_workers, worker_error=worker_error,
+    ).rendered()
+    return Admission(decision=Decision.REJECTED, request_id=request_id,
+                     prompt_tokens=prompt_tokens, rejection=rejection)
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A lease the ledger dropped on its own, kept until someone logs it."""
+
+    lease: Lease
+    why: str  # "worker silent", "never claimed", "worker replaced"
+    age_s: float
+
+
+@dataclass(frozen=True)
+class Admission:
+    decision: Decision
+    request_id: str
+    prompt_tokens: int
+    max_new_tokens: int = 0
+    reserved_bytes: int = 0
+    worker: WorkerGeometry | None = None
+    lease: Lease | None = None  # None when rejected or dry_run
+    budget_cap: BudgetCap | None = None
+    rejection: Rejection | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    geometry: WorkerGeometry
+    reserved_bytes: int
+    heartbeat_age_s: float
+    leases: tuple[Lease, ...]
+
+    @property
+    def available_bytes(self) -> int:
+        return self.geometry.capacity_bytes - self.reserved_bytes

@@ -1,0 +1,136 @@
+"""The scheduler's sentences, rendered from the numbers (the ledger keeps the arithmetic).
+
+Every message names the cause, the numbers and a next step. Caller strings
+(lease ids, worker ids, addresses) are echoed clipped, never whole.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
+from ortserve.units import human_bytes, tokens
+
+if TYPE_CHECKING:
+    from .budget import BudgetCap, Rejection
+
+START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
+                "can reach the scheduler")
+
+
+def cap_reason(cap: BudgetCap) -> str:
+    """Why max_new_tokens was reduced, for BudgetCap.reason."""
+    n_new, requested = cap.admitted_max_new_tokens, cap.requested_max_new_tokens
+    asked = (f"max_new_tokens unset (the remaining context window: {tokens(requested)})"
+             if cap.requested_was_unset else f"max_new_tokens {requested:,}")
+    if cap.requested_bytes > cap.capacity_bytes:
+        why = (f"worker {cap.worker_id}'s whole KV capacity is {human_bytes(cap.capacity_bytes)}; "
+               f"raise its --kv-budget to at least {human_bytes(cap.requested_bytes)} "
+               f"or ask for max_new_tokens <= {n_new:,}")
+    else:
+        why = (f"other requests hold {human_bytes(cap.capacity_bytes - cap.available_bytes)} of "
+               f"worker {cap.worker_id}'s {human_bytes(cap.capacity_bytes)} now; retry later for "
+               "the full ceiling, or set cap_policy STRICT to be refused instead")
+    return (f"prompt {tokens(cap.prompt_tokens)} + {asked} needs {human_bytes(cap.requested_bytes)} "
+            f"of KV at {cap.bytes_per_token:,} B/token, but {human_bytes(cap.available_bytes)} is "
+            f"free; capped to max_new_tokens {n_new:,} ({human_bytes(cap.admitted_bytes)}): {why}")
+
+
+def _prompt(r: Rejection) -> str:
+    if r.prompt_tokens_unknown:
+        return ("the prompt's length is unknown (a text or chat prompt is counted by a worker's "
+                "tokenizer, and none answered)")
+    return f"the prompt is {tokens(r.prompt_tokens)}"
+
+
+def rejection_text(r: Rejection) -> tuple[str, str]:
+    """(message, remedy) of a rejection, from its numbers."""
+    from .budget import Cause
+
+    floor = max(r.min_new_tokens, 1)
+    if r.cause is Cause.NO_WORKER:
+        if r.registered_workers:
+            what = (f"none of the {r.registered_workers} registered workers answered Tokenize "
+                    f"(last error: {r.worker_error})")
+        else:
+            what = "no worker is registered and heartbeating with the scheduler"
+        return f"{what}; {_prompt(r)}", f"retry in {r.retry_after_s:g} s; {START_WORKER}"
+    if r.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
+        ctx = r.context_length
+        if r.prompt_tokens + floor > ctx:
+            message = (f"prompt is {tokens(r.prompt_tokens)} and min_new_tokens {r.min_new_tokens:,} "
+                       f"(at least 1 new token) need {r.prompt_tokens + floor:,} positions, but the "
+                       f"model's context window is {tokens(ctx)}")
+            remedy = (f"shorten the prompt to at most {max(ctx - floor, 0):,} tokens"
+                      + (" or lower min_new_tokens" if r.min_new_tokens > 1 else ""))
+        else:
+            message = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens "
+                       f"{r.requested_max_new_tokens:,} = "
+                       f"{r.prompt_tokens + r.requested_max_new_tokens:,} positions exceed the "
+                       f"model's context window of {tokens(ctx)}")
+            remedy = (f"lower max_new_tokens to at most {ctx - r.prompt_tokens:,}, "
+                      "or leave it unset to use the remaining context window")
+        return message, remedy
+    n_new = r.requested_max_new_tokens if r.cap_refused else floor
+    what = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {n_new:,} "
+            "(cap policy STRICT refuses a smaller ceiling)" if r.cap_refused
+            else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {n_new:,}")
+    if r.cause is Cause.EXCEEDS_CAPACITY:
+        message = (f"{what} need {human_bytes(r.needed_bytes)} of KV at {r.bytes_per_token:,} "
+                   f"B/token, more than any worker's whole capacity (largest: "
+                   f"{human_bytes(r.capacity_bytes)} on {r.largest_worker_id})")
+        remedy = (f"raise the worker's --kv-budget to at least {human_bytes(r.needed_bytes)}"
+                  + (f", or ask for max_new_tokens <= {r.max_fit_new_tokens:,}"
+                     if r.max_fit_new_tokens >= floor else ", or shorten the prompt"))
+        return message, remedy
+    message = (f"{what} need {human_bytes(r.needed_bytes)} of KV at {r.bytes_per_token:,} B/token; "
+               f"the most free on any worker now is {human_bytes(r.available_bytes)} "
+               f"(capacity {human_bytes(r.capacity_bytes)}): the budget is held by other requests")
+    remedy = (f"retry in {r.retry_after_s:g} s"
+              + (f", or accept a cap (max_new_tokens <= {r.admissible_max_new_tokens:,} fits now)"
+                 if r.cap_refused else "")
+              + ", or add workers")
+    return message, remedy
+
+
+# -- errors the ledger and the servicer raise -----------------------------------------------
+
+
+def lease_claimed(lease_id: str, worker_id: str, reserved_bytes: int) -> DomainError:
+    return DomainError(
+        ErrorReason.LEASE_CLAIMED,
+        f"lease {quoted(lease_id)} is being served by worker {quoted(worker_id)}, which holds its "
+        f"{human_bytes(reserved_bytes)} of KV; only that worker releases it, once the buffer is "
+        "freed: to stop the request, cancel its Generate stream (the worker then frees and "
+        "releases the lease)",
+        metadata={"lease_id": lease_id, "worker_id": worker_id, "reserved_bytes": reserved_bytes})
+
+
+def lease_not_live(lease_id: str, worker_id: str, claim_ttl_s: float) -> DomainError:
+    return DomainError(
+        ErrorReason.LEASE_NOT_FOUND,
+        f"lease {quoted(lease_id)} is not live for worker {quoted(worker_id)}: it was released, "
+        f"expired (unclaimed for {claim_ttl_s:g} s, or its worker stopped heartbeating) or "
+        "belongs to another worker; get a new lease from Scheduler.Admit, or call "
+        "Scheduler.Generate", metadata={"lease_id": lease_id, "worker_id": worker_id})
+
+
+def worker_id_in_use(worker_id: str, live_address: str, new_address: str,
+                     heartbeat_age_s: float, lease_ttl_s: float) -> DomainError:
+    return DomainError(
+        ErrorReason.WORKER_ID_IN_USE,
+        f"worker id {quoted(worker_id)} is in use by a live worker at {quoted(live_address)} "
+        f"(last heartbeat {heartbeat_age_s:.1f} s ago); refusing the registration from "
+        f"{quoted(new_address)}: start it with another --worker-id, or stop the other one "
+        f"(its id frees {lease_ttl_s:g} s after its last heartbeat)",
+        metadata={"worker_id": worker_id, "live_address": live_address,
+                  "new_address": new_address, "heartbeat_age_s": round(heartbeat_age_s, 3)})
+
+
+def capacity_below_one_block(capacity_bytes: int, block_bytes: int, block_tokens: int) -> InvalidField:
+    return InvalidField(
+        "capacity_bytes",
+        f"{human_bytes(capacity_bytes)} ({capacity_bytes:,} bytes) is less than one KV block "
+        f"({block_tokens:,} tokens = {human_bytes(block_bytes)}): such a worker can never serve; "
+        f"start it with --kv-budget of at least {human_bytes(block_bytes)} (better: one full "
+        "context window)", capacity_bytes=capacity_bytes, block_bytes=block_bytes)
