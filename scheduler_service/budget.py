@@ -236,13 +236,20 @@ class Ledger:
                 worker.reserved_bytes -= lease.reserved_bytes
             return lost
 
-    def claim(self, lease_id: str, worker_id: str) -> Lease | None:
-        """A worker takes up a lease handed to it; None if not live or not its own."""
+    def claim(self, lease_id: str, worker_id: str,
+              check: Callable[[Lease], None] | None = None) -> Lease | None:
+        """A worker takes up a lease handed to it; None if not live or not its own.
+
+        `check` sees the lease before it is marked claimed, under the same lock:
+        when it raises (the request does not match the lease), nothing changes.
+        """
         with self._lock:
             if self._lease_owner.get(lease_id) != worker_id:
                 return None
             worker = self._workers[worker_id]
             lease = worker.leases[lease_id]
+            if check is not None:
+                check(lease)
             if not lease.claimed:
                 lease = replace(lease, claimed=True, claimed_at=self._clock())
                 worker.leases[lease_id] = lease

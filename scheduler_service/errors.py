@@ -25,6 +25,7 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.NO_WORKER: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorReason.LEASE_CLAIMED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.LEASE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorReason.WORKER_ID_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
     ErrorReason.WORKER_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,

@@ -171,7 +171,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.HeartbeatResponse(known=known)
 
     async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
-        lease = self._ledger.claim(request.lease_id, request.worker_id)
+        lease = self._ledger.claim(
+            request.lease_id, request.worker_id,
+            check=lambda lease: messages.check_claim(lease, request.prompt_tokens,
+                                                     request.max_new_tokens))
         if lease is None:
             raise messages.lease_not_live(request.lease_id, request.worker_id,
                                           self._config.claim_ttl_s)

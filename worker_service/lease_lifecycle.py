@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
+from ortserve.error_path import Relayed
 from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
 
@@ -148,7 +149,8 @@ class LeaseLifecycle:
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 # The ledger refused the numbers without claiming: the lease stays usable.
-                raise LeaseMismatch("lease_id", error.details() or "", lease_id) from error
+                # Its status (reason LEASE_MISMATCH, the field, the numbers) goes on as is.
+                raise Relayed(error, f"worker {self.worker_id}: {error.details()}") from error
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 raise NoLiveLease(lease_id, self.worker_id, error.details() or "") from error
             raise SchedulerUnreachable(

@@ -13,6 +13,10 @@ from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 log = structlog.get_logger("worker")
 
 
+_REFUSALS = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.FAILED_PRECONDITION)
+
+
 class SchedulerLink:
     def __init__(self, address: str, registration: scheduler_pb2.RegisterWorkerRequest,
                  live_leases: Callable[[], list[types_pb2.Lease]]) -> None:
@@ -59,15 +63,24 @@ class SchedulerLink:
                 await asyncio.sleep(self.heartbeat_interval_s)
             except grpc.aio.AioRpcError as error:
                 self.registered.clear()
-                log.warning("scheduler unreachable; retrying", scheduler=self.address,
-                            code=error.code().name, retry_in_s=backoff_s)
+                if error.code() in _REFUSALS:
+                    # The scheduler answered and said no (e.g. WORKER_ID_IN_USE): say what it
+                    # said; retrying still makes sense (the other worker may go away).
+                    log.error("scheduler refused this worker; retrying", scheduler=self.address,
+                              code=error.code().name, details=error.details(),
+                              retry_in_s=backoff_s)
+                else:
+                    log.warning("scheduler unreachable; retrying", scheduler=self.address,
+                                code=error.code().name, retry_in_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
 
     async def claim(self, lease_id: str, prompt_tokens: int = 0,
                     max_new_tokens: int = 0) -> types_pb2.Lease:
         return await self._stub.ClaimLease(
-            scheduler_pb2.ClaimLeaseRequest(lease_id=lease_id, worker_id=self.worker_id), timeout=10.0)
+            scheduler_pb2.ClaimLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
+                                            prompt_tokens=prompt_tokens,
+                                            max_new_tokens=max_new_tokens), timeout=10.0)
 
     async def release(self, lease_id: str) -> int:
         """Release once; retried on transport errors (heartbeats reconcile if all fail)."""

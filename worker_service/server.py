@@ -110,8 +110,17 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     )
     link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
-    await set_serving(health, [SERVICE_NAME], True)
-    await link.run()
+    heartbeats = asyncio.create_task(link.run())
+    registered = asyncio.create_task(link.registered.wait())
+    try:
+        # SERVING only once registered: before that no lease can reach this worker.
+        await asyncio.wait({heartbeats, registered}, return_when=asyncio.FIRST_COMPLETED)
+        if registered.done():
+            await set_serving(health, [SERVICE_NAME], True)
+        await heartbeats  # forever, or raises what stopped it
+    finally:
+        registered.cancel()
+        heartbeats.cancel()
 
 
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:

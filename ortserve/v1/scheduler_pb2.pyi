@@ -130,9 +130,13 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class ClaimLeaseRequest(_message.Message):
-    __slots__ = ("lease_id", "worker_id")
+    __slots__ = ("lease_id", "worker_id", "prompt_tokens", "max_new_tokens")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    prompt_tokens: int
+    max_new_tokens: int
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
