@@ -134,6 +134,15 @@ class Engine:
         """KV bytes charged to live sequences (queued ones included: their bytes are theirs)."""
         return self.kv.held_bytes()
 
+    @property
+    def batch_rows(self) -> int:
+        """Rows of the running batch now (a racy read, for reports)."""
+        return self._arena.rows if self._arena is not None else 0
+
+    @property
+    def max_batch_rows(self) -> int:
+        return self._arena.max_rows if self._arena is not None else 1
+
     def active_sequences(self) -> int:
         with self._cond:
             return len(self._live)

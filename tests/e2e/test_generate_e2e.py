@@ -172,6 +172,7 @@ def test_info_reports_what_was_resolved(roomy):
     assert info.execution_provider == "CPUExecutionProvider"
     assert info.bytes_per_token == BPT and info.context_length == 8192
     assert info.capacity_bytes == 512 * 2**20
+    assert info.kv_layout == "arena" and info.max_batch_rows >= 8 and info.block_tokens == 16
 
 
 def test_a_bad_sampling_parameter_is_rejected_naming_the_field(roomy):

@@ -335,3 +335,52 @@ def test_cuda_without_a_gpu_is_refused_naming_the_provider(tiny_dir):
     message = str(info.value)
     assert message.startswith("CUDAExecutionProvider not active")
     assert "--device cpu" in message
+
+
+# --- the batched KV arena ------------------------------------------------------
+
+def test_committed_kv_memory_never_exceeds_the_charge_in_a_concurrent_run(tiny_dir, prompt):
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as eng:
+        assert eng.kv_layout == "arena"
+        arena = eng._arena
+        samples: list[tuple[int, int]] = []
+        step = eng.step
+
+        def checked_step():
+            # On the engine thread, after each step: only this thread frees, so the
+            # kernel's count and the charge read here cannot race a release.
+            step()
+            samples.append((arena.kernel_committed_bytes(), eng.held_bytes()))
+
+        eng.step = checked_step
+        recs = [Recorder() for _ in range(6)]
+        for i, rec in enumerate(recs):
+            eng.submit(SequenceRequest(f"s{i}", prompt[: 5 + 6 * i], 40 + 30 * i,
+                                       min_new_tokens=40 + 30 * i), rec)
+        handle = eng.submit(SequenceRequest("cancelled", prompt, 500, min_new_tokens=500),
+                            cancelled := Recorder())
+        assert cancelled.tokens.acquire(timeout=10)
+        handle.cancel()
+        assert all(rec.done.wait(30) for rec in recs) and cancelled.done.wait(10)
+        assert len(samples) > 10
+        assert max(c for c, _ in samples) > 0  # the arena really committed memory
+        assert all(committed <= held for committed, held in samples)
+        assert arena.kernel_committed_bytes() == 0 and eng.held_bytes() == 0
+        assert eng.runner.largest_batch >= 2
+
+
+def test_a_cancel_mid_batch_leaves_the_other_rows_tokens_unchanged(tiny_dir, prompt):
+    reqs = [SequenceRequest(f"k{i}", prompt[: 8 + 5 * i], 60, min_new_tokens=60,
+                            sampling=SamplingConfig(temperature=1.0, seed=100 + i))
+            for i in range(4)]
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as eng:
+        solo = [eng.generate(r).token_ids for r in reqs]
+        recs = [Recorder() for _ in reqs]
+        handles = [eng.submit(r, rec) for r, rec in zip(reqs, recs, strict=True)]
+        for _ in range(5):
+            assert recs[1].tokens.acquire(timeout=10)
+        handles[1].cancel()  # row 1 leaves; the last row moves into its place
+        assert all(rec.done.wait(30) for rec in recs)
+    assert isinstance(recs[1].terminal()[0], Cancelled)
+    for i in (0, 2, 3):
+        assert tuple(recs[i].token_ids()) == solo[i]
