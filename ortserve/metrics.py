@@ -1,0 +1,69 @@
+"""Prometheus metrics shared machinery (prometheus-client): one registry per process,
+served on its own HTTP port (`--metrics-port`; 0: any free port, None: off).
+
+Each service defines its metrics in its own `metrics.py` on the registry this
+module hands out; gauges that mirror state (capacity, reserved bytes, batch
+rows) read it at scrape time through callbacks, so they can never drift from
+the ledger or the engine they describe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# Latency buckets in seconds: per-token times are milliseconds, requests seconds.
+TOKEN_SECONDS_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+REQUEST_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def new_registry() -> CollectorRegistry:
+    # NOTE: not the global default registry: tests start several services in one
+    # process, and each must expose only its own numbers.
+    return CollectorRegistry(auto_describe=True)
+
+
+class LabelledGauges(Collector):
+    """A gauge family whose samples a callback computes at scrape time.
+
+    `collect_fn` returns {label values tuple: value}; used for per-worker
+    bytes, where the label set changes as workers come and go.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: list[str],
+                 collect_fn: Callable[[], dict[tuple[str, ...], float]]) -> None:
+        self._name, self._doc, self._labels, self._fn = name, documentation, labels, collect_fn
+
+    def collect(self):
+        family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
+        for values, value in self._fn().items():
+            family.add_metric(list(values), value)
+        yield family
+
+    def describe(self):
+        return [GaugeMetricFamily(self._name, self._doc, labels=self._labels)]
+
+
+def callback_gauge(registry: CollectorRegistry, name: str, documentation: str,
+                   fn: Callable[[], float]) -> Gauge:
+    gauge = Gauge(name, documentation, registry=registry)
+    gauge.set_function(fn)
+    return gauge
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[int, Callable[[], None]]:
+    """Serve /metrics for `registry`; returns (bound port, stop)."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    bound = server.server_address[1]
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        if thread is not threading.current_thread():
+            thread.join(5)
+
+    return bound, stop
