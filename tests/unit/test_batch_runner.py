@@ -230,6 +230,7 @@ def test_default_fp32_model_batched_greedy_equals_alone():
     for i, plan in enumerate(plans):
         solo_tokens, solo_logits = alone(session, spec, plan)
         assert tokens[i] == solo_tokens[:len(tokens[i])], f"sequence {i}"
-        diff = max(float(np.abs(a - b).max()) for a, b in zip(logits[i], solo_logits, strict=False))
+        diff = max((float(np.abs(a - b).max()) for a, b in zip(logits[i], solo_logits, strict=False)),
+                   default=0.0)  # one is cancelled mid-prefill, before any token
         assert diff < 1e-3, f"sequence {i}: max logit difference {diff}"
     assert tokens[0] == growing_cache(session, spec, plans[0].prompt, plans[0].new_tokens)
