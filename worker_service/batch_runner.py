@@ -47,15 +47,17 @@ class BatchRunner:
         self._prefill_logits = np.empty(vocab, dtype=self.logits_dtype)
         self._decode_binding = session.io_binding()
         self._decode_rows = 0  # rows [0, n) bound in _decode_binding's KV, 0: none
-        self._prefill_binding = session.io_binding()
-        self._prefill_row = -1
+        # One binding per row for prompt chunks: a row's address never changes (a
+        # moved row lands in another row's place), so a row's KV is bound once.
+        self._prefill_bindings: dict[int, ort.IOBinding] = {}
         self.runs = 0
         self.largest_batch = 0
 
     def invalidate(self) -> None:
-        """Forget cached KV bindings (call after the arena moved rows); rebinding is cheap."""
+        """Forget cached KV bindings. Not needed after arena.free (addresses are fixed); for
+        a caller that replaced the arena's arrays."""
         self._decode_rows = 0
-        self._prefill_row = -1
+        self._prefill_bindings.clear()
 
     def prefill(self, row: int, past_tokens: int, ids: Sequence[int]) -> np.ndarray:
         """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
@@ -64,10 +66,11 @@ class BatchRunner:
             raise ValueError(f"a prompt chunk is 1..{self.max_chunk_tokens} tokens, got {n}")
         total = past_tokens + n
         self._check_room(row, past_tokens, total)
-        spec, binding = self.spec, self._prefill_binding
-        if self._prefill_row != row:
+        spec = self.spec
+        binding = self._prefill_bindings.get(row)
+        if binding is None:
+            binding = self._prefill_bindings[row] = self.session.io_binding()
             self.arena.bind(binding, row, row + 1)
-            self._prefill_row = row
         ids_view = self._ids[:n].reshape(1, n)
         ids_view[0] = ids
         # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
