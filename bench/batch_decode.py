@@ -3,10 +3,11 @@
   .venv/bin/python -m bench.batch_decode [--models fp32,int4] [--batches 1,4,8,16]
       [--tokens 16] [--repeats 2] [--threads 2]
 
-Both modes run the same session, arena and prompts; only the decode loop is
+Both modes run the same session, arena and prompts; only decode steps are
 timed (prompts are prefilled first, untimed). Round-robin is today's engine:
 one batch-1 run per sequence per token, into that sequence's own row. The
-modes alternate within each repeat so machine load hits both alike. Then
+modes alternate step by step, so machine load hits both alike and each
+repeat's ratio is a fair one even on a shared machine. Then
 B=8 batched over rows of the full context (8,192 tokens) vs rows of a small
 context, same prompts: the arena's large rows must not slow decode.
 """
@@ -49,32 +50,61 @@ def prompts_for(spec: ModelSpec, batch: int) -> list[list[int]]:
     return [tok.encode(PROMPTS[b % len(PROMPTS)] + f" ({b})").ids for b in range(batch)]
 
 
-def decode_rate(runner: BatchRunner, prompts: list[list[int]], new_tokens: int,
-                batched: bool) -> tuple[float, list[list[int]]]:
-    """Decode tokens/s over all sequences, and the tokens (prefill untimed)."""
-    arena = runner.arena
-    past, nxt = [], []
-    for ids in prompts:
-        row = arena.allocate(len(ids) + new_tokens + 1)
-        logits = runner.prefill(row, 0, ids)
-        past.append(len(ids))
-        nxt.append(int(np.argmax(logits)))
-    out = [[t] for t in nxt]
-    t0 = time.perf_counter()
-    for _ in range(new_tokens):
+class Streams:
+    """B sequences prefilled into their own rows [first, first + B) of a runner's arena."""
+
+    def __init__(self, runner: BatchRunner, prompts: list[list[int]], new_tokens: int) -> None:
+        self.runner = runner
+        self.first = runner.arena.rows
+        self.past, self.next, self.out = [], [], []
+        for ids in prompts:
+            row = runner.arena.allocate(len(ids) + new_tokens + 1)
+            token = int(np.argmax(runner.prefill(row, 0, ids)))
+            self.past.append(len(ids))
+            self.next.append(token)
+            self.out.append([token])
+        self.seconds = 0.0
+
+    def step(self, batched: bool) -> None:
+        """One decode token for every stream, timed: one run (batched) or one run each."""
+        runner, n = self.runner, len(self.past)
+        t0 = time.perf_counter()
         if batched:
-            logits = runner.decode(len(prompts), past, nxt)
-            nxt = [int(i) for i in np.argmax(logits, axis=1)]
+            assert self.first == 0  # a batched decode covers rows [0, n)
+            logits = runner.decode(n, self.past, self.next)
+            self.next = [int(i) for i in np.argmax(logits, axis=1)]
         else:
-            nxt = [int(np.argmax(runner.prefill(b, past[b], [nxt[b]]))) for b in range(len(prompts))]
-        past = [p + 1 for p in past]
-        for b, t in enumerate(nxt):
-            out[b].append(t)
-    elapsed = time.perf_counter() - t0
-    while arena.rows:
-        arena.free(arena.rows - 1)
+            self.next = [int(np.argmax(runner.prefill(self.first + b, self.past[b], [self.next[b]])))
+                         for b in range(n)]
+        self.seconds += time.perf_counter() - t0
+        self.past = [p + 1 for p in self.past]
+        for b, token in enumerate(self.next):
+            self.out[b].append(token)
+
+    def rate(self) -> float:
+        return len(self.past) * (len(self.out[0]) - 1) / self.seconds
+
+
+def clear(runner: BatchRunner) -> None:
+    while runner.arena.rows:
+        runner.arena.free(runner.arena.rows - 1)
     runner.invalidate()
-    return len(prompts) * new_tokens / elapsed, out
+
+
+def paired(runner: BatchRunner, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Batched and round-robin decode of the same prompts, alternating step by step.
+
+    The two share the machine's load moment by moment, so their ratio holds even
+    when other processes come and go (this machine is shared).
+    """
+    batched = Streams(runner, prompts, new_tokens)  # rows [0, B)
+    rr = Streams(runner, prompts, new_tokens)  # rows [B, 2B)
+    for _ in range(new_tokens):
+        batched.step(batched=True)
+        rr.step(batched=False)
+    clear(runner)
+    return {"batched": batched.rate(), "round_robin": rr.rate(),
+            "tokens_equal": batched.out == rr.out}
 
 
 def median(values: list[float]) -> float:
@@ -85,27 +115,23 @@ def bench_model(name: str, args) -> dict:
     spec = load_model_spec(model_cache().expanduser() / "models" / name)
     session = session_for(spec, args.threads)
     batches = [int(b) for b in args.batches.split(",")]
-    arena = KVArena(spec, max_rows=max(batches), capacity_bytes=2**40)
+    arena = KVArena(spec, max_rows=2 * max(batches), capacity_bytes=2**40)
     runner = BatchRunner(session, spec, arena)
-    decode_rate(runner, prompts_for(spec, 2), 4, batched=True)  # warm-up
+    paired(runner, prompts_for(spec, 2), 4)  # warm-up
     result: dict = {"model": name, "by_batch": {}}
     for batch in batches:
         prompts = prompts_for(spec, batch)
-        rates: dict[str, list[float]] = {"batched": [], "round_robin": []}
-        same = True
-        for _ in range(args.repeats):
-            rate_b, tok_b = decode_rate(runner, prompts, args.tokens, batched=True)
-            rate_r, tok_r = decode_rate(runner, prompts, args.tokens, batched=False)
-            rates["batched"].append(rate_b)
-            rates["round_robin"].append(rate_r)
-            same = same and tok_b == tok_r
-        entry = {k: {"median_tok_s": median(v), "values": v} for k, v in rates.items()}
-        entry["ratio"] = median(rates["batched"]) / median(rates["round_robin"])
-        entry["tokens_equal"] = same
+        runs = [paired(runner, prompts, args.tokens) for _ in range(args.repeats)]
+        entry = {"batched_tok_s": [r["batched"] for r in runs],
+                 "round_robin_tok_s": [r["round_robin"] for r in runs],
+                 "ratios": [r["batched"] / r["round_robin"] for r in runs],
+                 "tokens_equal": all(r["tokens_equal"] for r in runs)}
+        entry["ratio_median"] = median(entry["ratios"])
         result["by_batch"][batch] = entry
-        print(f"{name} B={batch}: batched {median(rates['batched']):.1f} tok/s, round-robin "
-              f"{median(rates['round_robin']):.1f} tok/s, ratio {entry['ratio']:.2f}, "
-              f"tokens equal {same}", file=sys.stderr, flush=True)
+        print(f"{name} B={batch}: batched {median(entry['batched_tok_s']):.1f} tok/s, round-robin "
+              f"{median(entry['round_robin_tok_s']):.1f} tok/s, ratio median "
+              f"{entry['ratio_median']:.2f} (runs {', '.join(f'{x:.2f}' for x in entry['ratios'])}), "
+              f"tokens equal {entry['tokens_equal']}", file=sys.stderr, flush=True)
     arena.close()
     if args.long_context:
         result["long_vs_small_context_B8"] = long_vs_small(spec, session, args)
@@ -113,22 +139,30 @@ def bench_model(name: str, args) -> dict:
 
 
 def long_vs_small(spec: ModelSpec, session, args) -> dict:
-    """B=8 batched decode: arena rows of the full context vs rows of 256 tokens."""
+    """B=8 batched decode: arena rows of the full context vs rows of 256 tokens, interleaved."""
     prompts = prompts_for(spec, 8)
-    runners = {"full": BatchRunner(session, spec, KVArena(spec, 8, 2**40)),
-               "small": None}
     small_spec = replace(spec, context_length=256)
-    runners["small"] = BatchRunner(session, small_spec, KVArena(small_spec, 8, 2**40))
+    full = BatchRunner(session, spec, KVArena(spec, 8, 2**40))
+    small = BatchRunner(session, small_spec, KVArena(small_spec, 8, 2**40))
+    ratios = []
     rates: dict[str, list[float]] = {"full": [], "small": []}
-    for _ in range(args.repeats + 1):
-        for key, runner in runners.items():
-            rates[key].append(decode_rate(runner, prompts, args.tokens, batched=True)[0])
-    out = {"row_tokens": {"full": runners["full"].arena.seq_tokens, "small": 256},
-           "full_median_tok_s": median(rates["full"]), "small_median_tok_s": median(rates["small"]),
-           "ratio_full_over_small": median(rates["full"]) / median(rates["small"]), "rates": rates}
-    print(f"{spec.name} B=8 rows of {out['row_tokens']['full']} vs 256 tokens: "
-          f"{out['full_median_tok_s']:.1f} vs {out['small_median_tok_s']:.1f} tok/s, ratio "
-          f"{out['ratio_full_over_small']:.2f}", file=sys.stderr, flush=True)
+    for _ in range(args.repeats):
+        a, b = Streams(full, prompts, args.tokens), Streams(small, prompts, args.tokens)
+        for _ in range(args.tokens):
+            a.step(batched=True)
+            b.step(batched=True)
+        rates["full"].append(a.rate())
+        rates["small"].append(b.rate())
+        ratios.append(a.rate() / b.rate())
+        clear(full)
+        clear(small)
+    out = {"row_tokens": {"full": full.arena.seq_tokens, "small": small.arena.seq_tokens},
+           "rates_tok_s": rates, "ratios_full_over_small": ratios,
+           "ratio_median": median(ratios)}
+    print(f"{spec.name} B=8 rows of {full.arena.seq_tokens} vs {small.arena.seq_tokens} tokens: "
+          f"{median(rates['full']):.1f} vs {median(rates['small']):.1f} tok/s, ratio median "
+          f"{out['ratio_median']:.2f} (runs {', '.join(f'{x:.2f}' for x in ratios)})",
+          file=sys.stderr, flush=True)
     return out
 
 

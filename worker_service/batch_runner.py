@@ -47,15 +47,17 @@ class BatchRunner:
         self._prefill_logits = np.empty(vocab, dtype=self.logits_dtype)
         self._decode_binding = session.io_binding()
         self._decode_rows = 0  # rows [0, n) bound in _decode_binding's KV, 0: none
-        self._prefill_binding = session.io_binding()
-        self._prefill_row = -1
+        # One binding per row for prompt chunks: a row's address never changes (a
+        # moved row lands in another row's place), so a row's KV is bound once.
+        self._prefill_bindings: dict[int, ort.IOBinding] = {}
         self.runs = 0
         self.largest_batch = 0
 
     def invalidate(self) -> None:
-        """Forget cached KV bindings (call after the arena moved rows); rebinding is cheap."""
+        """Forget cached KV bindings. Not needed after arena.free (addresses are fixed); for
+        a caller that replaced the arena's arrays."""
         self._decode_rows = 0
-        self._prefill_row = -1
+        self._prefill_bindings.clear()
 
     def prefill(self, row: int, past_tokens: int, ids: Sequence[int]) -> np.ndarray:
         """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
@@ -64,10 +66,11 @@ class BatchRunner:
             raise ValueError(f"a prompt chunk is 1..{self.max_chunk_tokens} tokens, got {n}")
         total = past_tokens + n
         self._check_room(row, past_tokens, total)
-        spec, binding = self.spec, self._prefill_binding
-        if self._prefill_row != row:
+        spec = self.spec
+        binding = self._prefill_bindings.get(row)
+        if binding is None:
+            binding = self._prefill_bindings[row] = self.session.io_binding()
             self.arena.bind(binding, row, row + 1)
-            self._prefill_row = row
         ids_view = self._ids[:n].reshape(1, n)
         ids_view[0] = ids
         # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
@@ -90,20 +93,27 @@ class BatchRunner:
         self.largest_batch = max(self.largest_batch, 1)
         return logits[(n - 1) * spec.vocab_size:]
 
-    def decode(self, rows: int, past_tokens_per_row: Sequence[int],
-               next_ids: Sequence[int]) -> np.ndarray:
+    def decode(self, rows: int, past_tokens_per_row: Sequence[int], next_ids: Sequence[int],
+               active: Sequence[bool] | None = None) -> np.ndarray:
         """One token for each of rows [0, rows) in ONE run; logits [rows, vocab].
 
         Row b has written past_tokens_per_row[b] positions; its new token lands at
         that position. The mask is right-padded: row b has past_b + 1 ones, then
         zeros, to width max(past) + 1.
+
+        active[b] False: row b is still being prefilled and rides along so rows
+        stay [0, n) without moving anything. Its next_id is any valid id; the run
+        writes scratch at its position past_b, which its next prompt chunk (at the
+        same past) overwrites before anything reads it. Its logits are meaningless
+        and its held tokens stay past_b (the scratch page is still accounted).
         """
         if not 1 <= rows <= self.arena.rows:
             raise ValueError(f"decode over rows [0, {rows}) but the arena has "
                              f"{self.arena.rows} live rows")
-        if len(past_tokens_per_row) != rows or len(next_ids) != rows:
-            raise ValueError(f"decode over {rows} rows needs {rows} past lengths and ids, got "
-                             f"{len(past_tokens_per_row)} and {len(next_ids)}")
+        if len(past_tokens_per_row) != rows or len(next_ids) != rows or (
+                active is not None and len(active) != rows):
+            raise ValueError(f"decode over {rows} rows needs {rows} past lengths, ids (and active "
+                             f"flags), got {len(past_tokens_per_row)}, {len(next_ids)}")
         past = np.asarray(past_tokens_per_row, dtype=np.int64)
         for b in range(rows):
             self._check_room(b, int(past[b]), int(past[b]) + 1)
@@ -127,7 +137,10 @@ class BatchRunner:
                             [rows, 1, spec.vocab_size], logits.ctypes.data)
         self.session.run_with_iobinding(binding)
         for b in range(rows):
-            self.arena.note_written(b, int(past[b]) + 1)
+            if active is None or active[b]:
+                self.arena.note_written(b, int(past[b]) + 1)
+            else:
+                self.arena.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
         return logits.reshape(rows, spec.vocab_size)

@@ -65,7 +65,10 @@ def block_tokens_for(head_dim: int, itemsize: int, page_bytes: int = mmap.PAGESI
 class _Row:
     max_tokens: int
     charged_bytes: int
-    written_tokens: int = 0
+    written_tokens: int = 0  # positions [0, n) hold the sequence's KV
+    # Highest position + 1 any run wrote since allocation, valid or scratch (a
+    # prefilling row riding in a batched decode): what the pages committed.
+    touched_tokens: int = 0
 
 
 class KVArena:
@@ -120,8 +123,8 @@ class KVArena:
         return sum(r.charged_bytes for r in self._rows)
 
     def committed_bytes(self) -> int:
-        """The arena's page accounting: whole blocks of the tokens each row has written."""
-        return sum(self.bytes_for(r.written_tokens) for r in self._rows)
+        """The arena's page accounting: whole blocks of the positions each row has touched."""
+        return sum(self.bytes_for(r.touched_tokens) for r in self._rows)
 
     def kernel_committed_bytes(self) -> int:
         """Resident bytes of the arena's mapping, as the kernel counts them (/proc/self/smaps)."""
@@ -175,13 +178,19 @@ class KVArena:
         self._rows.append(_Row(max_tokens, needed))
         return len(self._rows) - 1
 
-    def note_written(self, row: int, n_tokens: int) -> None:
-        """Record that `row` now holds positions [0, n_tokens) (the runner calls it per run)."""
+    def note_written(self, row: int, n_tokens: int, touched_tokens: int = 0) -> None:
+        """Record that `row` now holds positions [0, n_tokens) (the runner calls it per run).
+
+        touched_tokens: a run also wrote scratch up to that position (its pages are
+        committed though the tokens are not the sequence's yet).
+        """
         entry = self._rows[row]
-        if not 0 <= n_tokens <= entry.max_tokens:
+        touched = max(entry.touched_tokens, n_tokens, touched_tokens)
+        if not 0 <= n_tokens <= touched <= entry.max_tokens:
             raise ValueError(f"row {row} is charged for {entry.max_tokens:,} tokens; "
-                             f"it cannot hold {n_tokens:,}")
+                             f"it cannot hold {max(n_tokens, touched_tokens):,}")
         entry.written_tokens = n_tokens
+        entry.touched_tokens = touched
 
     def free(self, row: int) -> dict[int, int]:
         """Release `row`; returns {old row: new row} for a row moved into the hole (maybe {}).
@@ -207,6 +216,7 @@ class KVArena:
                     region[row, :, t0:t1] = region[last, :, t0:t1]
                 self._discard_from(last, t0, t1)
             self._discard_from(last, 0)
+            kept.touched_tokens = kept.written_tokens  # scratch beyond was not copied
             self._rows[row] = kept
             moved[last] = row
         self._rows.pop()

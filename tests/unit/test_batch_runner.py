@@ -42,7 +42,11 @@ def session_for(spec: ModelSpec) -> ort.InferenceSession:
 
 
 def drive(session, spec, plans, max_rows, check_memory=True):
-    """A minimal engine step loop: joins prefill batch 1, then one decode for every live row.
+    """A minimal engine step loop, as the engine's step would run.
+
+    Each step: a joining sequence takes the next row; every prefilling row runs one
+    batch-1 prompt chunk; then ONE decode run over all rows [0, n), the rows still
+    prefilling riding along inactive; finished and cancelled rows leave.
 
     Returns per plan (tokens, logits per token) and checks, at every step, that the
     committed KV (kernel and arena) is within the charges.
@@ -55,6 +59,7 @@ def drive(session, spec, plans, max_rows, check_memory=True):
     pending = sorted(range(len(plans)), key=lambda i: plans[i].join_step)
     step = 0
     moves = []  # (old row, new row) of rows compaction moved
+    decoding_beside_a_prefill = 0  # most rows decoding in a step while another prefilled
 
     def accept(state: Live, row_logits: np.ndarray) -> None:
         plan = plans[state.index]
@@ -78,22 +83,31 @@ def drive(session, spec, plans, max_rows, check_memory=True):
             plan = plans[i]
             row = arena.allocate(len(plan.prompt) + plan.new_tokens)
             assert row == len(live)
-            state = Live(i, 0, -1)
-            live.append(state)
-            for t0 in range(0, len(plan.prompt), CHUNK_TOKENS):
-                chunk = plan.prompt[t0:t0 + CHUNK_TOKENS]
-                last_logits = runner.prefill(row, state.past, chunk)
+            live.append(Live(i, 0, -1))
+        for row, state in enumerate(live):
+            prompt = plans[state.index].prompt
+            if state.past < len(prompt):  # one chunk per step, so decoding never stalls long
+                chunk = prompt[state.past:state.past + CHUNK_TOKENS]
+                chunk_logits = runner.prefill(row, state.past, chunk)
                 state.past += len(chunk)
-            accept(state, last_logits)
+                if state.past == len(prompt):
+                    accept(state, chunk_logits)
         if live:
-            batch = runner.decode(len(live), [s.past for s in live], [s.next_id for s in live])
+            active = [s.past >= len(plans[s.index].prompt) for s in live]
+            batch = runner.decode(len(live), [s.past for s in live],
+                                  [s.next_id if a else 0 for s, a in zip(live, active, strict=True)],
+                                  active)
+            if not all(active):
+                decoding_beside_a_prefill = max(decoding_beside_a_prefill, sum(active))
             for b, state in enumerate(live):
-                state.past += 1
-                accept(state, batch[b])
+                if active[b]:
+                    state.past += 1
+                    accept(state, batch[b])
         if check_memory:
             kernel = arena.kernel_committed_bytes()
             assert arena.committed_bytes() <= arena.charged_bytes()
             assert kernel <= arena.charged_bytes(), f"step {step}: kernel {kernel:,} > charges"
+            assert kernel == arena.committed_bytes()  # the arena's accounting is the kernel's
         for row in reversed(range(len(live))):
             plan = plans[live[row].index]
             if len(tokens[live[row].index]) >= plan.new_tokens or plan.cancel_step == step:
@@ -102,7 +116,7 @@ def drive(session, spec, plans, max_rows, check_memory=True):
     assert arena.rows == 0 and arena.kernel_committed_bytes() == 0
     largest = runner.largest_batch
     arena.close()
-    return tokens, logits, (largest, len(moves))
+    return tokens, logits, (largest, len(moves), decoding_beside_a_prefill)
 
 
 def alone(session, spec, plan):
@@ -135,7 +149,10 @@ def growing_cache(session, spec, prompt, new_tokens):
 
 def mixed_plans(rng, vocab, forced: bool, new_tokens=12) -> list[Plan]:
     """Five sequences of mixed prompt lengths; they join and leave mid-batch, one is cancelled."""
-    shapes = [(3, 0, None), (19, 0, None), (1, 2, None), (30, 4, 7), (11, 9, None)]
+    # (prompt tokens, join step, cancel step); the 40-token prompt is prefilled in
+    # six chunks, one a step, while four others decode.
+    shapes = [(3, 0, None), (19, 0, None), (1, 2, None), (30, 4, 9), (11, 5, None),
+              (40, 6, None)]
     plans = []
     for n, join, cancel in shapes:
         total = new_tokens + (join % 3)  # different lengths: they leave at different steps
@@ -155,8 +172,9 @@ def test_batched_logits_equal_batch_1_with_joins_leaves_and_a_cancel(tiny):
     # (teacher forcing) and compare every logit row: a far stronger check than tokens.
     spec, session = tiny
     plans = mixed_plans(np.random.default_rng(1), spec.vocab_size, forced=True)
-    tokens, logits, (largest, moves) = drive(session, spec, plans, max_rows=5)
-    assert largest >= 4 and moves >= 1  # rows moved by compaction go on below
+    tokens, logits, (largest, moves, beside) = drive(session, spec, plans, max_rows=6)
+    assert largest >= 5 and moves >= 1  # rows moved by compaction go on below
+    assert beside >= 4  # a long prompt went in chunks while four others decoded
     for i, plan in enumerate(plans):
         solo_tokens, solo_logits = alone(session, spec, plan)
         if plan.cancel_step is None:
@@ -170,7 +188,7 @@ def test_batched_logits_equal_batch_1_with_joins_leaves_and_a_cancel(tiny):
 def test_greedy_tokens_equal_a_growing_cache_loop(tiny):
     spec, session = tiny
     plans = mixed_plans(np.random.default_rng(2), spec.vocab_size, forced=False, new_tokens=6)
-    tokens, _, _ = drive(session, spec, plans, max_rows=5)
+    tokens, _, _ = drive(session, spec, plans, max_rows=6)
     for i, plan in enumerate(plans):
         want = growing_cache(session, spec, plan.prompt, plan.new_tokens)
         assert tokens[i] == want[:len(tokens[i])]
@@ -198,7 +216,7 @@ def test_default_fp32_model_batched_greedy_equals_alone():
     spec = load_model_spec(prepared_model_dir("smollm2-135m-instruct-fp32"))
     session = session_for(spec)
     tok = Tokenizer.from_file(str(spec.model_dir / "tokenizer.json"))
-    texts = ["What is the capital of France? Answer in one sentence.",
+    texts = ["What is the capital of France? Answer in one sentence. " * 3,
              "Write a haiku about the sea.",
              "List three prime numbers.",
              "Explain what a hash table is, briefly, to a child who likes trains.",
@@ -206,11 +224,13 @@ def test_default_fp32_model_batched_greedy_equals_alone():
     plans = [Plan(tok.encode(t).ids, 10 + i % 3, join, cancel)
              for i, (t, join, cancel) in enumerate(zip(texts, [0, 0, 2, 4, 6],
                                                        [None, None, None, 5, None], strict=True))]
-    tokens, logits, (largest, moves) = drive(session, spec, plans, max_rows=5)
+    tokens, logits, (largest, moves, beside) = drive(session, spec, plans, max_rows=6)
     assert largest >= 4 and moves >= 1  # rows moved by compaction go on below
+    assert beside >= 3  # the long prompt went in chunks while others decoded
     for i, plan in enumerate(plans):
         solo_tokens, solo_logits = alone(session, spec, plan)
         assert tokens[i] == solo_tokens[:len(tokens[i])], f"sequence {i}"
-        diff = max(float(np.abs(a - b).max()) for a, b in zip(logits[i], solo_logits, strict=False))
+        diff = max((float(np.abs(a - b).max()) for a, b in zip(logits[i], solo_logits, strict=False)),
+                   default=0.0)  # one is cancelled mid-prefill, before any token
         assert diff < 1e-3, f"sequence {i}: max logit difference {diff}"
     assert tokens[0] == growing_cache(session, spec, plans[0].prompt, plans[0].new_tokens)
