@@ -37,13 +37,17 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="an admitted lease no worker claimed this long is dropped")
     p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    p.add_argument("--drain-timeout-s", type=float,
+                   default=float(os.environ.get(_ENV + "DRAIN_TIMEOUT_S", d.drain_timeout_s)),
+                   help="on SIGTERM, how long relayed streams may run before they are cut")
     log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
     a = p.parse_args(argv)
     return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
-                           retry_after_s=a.retry_after_s, log_level=a.log_level, log_json=a.log_json)
+                           retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
+                           log_level=a.log_level, log_json=a.log_json)
 
 
 async def _serve(config: SchedulerConfig) -> None:
@@ -55,7 +59,7 @@ async def _serve(config: SchedulerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await running.stop()
+    await running.stop(config.drain_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> None:

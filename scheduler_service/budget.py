@@ -45,6 +45,7 @@ class _Worker:
     last_heartbeat: float
     leases: dict[str, Lease] = field(default_factory=dict)
     reserved_bytes: int = 0
+    draining: bool = False  # shutting down: no new placements, its leases run out
 
     @property
     def available_bytes(self) -> int:
@@ -131,13 +132,18 @@ class Ledger:
             self._workers[geometry.worker_id] = worker
         return refused
 
-    def heartbeat(self, worker_id: str) -> bool:
-        """Renew a worker and all its leases. False: unknown, it must register again."""
+    def heartbeat(self, worker_id: str, draining: bool = False) -> bool:
+        """Renew a worker and all its leases. False: unknown, it must register again.
+
+        `draining` is sticky: a worker that said it is shutting down gets no new
+        placements until it registers again.
+        """
         with self._lock:
             worker = self._workers.get(worker_id)
             if worker is None:
                 return False
             worker.last_heartbeat = self._clock()
+            worker.draining = worker.draining or draining
             return True
 
     def remove_worker(self, worker_id: str) -> int:
@@ -282,6 +288,7 @@ class Ledger:
                     reserved_bytes=w.reserved_bytes,
                     heartbeat_age_s=now - w.last_heartbeat,
                     leases=tuple(w.leases.values()),
+                    draining=w.draining,
                 )
                 for w in sorted(self._workers.values(), key=lambda w: w.geometry.worker_id)
             ]
@@ -318,7 +325,7 @@ class Ledger:
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
     def _decide_locked(self, req: AdmissionRequest) -> Admission:
-        workers = list(self._workers.values())
+        workers = [w for w in self._workers.values() if not w.draining]
         if not workers:
             return self._reject(req, Cause.NO_WORKER)
         floor = req.floor_new_tokens

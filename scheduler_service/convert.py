@@ -154,6 +154,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             heartbeat_age_s=w.heartbeat_age_s,
             leases=[lease_to_pb(lease, now) for lease in w.leases] if include_leases else [],
             execution_provider=g.execution_provider,
+            draining=w.draining,
         ))
     return scheduler_pb2.Budget(
         workers=workers,

@@ -204,6 +204,7 @@ class WorkerSnapshot:
     reserved_bytes: int
     heartbeat_age_s: float
     leases: tuple[Lease, ...]
+    draining: bool = False
 
     @property
     def available_bytes(self) -> int:

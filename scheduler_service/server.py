@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
+from grpc_health.v1 import health_pb2
 
 from ortserve.error_path import register_service
 from ortserve.serving import add_health_and_reflection, set_serving
@@ -21,6 +22,9 @@ from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
 SERVICE_NAME = SERVICE.full_name
 
@@ -33,18 +37,31 @@ class SchedulerServer:
     _expiry: asyncio.Task
     _workers: WorkerClients
 
+    health: object = None
+
     async def stop(self, grace_s: float = 2.0) -> None:
+        """NOT_SERVING, refuse new calls, let relayed streams finish within grace_s."""
         self._expiry.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._expiry
+        if self.health is not None:
+            await set_serving(self.health, [SERVICE_NAME], False)
         await self.server.stop(grace_s)
         await self._workers.close()
 
 
-async def _expire_forever(ledger: Ledger, interval_s: float) -> None:
+async def _maintain_forever(ledger: Ledger, health, interval_s: float) -> None:
+    """Expire silent workers and stale leases; keep readiness true to the ledger."""
+    ready = None
     while True:
-        await asyncio.sleep(interval_s)
         log_expired(ledger.expire())
+        # Readiness: the Scheduler service is SERVING only with a worker to place on
+        # (the overall "" status stays SERVING: the process is alive).
+        now_ready = any(not w.draining for w in ledger.snapshot())
+        if now_ready != ready:
+            await health.set(SERVICE_NAME, SERVING if now_ready else NOT_SERVING)
+            ready = now_ready
+        await asyncio.sleep(interval_s)
 
 
 async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) -> SchedulerServer:
@@ -60,7 +77,9 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
         raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
                       "pick another with --port")
     await server.start()
-    await set_serving(health, [SERVICE_NAME], True)
-    expiry = asyncio.create_task(_expire_forever(ledger, config.expiry_interval_s))
+    await set_serving(health, [], True)
+    await health.set(SERVICE_NAME, NOT_SERVING)
+    expiry = asyncio.create_task(_maintain_forever(ledger, health, config.expiry_interval_s))
     log.info("scheduler serving", address=f"{config.host}:{port}", lease_ttl_s=config.lease_ttl_s)
-    return SchedulerServer(server=server, port=port, ledger=ledger, _expiry=expiry, _workers=workers)
+    return SchedulerServer(server=server, port=port, ledger=ledger, _expiry=expiry,
+                           _workers=workers, health=health)

@@ -160,7 +160,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
 
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
-        known = self._ledger.heartbeat(request.worker_id)
+        known = self._ledger.heartbeat(request.worker_id, draining=request.draining)
         if known:
             lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
                                           grace_s=2 * self._config.heartbeat_interval_s)

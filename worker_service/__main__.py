@@ -56,6 +56,9 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--kv-budget-fraction", type=float,
                    default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_capacity_fraction)),
                    help="without --kv-budget: this fraction of available (device) memory")
+    p.add_argument("--drain-timeout-s", type=float,
+                   default=float(_env("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s)),
+                   help="on SIGTERM, how long live streams may run before they are cut")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
@@ -71,7 +74,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
-        kv_capacity_fraction=a.kv_budget_fraction, log_level=a.log_level, log_json=a.log_json,
+        kv_capacity_fraction=a.kv_budget_fraction, drain_timeout_s=a.drain_timeout_s,
+        log_level=a.log_level, log_json=a.log_json,
     )
 
 
@@ -92,6 +96,8 @@ async def _serve(config: WorkerConfig) -> int:
         print(f"ortserve-worker: {error}", file=sys.stderr)
         code = 2 if isinstance(error, EngineError) else 1
     stopper.cancel()
+    if code == 0:
+        await running.drain(config.drain_timeout_s)
     await running.stop()
     return code
 

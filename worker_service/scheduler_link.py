@@ -27,6 +27,7 @@ class SchedulerLink:
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
+        self.draining = False  # sent with every heartbeat once set
 
     @property
     def worker_id(self) -> str:
@@ -52,9 +53,7 @@ class SchedulerLink:
                 if not self.registered.is_set():
                     await self.register()
                 live = [lease.lease_id for lease in self._live_leases()]
-                reply = await self._stub.Heartbeat(
-                    scheduler_pb2.HeartbeatRequest(worker_id=self.worker_id, live_lease_ids=live),
-                    timeout=5.0)
+                reply = await self._heartbeat(live)
                 if not reply.known:
                     log.warning("scheduler does not know this worker; registering again")
                     self.registered.clear()
@@ -74,6 +73,20 @@ class SchedulerLink:
                                 code=error.code().name, retry_in_s=backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
+
+    async def _heartbeat(self, live_lease_ids: list[str]) -> scheduler_pb2.HeartbeatResponse:
+        return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
+            worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining),
+            timeout=5.0)
+
+    async def announce_draining(self) -> None:
+        """Tell the scheduler now (not at the next heartbeat) to place nothing more here."""
+        self.draining = True
+        try:
+            await self._heartbeat([lease.lease_id for lease in self._live_leases()])
+        except grpc.aio.AioRpcError as error:
+            log.warning("could not tell the scheduler this worker is draining",
+                        code=error.code().name, details=error.details())
 
     async def claim(self, lease_id: str, prompt_tokens: int = 0,
                     max_new_tokens: int = 0) -> types_pb2.Lease:

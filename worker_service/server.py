@@ -71,6 +71,32 @@ class WorkerServer:
     port: int
     servicer: WorkerServicer
     _tasks: list[asyncio.Task]
+    health: object = None
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking work and let live streams finish (up to timeout_s); returns how many
+        were still running when the time ran out (stop() then cancels them).
+
+        NOT_SERVING first, then the scheduler is told (no new placements from that
+        moment); requests already placed but not yet arrived are refused UNAVAILABLE.
+        """
+        if self.health is not None:
+            await set_serving(self.health, [SERVICE_NAME], False)
+        self.servicer.draining = True
+        leases = self.servicer.leases
+        if leases is None:
+            return 0
+        await leases.link.announce_draining()
+        log.info("draining", live_sequences=leases.engine.active_sequences(),
+                 drain_timeout_s=timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while leases.engine.active_sequences() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        left = leases.engine.active_sequences()
+        if left:
+            log.warning("drain timeout: cancelling live sequences", live_sequences=left,
+                        drain_timeout_s=timeout_s)
+        return left
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for task in self._tasks:
@@ -141,4 +167,5 @@ async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task
     log.info("worker listening (loading model)", address=f"{config.host}:{port}",
              worker_id=worker_id, model_dir=str(config.model_dir), device=config.device)
     task = asyncio.create_task(_load_and_register(config, servicer, health, port))
-    return WorkerServer(server=server, port=port, servicer=servicer, _tasks=[task]), task
+    return WorkerServer(server=server, port=port, servicer=servicer, _tasks=[task],
+                        health=health), task

@@ -24,6 +24,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.address = address
         self.requested_device = requested_device
         self.leases: LeaseLifecycle | None = None  # set once loaded and the provider verified
+        self.draining = False  # SIGTERM: live streams finish, new ones are refused
 
     @property
     def engine(self) -> Engine | None:
@@ -67,6 +68,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(self, request: worker_pb2.WorkerGenerateRequest, context):
         arrived = time.perf_counter()
         leases = self._ready()
+        if self.draining:
+            raise NotReady(f"worker {self.worker_id} is draining (shutting down); the scheduler "
+                           "places no new requests here: admit again")
         engine = leases.engine
         inner = request.request
         # Validate and tokenize once, before the lease is touched.

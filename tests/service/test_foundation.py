@@ -12,6 +12,7 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -64,14 +65,25 @@ def scheduler():
     loop.close()
 
 
-def test_server_has_health_check_and_watch(scheduler):
+def test_server_has_health_check_and_watch_and_is_ready_only_with_a_worker(scheduler):
+    SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)
     with grpc.insecure_channel(f"127.0.0.1:{scheduler.port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "ortserve.v1.Scheduler"):
-            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        watch = health.Watch(health_pb2.HealthCheckRequest(service="ortserve.v1.Scheduler"), timeout=5)
-        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        check = lambda service: health.Check(  # noqa: E731
+            health_pb2.HealthCheckRequest(service=service), timeout=5).status
+        assert check("") == SERVING  # alive
+        assert check("ortserve.v1.Scheduler") == NOT_SERVING  # not ready: no worker
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="ortserve.v1.Scheduler"),
+                             timeout=10)
+        assert next(watch).status == NOT_SERVING
+        scheduler_pb2_grpc.SchedulerStub(channel).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+            worker_id="w1", address="127.0.0.1:1", model="m", context_length=64,
+            bytes_per_token=8, capacity_bytes=4096, block_tokens=1), timeout=5)
+        assert next(watch).status == SERVING
+        scheduler_pb2_grpc.SchedulerStub(channel).Heartbeat(
+            scheduler_pb2.HeartbeatRequest(worker_id="w1", draining=True), timeout=5)
+        assert next(watch).status == NOT_SERVING  # its only worker drains
         watch.cancel()
         with pytest.raises(grpc.RpcError) as err:
             health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
