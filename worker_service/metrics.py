@@ -1,0 +1,59 @@
+"""The worker's Prometheus metrics (names prefixed ortserve_worker_, units in names).
+
+Gauges read the engine at scrape time; the histograms and counters are fed
+once per finished sequence from its Completed event.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ortserve.metrics import REQUEST_SECONDS_BUCKETS, TOKEN_SECONDS_BUCKETS, callback_gauge
+
+from .engine import Engine
+from .sequence import Completed
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, engine: Engine) -> None:
+        callback_gauge(registry, "ortserve_worker_kv_capacity_bytes",
+                       "KV-cache bytes this worker lets sequences hold (its --kv-budget)",
+                       lambda: engine.capacity_bytes)
+        callback_gauge(registry, "ortserve_worker_kv_held_bytes",
+                       "KV-cache bytes charged to live sequences now (queued ones included)",
+                       engine.held_bytes)
+        callback_gauge(registry, "ortserve_worker_running_sequences",
+                       "Sequences on this worker now (queued on the engine included)",
+                       engine.active_sequences)
+        callback_gauge(registry, "ortserve_worker_batch_rows",
+                       "Rows in the running batch now (sequences one decode run advances)",
+                       lambda: engine.batch_rows)
+        callback_gauge(registry, "ortserve_worker_largest_batch",
+                       "The largest batch one run has decoded since start",
+                       lambda: engine.runner.largest_batch)
+        self.generated_tokens = Counter(
+            "ortserve_worker_generated_tokens", "Tokens generated (EOS included)",
+            registry=registry)
+        self.sequences = Counter(
+            "ortserve_worker_sequences_finished", "Sequences that finished, by finish reason",
+            ["finish_reason"], registry=registry)
+        self.ttft_seconds = Histogram(
+            "ortserve_worker_time_to_first_token_seconds",
+            "From the request's arrival at the worker to its first token",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+        self.tpot_seconds = Histogram(
+            "ortserve_worker_time_per_output_token_seconds",
+            "Mean time between a sequence's tokens after the first",
+            buckets=TOKEN_SECONDS_BUCKETS, registry=registry)
+        self.duration_seconds = Histogram(
+            "ortserve_worker_request_duration_seconds",
+            "From the request's arrival at the worker to its last token",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+
+    def completed(self, done: Completed) -> None:
+        self.generated_tokens.inc(done.generated_tokens)
+        self.sequences.labels(done.finish_reason.value).inc()
+        self.ttft_seconds.observe(done.ttft_ms / 1e3)
+        if done.generated_tokens > 1:
+            self.tpot_seconds.observe(done.decode_ms / 1e3 / (done.generated_tokens - 1))
+        self.duration_seconds.observe(done.total_ms / 1e3)
