@@ -145,6 +145,17 @@ def test_closing_the_stream_mid_way_frees_the_lease(roomy, roomy_gateway):
     assert wait_reserved_zero(roomy.address) == 0
 
 
+def test_a_non_streaming_client_that_gives_up_frees_the_lease(roomy, roomy_gateway):
+    client = openai.OpenAI(base_url=f"http://{roomy_gateway.address}/v1", api_key="unused",
+                           timeout=1.5, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": ESSAY}], max_tokens=2000,
+            temperature=0, extra_body={"min_tokens": 2000})
+    # The handler watches for the disconnect; without it the lease is held for minutes.
+    assert wait_reserved_zero(roomy.address) == 0
+
+
 def test_a_capped_request_shows_the_cap_in_headers_and_body_and_ends_length(tight):
     cluster, gateway = tight
     raw = openai_client(gateway).chat.completions.with_raw_response.create(
