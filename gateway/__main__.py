@@ -1,0 +1,72 @@
+"""ortserve-gateway: argv and environment -> GatewayConfig -> uvicorn serving the app.
+
+Every flag has an environment variable ORTSERVE_GATEWAY_<FLAG>; a flag overrides
+its variable. --scheduler falls back to ORTSERVE_SCHEDULER_ADDRESS, the variable
+the workers read, so one setting points a whole deployment at its scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+
+import uvicorn
+
+from ortserve.logs import configure_logging
+
+from .app import build_app
+from .config import GatewayConfig
+
+_ENV = "ORTSERVE_GATEWAY_"
+
+
+def _env(name: str, default):
+    value = os.environ.get(_ENV + name.upper())
+    return default if value is None else type(default)(value)
+
+
+def parse_config(argv: list[str] | None = None) -> GatewayConfig:
+    d = GatewayConfig()
+    p = argparse.ArgumentParser(prog="ortserve-gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=_env("host", d.host), help="address to bind")
+    p.add_argument("--port", type=int, default=_env("port", d.port), help="HTTP port; 0 picks a free one")
+    p.add_argument("--scheduler", default=_env("scheduler", os.environ.get(
+        "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address)), help="the scheduler's host:port")
+    p.add_argument("--request-timeout-s", type=float,
+                   default=_env("request_timeout_s", d.request_timeout_s),
+                   help="deadline of one generation's gRPC call")
+    p.add_argument("--models-cache-s", type=float, default=_env("models_cache_s", d.models_cache_s))
+    p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    log_json = os.environ.get(_ENV + "LOG_JSON")
+    p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
+                   default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
+    a = p.parse_args(argv)
+    if not 0 <= a.port <= 65_535:
+        p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
+    if a.request_timeout_s <= 0:
+        p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
+    return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
+                         request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
+                         log_level=a.log_level, log_json=a.log_json)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    configure_logging(config.log_level, config.log_json)
+    # Bind first, so --port 0 can announce the port it got before serving.
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    port = sock.getsockname()[1]
+    # The chosen port on stdout, one line, as the scheduler and workers do.
+    print(f"listening {config.host}:{port}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,
+                                           log_level=config.log_level))
+    asyncio.run(server.serve(sockets=[sock]))
+
+
+if __name__ == "__main__":
+    main()

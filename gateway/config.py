@@ -1,0 +1,20 @@
+"""The gateway's settings: one frozen dataclass, filled only by __main__."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port
+    scheduler_address: str = "127.0.0.1:50051"
+    # Bounds one whole generation on the gRPC side; a client that waits
+    # longer than this gets a 504, never a stream that silently hangs.
+    request_timeout_s: float = 600.0
+    # /v1/models and the `model` check read GetBudget; cached this long so a
+    # request does not pay one extra round trip to the scheduler.
+    models_cache_s: float = 2.0
+    log_level: str = "info"
+    log_json: bool | None = None  # None: JSON when stderr is not a terminal

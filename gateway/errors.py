@@ -1,0 +1,134 @@
+"""gRPC failures -> OpenAI-shaped HTTP errors, through one table.
+
+The scheduler's status is decoded once (ortserve_client.errors.from_rpc_error:
+the code, the ErrorInfo reason, the Rejection, the BadRequest field); the
+table below is the only place an HTTP status is chosen. The message keeps the
+scheduler's sentence with its numbers and remedy; the `ortserve` object in the
+error carries the same numbers for programs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import error_details_pb2
+from ortserve_client.errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
+
+from ortserve import rich_status
+
+from .translate import ParamError
+
+S = grpc.StatusCode
+
+# (gRPC code, ErrorInfo reason or None for "any") -> (HTTP status, OpenAI error type).
+# A reason row wins over its code's catch-all row. RESOURCE_EXHAUSTED is 429
+# whatever the reason (budget busy now, a full queue): the openai clients
+# retry a 429 after Retry-After.
+STATUS_TABLE: dict[tuple[grpc.StatusCode, str | None], tuple[int, str]] = {
+    (S.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED"): (400, "invalid_request_error"),
+    (S.INVALID_ARGUMENT, None): (400, "invalid_request_error"),
+    (S.FAILED_PRECONDITION, "EXCEEDS_CAPACITY"): (400, "invalid_request_error"),
+    (S.FAILED_PRECONDITION, None): (400, "invalid_request_error"),
+    (S.OUT_OF_RANGE, None): (400, "invalid_request_error"),
+    (S.RESOURCE_EXHAUSTED, None): (429, "rate_limit_error"),
+    (S.UNAUTHENTICATED, None): (401, "authentication_error"),
+    (S.PERMISSION_DENIED, None): (403, "permission_error"),
+    (S.NOT_FOUND, None): (404, "not_found_error"),
+    (S.UNAVAILABLE, None): (503, "service_unavailable"),
+    (S.DEADLINE_EXCEEDED, None): (504, "timeout"),
+    (S.UNIMPLEMENTED, None): (501, "server_error"),
+    # A cancelled call is a client that went away; nobody reads the answer.
+    (S.CANCELLED, None): (499, "cancelled"),
+}
+_FALLBACK = (500, "server_error")
+
+# The scheduler's proto field paths in the OpenAI names the caller used.
+_PARAM_OF_FIELD = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "stop": "stop",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.top_k": "top_k",
+    "sampling.seed": "seed",
+    "sampling.repetition_penalty": "repetition_penalty",
+    "cap_policy": "cap_policy",
+}
+
+
+@dataclass(frozen=True)
+class HttpError(Exception):
+    """An error response: status, OpenAI's error object, and headers (Retry-After)."""
+
+    status: int
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+    retry_after_s: float = 0.0
+    ortserve: dict = field(default_factory=dict)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code, "ortserve": self.ortserve}}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s <= 0:
+            return {}
+        # Retry-After holds whole seconds; the openai clients read the exact
+        # retry-after-ms first.
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s))),
+                "retry-after-ms": str(max(1, round(self.retry_after_s * 1000)))}
+
+
+def from_param_error(error: ParamError) -> HttpError:
+    return HttpError(400, error.message, "invalid_request_error", error.code, error.param)
+
+
+def model_not_found(model: str, served: list[str]) -> HttpError:
+    return HttpError(404, f"the model {model!r} is not served here; this gateway serves "
+                     f"{', '.join(served)} (see /v1/models)", "invalid_request_error",
+                     "model_not_found", "model")
+
+
+def from_grpc(error: grpc.RpcError, prompt_param: str) -> HttpError:
+    """Map a failed Generate call; `prompt_param` is "messages" or "prompt"."""
+    decoded = from_rpc_error(error)
+    info = decoded.error_info()
+    reason = info.reason if info else None
+    status, kind = STATUS_TABLE.get((decoded.code, reason)) \
+        or STATUS_TABLE.get((decoded.code, None), _FALLBACK)
+    code = reason.lower() if reason else decoded.code.name.lower()
+    extension = {"grpc_code": decoded.code.name, "reason": reason or "",
+                 "metadata": dict(info.metadata) if info else {}}
+    message = decoded.message or f"the scheduler answered {decoded.code.name}"
+    if isinstance(decoded, Rejected):
+        extension["rejection"] = rejection_dict(decoded.rejection)
+        if decoded.remedy and decoded.remedy not in message:
+            message = f"{message} {decoded.remedy}"
+    return HttpError(status, message, kind, code, _param(decoded, reason, prompt_param),
+                     _retry_after_s(decoded), extension)
+
+
+def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str | None:
+    if reason in ("CONTEXT_LENGTH_EXCEEDED", "EXCEEDS_CAPACITY"):
+        return prompt_param
+    bad = rich_status.unpack(decoded.details, error_details_pb2.BadRequest)
+    if not bad or not bad.field_violations:
+        return None
+    proto_path = bad.field_violations[0].field
+    if proto_path.startswith("chat.messages"):
+        return proto_path.removeprefix("chat.")
+    if proto_path in ("text",) or proto_path.startswith("token_ids"):
+        return "prompt"
+    head = proto_path.split("[")[0]
+    return _PARAM_OF_FIELD.get(head, proto_path)
+
+
+def _retry_after_s(decoded: OrtserveError) -> float:
+    if isinstance(decoded, Rejected) and decoded.retry_after_s > 0:
+        return decoded.retry_after_s
+    retry = rich_status.unpack(decoded.details, error_details_pb2.RetryInfo)
+    return retry.retry_delay.ToNanoseconds() / 1e9 if retry else 0.0

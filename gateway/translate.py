@@ -1,0 +1,250 @@
+"""OpenAI request JSON -> ortserve.v1.GenerateRequest (pure: no HTTP, no grpc).
+
+The project's rule carries over to HTTP: every parameter is honoured or the
+request is refused with a 400 naming it. A parameter OpenAI defines but
+ortserve cannot honour (n > 1, logprobs, tools, penalties) is accepted only at
+its no-op value; any other key is refused. Ranges the scheduler checks itself
+(stop sequences, sampling combinations) are left to it, so there is one
+source of truth; the gateway checks only what protobuf could not even hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ortserve.v1 import types_pb2
+
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+# OpenAI's documented default when temperature is omitted (ortserve's own
+# default is greedy): an OpenAI client that omits it expects sampling.
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+Kind = Literal["chat", "completion"]
+
+# Keys both endpoints honour. min_tokens, top_k and repetition_penalty are the
+# extension names vLLM uses (sent through the openai SDK's extra_body);
+# cap_policy is ortserve's own ("allow" or "strict").
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
+           "top_p", "user", "min_tokens", "top_k", "repetition_penalty", "cap_policy"}
+# Keys OpenAI defines that are accepted only at the value that changes nothing.
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+    "logprobs": (False,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "parallel_tool_calls": (False, True),  # meaningless without tools, which are refused
+}
+_ALLOWED = {
+    "chat": _COMMON | {"messages", "max_completion_tokens"},
+    "completion": _COMMON | {"prompt"},
+}
+_NO_OP_KEYS = {
+    "chat": {"n", "presence_penalty", "frequency_penalty", "logprobs", "parallel_tool_calls"},
+    "completion": {"n", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
+                   "suffix"},
+}
+# OpenAI's "developer" role is the system role under a newer name.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_CAP_POLICIES = {"allow": types_pb2.CAP_POLICY_ALLOW, "strict": types_pb2.CAP_POLICY_STRICT}
+
+
+class ParamError(ValueError):
+    """A parameter the gateway refuses: HTTP 400 with `param` naming it."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_parameter") -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = f"{param}: {message}"
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What an OpenAI request asks for, as ortserve will run it."""
+
+    kind: Kind
+    model: str
+    stream: bool
+    include_usage: bool
+    generate: types_pb2.GenerateRequest
+
+
+def parse_request(kind: Kind, body: object) -> ParsedRequest:
+    """Validate an OpenAI body and build the GenerateRequest; raises ParamError."""
+    if not isinstance(body, Mapping):
+        raise ParamError("body", "the request body must be a JSON object")
+    # NOTE: null means "not given" for every key, as OpenAI's own API treats it.
+    params = {k: v for k, v in body.items() if v is not None}
+    _refuse_unsupported(kind, params)
+    model = params.get("model")
+    if not isinstance(model, str) or not model:
+        raise ParamError("model", "required: the name of a model from /v1/models")
+    req = types_pb2.GenerateRequest()
+    if kind == "chat":
+        _set_chat(req, params.get("messages"))
+    else:
+        _set_prompt(req, params.get("prompt"))
+    _set_limits(kind, req, params)
+    _set_sampling(req, params)
+    req.stop.extend(_stop_list(params.get("stop")))
+    policy = params.get("cap_policy", "allow")
+    if policy not in _CAP_POLICIES:
+        raise ParamError("cap_policy", f"must be 'allow' or 'strict', not {policy!r}")
+    req.cap_policy = _CAP_POLICIES[policy]
+    stream = _bool(params, "stream", False)
+    return ParsedRequest(kind, model, stream, _include_usage(params, stream), req)
+
+
+def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
+    for key, value in params.items():
+        if key in _ALLOWED[kind]:
+            continue
+        if key in _NO_OP_KEYS[kind]:
+            # Exact types: bool is an int in Python, and n=True must not pass as n == 1.
+            if any(type(value) is type(ok) and value == ok for ok in _NO_OP_VALUES[key]):
+                continue
+            raise ParamError(key, f"{value!r} is not supported by ortserve (only "
+                             f"{_NO_OP_VALUES[key][0]!r}, which changes nothing)",
+                             code="unsupported_parameter")
+        raise ParamError(key, "is not supported by ortserve; remove it (every parameter is "
+                         "honoured or refused, never ignored)", code="unsupported_parameter")
+
+
+def _set_chat(req: types_pb2.GenerateRequest, messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ParamError("messages", "required: a non-empty list of {role, content} objects")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise ParamError(where, "must be an object with role and content")
+        extra = set(message) - {"role", "content"}
+        if extra:
+            raise ParamError(f"{where}.{sorted(extra)[0]}", "is not supported by ortserve "
+                             "(only role and content)", code="unsupported_parameter")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise ParamError(f"{where}.role", f"{role!r} is not supported: use one of "
+                             "system, developer, user, assistant", code="unsupported_parameter")
+        req.chat.messages.add(role=_ROLES[role], content=_content_text(where, message.get("content")))
+
+
+def _content_text(where: str, content: object) -> str:
+    """A message's content: a string, or a list of text parts (joined, as OpenAI does)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ParamError(f"{where}.content", "must be a string or a list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping) or part.get("type") != "text" \
+                or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise ParamError(f"{where}.content[{j}]", f"part type {kind!r} is not supported "
+                             "(only {'type': 'text', 'text': ...})", code="unsupported_parameter")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:
+    # OpenAI accepts a batch of prompts; ortserve serves one request per call.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        req.text = prompt
+        return
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        if any(t < 0 or t > UINT32_MAX for t in prompt):
+            raise ParamError("prompt", "token ids must be from 0 to 4,294,967,295")
+        req.token_ids.ids.extend(prompt)
+        return
+    raise ParamError("prompt", "must be one string or one list of token ids (a batch of "
+                     "prompts is not supported: send one request per prompt)")
+
+
+def _set_limits(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
+    max_tokens = _int(params, "max_tokens", 1, UINT32_MAX)
+    if kind == "chat":
+        newer = _int(params, "max_completion_tokens", 1, UINT32_MAX)
+        if max_tokens is not None and newer is not None and max_tokens != newer:
+            raise ParamError("max_completion_tokens", f"{newer:,} differs from max_tokens "
+                             f"{max_tokens:,}: send one of them")
+        max_tokens = newer if newer is not None else max_tokens
+    # Unset stays unset: the scheduler resolves it to the remaining context
+    # window and, if the budget is short, caps it and says so.
+    if max_tokens is not None:
+        req.max_new_tokens = max_tokens
+    min_tokens = _int(params, "min_tokens", 0, UINT32_MAX)
+    if min_tokens is not None:
+        req.min_new_tokens = min_tokens
+
+
+def _set_sampling(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
+    temperature = _number(params, "temperature", OPENAI_DEFAULT_TEMPERATURE)
+    if temperature < 0:
+        raise ParamError("temperature", f"{temperature:g} is below 0 (0 is greedy decoding)")
+    req.sampling.temperature = temperature
+    top_p = _number(params, "top_p", None)
+    # top_p == 1 keeps every token: it is the same request as leaving it unset.
+    if top_p is not None and top_p != 1:
+        req.sampling.top_p = top_p
+    seed = _int(params, "seed", 0, UINT64_MAX)
+    if seed is not None:
+        req.sampling.seed = seed
+    top_k = _int(params, "top_k", 0, UINT32_MAX)
+    if top_k is not None:
+        req.sampling.top_k = top_k
+    penalty = _number(params, "repetition_penalty", None)
+    if penalty is not None:
+        req.sampling.repetition_penalty = penalty
+
+
+def _stop_list(stop: object) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise ParamError("stop", "must be a string or a list of strings")
+
+
+def _include_usage(params: Mapping[str, Any], stream: bool) -> bool:
+    options = params.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise ParamError("stream_options", "is only allowed when stream is true")
+    if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
+        raise ParamError("stream_options", "only {'include_usage': bool} is supported",
+                         code="unsupported_parameter")
+    return _bool(options, "include_usage", False, where="stream_options.include_usage")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(params: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise ParamError(key, f"{value!r} is not an integer from {low:,} to {high:,}")
+    return value
+
+
+def _number(params: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    value = params.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ParamError(key, f"{value!r} is not a number")
+    return float(value)
+
+
+def _bool(params: Mapping[str, Any], key: str, default: bool, where: str = "") -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ParamError(where or key, f"{value!r} is not true or false")
+    return value

@@ -1,0 +1,82 @@
+"""The gateway's grpc.aio calls to the scheduler: one channel, no HTTP here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+
+
+class StreamBroken(Exception):
+    """The scheduler's stream broke its contract (no Admission first, no Finished)."""
+
+
+@dataclass
+class OpenStream:
+    """A Generate call whose Admission has already arrived."""
+
+    call: grpc.aio.UnaryStreamCall
+    admission: types_pb2.Admission
+
+    async def events(self) -> AsyncIterator[types_pb2.GenerateEvent]:
+        """Chunks, then the Finished event; raises grpc.RpcError or StreamBroken."""
+        while True:
+            event = await self.call.read()
+            if event is grpc.aio.EOF:
+                raise StreamBroken("the scheduler's stream ended without a Finished event")
+            yield event
+            if event.WhichOneof("event") == "finished":
+                return
+
+    def cancel(self) -> None:
+        # Cancelling the call is what frees the lease: the scheduler cancels
+        # the worker's stream, and the worker releases once its KV is freed.
+        self.call.cancel()
+
+
+class Upstream:
+    """The scheduler, seen from the gateway."""
+
+    def __init__(self, address: str, request_timeout_s: float, models_cache_s: float) -> None:
+        self.address = address
+        self._timeout_s = request_timeout_s
+        self._models_cache_s = models_cache_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._budget: scheduler_pb2.Budget | None = None
+        self._budget_at_s = 0.0
+
+    async def open(self, request: types_pb2.GenerateRequest,
+                   metadata: Sequence[tuple[str, str]] = ()) -> OpenStream:
+        """Start Generate and wait for its Admission, so HTTP status and headers can
+        follow from it. Rejections raise grpc.RpcError here, before any byte is sent."""
+        call = self._stub.Generate(request, timeout=self._timeout_s, metadata=tuple(metadata))
+        try:
+            first = await call.read()
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF or first.WhichOneof("event") != "admission":
+            call.cancel()
+            raise StreamBroken("the scheduler's stream did not start with an Admission")
+        return OpenStream(call, first.admission)
+
+    async def budget(self, timeout_s: float = 5.0) -> scheduler_pb2.Budget:
+        return await self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=timeout_s)
+
+    async def models(self) -> dict[str, list[scheduler_pb2.WorkerBudget]]:
+        """Served model name -> its workers, from GetBudget (cached briefly)."""
+        now_s = time.monotonic()
+        if self._budget is None or now_s - self._budget_at_s > self._models_cache_s:
+            self._budget, self._budget_at_s = await self.budget(), now_s
+        served: dict[str, list[scheduler_pb2.WorkerBudget]] = {}
+        for worker in self._budget.workers:
+            served.setdefault(worker.model, []).append(worker)
+        return served
+
+    async def close(self) -> None:
+        await self._channel.close()

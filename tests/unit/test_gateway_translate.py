@@ -1,0 +1,136 @@
+"""The gateway's OpenAI -> GenerateRequest mapping, with no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.translate import OPENAI_DEFAULT_TEMPERATURE, ParamError, parse_request
+from ortserve.v1 import types_pb2
+
+MODEL = "smollm2-135m-instruct-fp32"
+
+
+def chat(**kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **kw}
+
+
+def test_chat_messages_become_chat_turns_with_developer_as_system():
+    parsed = parse_request("chat", chat(messages=[
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]},
+        {"role": "assistant", "content": "Hi"}]))
+    turns = [(m.role, m.content) for m in parsed.generate.chat.messages]
+    assert turns == [("system", "Be brief."), ("user", "Hello"), ("assistant", "Hi")]
+    assert parsed.model == MODEL and parsed.kind == "chat" and not parsed.stream
+
+
+def test_sampling_parameters_are_carried_exactly():
+    req = parse_request("chat", chat(temperature=0.7, top_p=0.9, seed=2**63, stop="\n",
+                                     max_tokens=12, min_tokens=3, top_k=40,
+                                     repetition_penalty=1.1)).generate
+    assert req.sampling.temperature == pytest.approx(0.7)
+    assert req.sampling.top_p == pytest.approx(0.9)
+    assert req.sampling.seed == 2**63 and req.sampling.top_k == 40
+    assert req.sampling.repetition_penalty == pytest.approx(1.1)
+    assert list(req.stop) == ["\n"] and req.max_new_tokens == 12 and req.min_new_tokens == 3
+
+
+def test_omitted_temperature_is_openai_default_and_top_p_one_is_unset():
+    req = parse_request("chat", chat(top_p=1)).generate
+    assert req.sampling.temperature == OPENAI_DEFAULT_TEMPERATURE
+    assert not req.sampling.HasField("top_p")
+
+
+def test_unset_max_tokens_stays_unset_so_the_scheduler_can_cap_it():
+    req = parse_request("chat", chat()).generate
+    assert not req.HasField("max_new_tokens")
+    assert req.cap_policy == types_pb2.CAP_POLICY_ALLOW
+
+
+def test_max_completion_tokens_is_max_tokens_and_a_conflict_is_refused():
+    assert parse_request("chat", chat(max_completion_tokens=9)).generate.max_new_tokens == 9
+    assert parse_request("chat", chat(max_tokens=9, max_completion_tokens=9)).generate.max_new_tokens == 9
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(max_tokens=8, max_completion_tokens=9))
+    assert err.value.param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("key,value", [
+    ("n", 2), ("n", True), ("logprobs", True), ("presence_penalty", 0.5),
+    ("frequency_penalty", -1), ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"1": 5}), ("top_logprobs", 2),
+])
+def test_unsupported_parameters_are_refused_naming_them(key, value):
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(**{key: value}))
+    assert err.value.param == key and err.value.code == "unsupported_parameter"
+    assert key in err.value.message
+
+
+def test_no_op_values_of_openai_parameters_are_accepted():
+    parsed = parse_request("chat", chat(n=1, presence_penalty=0, frequency_penalty=0.0,
+                                        logprobs=False, user="u1", seed=None))
+    assert not parsed.generate.sampling.HasField("seed")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("max_tokens", 0), ("max_tokens", 2**32), ("max_tokens", "5"), ("max_tokens", 1.5),
+    ("seed", -1), ("temperature", -0.1), ("temperature", "hot"), ("top_k", -1),
+    ("stop", [1]), ("stream", "yes"), ("cap_policy", "sometimes"),
+])
+def test_malformed_values_are_refused_naming_the_field(key, value):
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(**{key: value}))
+    assert err.value.param == key
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([], "messages"), ("hi", "messages"),
+    ([{"role": "tool", "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": "x", "name": "bob"}], "messages[0].name"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": None}], "messages[0].content"),
+])
+def test_bad_messages_are_refused_naming_the_path(messages, param):
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(messages=messages))
+    assert err.value.param == param
+
+
+def test_completion_prompt_text_or_token_ids_and_no_batches():
+    assert parse_request("completion", {"model": MODEL, "prompt": "Once"}).generate.text == "Once"
+    assert parse_request("completion", {"model": MODEL, "prompt": ["Once"]}).generate.text == "Once"
+    ids = parse_request("completion", {"model": MODEL, "prompt": [1, 2, 3]}).generate.token_ids.ids
+    assert list(ids) == [1, 2, 3]
+    for batch in (["a", "b"], [[1], [2]], [], 5):
+        with pytest.raises(ParamError) as err:
+            parse_request("completion", {"model": MODEL, "prompt": batch})
+        assert err.value.param == "prompt"
+
+
+def test_completion_refuses_echo_and_chat_only_keys():
+    with pytest.raises(ParamError) as err:
+        parse_request("completion", {"model": MODEL, "prompt": "x", "echo": True})
+    assert err.value.param == "echo"
+    with pytest.raises(ParamError) as err:
+        parse_request("completion", {"model": MODEL, "prompt": "x", "max_completion_tokens": 3})
+    assert err.value.param == "max_completion_tokens"
+
+
+def test_stream_options_include_usage_needs_stream():
+    parsed = parse_request("chat", chat(stream=True, stream_options={"include_usage": True}))
+    assert parsed.stream and parsed.include_usage
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(stream_options={"include_usage": True}))
+    assert err.value.param == "stream_options"
+    with pytest.raises(ParamError):
+        parse_request("chat", chat(stream=True, stream_options={"include_obfuscation": True}))
+
+
+def test_strict_cap_policy_and_a_missing_model():
+    assert parse_request("chat", chat(cap_policy="strict")).generate.cap_policy == types_pb2.CAP_POLICY_STRICT
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", {"messages": [{"role": "user", "content": "x"}]})
+    assert err.value.param == "model"
+    with pytest.raises(ParamError):
+        parse_request("chat", ["not", "an", "object"])
