@@ -56,6 +56,10 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--kv-budget-fraction", type=float,
                    default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_capacity_fraction)),
                    help="without --kv-budget: this fraction of available (device) memory")
+    metrics_port = _env("ORTSERVE_WORKER_METRICS_PORT")
+    p.add_argument("--metrics-port", type=int,
+                   default=int(metrics_port) if metrics_port else None,
+                   help="serve Prometheus metrics on this port (0: any free port); off if unset")
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(_env("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s)),
                    help="on SIGTERM, how long live streams may run before they are cut")
@@ -75,7 +79,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
         kv_capacity_fraction=a.kv_budget_fraction, drain_timeout_s=a.drain_timeout_s,
-        log_level=a.log_level, log_json=a.log_json,
+        metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
     )
 
 

@@ -12,6 +12,8 @@ import grpc
 import structlog
 
 from ortserve.error_path import register_service
+from ortserve.metrics import new_registry
+from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, worker_pb2
@@ -21,6 +23,7 @@ from .config import WorkerConfig
 from .engine import Engine, EngineConfig
 from .errors import ConfigError
 from .lease_lifecycle import LeaseLifecycle
+from .metrics import WorkerMetrics
 from .scheduler_link import SchedulerLink
 from .servicer import WorkerServicer
 from .status_map import STATUS_OF_REASON
@@ -108,6 +111,8 @@ class WorkerServer:
         if leases is not None:
             await leases.link.close()
             leases.engine.close()
+        if self.servicer.stop_metrics is not None:
+            self.servicer.stop_metrics()
 
 
 async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, health, port: int) -> None:
@@ -134,6 +139,12 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
         execution_provider=engine.provider, vocab_size=spec.vocab_size,
     )
+    if config.metrics_port is not None:
+        registry = new_registry()
+        servicer.metrics = WorkerMetrics(registry, engine)
+        metrics_port, servicer.stop_metrics = serve_metrics(registry, config.host,
+                                                            config.metrics_port)
+        log.info("metrics serving", address=f"{config.host}:{metrics_port}", path="/metrics")
     link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     heartbeats = asyncio.create_task(link.run())

@@ -25,6 +25,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.requested_device = requested_device
         self.leases: LeaseLifecycle | None = None  # set once loaded and the provider verified
         self.draining = False  # SIGTERM: live streams finish, new ones are refused
+        self.metrics = None  # WorkerMetrics when --metrics-port is set
+        self.stop_metrics = None
 
     @property
     def engine(self) -> Engine | None:
@@ -87,6 +89,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     yield types_pb2.GenerateEvent(chunk=types_pb2.TokenChunk(
                         token_ids=event.token_ids, text=event.text))
                 elif isinstance(event, Completed):
+                    if self.metrics is not None:
+                        self.metrics.completed(event)
                     stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
                                     generated_tokens=event.generated_tokens,
                                     decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
