@@ -1,0 +1,79 @@
+"""The scheduler's Prometheus metrics (names prefixed ortserve_scheduler_, units in names).
+
+Per-worker byte gauges are computed from the ledger at scrape time, so they
+equal GetBudget byte for byte; counters are fed where the decision is made.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ortserve.metrics import REQUEST_SECONDS_BUCKETS, TOKEN_SECONDS_BUCKETS, LabelledGauges
+
+from .budget import Admission, Decision, Ledger
+from .ledger_types import Lease
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry, ledger: Ledger) -> None:
+        def per_worker(value):
+            return lambda: {(w.geometry.worker_id,): float(value(w)) for w in ledger.snapshot()}
+
+        for name, doc, value in (
+                ("ortserve_scheduler_kv_capacity_bytes", "A worker's whole KV capacity",
+                 lambda w: w.geometry.capacity_bytes),
+                ("ortserve_scheduler_kv_reserved_bytes", "KV bytes leases hold on a worker",
+                 lambda w: w.reserved_bytes),
+                ("ortserve_scheduler_kv_available_bytes", "capacity - reserved, per worker",
+                 lambda w: w.available_bytes),
+                ("ortserve_scheduler_leases", "Live leases per worker", lambda w: len(w.leases)),
+                ("ortserve_scheduler_worker_draining", "1 while a worker drains",
+                 lambda w: int(w.draining))):
+            registry.register(LabelledGauges(name, doc, ["worker_id"], per_worker(value)))
+        self.admissions = Counter(
+            "ortserve_scheduler_admissions", "Admission decisions (dry runs excluded), by "
+            "decision and rejection cause", ["decision", "cause"], registry=registry)
+        self.caps = Counter("ortserve_scheduler_caps", "Requests CAPPED by the KV budget",
+                            registry=registry)
+        self.cap_tokens_cut = Counter(
+            "ortserve_scheduler_cap_tokens_cut",
+            "max_new_tokens taken off by caps (requested - admitted)", registry=registry)
+        self.lease_expiries = Counter(
+            "ortserve_scheduler_lease_expiries", "Leases the ledger dropped without a release "
+            "(worker silent, unclaimed too long, lost by its worker)", registry=registry)
+        self.generated_tokens = Counter(
+            "ortserve_scheduler_generated_tokens", "Tokens relayed to clients",
+            registry=registry)
+        self.ttft_seconds = Histogram(
+            "ortserve_scheduler_time_to_first_token_seconds",
+            "From the request's arrival at the scheduler to its first token",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+        self.tpot_seconds = Histogram(
+            "ortserve_scheduler_time_per_output_token_seconds",
+            "Mean time between a request's tokens after the first",
+            buckets=TOKEN_SECONDS_BUCKETS, registry=registry)
+        self.duration_seconds = Histogram(
+            "ortserve_scheduler_request_duration_seconds",
+            "From the request's arrival at the scheduler to its Finished event",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+
+    def admission(self, admission: Admission) -> None:
+        if admission.dry_run:
+            return
+        cause = admission.rejection.cause.value if admission.rejection else ""
+        self.admissions.labels(admission.decision.value, cause).inc()
+        if admission.decision is Decision.CAPPED and admission.budget_cap is not None:
+            cap = admission.budget_cap
+            self.caps.inc()
+            self.cap_tokens_cut.inc(cap.requested_max_new_tokens - cap.admitted_max_new_tokens)
+
+    def expired(self, leases: list[Lease]) -> None:
+        self.lease_expiries.inc(len(leases))
+
+    def finished(self, generated_tokens: int, ttft_ms: float, decode_ms: float,
+                 total_ms: float) -> None:
+        self.generated_tokens.inc(generated_tokens)
+        self.ttft_seconds.observe(ttft_ms / 1e3)
+        if generated_tokens > 1:
+            self.tpot_seconds.observe(decode_ms / 1e3 / (generated_tokens - 1))
+        self.duration_seconds.observe(total_ms / 1e3)
