@@ -20,6 +20,7 @@ COPY protos ./protos
 COPY ortserve ./ortserve
 COPY scheduler_service ./scheduler_service
 COPY worker_service ./worker_service
+COPY gateway ./gateway
 COPY clients/python ./clients/python
 RUN pip install --no-deps .
 ENV ORTSERVE_WORKER_DEVICE=cpu
@@ -38,6 +39,7 @@ COPY protos ./protos
 COPY ortserve ./ortserve
 COPY scheduler_service ./scheduler_service
 COPY worker_service ./worker_service
+COPY gateway ./gateway
 COPY clients/python ./clients/python
 RUN pip3 install --no-deps .
 ENV ORTSERVE_WORKER_DEVICE=cuda
