@@ -27,6 +27,7 @@ from . import messages
 from .ledger_types import (  # noqa: F401 - re-exported: budget is the ledger's public face
     Admission,
     AdmissionRequest,
+    BatchStats,
     BudgetCap,
     Cause,
     Decision,
@@ -46,6 +47,7 @@ class _Worker:
     leases: dict[str, Lease] = field(default_factory=dict)
     reserved_bytes: int = 0
     draining: bool = False  # shutting down: no new placements, its leases run out
+    batch: BatchStats = field(default_factory=BatchStats)
 
     @property
     def available_bytes(self) -> int:
@@ -132,7 +134,8 @@ class Ledger:
             self._workers[geometry.worker_id] = worker
         return refused
 
-    def heartbeat(self, worker_id: str, draining: bool = False) -> bool:
+    def heartbeat(self, worker_id: str, draining: bool = False,
+                  batch: BatchStats | None = None) -> bool:
         """Renew a worker and all its leases. False: unknown, it must register again.
 
         `draining` is sticky: a worker that said it is shutting down gets no new
@@ -144,6 +147,8 @@ class Ledger:
                 return False
             worker.last_heartbeat = self._clock()
             worker.draining = worker.draining or draining
+            if batch is not None:
+                worker.batch = batch
             return True
 
     def remove_worker(self, worker_id: str) -> int:
@@ -289,6 +294,7 @@ class Ledger:
                     heartbeat_age_s=now - w.last_heartbeat,
                     leases=tuple(w.leases.values()),
                     draining=w.draining,
+                    batch=w.batch,
                 )
                 for w in sorted(self._workers.values(), key=lambda w: w.geometry.worker_id)
             ]

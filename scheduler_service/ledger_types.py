@@ -7,7 +7,7 @@ budget.py, the sentences in messages.py.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ortserve import kv_math
 from ortserve.errors import InvalidField
@@ -199,12 +199,22 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class BatchStats:
+    """What a worker's last heartbeat said of its batch (reported, not acted on)."""
+
+    running_sequences: int = 0
+    batch_rows: int = 0
+    largest_batch: int = 0
+
+
+@dataclass(frozen=True)
 class WorkerSnapshot:
     geometry: WorkerGeometry
     reserved_bytes: int
     heartbeat_age_s: float
     leases: tuple[Lease, ...]
     draining: bool = False
+    batch: BatchStats = field(default_factory=lambda: BatchStats())
 
     @property
     def available_bytes(self) -> int:

@@ -20,7 +20,7 @@ from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 
 from . import convert, messages, validate
-from .budget import Admission, Decision, Expired, Ledger, no_worker_rejection
+from .budget import Admission, BatchStats, Decision, Expired, Ledger, no_worker_rejection
 from .config import SchedulerConfig
 from .errors import rejection_error
 from .worker_clients import WorkerClients
@@ -160,7 +160,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
 
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
-        known = self._ledger.heartbeat(request.worker_id, draining=request.draining)
+        known = self._ledger.heartbeat(request.worker_id, draining=request.draining,
+                                       batch=BatchStats(request.running_sequences,
+                                                        request.batch_rows, request.largest_batch))
         if known:
             lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
                                           grace_s=2 * self._config.heartbeat_interval_s)

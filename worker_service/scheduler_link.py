@@ -19,10 +19,12 @@ _REFUSALS = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
 
 class SchedulerLink:
     def __init__(self, address: str, registration: scheduler_pb2.RegisterWorkerRequest,
-                 live_leases: Callable[[], list[types_pb2.Lease]]) -> None:
+                 live_leases: Callable[[], list[types_pb2.Lease]],
+                 batch_stats: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)) -> None:
         self.address = address
         self._registration = registration
         self._live_leases = live_leases
+        self._batch_stats = batch_stats  # (running sequences, batch rows, largest batch)
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self.heartbeat_interval_s = 2.0
@@ -75,9 +77,10 @@ class SchedulerLink:
                 backoff_s = min(backoff_s * 2, 5.0)
 
     async def _heartbeat(self, live_lease_ids: list[str]) -> scheduler_pb2.HeartbeatResponse:
+        running, rows, largest = self._batch_stats()
         return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining),
-            timeout=5.0)
+            worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining,
+            running_sequences=running, batch_rows=rows, largest_batch=largest), timeout=5.0)
 
     async def announce_draining(self) -> None:
         """Tell the scheduler now (not at the next heartbeat) to place nothing more here."""

@@ -145,7 +145,9 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         metrics_port, servicer.stop_metrics = serve_metrics(registry, config.host,
                                                             config.metrics_port)
         log.info("metrics serving", address=f"{config.host}:{metrics_port}", path="/metrics")
-    link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
+    link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases,
+                         lambda: (engine.active_sequences(), engine.batch_rows,
+                                  engine.runner.largest_batch))
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
