@@ -14,5 +14,7 @@ class SchedulerConfig:
     claim_ttl_s: float = 60.0  # an admitted lease no worker claimed this long is dropped
     retry_after_s: float = 1.0  # RetryInfo for BUDGET_BUSY and NO_WORKER
     expiry_interval_s: float = 1.0
+    max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
+    max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
