@@ -37,6 +37,9 @@ class ErrorReason(enum.StrEnum):
     WORKER_FAILED = "WORKER_FAILED"  # the worker serving the request failed mid-stream
     ENGINE_FAILED = "ENGINE_FAILED"  # the worker's engine hit an error it could not recover
     INTERNAL = "INTERNAL"  # a bug: logged with a traceback on the server
+    QUEUE_FULL = "QUEUE_FULL"  # the admission queue holds its maximum of waiting requests; retry
+    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  # waited the server's (or caller's) maximum; retry
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the caller's own deadline passed while it waited
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

@@ -36,6 +36,13 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--claim-ttl-s", type=float, default=_env("claim_ttl_s", d.claim_ttl_s),
                    help="an admitted lease no worker claimed this long is dropped")
     p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
+    p.add_argument("--max-queue-length", type=int, default=_env("max_queue_length", d.max_queue_length),
+                   help="requests that may wait for KV budget at once; beyond: QUEUE_FULL "
+                        "(env ORTSERVE_SCHEDULER_MAX_QUEUE_LENGTH)")
+    p.add_argument("--max-queue-wait-s", type=float, default=_env("max_queue_wait_s", d.max_queue_wait_s),
+                   help="the longest a request waits for KV budget (its deadline may be "
+                        "shorter); then QUEUE_TIMEOUT; 0: never wait "
+                        "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(os.environ.get(_ENV + "DRAIN_TIMEOUT_S", d.drain_timeout_s)),
@@ -44,10 +51,14 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
     a = p.parse_args(argv)
+    if a.max_queue_length < 0 or a.max_queue_wait_s < 0:
+        p.error(f"--max-queue-length ({a.max_queue_length}) and --max-queue-wait-s "
+                f"({a.max_queue_wait_s:g}) must be >= 0")
     return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
-                           log_level=a.log_level, log_json=a.log_json)
+                           log_level=a.log_level, log_json=a.log_json,
+                           max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s)
 
 
 async def _serve(config: SchedulerConfig) -> None:

@@ -15,5 +15,7 @@ class SchedulerConfig:
     retry_after_s: float = 1.0  # RetryInfo for BUDGET_BUSY and NO_WORKER
     expiry_interval_s: float = 1.0
     drain_timeout_s: float = 30.0  # SIGTERM: relayed streams may finish within this
+    max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
+    max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal

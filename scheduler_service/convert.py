@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ortserve.v1 import scheduler_pb2, types_pb2
 
+from .admission_queue import Mode, Place, QueueStats
 from .budget import (
     Admission,
     AdmissionRequest,
@@ -64,6 +65,12 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         capacity_bytes=rejection.capacity_bytes,
         bytes_per_token=rejection.bytes_per_token,
         prompt_tokens_unknown=rejection.prompt_tokens_unknown,
+        queue_length=rejection.queue_length,
+        max_queue_length=rejection.max_queue_length,
+        requests_ahead=rejection.requests_ahead,
+        bytes_ahead=rejection.bytes_ahead,
+        waited_ms=rejection.waited_s * 1e3,
+        max_queue_wait_ms=rejection.max_queue_wait_s * 1e3,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
@@ -78,6 +85,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         max_new_tokens=admission.max_new_tokens,
         reserved_bytes=admission.reserved_bytes,
         dry_run=admission.dry_run,
+        queue_wait_ms=admission.queue_wait_s * 1e3,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id
@@ -136,7 +144,24 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
     )
 
 
-def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: float) -> scheduler_pb2.Budget:
+def queue_mode(request: types_pb2.GenerateRequest) -> Mode:
+    """What the request waits for in the admission queue, from its cap policy."""
+    if request.cap_policy == types_pb2.CAP_POLICY_STRICT:
+        return Mode.STRICT
+    if request.cap_policy == types_pb2.CAP_POLICY_WAIT_FULL:
+        return Mode.WAIT_FULL
+    return Mode.ALLOW
+
+
+def place_to_pb(place: Place) -> types_pb2.Queued:
+    return types_pb2.Queued(
+        position=place.position, requests_ahead=place.requests_ahead, bytes_ahead=place.bytes_ahead,
+        needed_bytes=place.needed_bytes, waited_ms=place.waited_s * 1e3,
+        max_wait_ms=place.max_wait_s * 1e3, queue_length=place.queue_length)
+
+
+def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: float,
+                 queue: QueueStats | None = None) -> scheduler_pb2.Budget:
     workers = []
     for w in snapshot:
         g = w.geometry
@@ -165,4 +190,9 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         total_reserved_bytes=sum(w.reserved_bytes for w in workers),
         total_available_bytes=sum(w.available_bytes for w in workers),
         total_leases=sum(w.lease_count for w in workers),
+        queue_length=queue.length if queue else 0,
+        queue_oldest_wait_s=queue.oldest_wait_s if queue else 0.0,
+        queue_waiting_bytes=queue.waiting_bytes if queue else 0,
+        max_queue_length=queue.max_length if queue else 0,
+        max_queue_wait_s=queue.max_wait_s if queue else 0.0,
     )

@@ -29,6 +29,9 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.WORKER_ID_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
     ErrorReason.WORKER_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorReason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.QUEUE_TIMEOUT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorReason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -51,11 +54,17 @@ def rejection_error(rejection: Rejection) -> DomainError:
         "bytes_per_token": rejection.bytes_per_token,
         "cap_refused": str(rejection.cap_refused).lower(),
     }
+    if rejection.cause in (Cause.QUEUE_FULL, Cause.QUEUE_TIMEOUT):
+        numbers.update(queue_length=rejection.queue_length, max_queue_length=rejection.max_queue_length,
+                       requests_ahead=rejection.requests_ahead, bytes_ahead=rejection.bytes_ahead,
+                       waited_ms=round(rejection.waited_s * 1e3, 1),
+                       max_queue_wait_ms=round(rejection.max_queue_wait_s * 1e3, 1))
     details: list[Message] = [rejection_to_pb(rejection)]
     field = ""
     if rejection.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
         field = "max_new_tokens" if rejection.prompt_tokens < rejection.context_length else "prompt"
-    if rejection.cause in (Cause.BUDGET_BUSY, Cause.EXCEEDS_CAPACITY):
+    if rejection.cause in (Cause.BUDGET_BUSY, Cause.EXCEEDS_CAPACITY, Cause.QUEUE_FULL,
+                           Cause.QUEUE_TIMEOUT):
         details.append(rich_status.quota_failure(
             "kv_cache_bytes",
             f"needs {human_bytes(rejection.needed_bytes)}, {human_bytes(rejection.available_bytes)} "

@@ -28,6 +28,8 @@ class Cause(enum.Enum):
     EXCEEDS_CAPACITY = "exceeds_capacity"  # FAILED_PRECONDITION
     BUDGET_BUSY = "budget_busy"  # RESOURCE_EXHAUSTED + RetryInfo
     NO_WORKER = "no_worker"  # UNAVAILABLE
+    QUEUE_FULL = "queue_full"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
+    QUEUE_TIMEOUT = "queue_timeout"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,12 @@ class Rejection:
     max_fit_new_tokens: int = 0  # new tokens that fit that worker's whole capacity
     registered_workers: int = 0  # NO_WORKER: registered but none answered
     worker_error: str = ""  # NO_WORKER: the last worker error, clipped
+    queue_length: int = 0  # QUEUE_*: requests waiting when it was decided
+    max_queue_length: int = 0  # QUEUE_*: the queue's bound
+    requests_ahead: int = 0  # QUEUE_TIMEOUT: still ahead of this one
+    bytes_ahead: int = 0  # QUEUE_*: bytes the requests ahead wait for
+    waited_s: float = 0.0  # QUEUE_TIMEOUT: how long it waited
+    max_queue_wait_s: float = 0.0  # QUEUE_TIMEOUT: the wait it was allowed
 
     def rendered(self) -> Rejection:
         message, remedy = messages.rejection_text(self)
@@ -196,6 +204,7 @@ class Admission:
     budget_cap: BudgetCap | None = None
     rejection: Rejection | None = None
     dry_run: bool = False
+    queue_wait_s: float = 0.0  # time spent in the admission queue before this decision
 
 
 @dataclass(frozen=True)

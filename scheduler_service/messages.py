@@ -12,6 +12,7 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
 from ortserve.units import human_bytes, tokens
 
 if TYPE_CHECKING:
+    from .admission_queue import Ticket
     from .budget import BudgetCap, Lease, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
@@ -30,7 +31,8 @@ def cap_reason(cap: BudgetCap) -> str:
     else:
         why = (f"other requests hold {human_bytes(cap.capacity_bytes - cap.available_bytes)} of "
                f"worker {cap.worker_id}'s {human_bytes(cap.capacity_bytes)} now; retry later for "
-               "the full ceiling, or set cap_policy STRICT to be refused instead")
+               "the full ceiling, or set cap_policy WAIT_FULL to wait for it (STRICT to be "
+               "refused instead)")
     return (f"prompt {tokens(cap.prompt_tokens)} + {asked} needs {human_bytes(cap.requested_bytes)} "
             f"of KV at {cap.bytes_per_token:,} B/token, but {human_bytes(cap.available_bytes)} is "
             f"free; capped to max_new_tokens {n_new:,} ({human_bytes(cap.admitted_bytes)}): {why}")
@@ -71,6 +73,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
             remedy = (f"lower max_new_tokens to at most {ctx - r.prompt_tokens:,}, "
                       "or leave it unset to use the remaining context window")
         return message, remedy
+    if r.cause in (Cause.QUEUE_FULL, Cause.QUEUE_TIMEOUT):
+        return _queue_text(r, floor)
     n_new = r.requested_max_new_tokens if r.cap_refused else floor
     what = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {n_new:,} "
             "(cap policy STRICT refuses a smaller ceiling)" if r.cap_refused
@@ -89,6 +93,33 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     remedy = (f"retry in {r.retry_after_s:g} s"
               + (f", or accept a cap (max_new_tokens <= {r.admissible_max_new_tokens:,} fits now)"
                  if r.cap_refused else "")
+              + ", or add workers")
+    return message, remedy
+
+
+def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
+    from .budget import Cause
+
+    need = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {r.requested_max_new_tokens:,}"
+            if r.cap_refused else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {floor:,}")
+    if r.cause is Cause.QUEUE_FULL:
+        message = (f"the admission queue is full: {r.queue_length:,} of {r.max_queue_length:,} "
+                   f"requests wait for {human_bytes(r.bytes_ahead)} of KV; {need} need "
+                   f"{human_bytes(r.needed_bytes)} and {human_bytes(r.available_bytes)} is free "
+                   f"(capacity {human_bytes(r.capacity_bytes)})")
+        remedy = (f"retry in {r.retry_after_s:g} s (the client's retry option does this), or "
+                  "raise the scheduler's --max-queue-length, or add workers")
+        return message, remedy
+    ahead = (f"{r.requests_ahead:,} of {r.queue_length:,} waiting requests were still ahead, "
+             f"waiting for {human_bytes(r.bytes_ahead)}" if r.requests_ahead
+             else f"it was next in a queue of {r.queue_length:,}")
+    message = (f"waited {r.waited_s:.1f} s of its {r.max_queue_wait_s:.1f} s allowed in the "
+               f"admission queue: {need} need {human_bytes(r.needed_bytes)} of KV, "
+               f"{human_bytes(r.available_bytes)} is free (capacity "
+               f"{human_bytes(r.capacity_bytes)}); {ahead}")
+    remedy = (f"retry in {r.retry_after_s:g} s, or allow a longer wait (a later deadline, "
+              "AdmitRequest.max_queue_wait_ms, the scheduler's --max-queue-wait-s)"
+              + (", or accept a cap (cap policy ALLOW)" if r.cap_refused else "")
               + ", or add workers")
     return message, remedy
 
@@ -113,6 +144,18 @@ def lease_not_live(lease_id: str, worker_id: str, claim_ttl_s: float) -> DomainE
         f"expired (unclaimed for {claim_ttl_s:g} s, or its worker stopped heartbeating) or "
         "belongs to another worker; get a new lease from Scheduler.Admit, or call "
         "Scheduler.Generate", metadata={"lease_id": lease_id, "worker_id": worker_id})
+
+
+def queue_deadline_exceeded(ticket: Ticket) -> DomainError:
+    waited = ticket.max_wait_s
+    return DomainError(
+        ErrorReason.DEADLINE_EXCEEDED,
+        f"the call's deadline passed after {waited:.1f} s in the admission queue: "
+        f"{human_bytes(ticket.needed_bytes)} of KV (prompt {tokens(ticket.request.prompt_tokens)}) "
+        "did not free up in time; nothing is held; retry with a later deadline, or allow a cap "
+        "(cap policy ALLOW), or add workers",
+        metadata={"waited_ms": round(waited * 1e3, 1), "needed_bytes": ticket.needed_bytes,
+                  "prompt_tokens": ticket.request.prompt_tokens})
 
 
 def check_claim(lease: Lease, prompt_tokens: int, max_new_tokens: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -14,10 +15,12 @@ from ortserve.error_path import register_service
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.v1 import scheduler_pb2
 
+from .admission_queue import AdmissionQueue
 from .budget import Ledger
 from .config import SchedulerConfig
 from .errors import STATUS_OF_REASON
-from .servicer import SchedulerServicer, log_expired
+from .queue_waiter import QueueWaiter
+from .servicer import SchedulerServicer, log_decided, log_expired
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -34,9 +37,9 @@ class SchedulerServer:
     server: grpc.aio.Server
     port: int
     ledger: Ledger
+    queue: AdmissionQueue
     _expiry: asyncio.Task
     _workers: WorkerClients
-
     health: object = None
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -50,11 +53,13 @@ class SchedulerServer:
         await self._workers.close()
 
 
-async def _maintain_forever(ledger: Ledger, health, interval_s: float) -> None:
+async def _maintain_forever(ledger: Ledger, waiter: QueueWaiter, health,
+                            interval_s: float) -> None:
     """Expire silent workers and stale leases; keep readiness true to the ledger."""
     ready = None
     while True:
         log_expired(ledger.expire())
+        waiter.kick()  # expired leases free bytes; waits may have run out
         # Readiness: the Scheduler service is SERVING only with a worker to place on
         # (the overall "" status stays SERVING: the process is alive).
         now_ready = any(not w.draining for w in ledger.snapshot())
@@ -68,9 +73,13 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     """Create, bind and start the scheduler. Port 0 picks a free one (see .port)."""
     ledger = ledger or Ledger(lease_ttl_s=config.lease_ttl_s, claim_ttl_s=config.claim_ttl_s,
                               retry_after_s=config.retry_after_s)
+    queue = AdmissionQueue(ledger, max_length=config.max_queue_length,
+                           max_wait_s=config.max_queue_wait_s, retry_after_s=config.retry_after_s)
+    waiter = QueueWaiter(queue, time.monotonic, on_decided=log_decided)
     workers = WorkerClients()
     server = grpc.aio.server()
-    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers), STATUS_OF_REASON)
+    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter),
+                     STATUS_OF_REASON)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
@@ -79,7 +88,9 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     await server.start()
     await set_serving(health, [], True)
     await health.set(SERVICE_NAME, NOT_SERVING)
-    expiry = asyncio.create_task(_maintain_forever(ledger, health, config.expiry_interval_s))
-    log.info("scheduler serving", address=f"{config.host}:{port}", lease_ttl_s=config.lease_ttl_s)
-    return SchedulerServer(server=server, port=port, ledger=ledger, _expiry=expiry,
+    expiry = asyncio.create_task(_maintain_forever(ledger, waiter, health,
+                                                   config.expiry_interval_s))
+    log.info("scheduler serving", address=f"{config.host}:{port}", lease_ttl_s=config.lease_ttl_s,
+             max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s)
+    return SchedulerServer(server=server, port=port, ledger=ledger, queue=queue, _expiry=expiry,
                            _workers=workers, health=health)

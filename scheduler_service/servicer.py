@@ -20,9 +20,11 @@ from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 
 from . import convert, messages, validate
+from .admission_queue import Ticket
 from .budget import Admission, BatchStats, Decision, Expired, Ledger, no_worker_rejection
 from .config import SchedulerConfig
 from .errors import rejection_error
+from .queue_waiter import QueueWaiter
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -37,6 +39,18 @@ def log_expired(expired: list[Expired]) -> None:
                     claimed=lease.claimed, age_s=round(gone.age_s, 3),
                     prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens,
                     freed_bytes=lease.reserved_bytes)
+
+
+def log_decided(done: list[Ticket]) -> None:
+    """The one place a queued request's leaving the queue is logged."""
+    for ticket in done:
+        outcome = ticket.outcome
+        log.info("left the queue", request_id=clip(ticket.request.request_id),
+                 decision=outcome.decision.value if outcome else "deadline_exceeded",
+                 cause=outcome.rejection.cause.value if outcome and outcome.rejection else None,
+                 lease_id=outcome.lease.lease_id if outcome and outcome.lease else None,
+                 waited_ms=round((outcome.queue_wait_s if outcome else ticket.max_wait_s) * 1e3, 1),
+                 needed_bytes=ticket.needed_bytes)
 
 
 @contextmanager
@@ -57,10 +71,12 @@ class _Prompt:
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients) -> None:
+    def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
+                 waiter: QueueWaiter) -> None:
         self._config = config
         self._ledger = ledger
         self._workers = workers
+        self._waiter = waiter
 
     # -- admission -------------------------------------------------------------
 
@@ -95,7 +111,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return last_error
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
-                     ) -> tuple[Admission, list[int]]:
+                     wait_s: float | None = None, deadline_s: float | None = None,
+                     ) -> tuple[Admission | Ticket, list[int]]:
+        """The ledger's decision now, or (not dry_run) a Ticket in the admission queue."""
         validate.generate_request(request)
         prompt = await self._prompt(request)
         if isinstance(prompt, str):
@@ -105,17 +123,41 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
                 registered_workers=len(self._ledger.snapshot()),
                 worker_error="" if prompt == "no worker registered" else prompt), []
-        admission = self._ledger.admit(convert.admission_request(request, len(prompt.token_ids)),
-                                       dry_run=dry_run)
+        domain = convert.admission_request(request, len(prompt.token_ids))
+        if dry_run:
+            admission = self._ledger.admit(domain, dry_run=True)
+        else:
+            admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
+                                                  wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.expire())
         return admission, prompt.token_ids
+
+    async def _wait(self, ticket: Ticket, bound) -> Admission:
+        """Await a queued request's Admission (Admit's way: no Queued events)."""
+        admission = None
+        try:
+            while not isinstance(admission := await self._waiter.next(ticket), Admission):
+                pass
+            return admission
+        finally:
+            if admission is None:
+                bound.info("left the queue unserved", freed_bytes=self._waiter.leave(ticket))
+            else:
+                self._waiter.forget(ticket)
+
+    def _kick(self) -> None:
+        self._waiter.kick()
 
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
+        wait_s = request.max_queue_wait_ms / 1e3 if request.max_queue_wait_ms else 0.0
         with _under("request."):
-            admission, _ = await self._admit(inner, dry_run=request.dry_run)
+            admission, _ = await self._admit(inner, dry_run=request.dry_run, wait_s=wait_s,
+                                             deadline_s=context.time_remaining())
+        if isinstance(admission, Ticket):
+            admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -129,11 +171,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         freed = self._ledger.release(request.lease_id, request.worker_id)
         log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
                  freed_bytes=freed)
+        if freed:
+            self._kick()
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def GetBudget(self, request: scheduler_pb2.GetBudgetRequest, context):
         log_expired(self._ledger.expire())
-        return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic())
+        self._kick()  # serve what fits before showing the queue
+        return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic(),
+                                    self._waiter.queue.stats())
 
     # -- workers ------------------------------------------------------------------
 
@@ -148,6 +194,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if previous is not None and previous.address != geometry.address:
             await self._workers.forget(previous.address)
         log_expired(self._ledger.expire())
+        self._kick()  # a new worker's bytes serve the queue
         log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,
                  capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
                  context_length=geometry.context_length, vocab_size=geometry.vocab_size,
@@ -170,6 +217,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 log.warning("lease lost by its worker; released", lease_id=lease.lease_id,
                             worker_id=lease.worker_id, freed_bytes=lease.reserved_bytes,
                             prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens)
+            if lost:
+                self._kick()
         return scheduler_pb2.HeartbeatResponse(known=known)
 
     async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
@@ -191,8 +240,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request)
         inner.request_id = request.request_id or uuid.uuid4().hex[:16]
-        admission, prompt_ids = await self._admit(inner, dry_run=False)
+        wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
+        admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
+                                                  deadline_s=context.time_remaining())
         bound = log.bind(request_id=inner.request_id)
+        if isinstance(admission, Ticket):
+            ticket, admission = admission, None
+            bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
+                       max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
+            try:
+                while not isinstance(item := await self._waiter.next(ticket), Admission):
+                    yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
+                admission = item
+            finally:
+                if admission is None:  # cancelled, deadline, or an error while waiting
+                    bound.info("left the queue unserved", freed_bytes=self._waiter.leave(ticket))
+                else:
+                    self._waiter.forget(ticket)
         if admission.decision is Decision.REJECTED:
             bound.info("rejected", cause=admission.rejection.cause.value)
             raise rejection_error(admission.rejection)
@@ -202,6 +266,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                    max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
         # The worker gets the admitted ceiling and the counted prompt: no second resolution.
         inner.max_new_tokens = admission.max_new_tokens
+        inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
         call = None
         relayed_tokens = 0
         try:
@@ -241,3 +306,4 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             # one never claimed (the worker was never reached) is ours.
             if self._ledger.release_unclaimed(lease.lease_id):
                 bound.info("released unclaimed lease")
+                self._kick()

@@ -57,7 +57,7 @@ def generate_request(request: types_pb2.GenerateRequest, prefix: str = "") -> No
         bounded(prefix + f"stop[{i}]", stop, MAX_STOP_CHARS)
     if request.cap_policy not in types_pb2.CapPolicy.values():
         raise InvalidField(prefix + "cap_policy", f"{request.cap_policy} is not a CapPolicy: use "
-                           "CAP_POLICY_ALLOW or CAP_POLICY_STRICT")
+                           "CAP_POLICY_ALLOW, CAP_POLICY_STRICT or CAP_POLICY_WAIT_FULL")
 
 
 def token_ids(ids, vocab_size: int, prefix: str = "") -> None:

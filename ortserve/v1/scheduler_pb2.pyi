@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("request", "dry_run")
+    __slots__ = ("request", "dry_run", "max_queue_wait_ms")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request: _types_pb2.GenerateRequest
     dry_run: bool
-    def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    max_queue_wait_ms: int
+    def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id", "worker_id")
@@ -76,18 +78,28 @@ class WorkerBudget(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases")
+    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LEASES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OLDEST_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAITING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerBudget]
     total_capacity_bytes: int
     total_reserved_bytes: int
     total_available_bytes: int
     total_leases: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ...) -> None: ...
+    queue_length: int
+    queue_oldest_wait_s: float
+    queue_waiting_bytes: int
+    max_queue_length: int
+    max_queue_wait_s: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size")

@@ -78,10 +78,16 @@ class SchedulerServicer:
     """
 
     def Generate(self, request, context):
-        """Admit, place and serve a request. The stream starts with the Admission
+        """Admit, place and serve a request. A request whose floor does not fit the
+        free bytes now but fits a worker's whole capacity waits in a bounded FIFO
+        queue (up to the call's deadline and the server's --max-queue-wait-s),
+        told its place by Queued events. Then the stream carries the Admission
         (with the BudgetCap when CAPPED) before any token, then token chunks,
         then Finished. A rejection ends the call with a status whose details
-        carry the Rejection, an ErrorInfo and, for BUDGET_BUSY, a RetryInfo.
+        carry the Rejection, an ErrorInfo and, for BUDGET_BUSY, QUEUE_FULL and
+        QUEUE_TIMEOUT, a RetryInfo. The call's own deadline passing while it
+        waits ends it with DEADLINE_EXCEEDED; either way it leaves the queue
+        holding nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,7 +96,10 @@ class SchedulerServicer:
     def Admit(self, request, context):
         """Ask for an admission decision as a normal answer (REJECTED included).
         Unless dry_run, an ADMITTED or CAPPED answer holds a lease that the
-        caller must use with Worker.Generate or give back with Release.
+        caller must use with Worker.Generate or give back with Release. With
+        max_queue_wait_ms set, a request that would be BUDGET_BUSY waits in the
+        admission queue as Generate's do (REJECTED with QUEUE_FULL or
+        QUEUE_TIMEOUT when it cannot).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -15,6 +15,7 @@ class CapPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAP_POLICY_UNSPECIFIED: _ClassVar[CapPolicy]
     CAP_POLICY_ALLOW: _ClassVar[CapPolicy]
     CAP_POLICY_STRICT: _ClassVar[CapPolicy]
+    CAP_POLICY_WAIT_FULL: _ClassVar[CapPolicy]
 
 class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,8 @@ class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXCEEDS_CAPACITY: _ClassVar[RejectionCause]
     BUDGET_BUSY: _ClassVar[RejectionCause]
     NO_WORKER: _ClassVar[RejectionCause]
+    QUEUE_FULL: _ClassVar[RejectionCause]
+    QUEUE_TIMEOUT: _ClassVar[RejectionCause]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +43,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CAP_POLICY_UNSPECIFIED: CapPolicy
 CAP_POLICY_ALLOW: CapPolicy
 CAP_POLICY_STRICT: CapPolicy
+CAP_POLICY_WAIT_FULL: CapPolicy
 DECISION_UNSPECIFIED: Decision
 ADMITTED: Decision
 CAPPED: Decision
@@ -49,6 +53,8 @@ CONTEXT_LENGTH_EXCEEDED: RejectionCause
 EXCEEDS_CAPACITY: RejectionCause
 BUDGET_BUSY: RejectionCause
 NO_WORKER: RejectionCause
+QUEUE_FULL: RejectionCause
+QUEUE_TIMEOUT: RejectionCause
 FINISH_REASON_UNSPECIFIED: FinishReason
 LENGTH: FinishReason
 EOS: FinishReason
@@ -89,7 +95,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +105,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CAP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -108,7 +115,8 @@ class GenerateRequest(_message.Message):
     sampling: SamplingParams
     stop: _containers.RepeatedScalarFieldContainer[str]
     cap_policy: CapPolicy
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ...) -> None: ...
+    max_queue_wait_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
     __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason")
@@ -137,7 +145,7 @@ class BudgetCap(_message.Message):
     def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Rejection(_message.Message):
-    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown")
+    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REMEDY_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +161,12 @@ class Rejection(_message.Message):
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     cause: RejectionCause
     message: str
     remedy: str
@@ -168,10 +182,16 @@ class Rejection(_message.Message):
     bytes_per_token: int
     retry_after: _duration_pb2.Duration
     prompt_tokens_unknown: bool
-    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ...) -> None: ...
+    queue_length: int
+    max_queue_length: int
+    requests_ahead: int
+    bytes_ahead: int
+    waited_ms: float
+    max_queue_wait_ms: float
+    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ...) -> None: ...
 
 class Admission(_message.Message):
-    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run")
+    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +203,7 @@ class Admission(_message.Message):
     BUDGET_CAP_FIELD_NUMBER: _ClassVar[int]
     REJECTION_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     request_id: str
     lease_id: str
@@ -194,7 +215,8 @@ class Admission(_message.Message):
     budget_cap: BudgetCap
     rejection: Rejection
     dry_run: bool
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    queue_wait_ms: float
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s")
@@ -272,12 +294,32 @@ class Finished(_message.Message):
     execution_provider: str
     def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ...) -> None: ...
 
+class Queued(_message.Message):
+    __slots__ = ("position", "requests_ahead", "bytes_ahead", "needed_bytes", "waited_ms", "max_wait_ms", "queue_length")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    requests_ahead: int
+    bytes_ahead: int
+    needed_bytes: int
+    waited_ms: float
+    max_wait_ms: float
+    queue_length: int
+    def __init__(self, position: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_wait_ms: _Optional[float] = ..., queue_length: _Optional[int] = ...) -> None: ...
+
 class GenerateEvent(_message.Message):
-    __slots__ = ("admission", "chunk", "finished")
+    __slots__ = ("admission", "chunk", "finished", "queued")
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     admission: Admission
     chunk: TokenChunk
     finished: Finished
-    def __init__(self, admission: _Optional[_Union[Admission, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+    queued: Queued
+    def __init__(self, admission: _Optional[_Union[Admission, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ...) -> None: ...

@@ -143,12 +143,12 @@ def test_each_rejection_cause_has_its_status_code_and_readable_details(
     assert stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).total_reserved_bytes == 0
 
 
-def test_busy_budget_is_resource_exhausted_with_retry_info(cluster):
+def test_busy_budget_is_resource_exhausted_with_retry_info_when_the_caller_will_not_wait(cluster):
     stub, register = cluster
     register(capacity_tokens=100)
     held = stub.Admit(scheduler_pb2.AdmitRequest(request=prompt(10, max_new_tokens=90)), timeout=5)
     assert held.decision == types_pb2.ADMITTED
-    error = generate_error(stub, prompt(10, max_new_tokens=5))
+    error = generate_error(stub, prompt(10, max_new_tokens=5, max_queue_wait_ms=0))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     details = rich_status.details_of(error)
     retry = rich_status.unpack(details, error_details_pb2.RetryInfo)

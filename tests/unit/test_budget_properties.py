@@ -1,4 +1,4 @@
-"""The ledger's invariants under random operation sequences and many threads."""
+"""The ledger's invariants under random operation sequences (admission queue included) and many threads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ortserve.errors import DomainError
+from scheduler_service.admission_queue import AdmissionQueue, Mode, Ticket
 from scheduler_service.budget import AdmissionRequest, Decision, Ledger, WorkerGeometry
 
 
@@ -30,7 +31,8 @@ def make_geometry(worker_id: str, bpt: int, block: int, capacity_tokens: int, ct
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    """Random admit / cap / release / claim / expire / worker-leave sequences."""
+    """Random admit / cap / release / claim / expire / worker-leave sequences, and the
+    admission queue's enqueue / cancel / pump (served on release, expiry, registration)."""
 
     @initialize()
     def start(self) -> None:
@@ -41,6 +43,8 @@ class LedgerMachine(RuleBasedStateMachine):
                              new_lease_id=lambda: f"lease-{next(ids):05d}")
         self.leases: dict[str, int] = {}  # lease_id -> reserved bytes, as the test believes
         self.freed_twice = 0
+        self.queue = AdmissionQueue(self.ledger, max_length=4, max_wait_s=20.0, clock=self.clock)
+        self.tickets: list[Ticket] = []  # waiting, as the test believes
 
     @rule(worker=st.sampled_from(["a", "b", "c"]), bpt=st.sampled_from([1, 7, 46_080]),
           block=st.sampled_from([1, 4, 16]), capacity_tokens=st.integers(16, 600),
@@ -73,6 +77,43 @@ class LedgerMachine(RuleBasedStateMachine):
             assert adm.max_new_tokens == max_new
         assert self.ledger.reserved_bytes() <= before + adm.reserved_bytes
         self.leases[adm.lease.lease_id] = adm.reserved_bytes
+
+    @rule(prompt=st.integers(1, 700), max_new=st.integers(1, 900), min_new=st.integers(0, 50),
+          mode=st.sampled_from(list(Mode)), wait_s=st.sampled_from([None, 0.0, 3.0]),
+          deadline_s=st.sampled_from([None, 2.0, 40.0]))
+    def enqueue(self, prompt, max_new, min_new, mode, wait_s, deadline_s):
+        min_new = min(min_new, max_new)
+        request = AdmissionRequest("q", prompt, max_new, min_new, strict=mode is Mode.STRICT)
+        outcome = self.queue.submit(request, mode, wait_s=wait_s, deadline_s=deadline_s)
+        self._forget_dropped(set(self.leases))  # admit also expires stale leases
+        if isinstance(outcome, Ticket):
+            self.tickets.append(outcome)
+        elif outcome.lease is not None:
+            self.leases[outcome.lease.lease_id] = outcome.reserved_bytes
+
+    @precondition(lambda self: self.tickets)
+    @rule(data=st.data())
+    def cancel(self, data):
+        ticket = data.draw(st.sampled_from(self.tickets))
+        assert self.queue.cancel(ticket)  # a waiting ticket leaves, holding nothing
+        assert not self.queue.cancel(ticket)
+        self.tickets.remove(ticket)
+
+    @rule()
+    def pump(self):
+        done = self.queue.pump()
+        self._forget_dropped(set(self.leases))
+        for ticket in done:
+            self.tickets.remove(ticket)
+            outcome = ticket.outcome
+            if outcome is not None and outcome.lease is not None:
+                self.leases[outcome.lease.lease_id] = outcome.reserved_bytes
+                assert outcome.max_new_tokens >= ticket.request.floor_new_tokens
+                if ticket.mode is Mode.STRICT:
+                    assert outcome.decision is Decision.ADMITTED
+                # Served before its wait ran out: it was the head (strict FIFO).
+                if outcome.queue_wait_s < ticket.max_wait_s:
+                    assert all(ticket.seq < t.seq for t in self.tickets)
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
@@ -127,9 +168,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def ledger_agrees_with_the_leases_held(self):
+        # Waiting requests hold nothing: only leases count.
         assert self.ledger.reserved_bytes() == sum(self.leases.values())
 
+    @invariant()
+    def queue_holds_exactly_the_waiting_tickets(self):
+        assert len(self.queue) == len(self.tickets) <= 4
+        assert all(not t.done for t in self.tickets)
+
     def teardown(self):
+        for ticket in self.tickets:
+            assert self.queue.cancel(ticket)
+        assert len(self.queue) == 0 and self.queue.stats().waiting_bytes == 0
         for lease_id in list(self.leases):
             lease = self.ledger.lease(lease_id)
             self.ledger.release(lease_id, lease.worker_id if lease else "")

@@ -8,7 +8,8 @@
 Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
-first token, and is in --stats and --json.
+first token, and is in --stats and --json. So is a wait in the scheduler's admission
+queue (its place, on stderr; queue_wait_ms in --stats and --json).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from google.protobuf import json_format
 from ortserve.units import human_bytes
 
 from . import flags
-from .client import DEFAULT_ADDRESS, Client
+from .client import DEFAULT_ADDRESS, Client, Retry
 from .errors import InvalidRequest, OrtserveError, Rejected
-from .report import cap_notice, notice, print_stats
+from .report import cap_notice, notice, print_stats, queued_notice
 from .types import Admission
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2, 3, 4
@@ -35,7 +36,8 @@ EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what the shell reports for `cat` i
 
 def _request_kwargs(a: argparse.Namespace) -> dict:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
-    kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict)
+    kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict,
+              wait_full=a.wait_full)
     if a.chat:
         turns = ([("system", a.system)] if a.system else []) + [("user", prompt)]
         kw["chat"] = turns
@@ -53,7 +55,15 @@ def cmd_generate(client: Client, a: argparse.Namespace) -> int:
         if admission.budget_cap:
             notice(cap_notice(admission.budget_cap))
 
-    stream = client.stream(on_admission=announce, **_request_kwargs(a))
+    def retrying(error: OrtserveError, delay_s: float) -> None:
+        notice(f"retrying in {delay_s:.1f} s ({client.retry.attempts - stream.retries} left): "
+               f"{error.message}")
+
+    kw = _request_kwargs(a)
+    if a.max_queue_wait_s is not None:
+        kw["max_queue_wait_ms"] = int(a.max_queue_wait_s * 1e3)
+    stream = client.stream(on_admission=announce, on_queued=lambda q: notice(queued_notice(q)),
+                           on_retry=retrying, **kw)
     for chunk in stream:
         if not a.json:
             sys.stdout.write(chunk.text)
@@ -115,7 +125,11 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
                    help="1 to 4,294,967,295; unset: the remaining context window (may be capped)")
     p.add_argument("--min-new-tokens", type=flags.uint32, default=0,
                    help="no EOS or stop sequence ends the output before this many tokens")
-    p.add_argument("--strict", action="store_true", help="refuse to be capped: reject instead")
+    policy = p.add_mutually_exclusive_group()
+    policy.add_argument("--strict", action="store_true", help="refuse to be capped: reject instead")
+    policy.add_argument("--wait-full", action="store_true",
+                        help="wait in the queue for the full max_new_tokens; cap only when the "
+                             "wait runs out (cap policy WAIT_FULL)")
     p.add_argument("--request-id")
 
 
@@ -133,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
                    help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
     p.add_argument("--timeout", type=flags.timeout_s, default=None, help="deadline in seconds")
+    p.add_argument("--retries", type=flags.retries, default=0,
+                   help="retry a refused admission (busy, queue full, queue timeout, no worker) "
+                        "this many times, waiting as the server's RetryInfo says (backoff otherwise)")
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="stream a generation to stdout")
@@ -145,7 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=flags.repetition_penalty, help="> 0; 1: none")
     g.add_argument("--stop", action="append", help="a stop sequence (repeatable)")
     g.add_argument("--stats", action="store_true", help="timings and usage on stderr")
-    g.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text")
+    g.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text "
+                   "(queue_wait_ms included)")
+    g.add_argument("--max-queue-wait-s", type=flags.queue_wait_s,
+                   help="the longest to wait for KV budget in the scheduler's queue (0: do not "
+                        "wait); unset: the server's bound")
     g.set_defaults(func=cmd_generate)
     ad = sub.add_parser("admit", help="dry run: would this be admitted, capped or rejected?")
     _add_request_flags(ad)
@@ -164,7 +185,8 @@ def run(argv: list[str] | None = None) -> int:
         a = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help, --version, usage errors: their output is flushed in main
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    with Client(a.address, timeout_s=a.timeout) as client:
+    with Client(a.address, timeout_s=a.timeout,
+                retry=Retry(attempts=a.retries) if a.retries else None) as client:
         try:
             return a.func(client, a)
         except OrtserveError as error:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
-from .errors import GenerationFailed, from_rpc_error
+from .errors import RETRYABLE, GenerationFailed, OrtserveError, from_rpc_error
 from .types import (
     Admission,
     BudgetCap,
     GenerateResult,
+    Queued,
     TextChunk,
     sampling_dict,
     timings_from_pb,
@@ -20,6 +24,26 @@ from .types import (
 )
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+_JITTER = random.Random()
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Opt-in retry of a refused admission (BUDGET_BUSY, NO_WORKER, QUEUE_FULL, QUEUE_TIMEOUT).
+
+    Only before the Admission arrives (nothing was generated, nothing is held).
+    Each wait is the server's RetryInfo delay or the exponential backoff
+    `base_s * 2**attempt` (jittered, at most `max_s`), whichever is longer, and
+    never past the client's own deadline.
+    """
+
+    attempts: int = 3  # retries after the first try
+    base_s: float = 0.5
+    max_s: float = 30.0
+
+    def delay_s(self, attempt: int, error: OrtserveError, rng: random.Random | None = None) -> float:
+        backoff = min(self.max_s, self.base_s * 2 ** attempt) * (rng or _JITTER).uniform(0.5, 1.0)
+        return max(error.retry_delay_s(), backoff)
 
 
 def build_request(
@@ -35,6 +59,8 @@ def build_request(
     repetition_penalty: float | None = None,
     stop: Sequence[str] = (),
     strict: bool = False,
+    wait_full: bool = False,
+    max_queue_wait_ms: int | None = None,
     request_id: str = "",
 ) -> types_pb2.GenerateRequest:
     """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns."""
@@ -52,18 +78,35 @@ def build_request(
                         ("seed", seed), ("repetition_penalty", repetition_penalty)):
         if value is not None:
             setattr(req.sampling, name, value)
+    if strict and wait_full:
+        raise ValueError("strict and wait_full exclude each other: strict never caps, "
+                         "wait_full caps when its wait runs out")
     if strict:
         req.cap_policy = types_pb2.CAP_POLICY_STRICT
+    if wait_full:
+        req.cap_policy = types_pb2.CAP_POLICY_WAIT_FULL
+    if max_queue_wait_ms is not None:
+        req.max_queue_wait_ms = max_queue_wait_ms
     return req
 
 
 class GenerationStream:
     """Iterate for TextChunks. `.admission` (and `.budget_cap`) are set before the
-    first chunk is yielded; `.result` once the stream has ended."""
+    first chunk is yielded; `.result` once the stream has ended; `.queued` is the
+    last Queued event while the request waited for budget."""
 
-    def __init__(self, call, on_admission=None) -> None:
-        self._call = call
+    def __init__(self, start: Callable[[float | None], object], on_admission=None, on_queued=None,
+                 retry: Retry | None = None, timeout_s: float | None = None,
+                 on_retry=None) -> None:
+        self._start = start  # timeout_s -> a started call
+        self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        self._call = start(timeout_s)
         self._on_admission = on_admission  # called with the Admission, before any chunk
+        self._on_queued = on_queued  # called with each Queued event, before the Admission
+        self._on_retry = on_retry  # called with (error, delay_s) before a retry
+        self._retry = retry
+        self.retries = 0
+        self.queued: Queued | None = None
         self.admission: Admission | None = None
         self.result: GenerateResult | None = None
         self._text: list[str] = []
@@ -77,23 +120,51 @@ class GenerationStream:
         self._call.cancel()
 
     def __iter__(self) -> Iterator[TextChunk]:
-        try:
-            for event in self._call:
-                kind = event.WhichOneof("event")
-                if kind == "admission":
-                    self.admission = Admission.from_pb(event.admission)
-                    if self._on_admission is not None:
-                        self._on_admission(self.admission)
-                elif kind == "chunk":
-                    self._text.append(event.chunk.text)
-                    self._ids.extend(event.chunk.token_ids)
-                    yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids))
-                elif kind == "finished":
-                    self.result = self._result(event.finished)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        while True:
+            try:
+                yield from self._events()
+                break
+            except grpc.RpcError as rpc_error:
+                error = from_rpc_error(rpc_error)
+                delay = self._retry_delay(error)
+                if delay is None:
+                    raise error from None
+                if self._on_retry is not None:
+                    self._on_retry(error, delay)
+                time.sleep(delay)
+                self.retries += 1
+                remaining = self._deadline - time.monotonic() if self._deadline is not None else None
+                self._call = self._start(remaining)
         if self.result is None:
             raise GenerationFailed(grpc.StatusCode.UNKNOWN, "the stream ended without a Finished event")
+
+    def _retry_delay(self, error: OrtserveError) -> float | None:
+        """Seconds to wait before retrying, or None: do not retry."""
+        if (self._retry is None or self.admission is not None or not isinstance(error, RETRYABLE)
+                or self.retries >= self._retry.attempts):
+            return None
+        delay = self._retry.delay_s(self.retries, error)
+        if self._deadline is not None and time.monotonic() + delay >= self._deadline:
+            return None
+        return delay
+
+    def _events(self) -> Iterator[TextChunk]:
+        for event in self._call:
+            kind = event.WhichOneof("event")
+            if kind == "queued":
+                self.queued = Queued.from_pb(event.queued)
+                if self._on_queued is not None:
+                    self._on_queued(self.queued)
+            elif kind == "admission":
+                self.admission = Admission.from_pb(event.admission)
+                if self._on_admission is not None:
+                    self._on_admission(self.admission)
+            elif kind == "chunk":
+                self._text.append(event.chunk.text)
+                self._ids.extend(event.chunk.token_ids)
+                yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids))
+            elif kind == "finished":
+                self.result = self._result(event.finished)
 
     def _result(self, f: types_pb2.Finished) -> GenerateResult:
         if self.admission is None:
@@ -106,13 +177,18 @@ class GenerationStream:
             usage=usage_from_pb(f.usage), timings=timings_from_pb(f.timings),
             admission=self.admission, worker_id=f.worker_id,
             execution_provider=f.execution_provider, sampling=sampling_dict(f.sampling),
+            queued=self.queued,
         )
 
 
 class Client:
-    def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None) -> None:
+    """`retry`: opt-in retry of refused admissions (see Retry); None: none."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,
+                 retry: Retry | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.retry = retry
         self._channel = grpc.insecure_channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
@@ -125,11 +201,15 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def stream(self, prompt=None, *, on_admission=None, **kw) -> GenerationStream:
+    def stream(self, prompt=None, *, on_admission=None, on_queued=None, on_retry=None,
+               **kw) -> GenerationStream:
         """Start a generation; see build_request for the arguments. `on_admission(adm)`
-        runs when the Admission arrives, before the first chunk."""
-        call = self._stub.Generate(build_request(prompt, **kw), timeout=self.timeout_s)
-        return GenerationStream(call, on_admission)
+        runs when the Admission arrives, before the first chunk; `on_queued(q)` on each
+        Queued event while the request waits for budget; `on_retry(error, delay_s)`
+        before each retry (with `retry` set)."""
+        request = build_request(prompt, **kw)
+        return GenerationStream(lambda timeout_s: self._stub.Generate(request, timeout=timeout_s),
+                                on_admission, on_queued, self.retry, self.timeout_s, on_retry)
 
     def generate(self, prompt=None, **kw) -> GenerateResult:
         stream = self.stream(prompt, **kw)
@@ -137,10 +217,14 @@ class Client:
             pass
         return stream.result
 
-    def admit(self, prompt=None, *, dry_run: bool = True, **kw) -> Admission:
+    def admit(self, prompt=None, *, dry_run: bool = True, max_queue_wait_ms: int = 0,
+              **kw) -> Admission:
+        """An admission decision; with max_queue_wait_ms (and not dry_run) it may wait for budget."""
         try:
             pb = self._stub.Admit(scheduler_pb2.AdmitRequest(request=build_request(prompt, **kw),
-                                                             dry_run=dry_run), timeout=self.timeout_s)
+                                                             dry_run=dry_run,
+                                                             max_queue_wait_ms=max_queue_wait_ms),
+                                  timeout=self.timeout_s)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return Admission.from_pb(pb)

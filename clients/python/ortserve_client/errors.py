@@ -27,6 +27,11 @@ class OrtserveError(Exception):
         self.message = message
         self.details = details or []
 
+    def retry_delay_s(self) -> float:
+        """The server's RetryInfo delay in seconds; 0 when it sent none."""
+        info = rich_status.unpack(self.details, error_details_pb2.RetryInfo)
+        return info.retry_delay.ToNanoseconds() / 1e9 if info is not None else 0.0
+
     def error_info(self) -> error_details_pb2.ErrorInfo | None:
         return rich_status.unpack(self.details, error_details_pb2.ErrorInfo)
 
@@ -51,6 +56,9 @@ class Rejected(OrtserveError):
         self.admissible_max_new_tokens = rejection.admissible_max_new_tokens
         self.cap_refused = rejection.cap_refused
         self.retry_after_s = rejection.retry_after.ToNanoseconds() / 1e9
+        self.queue_length = rejection.queue_length
+        self.bytes_ahead = rejection.bytes_ahead
+        self.waited_ms = rejection.waited_ms
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "rejection": rejection_dict(self.rejection)}
@@ -72,6 +80,14 @@ class NoWorker(Rejected):
     """No worker is registered and healthy."""
 
 
+class QueueFull(Rejected):
+    """The scheduler's admission queue is full; retry after `.retry_after_s`."""
+
+
+class QueueTimeout(Rejected):
+    """The request waited the longest the scheduler allows; retry after `.retry_after_s`."""
+
+
 class InvalidRequest(OrtserveError):
     """A bad field (INVALID_ARGUMENT); `.field` names it when the server said."""
 
@@ -90,7 +106,12 @@ _BY_CAUSE = {
     types_pb2.EXCEEDS_CAPACITY: ExceedsCapacity,
     types_pb2.BUDGET_BUSY: BudgetBusy,
     types_pb2.NO_WORKER: NoWorker,
+    types_pb2.QUEUE_FULL: QueueFull,
+    types_pb2.QUEUE_TIMEOUT: QueueTimeout,
 }
+
+# Worth retrying after RetryInfo's delay: the same request may be admitted later.
+RETRYABLE = (BudgetBusy, NoWorker, QueueFull, QueueTimeout)
 
 
 def from_rpc_error(error: grpc.RpcError) -> OrtserveError:

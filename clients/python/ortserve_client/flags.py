@@ -60,3 +60,6 @@ repetition_penalty = float_range(0.0, FLOAT32_MAX, "a finite number > 0 (1: no p
                                  low_open=True)
 # The gRPC deadline: a zero or negative one would fail every call before it is sent.
 timeout_s = float_range(0.0, 365 * 86_400.0, "a number of seconds > 0", low_open=True)
+# Whole milliseconds on the wire (uint32): at most ~49 days.
+queue_wait_s = float_range(0.0, UINT32_MAX / 1e3, "a number of seconds >= 0 (0: do not wait)")
+retries = int_range(0, 100, "an integer from 0 to 100")

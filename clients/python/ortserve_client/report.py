@@ -12,7 +12,7 @@ from typing import TextIO
 
 from ortserve.units import human_bytes
 
-from .types import BudgetCap, GenerateResult
+from .types import BudgetCap, GenerateResult, Queued
 
 PREFIX = "ortserve: "
 
@@ -32,6 +32,14 @@ def cap_notice(cap: BudgetCap) -> str:
             f"on worker {cap.worker_id}. {cap.reason}")
 
 
+def queued_notice(q: Queued) -> str:
+    """One line saying that the request waits for KV budget, and where it stands."""
+    return (f"QUEUED for KV budget: position {q.position:,} of {q.queue_length:,}, "
+            f"{q.requests_ahead:,} ahead waiting for {human_bytes(q.bytes_ahead)}; this request "
+            f"needs {human_bytes(q.needed_bytes)}; waited {q.waited_ms / 1e3:.1f} s of at most "
+            f"{q.max_wait_ms / 1e3:.1f} s")
+
+
 def stats_lines(result: GenerateResult) -> list[str]:
     """The usage, timings, placement and cap of a finished generation, as key=value lines."""
     u, t, cap = result.usage, result.timings, result.budget_cap
@@ -42,7 +50,7 @@ def stats_lines(result: GenerateResult) -> list[str]:
         f"generated_tokens={u.generated_tokens:,} max_new_tokens={ceiling}",
         f"stats: ttft_ms={t.ttft_ms:.1f} prefill_ms={t.prefill_ms:.1f} queue_ms={t.queue_ms:.1f} "
         f"decode_ms={t.decode_ms:.1f} decode_tokens_per_s={t.decode_tokens_per_s:.1f} "
-        f"total_ms={t.total_ms:.1f}",
+        f"total_ms={t.total_ms:.1f} queue_wait_ms={result.queue_wait_ms:.1f}",
         f"stats: worker={result.worker_id} provider={result.execution_provider} "
         f"sampling={json.dumps(result.sampling) if result.sampling else 'greedy'}",
     ]

@@ -39,6 +39,7 @@ class Admission:
     dry_run: bool
     budget_cap: BudgetCap | None = None
     rejection: dict | None = None  # the Rejection's fields, when REJECTED
+    queue_wait_ms: float = 0.0  # time waited in the scheduler's admission queue
 
     @classmethod
     def from_pb(cls, pb: types_pb2.Admission) -> Admission:
@@ -51,7 +52,25 @@ class Admission:
             reserved_bytes=pb.reserved_bytes, dry_run=pb.dry_run,
             budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
             rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
+            queue_wait_ms=pb.queue_wait_ms,
         )
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The request waits in the scheduler's admission queue (before its Admission)."""
+
+    position: int  # 1: next to be served
+    requests_ahead: int
+    bytes_ahead: int
+    needed_bytes: int
+    waited_ms: float
+    max_wait_ms: float
+    queue_length: int
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.Queued) -> Queued:
+        return cls(**{f: getattr(pb, f) for f in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -90,6 +109,11 @@ class GenerateResult:
     worker_id: str
     execution_provider: str
     sampling: dict = field(default_factory=dict)  # as applied (seed resolved)
+    queued: Queued | None = None  # the last Queued event, when the request waited
+
+    @property
+    def queue_wait_ms(self) -> float:
+        return self.admission.queue_wait_ms
 
     @property
     def capped(self) -> bool:
@@ -98,6 +122,7 @@ class GenerateResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
+        out["queue_wait_ms"] = self.queue_wait_ms
         return out
 
 

@@ -1,0 +1,287 @@
+"""The admission queue: requests that cannot start now wait here, in arrival order (pure).
+
+No grpc, no protobuf, no asyncio: the servicer awaits tickets through
+`queue_waiter`. The queue holds no bytes: a waiting request reserves nothing
+until the ledger admits it, so leaving the queue (cancel, timeout) frees
+nothing and leaks nothing.
+
+The policy, in order:
+
+1. On arrival with an empty queue, the ledger decides as before: ADMITTED,
+   CAPPED to what fits (the seed's rule), or REJECTED.
+2. A request the ledger calls BUDGET_BUSY (its floor, or under STRICT and
+   WAIT_FULL its whole reservation, fits a worker's whole capacity but not
+   the free bytes now) waits, unless the queue is full (QUEUE_FULL).
+3. While anyone waits, a newcomer never goes ahead of them, even if it would
+   fit: it joins the back. Strict FIFO, so a large head is never starved by
+   small requests behind it.
+4. When bytes free up (release, expiry, a worker registering) `pump` serves
+   from the head with the ledger's one atomic decision, until the head does
+   not fit.
+5. When a request's wait runs out it gets one last attempt, wherever it
+   stands (WAIT_FULL now accepts a cap): the one bounded exception to FIFO,
+   at most once per request and only with bytes the head could not use.
+   Otherwise it is refused with QUEUE_TIMEOUT; a wait bounded by the call's
+   own deadline ends as DEADLINE_EXCEEDED instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from .budget import Admission, AdmissionRequest, Cause, Decision, Ledger, Rejection
+
+# Ledger causes that mean "could start later": the request keeps waiting.
+_WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
+
+
+class Mode(enum.Enum):
+    """What a waiting request waits for (from its cap policy)."""
+
+    ALLOW = "allow"  # its floor; then ADMITTED or CAPPED to what fits
+    STRICT = "strict"  # its whole reservation; never capped
+    WAIT_FULL = "wait_full"  # its whole reservation; capped only when the wait runs out
+
+
+class Bound(enum.Enum):
+    """Which limit ends a request's wait."""
+
+    SERVER = "server"  # --max-queue-wait-s
+    CALLER = "caller"  # the caller's own max_queue_wait_ms
+    DEADLINE = "deadline"  # the call's gRPC deadline
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One waiting request. `outcome` is set once it leaves the queue decided."""
+
+    seq: int
+    request: AdmissionRequest
+    mode: Mode
+    needed_bytes: int  # what it waits for: its floor, or its whole reservation
+    enqueued_at: float
+    deadline: float
+    bound: Bound
+    outcome: Admission | None = None
+    deadline_exceeded: bool = False  # the call's own deadline ended the wait
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None or self.deadline_exceeded
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.deadline - self.enqueued_at
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a ticket stands, for the Queued event."""
+
+    position: int  # 1-based
+    requests_ahead: int
+    bytes_ahead: int
+    needed_bytes: int
+    waited_s: float
+    max_wait_s: float
+    queue_length: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    length: int
+    oldest_wait_s: float
+    waiting_bytes: int
+    max_length: int
+    max_wait_s: float
+
+
+class AdmissionQueue:
+    """A bounded FIFO of tickets in front of a Ledger. Thread-safe: one lock (taken before the ledger's)."""
+
+    def __init__(self, ledger: Ledger, max_length: int = 256, max_wait_s: float = 30.0,
+                 retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_length < 0 or max_wait_s < 0:
+            raise ValueError(f"max_length ({max_length}) and max_wait_s ({max_wait_s}) must be >= 0")
+        self.ledger = ledger
+        self.max_length = max_length
+        self.max_wait_s = max_wait_s
+        self.retry_after_s = retry_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: list[Ticket] = []
+        self._seq = itertools.count()
+
+    # -- arriving ------------------------------------------------------------------
+
+    def submit(self, request: AdmissionRequest, mode: Mode = Mode.ALLOW,
+               wait_s: float | None = None, deadline_s: float | None = None) -> Admission | Ticket:
+        """Decide now (an Admission, reserved unless REJECTED) or wait (a Ticket).
+
+        `wait_s` is the caller's own bound (None: the server's), `deadline_s`
+        the time left on the call (None: no deadline).
+        """
+        now = self._clock()
+        with self._lock:
+            waiting = bool(self._entries)
+            attempt = self.ledger.admit(self._effective(request, mode), dry_run=waiting)
+            if (mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
+                    and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
+                # Never whole on any worker: waiting for it is pointless, cap as ALLOW does.
+                mode = Mode.ALLOW
+                attempt = self.ledger.admit(request, dry_run=waiting)
+            if attempt.decision is Decision.REJECTED and attempt.rejection.cause is not Cause.BUDGET_BUSY:
+                return attempt  # context, capacity, no worker: waiting cannot help
+            if not waiting and attempt.decision is not Decision.REJECTED:
+                return attempt  # the empty-queue path: exactly the ledger's decision
+            wait, bound = self._bound(mode, wait_s, deadline_s)
+            needed = self._needed_bytes(request, mode, attempt)
+            if wait <= 0:
+                if attempt.decision is Decision.REJECTED:
+                    return attempt
+                return self._refusal(request, Cause.QUEUE_TIMEOUT, needed, mode,
+                                     requests_ahead=len(self._entries), waited_s=0.0, max_wait_s=0.0)
+            if len(self._entries) >= self.max_length:
+                return self._refusal(request, Cause.QUEUE_FULL, needed, mode)
+            ticket = Ticket(seq=next(self._seq), request=request, mode=mode, needed_bytes=needed,
+                            enqueued_at=now, deadline=now + wait, bound=bound)
+            self._entries.append(ticket)
+            return ticket
+
+    # -- serving -------------------------------------------------------------------
+
+    def pump(self) -> list[Ticket]:
+        """Serve from the head while it fits, and end waits that ran out. Returns the tickets decided."""
+        now = self._clock()
+        done: list[Ticket] = []
+        with self._lock:
+            for ticket in [t for t in self._entries if now >= t.deadline]:
+                self._entries.remove(ticket)
+                self._time_out(ticket, now)
+                done.append(ticket)
+            while self._entries:
+                head = self._entries[0]
+                attempt = self._attempt(head, final=False)
+                if attempt.decision is Decision.REJECTED and attempt.rejection.cause in _WAITABLE:
+                    break  # the head blocks: strict FIFO
+                self._entries.pop(0)
+                head.outcome = replace(attempt, queue_wait_s=now - head.enqueued_at)
+                done.append(head)
+        return done
+
+    def cancel(self, ticket: Ticket) -> bool:
+        """Take a ticket out of the queue. False when it had already left (see `ticket.outcome`)."""
+        with self._lock:
+            if ticket in self._entries:
+                self._entries.remove(ticket)
+                return True
+            return False
+
+    # -- reading -------------------------------------------------------------------
+
+    def place(self, ticket: Ticket) -> Place | None:
+        now = self._clock()
+        with self._lock:
+            if ticket not in self._entries:
+                return None
+            index = self._entries.index(ticket)
+            return Place(position=index + 1, requests_ahead=index,
+                         bytes_ahead=sum(t.needed_bytes for t in self._entries[:index]),
+                         needed_bytes=ticket.needed_bytes, waited_s=now - ticket.enqueued_at,
+                         max_wait_s=ticket.max_wait_s, queue_length=len(self._entries))
+
+    def stats(self) -> QueueStats:
+        now = self._clock()
+        with self._lock:
+            return QueueStats(
+                length=len(self._entries),
+                oldest_wait_s=now - self._entries[0].enqueued_at if self._entries else 0.0,
+                waiting_bytes=sum(t.needed_bytes for t in self._entries),
+                max_length=self.max_length, max_wait_s=self.max_wait_s)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # -- internals (lock held) -----------------------------------------------------
+
+    @staticmethod
+    def _effective(request: AdmissionRequest, mode: Mode, final: bool = False) -> AdmissionRequest:
+        if mode is Mode.WAIT_FULL:
+            return replace(request, strict=not final)
+        return replace(request, strict=mode is Mode.STRICT)
+
+    def _attempt(self, ticket: Ticket, final: bool) -> Admission:
+        attempt = self.ledger.admit(self._effective(ticket.request, ticket.mode, final))
+        if (ticket.mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
+                and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
+            ticket.mode = Mode.ALLOW  # a worker left: whole is out of reach now
+            attempt = self.ledger.admit(self._effective(ticket.request, ticket.mode))
+        return attempt
+
+    def _time_out(self, ticket: Ticket, now: float) -> None:
+        waited = now - ticket.enqueued_at
+        if ticket.bound is Bound.DEADLINE and ticket.mode is not Mode.WAIT_FULL:
+            ticket.deadline_exceeded = True  # the caller is gone: admitting now would be wasted
+            return
+        attempt = self._attempt(ticket, final=True)
+        if attempt.decision is not Decision.REJECTED:
+            ticket.outcome = replace(attempt, queue_wait_s=waited)
+            return
+        if attempt.rejection.cause not in _WAITABLE:
+            ticket.outcome = replace(attempt, queue_wait_s=waited)
+            return
+        index = sum(1 for t in self._entries if t.seq < ticket.seq)
+        ticket.outcome = replace(self._refusal(
+            ticket.request, Cause.QUEUE_TIMEOUT, ticket.needed_bytes, ticket.mode,
+            requests_ahead=index, waited_s=waited, max_wait_s=ticket.max_wait_s,
+            bytes_ahead=sum(t.needed_bytes for t in self._entries if t.seq < ticket.seq)),
+            queue_wait_s=waited)
+
+    def _bound(self, mode: Mode, wait_s: float | None, deadline_s: float | None) -> tuple[float, Bound]:
+        bounds = [(self.max_wait_s, Bound.SERVER)]
+        if wait_s is not None:
+            bounds.append((wait_s, Bound.CALLER))
+        if deadline_s is not None:
+            # NOTE: WAIT_FULL stops waiting for the whole at half the deadline, so the
+            # capped answer it then accepts still has time to run.
+            bounds.append((deadline_s / 2 if mode is Mode.WAIT_FULL else deadline_s, Bound.DEADLINE))
+        wait, bound = min(bounds, key=lambda b: b[0])
+        return max(wait, 0.0), bound
+
+    @staticmethod
+    def _needed_bytes(request: AdmissionRequest, mode: Mode, attempt: Admission) -> int:
+        if attempt.decision is Decision.REJECTED:
+            return attempt.rejection.needed_bytes
+        if mode is Mode.ALLOW:
+            return attempt.worker.bytes_for(request.prompt_tokens + request.floor_new_tokens)
+        return attempt.reserved_bytes
+
+    def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
+                 requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,
+                 bytes_ahead: int | None = None) -> Admission:
+        workers = self.ledger.snapshot()
+        widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
+        rejection = Rejection(
+            cause=cause, prompt_tokens=request.prompt_tokens, min_new_tokens=request.min_new_tokens,
+            requested_max_new_tokens=(request.max_new_tokens if request.max_new_tokens is not None
+                                      else max((widest.geometry.context_length if widest else 0)
+                                               - request.prompt_tokens, 0)),
+            cap_refused=mode is not Mode.ALLOW, needed_bytes=needed,
+            available_bytes=max((w.available_bytes for w in workers), default=0),
+            capacity_bytes=widest.geometry.capacity_bytes if widest else 0,
+            bytes_per_token=widest.geometry.bytes_per_token if widest else 0,
+            context_length=widest.geometry.context_length if widest else 0,
+            retry_after_s=self.retry_after_s, queue_length=len(self._entries),
+            max_queue_length=self.max_length, requests_ahead=requests_ahead,
+            bytes_ahead=(sum(t.needed_bytes for t in self._entries) if bytes_ahead is None
+                         else bytes_ahead),
+            waited_s=waited_s, max_queue_wait_s=max_wait_s,
+        ).rendered()
+        return Admission(decision=Decision.REJECTED, request_id=request.request_id,
+                         prompt_tokens=request.prompt_tokens, rejection=rejection)
