@@ -295,6 +295,10 @@ def test_the_renderer_refuses_what_it_does_not_implement(tmp_path):
         build(tmp_path)
 
 
+def _by_identity(objects) -> dict[tuple[str, str, str], dict]:
+    return {(o["apiVersion"], o["kind"], o["metadata"]["name"]): o for o in objects if o}
+
+
 def _kustomize_command() -> list[str] | None:
     if os.environ.get("ORTSERVE_KUBECTL"):
         return [os.environ["ORTSERVE_KUBECTL"], "kustomize"]
@@ -312,8 +316,23 @@ def test_the_renderer_agrees_with_kustomize(name):
         pytest.skip("no kustomize or kubectl on PATH (ORTSERVE_KUBECTL names one)")
     out = subprocess.run([*command, str(K8S / "overlays" / name)], check=True,
                          capture_output=True, text=True, timeout=60).stdout
-    def key(o):
-        return (o["apiVersion"], o["kind"], o["metadata"]["name"])
-    theirs = {key(o): o for o in yaml.safe_load_all(out) if o}
-    ours = {key(o): o for o in render(name)}
-    assert ours == theirs
+    assert _by_identity(render(name)) == _by_identity(yaml.safe_load_all(out))
+
+
+def test_an_overlay_can_point_the_images_at_a_registry(tmp_path):
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    mine = copy / "overlays" / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "resources: [../gpu]\nimages:\n  - {name: ortserve, newName: registry.example/ortserve}\n")
+    objects = build(mine)
+    images = {c["image"] for o in objects if o["kind"] == "Deployment"
+              for c in o["spec"]["template"]["spec"]["containers"]
+              + o["spec"]["template"]["spec"].get("initContainers", [])}
+    assert images == {f"registry.example/ortserve:{t}" for t in ("cpu", "cuda", "tools")}
+    command = _kustomize_command()
+    if command is not None:
+        out = subprocess.run([*command, str(mine)], check=True, capture_output=True, text=True,
+                             timeout=60).stdout
+        assert _by_identity(yaml.safe_load_all(out)) == _by_identity(objects)
