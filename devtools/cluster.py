@@ -121,6 +121,7 @@ class LocalCluster:
     threads: int = 0  # per worker; 0: the cores shared out
     device: str = "cpu"
     scheduler_args: list[str] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)  # given to every worker
     services: list[Service] = field(default_factory=list)
 
     @property
@@ -156,7 +157,8 @@ class LocalCluster:
         budget = self.kv_budgets[index] if index < len(self.kv_budgets) else None
         if budget:
             argv += ["--kv-budget", budget]
-        service = start_service(f"worker-{index}", [*argv, *extra_args], self.log_dir)
+        service = start_service(f"worker-{index}", [*argv, *self.worker_args, *extra_args],
+                                self.log_dir)
         self.services.append(service)
         return service
 

@@ -44,6 +44,9 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    metrics_port = os.environ.get(_ENV + "METRICS_PORT")
+    p.add_argument("--metrics-port", type=int, default=int(metrics_port) if metrics_port else None,
+                   help="serve Prometheus metrics on this port (0: any free port); off if unset")
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(os.environ.get(_ENV + "DRAIN_TIMEOUT_S", d.drain_timeout_s)),
                    help="on SIGTERM, how long relayed streams may run before they are cut")
@@ -57,7 +60,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
-                           log_level=a.log_level, log_json=a.log_json,
+                           metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s)
 
 

@@ -17,5 +17,6 @@ class SchedulerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: relayed streams may finish within this
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
+    metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ortserve.metrics import REQUEST_SECONDS_BUCKETS, TOKEN_SECONDS_BUCKETS, LabelledGauges
+from ortserve.metrics import (
+    REQUEST_SECONDS_BUCKETS,
+    TOKEN_SECONDS_BUCKETS,
+    LabelledGauges,
+    callback_gauge,
+)
 
+from .admission_queue import AdmissionQueue
 from .budget import Admission, Decision, Ledger
-from .ledger_types import Lease
 
 
 class SchedulerMetrics:
-    def __init__(self, registry: CollectorRegistry, ledger: Ledger) -> None:
+    def __init__(self, registry: CollectorRegistry, ledger: Ledger,
+                 queue: AdmissionQueue | None = None) -> None:
         def per_worker(value):
             return lambda: {(w.geometry.worker_id,): float(value(w)) for w in ledger.snapshot()}
 
@@ -30,6 +36,18 @@ class SchedulerMetrics:
                 ("ortserve_scheduler_worker_draining", "1 while a worker drains",
                  lambda w: int(w.draining))):
             registry.register(LabelledGauges(name, doc, ["worker_id"], per_worker(value)))
+        if queue is not None:
+            callback_gauge(registry, "ortserve_scheduler_queue_length",
+                           "Requests waiting in the admission queue now", lambda: len(queue))
+            callback_gauge(registry, "ortserve_scheduler_queue_oldest_wait_seconds",
+                           "How long the head of the admission queue has waited",
+                           lambda: queue.stats().oldest_wait_s)
+            callback_gauge(registry, "ortserve_scheduler_queue_waiting_bytes",
+                           "KV bytes the queued requests need", lambda: queue.stats().waiting_bytes)
+        self.queue_wait_seconds = Histogram(
+            "ortserve_scheduler_queue_wait_seconds",
+            "Time a request spent in the admission queue before its decision (0: none)",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
         self.admissions = Counter(
             "ortserve_scheduler_admissions", "Admission decisions (dry runs excluded), by "
             "decision and rejection cause", ["decision", "cause"], registry=registry)
@@ -62,13 +80,14 @@ class SchedulerMetrics:
             return
         cause = admission.rejection.cause.value if admission.rejection else ""
         self.admissions.labels(admission.decision.value, cause).inc()
+        self.queue_wait_seconds.observe(admission.queue_wait_s)
         if admission.decision is Decision.CAPPED and admission.budget_cap is not None:
             cap = admission.budget_cap
             self.caps.inc()
             self.cap_tokens_cut.inc(cap.requested_max_new_tokens - cap.admitted_max_new_tokens)
 
-    def expired(self, leases: list[Lease]) -> None:
-        self.lease_expiries.inc(len(leases))
+    def expired(self, expired: list) -> None:
+        self.lease_expiries.inc(len(expired))
 
     def finished(self, generated_tokens: int, ttft_ms: float, decode_ms: float,
                  total_ms: float) -> None:

@@ -30,8 +30,10 @@ from .worker_clients import WorkerClients
 log = structlog.get_logger("scheduler")
 
 
-def log_expired(expired: list[Expired]) -> None:
-    """The one place a dropped lease is logged, with its numbers."""
+def log_expired(expired: list[Expired], metrics=None) -> None:
+    """The one place a dropped lease is logged (and counted), with its numbers."""
+    if metrics is not None:
+        metrics.expired(expired)
     for gone in expired:
         lease = gone.lease
         log.warning("lease expired", why=gone.why, lease_id=lease.lease_id,
@@ -72,11 +74,12 @@ class _Prompt:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter) -> None:
+                 waiter: QueueWaiter, metrics=None) -> None:
         self._config = config
         self._ledger = ledger
         self._workers = workers
         self._waiter = waiter
+        self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
     # -- admission -------------------------------------------------------------
 
@@ -129,7 +132,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         else:
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
-        log_expired(self._ledger.expire())
+        log_expired(self._ledger.expire(), self._metrics)
         return admission, prompt.token_ids
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
@@ -148,6 +151,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _kick(self) -> None:
         self._waiter.kick()
 
+    def _count(self, admission: Admission) -> None:
+        if self._metrics is not None:
+            self._metrics.admission(admission)
+
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
@@ -158,6 +165,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                              deadline_s=context.time_remaining())
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
+        self._count(admission)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -176,7 +184,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def GetBudget(self, request: scheduler_pb2.GetBudgetRequest, context):
-        log_expired(self._ledger.expire())
+        log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
         return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic(),
                                     self._waiter.queue.stats())
@@ -193,7 +201,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
         if previous is not None and previous.address != geometry.address:
             await self._workers.forget(previous.address)
-        log_expired(self._ledger.expire())
+        log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # a new worker's bytes serve the queue
         log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,
                  capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
@@ -257,6 +265,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     bound.info("left the queue unserved", freed_bytes=self._waiter.leave(ticket))
                 else:
                     self._waiter.forget(ticket)
+        self._count(admission)
         if admission.decision is Decision.REJECTED:
             bound.info("rejected", cause=admission.rejection.cause.value)
             raise rejection_error(admission.rejection)
@@ -287,6 +296,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     t.queue_ms += relay_offset_ms
                     t.ttft_ms += relay_offset_ms
                     t.total_ms = (time.perf_counter() - arrived) * 1e3
+                    if self._metrics is not None:
+                        self._metrics.finished(event.finished.usage.generated_tokens, t.ttft_ms,
+                                               t.decode_ms, t.total_ms)
                     bound.info("finished", finish_reason=types_pb2.FinishReason.Name(
                         event.finished.finish_reason), generated_tokens=event.finished.usage.generated_tokens)
                 yield event
