@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: setup tools-setup protos protos-check proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
+.PHONY: setup tools-setup protos protos-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -79,6 +79,24 @@ protos-check: setup
 	touch $$tmp/ortserve/v1/__init__.py && \
 	if diff -ru -x __pycache__ $$tmp/ortserve/v1 ortserve/v1; then echo "protos-check: stubs are up to date"; rm -rf $$tmp; \
 	else echo "protos-check: stubs are stale; run 'make protos' and commit" >&2; rm -rf $$tmp; exit 1; fi
+
+## buf-setup: the buf CLI (npm's @bufbuild/buf) in .tools/ (needs Node.js and npm)
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+buf-setup: $(BUF)
+$(BUF):
+	@command -v npm >/dev/null || { echo "buf-setup: npm not found; install Node.js 20 (with npm) to lint the protos" >&2; exit 1; }
+	$(call step,buf-setup,installing buf $(BUF_VERSION) from npm into .tools,about 10 s,npm install --prefix .tools --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION))
+
+## proto-lint: buf lint (each kept exception, with its reason, is in buf.yaml) and buf breaking
+## against the commit this branch forked from main (BUF_AGAINST=<buf input> to choose another)
+BUF_AGAINST ?=
+proto-lint: buf-setup
+	@$(BUF) lint && echo "proto-lint: buf lint is clean" >&2
+	@against='$(BUF_AGAINST)'; \
+	if [ -z "$$against" ] && base=$$(git merge-base HEAD main 2>/dev/null); then against=".git#ref=$$base,subdir=protos"; fi; \
+	if [ -z "$$against" ]; then echo "proto-lint: no branch main here; buf breaking skipped (set BUF_AGAINST)" >&2; \
+	else $(BUF) breaking --against "$$against" && echo "proto-lint: no breaking change against $$against" >&2; fi
 
 lint: setup
 	$(BIN)/ruff check .
@@ -127,4 +145,4 @@ bench-quick: setup tools-setup tiny-model model
 	$(BIN)/python -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS_VENV) .tools .pytest_cache .ruff_cache .hypothesis
