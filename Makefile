@@ -52,10 +52,12 @@ FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
 setup: $(VENV)/.stamp
+# NOTE: PYTHONWARNINGS=ignore silences setuptools' editable-install warning box (a page of
+# asterisks about folder names), which says nothing a newcomer can act on.
 $(VENV)/.stamp: pyproject.toml $(if $(call stale_venv,$(VENV)),FORCE)
 	$(call make_venv,$(VENV))
 	$(call step,setup,upgrading pip in $(VENV),about 10 s,$(BIN)/pip install -q --upgrade pip)
-	$(call step,setup,installing ortserve and its dependencies into $(VENV) (onnxruntime-gpu is a 255 MB wheel),about 3 min the first time; seconds when up to date,$(BIN)/pip install -q -e '.[dev]')
+	$(call step,setup,installing ortserve and its dependencies into $(VENV) (onnxruntime-gpu is a 255 MB wheel),about 3 min the first time; seconds when up to date,PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev]')
 	@touch $@
 
 ## tools-setup: the model-conversion virtualenv (torch, transformers, the genai builder)

@@ -83,6 +83,9 @@ DEFAULT_TARGETS = ("fp32", "int4")
 PRECISIONS = ("fp32", "int4")
 # What the serving worker needs in a folder; a chat template is optional (plain text then).
 FROM_HF_REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
+FROM_HF_HINT = ("the builder's own message is in the log lines above; it converts the "
+                "architectures onnxruntime-genai supports (LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen2ForCausalLM, Phi3ForCausalLM, ...) from fp32, fp16 or bf16 weights")
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
@@ -345,7 +348,12 @@ def build_model(target: Target, hf_dir: Path, final: Path, source: str) -> None:
     """Build one model folder atomically: builder, missing files, manifest, rename."""
     required = FROM_HF_REQUIRED_FILES if target.hf_dir is not None else REQUIRED_FILES
     with staged(final) as out:
-        run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
+        try:
+            run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
+        except PrepareError as error:
+            if target.hf_dir is None:
+                raise
+            raise PrepareError(error.what, FROM_HF_HINT) from error
         complete_model_folder(hf_dir, out, required)
         write_manifest(out, target.name, target.precision, source)
 

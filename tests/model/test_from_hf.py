@@ -88,3 +88,21 @@ def test_from_hf_without_a_tokenizer_fails_before_building(tiny_hf_dir, tmp_path
     assert result.returncode == 1
     assert "tokenizer.json" in result.stderr and result.stdout == ""
     assert not (cache / "models" / "no-tokenizer-fp32").exists()
+
+
+def test_a_builder_failure_names_the_step_and_shows_the_log_tail(tiny_hf_dir, tmp_path):
+    odd = tmp_path / "odd-arch"
+    shutil.copytree(tiny_hf_dir, odd)
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    cache = tmp_path / "cache"
+    result = prepare("--cache-dir", str(cache), "--from-hf", str(odd), timeout_s=TINY_TIMEOUT_S)
+    assert result.returncode == 1 and result.stdout == ""
+    logs = list((cache / "logs").glob("prepare-*.log"))
+    assert len(logs) == 1
+    assert f"the last lines of {logs[0]}" in result.stderr
+    assert "is not currently supported" in result.stderr  # the builder's own words, from the log
+    last = result.stderr.splitlines()[-1]
+    assert "builder exited 1" in last and "architectures onnxruntime-genai supports" in last
+    assert not (cache / "models" / "odd-arch-fp32").exists()
+    assert not list((cache / "models").glob(".tmp-*"))
