@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.cluster import model_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # $1 is "-c" for the version probe, "-m venv DIR" to create a venv.
@@ -78,3 +80,24 @@ def test_each_setup_step_prints_one_banner_with_its_expected_duration(tmp_path):
     # Up to date: nothing to do, nothing said.
     again = make_setup(stub_python(tmp_path, "3.11.9"), tmp_path / "venv")
     assert again.returncode == 0 and "(expected: " not in again.stderr
+
+
+def test_make_run_prerequisites_print_nothing_on_stdout_when_prepared(tmp_path):
+    # `make run` = setup, model, then the runner (whose stdout is the answer). Up to date,
+    # the prerequisites must add nothing to stdout: no recipe echo, no paths. A probe goal
+    # stands in for run, so make's own "Nothing to be done" notice for goals does not apply.
+    if subprocess.run(["make", "-q", "setup", "tools-setup"], cwd=ROOT,
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("the virtualenvs are not set up (make setup tools-setup)")
+    models = model_cache().expanduser() / "models"
+    if not all((models / name / "ortserve-model.json").is_file() for name in (
+            "smollm2-135m-instruct-fp32", "smollm2-135m-instruct-int4", "tiny-llama")):
+        pytest.skip("the models are not prepared (make model tiny-model)")
+    probe = tmp_path / "probe.mk"
+    probe.write_text("probe: setup model tiny-model\n\t@true\n")
+    result = subprocess.run(["make", "--no-print-directory", "-f", "Makefile", "-f", str(probe),
+                             "probe"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("already prepared") == 3, result.stderr
