@@ -118,17 +118,37 @@ class IncrementalDetokenizer:
             # at all and hand its text out as output; start without context instead.
             self._context = []
         self._held: list[int] = []
-        self._step = tokenizer.decode_stream(self._context)
+        self._step: Callable[[int], str | None] | None = tokenizer.decode_stream(self._context)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly "")."""
-        text = self._step(token_id)
+        text = None
+        if self._step is not None:
+            try:
+                text = self._step(token_id)
+            except Exception:
+                # NOTE: DecodeStream raises when a decoder rewrites earlier text (its
+                # "invalid prefix" error): decode the window by hand until the held
+                # text completes, then start a fresh stream after it.
+                self._step = None
+        if self._step is None:
+            text = self._window_text(token_id)
         if text is None:
             self._held.append(token_id)
             return ""
         self._context = [*self._context, *self._held, token_id][-self._CONTEXT_TOKENS:]
         self._held = []
+        if self._step is None:
+            self._step = self._tok.decode_stream(self._context)
         return text
+
+    def _window_text(self, token_id: int) -> str | None:
+        before = self._tok.decode(self._context)
+        after = self._tok.decode([*self._context, *self._held, token_id])
+        # By length, not by prefix: the decoder may have rewritten the context's text.
+        if len(after) <= len(before) or after.endswith(_REPLACEMENT_CHAR):
+            return None
+        return after[len(before):]
 
     def flush(self) -> str:
         """Return whatever is still held back (an incomplete character decodes as U+FFFD)."""

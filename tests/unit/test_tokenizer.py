@@ -170,3 +170,24 @@ def test_chat_template_namespaces_refuse_underscore_attributes(tmp_path):
     with pytest.raises(InvalidRequest) as info:
         tok.render_chat([("user", "x")])
     assert "underscore" in str(info.value)
+
+
+class FailingStreamTokenizer(Tokenizer):
+    """A tokenizer whose DecodeStream refuses every other step (its invalid-prefix error)."""
+
+    def decode_stream(self, prefix_ids=()):
+        step, calls = super().decode_stream(prefix_ids), [0]
+
+        def flaky(token_id):
+            calls[0] += 1
+            if calls[0] % 2 == 0:
+                raise Exception("DecodeStream: invalid prefix")
+            return step(token_id)
+        return flaky
+
+
+def test_a_decode_stream_error_falls_back_to_window_decoding():
+    tok = FailingStreamTokenizer(prepared_model_dir("tiny-llama"))
+    ids = tok.encode("plain words " + MULTIBYTE)
+    deltas = stream_deltas(tok, ids, tok.encode("context"))
+    assert "".join(deltas) == tok.decode(ids)
