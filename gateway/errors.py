@@ -58,9 +58,12 @@ _PARAM_OF_FIELD = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class HttpError(Exception):
-    """An error response: status, OpenAI's error object, and headers (Retry-After)."""
+    """An error response: status, OpenAI's error object, and headers (Retry-After).
+
+    Not frozen: the ASGI stack assigns __traceback__ on exceptions it handles.
+    """
 
     status: int
     message: str

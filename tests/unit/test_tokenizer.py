@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.models import prepared_model_dir
+from worker_service.errors import InvalidRequest
 from worker_service.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
 
 MULTIBYTE = "héllo wörld 日本語 🙂 — ça va? 𝄞"
@@ -115,3 +117,77 @@ def test_stop_sequences_before_min_new_tokens_do_not_count(tiny_tokenizer):
     out += [stream.push(i) for i in rest]  # pushes after the match add nothing
     assert stream.stop_sequence == "END"
     assert "".join(out) == stream.text == "a END b "
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=st.lists(st.one_of(st.integers(0, 49151), st.integers(0, 300)), max_size=16),
+       prompt=st.lists(st.integers(0, 49151), max_size=8))
+def test_deltas_concatenate_to_the_decode_for_any_ids(ids, prompt):
+    # Any ids at all: lone UTF-8 continuation bytes, special tokens, prompts that end
+    # inside a character. Small ids are byte-level pieces, the likeliest to split a character.
+    tok = load_tiny_tokenizer()
+    assert "".join(stream_deltas(tok, ids, prompt)) == tok.decode(ids)
+
+
+def test_stop_text_stream_output_equals_the_decode_without_stops(tiny_tokenizer):
+    ids = tiny_tokenizer.encode(MULTIBYTE)
+    stream = StopTextStream(tiny_tokenizer, tiny_tokenizer.encode("prompt"), ())
+    assert "".join(push_all(stream, ids)) == stream.text == MULTIBYTE
+
+
+def template_folder(tmp_path, template: str, **config) -> Tokenizer:
+    """The tiny model's tokenizer with another chat template."""
+    src = prepared_model_dir("tiny-llama")
+    (tmp_path / "tokenizer.json").write_bytes((src / "tokenizer.json").read_bytes())
+    base = json.loads((src / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**base, **config}))
+    (tmp_path / "chat_template.jinja").write_text(template)
+    return Tokenizer(tmp_path)
+
+
+def test_chat_template_may_use_loop_controls_and_the_generation_tag(tmp_path):
+    tok = template_folder(tmp_path, (
+        "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+        "{% if loop.index > 3 %}{% break %}{% endif %}"
+        "{% generation %}[{{ m.role }}:{{ m.content }}]{% endgeneration %}{% endfor %}"))
+    text = tok.render_chat([("system", "s"), ("user", "a"), ("assistant", "b"), ("user", "c")])
+    assert text == "[user:a][assistant:b]"
+
+
+def test_chat_template_sees_the_variables_transformers_passes(tmp_path):
+    tok = template_folder(tmp_path, (
+        "{{ unk_token }}|{{ pad_token }}|{{ bos_token }}|{{ tools is none }}|"
+        "{{ documents is none }}|{{ add_generation_prompt }}|"
+        "{{ messages[0] | tojson(indent=1, sort_keys=True) }}|{{ '<&>' | tojson }}|"
+        "{% set ns = namespace(n=1) %}{{ ns.n }}|{{ dict(a=1) | tojson }}"))
+    text = tok.render_chat([("user", "é")])
+    assert text == ('<|endoftext|>|<|im_end|>|<|im_start|>|True|True|True|'
+                    '{\n "content": "é",\n "role": "user"\n}|"<&>"|1|{"a": 1}')
+
+
+def test_chat_template_namespaces_refuse_underscore_attributes(tmp_path):
+    tok = template_folder(tmp_path, "{% set ns = namespace(_x=1) %}{{ ns._x }}")
+    with pytest.raises(InvalidRequest) as info:
+        tok.render_chat([("user", "x")])
+    assert "underscore" in str(info.value)
+
+
+class FailingStreamTokenizer(Tokenizer):
+    """A tokenizer whose DecodeStream refuses every other step (its invalid-prefix error)."""
+
+    def decode_stream(self, prefix_ids=()):
+        step, calls = super().decode_stream(prefix_ids), [0]
+
+        def flaky(token_id):
+            calls[0] += 1
+            if calls[0] % 2 == 0:
+                raise Exception("DecodeStream: invalid prefix")
+            return step(token_id)
+        return flaky
+
+
+def test_a_decode_stream_error_falls_back_to_window_decoding():
+    tok = FailingStreamTokenizer(prepared_model_dir("tiny-llama"))
+    ids = tok.encode("plain words " + MULTIBYTE)
+    deltas = stream_deltas(tok, ids, tok.encode("context"))
+    assert "".join(deltas) == tok.decode(ids)

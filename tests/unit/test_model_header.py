@@ -1,0 +1,41 @@
+"""The graph signature of a model folder, read from model.onnx without the weights."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.models import prepared_model_dir
+from worker_service.errors import ModelLoadError
+from worker_service.model import read_graph_header
+
+
+def test_header_of_the_tiny_model_lists_its_inputs_outputs_and_ops():
+    header = read_graph_header(prepared_model_dir("tiny-llama") / "model.onnx")
+    assert header.inputs["input_ids"] == (7, ["batch_size", "sequence_length"])  # int64
+    assert sorted(n for n in header.inputs if n.startswith("past_key_values.")) == [
+        "past_key_values.0.key", "past_key_values.0.value",
+        "past_key_values.1.key", "past_key_values.1.value"]
+    elem, dims = header.inputs["past_key_values.0.key"]
+    assert elem == 1 and len(dims) == 4 and dims[1] == 2  # float32, 2 KV heads
+    assert header.outputs["logits"][1][2] == 49152
+    assert "GroupQueryAttention" in header.op_types
+
+
+def test_header_is_read_in_milliseconds_without_the_weights():
+    model_file = prepared_model_dir("tiny-llama") / "model.onnx"
+    start_s = time.perf_counter()
+    read_graph_header(model_file)
+    assert time.perf_counter() - start_s < 0.5
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_a_file_that_is_not_an_onnx_model_is_a_load_error_naming_it(tmp_path, damage):
+    original = (prepared_model_dir("tiny-llama") / "model.onnx").read_bytes()
+    content = {"garbage": b"\xff\xfenot a model" * 100, "truncated": original[: len(original) // 2],
+               "empty": b""}[damage]
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(content)
+    with pytest.raises(ModelLoadError, match="is not a readable ONNX model"):
+        read_graph_header(bad)
