@@ -26,9 +26,11 @@ Kind = Literal["chat", "completion"]
 
 # Keys both endpoints honour. min_tokens, top_k and repetition_penalty are the
 # extension names vLLM uses (sent through the openai SDK's extra_body);
-# cap_policy is ortserve's own ("allow" or "strict").
+# cap_policy ("allow", "strict" or "wait_full") and max_queue_wait_ms (how long to wait
+# in the admission queue; 0: answer 429 at once when busy) are ortserve's own.
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
-           "top_p", "user", "min_tokens", "top_k", "repetition_penalty", "cap_policy"}
+           "top_p", "user", "min_tokens", "top_k", "repetition_penalty", "cap_policy",
+           "max_queue_wait_ms"}
 # Keys OpenAI defines that are accepted only at the value that changes nothing.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
@@ -46,7 +48,8 @@ _NO_OP_KEYS = {
 }
 # OpenAI's "developer" role is the system role under a newer name.
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_CAP_POLICIES = {"allow": types_pb2.CAP_POLICY_ALLOW, "strict": types_pb2.CAP_POLICY_STRICT}
+_CAP_POLICIES = {"allow": types_pb2.CAP_POLICY_ALLOW, "strict": types_pb2.CAP_POLICY_STRICT,
+                 "wait_full": types_pb2.CAP_POLICY_WAIT_FULL}
 
 
 class ParamError(ValueError):
@@ -90,7 +93,8 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req.stop.extend(_stop_list(params.get("stop")))
     policy = params.get("cap_policy", "allow")
     if policy not in _CAP_POLICIES:
-        raise ParamError("cap_policy", f"must be 'allow' or 'strict', not {policy!r}")
+        raise ParamError("cap_policy", f"must be one of {', '.join(_CAP_POLICIES)}, not "
+                         f"{policy!r}")
     req.cap_policy = _CAP_POLICIES[policy]
     stream = _bool(params, "stream", False)
     return ParsedRequest(kind, model, stream, _include_usage(params, stream), req)
@@ -177,6 +181,9 @@ def _set_limits(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[str,
     min_tokens = _int(params, "min_tokens", 0, UINT32_MAX)
     if min_tokens is not None:
         req.min_new_tokens = min_tokens
+    queue_wait_ms = _int(params, "max_queue_wait_ms", 0, UINT32_MAX)
+    if queue_wait_ms is not None:
+        req.max_queue_wait_ms = queue_wait_ms
 
 
 def _set_sampling(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:

@@ -57,6 +57,10 @@ class Upstream:
         call = self._stub.Generate(request, timeout=self._timeout_s, metadata=tuple(metadata))
         try:
             first = await call.read()
+            # A request waiting in the admission queue hears its place first: HTTP has
+            # nowhere to put that before the status line, so the gateway waits it out.
+            while first is not grpc.aio.EOF and first.WhichOneof("event") == "queued":
+                first = await call.read()
         except BaseException:
             call.cancel()
             raise

@@ -187,10 +187,12 @@ def test_a_streamed_cap_is_in_the_first_chunk_and_a_busy_budget_is_429(tight):
         cap = first.model_extra["ortserve"]["budget_cap"]
         assert f"admitted_max_tokens={cap['admitted_max_new_tokens']}," in \
             response.headers["x-ortserve-budget-cap"]
-        # The capped stream holds the whole budget: a second request must wait.
+        # The capped stream holds the whole budget: a second request that will not wait
+        # in the admission queue is told to come back.
         with pytest.raises(openai.RateLimitError) as err:
             openai_client(gateway, max_retries=0).chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=8)
+                model=MODEL, messages=messages, max_tokens=8,
+                extra_body={"max_queue_wait_ms": 0})
         assert int(err.value.response.headers["retry-after"]) >= 1
         assert err.value.code == "budget_busy"
         rest = list(chunks)

@@ -176,7 +176,11 @@ def test_info_reports_what_was_resolved(roomy):
 
 
 def test_a_bad_sampling_parameter_is_rejected_naming_the_field(roomy):
+    # Out of range: the CLI refuses it before any call (usage error).
     result = run_cli(roomy.address, "generate", FRANCE, "--top-p", "1.5", "--temperature", "0.7")
+    assert result.returncode == 2 and result.stdout == "" and "--top-p" in result.stderr
+    # In range but meaningless (greedy decoding has no use for top_p): the server refuses it.
+    result = run_cli(roomy.address, "generate", FRANCE, "--top-p", "0.5")
     assert result.returncode == 4 and result.stdout == ""
     assert "top_p" in result.stderr
     assert reserved_bytes(roomy.address) == 0
