@@ -52,7 +52,10 @@ function describeCap(cap) {
 
 const call = client.Generate(request);
 call.on("data", (event) => {
-  if (event.event === "admission") {
+  if (event.event === "queued") {
+    const q = event.queued;
+    process.stderr.write(`ortserve-node: queued for KV budget: place ${q.position}, waited ${Math.round(q.waited_ms)} ms\n`);
+  } else if (event.event === "admission") {
     if (event.admission.budget_cap) process.stderr.write(`ortserve-node: ${describeCap(event.admission.budget_cap)}\n`);
   } else if (event.event === "chunk") {
     process.stdout.write(event.chunk.text);
