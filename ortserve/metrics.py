@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -46,6 +46,31 @@ class LabelledGauges(Collector):
 
     def describe(self):
         return [GaugeMetricFamily(self._name, self._doc, labels=self._labels)]
+
+
+class RequestLatency:
+    """Time to first token, time per output token and request duration, one place each."""
+
+    def __init__(self, registry: CollectorRegistry, prefix: str, where: str) -> None:
+        self.ttft_seconds = Histogram(
+            f"{prefix}_time_to_first_token_seconds",
+            f"From the request's arrival at the {where} to its first token",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+        self.tpot_seconds = Histogram(
+            f"{prefix}_time_per_output_token_seconds",
+            "Mean time between a request's tokens after the first",
+            buckets=TOKEN_SECONDS_BUCKETS, registry=registry)
+        self.duration_seconds = Histogram(
+            f"{prefix}_request_duration_seconds",
+            f"From the request's arrival at the {where} to its last token",
+            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+
+    def observe(self, generated_tokens: int, ttft_ms: float, decode_ms: float,
+                total_ms: float) -> None:
+        self.ttft_seconds.observe(ttft_ms / 1e3)
+        if generated_tokens > 1:
+            self.tpot_seconds.observe(decode_ms / 1e3 / (generated_tokens - 1))
+        self.duration_seconds.observe(total_ms / 1e3)
 
 
 def callback_gauge(registry: CollectorRegistry, name: str, documentation: str,

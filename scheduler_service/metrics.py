@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ortserve.metrics import (
     REQUEST_SECONDS_BUCKETS,
-    TOKEN_SECONDS_BUCKETS,
     LabelledGauges,
+    RequestLatency,
     callback_gauge,
 )
 
@@ -62,18 +62,7 @@ class SchedulerMetrics:
         self.generated_tokens = Counter(
             "ortserve_scheduler_generated_tokens", "Tokens relayed to clients",
             registry=registry)
-        self.ttft_seconds = Histogram(
-            "ortserve_scheduler_time_to_first_token_seconds",
-            "From the request's arrival at the scheduler to its first token",
-            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
-        self.tpot_seconds = Histogram(
-            "ortserve_scheduler_time_per_output_token_seconds",
-            "Mean time between a request's tokens after the first",
-            buckets=TOKEN_SECONDS_BUCKETS, registry=registry)
-        self.duration_seconds = Histogram(
-            "ortserve_scheduler_request_duration_seconds",
-            "From the request's arrival at the scheduler to its Finished event",
-            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+        self.latency = RequestLatency(registry, "ortserve_scheduler", "scheduler")
 
     def admission(self, admission: Admission) -> None:
         if admission.dry_run:
@@ -92,7 +81,4 @@ class SchedulerMetrics:
     def finished(self, generated_tokens: int, ttft_ms: float, decode_ms: float,
                  total_ms: float) -> None:
         self.generated_tokens.inc(generated_tokens)
-        self.ttft_seconds.observe(ttft_ms / 1e3)
-        if generated_tokens > 1:
-            self.tpot_seconds.observe(decode_ms / 1e3 / (generated_tokens - 1))
-        self.duration_seconds.observe(total_ms / 1e3)
+        self.latency.observe(generated_tokens, ttft_ms, decode_ms, total_ms)

@@ -6,9 +6,9 @@ once per finished sequence from its Completed event.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 
-from ortserve.metrics import REQUEST_SECONDS_BUCKETS, TOKEN_SECONDS_BUCKETS, callback_gauge
+from ortserve.metrics import RequestLatency, callback_gauge
 
 from .engine import Engine
 from .sequence import Completed
@@ -37,23 +37,9 @@ class WorkerMetrics:
         self.sequences = Counter(
             "ortserve_worker_sequences_finished", "Sequences that finished, by finish reason",
             ["finish_reason"], registry=registry)
-        self.ttft_seconds = Histogram(
-            "ortserve_worker_time_to_first_token_seconds",
-            "From the request's arrival at the worker to its first token",
-            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
-        self.tpot_seconds = Histogram(
-            "ortserve_worker_time_per_output_token_seconds",
-            "Mean time between a sequence's tokens after the first",
-            buckets=TOKEN_SECONDS_BUCKETS, registry=registry)
-        self.duration_seconds = Histogram(
-            "ortserve_worker_request_duration_seconds",
-            "From the request's arrival at the worker to its last token",
-            buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
+        self.latency = RequestLatency(registry, "ortserve_worker", "worker")
 
     def completed(self, done: Completed) -> None:
         self.generated_tokens.inc(done.generated_tokens)
         self.sequences.labels(done.finish_reason.value).inc()
-        self.ttft_seconds.observe(done.ttft_ms / 1e3)
-        if done.generated_tokens > 1:
-            self.tpot_seconds.observe(done.decode_ms / 1e3 / (done.generated_tokens - 1))
-        self.duration_seconds.observe(done.total_ms / 1e3)
+        self.latency.observe(done.generated_tokens, done.ttft_ms, done.decode_ms, done.total_ms)
