@@ -7,17 +7,25 @@ missing) unless CUDA really runs it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import io
+import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
+import structlog
 
 from worker_service.errors import DeviceUnavailable, ModelLoadError
 from worker_service.model import ModelSpec
+
+log = structlog.get_logger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -65,25 +73,102 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # The missing-CUDA warnings are reported, with a remedy, by DeviceUnavailable.
     options.log_severity_level = 3
+    # One profiled warm-up run tells where ORT placed every node (node_placement).
+    profile_dir = tempfile.mkdtemp(prefix="ortserve-placement-")
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(profile_dir, "placement")
     preload_log = ""
     if device == "cuda":
         providers: list = [(CUDA, {"device_id": device_id}), CPU]
+        # NOTE: ORT places nodes without a CUDA kernel (GroupQueryAttention in fp32, say)
+        # on the CPU provider silently, copying KV across every step: refuse instead.
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         preload_log = _preload_cuda_libraries()
     else:
         providers = [CPU]
     try:
         session = ort.InferenceSession(str(spec.model_file), options, providers=providers)
     except Exception as exc:
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        if device == "cuda" and "fallback" in str(exc).lower():
+            # Either CUDA is not there at all, or some nodes have no CUDA kernel: a
+            # session that may fall back tells which, and names the nodes.
+            _explain_cuda_fallback(spec, device_id, intra_op_threads, preload_log, exc)
         raise ModelLoadError(f"ONNX Runtime could not load {spec.model_file}: {exc}") from exc
     active = session.get_providers()
     if device == "cuda" and (not active or active[0] != CUDA):
-        raise DeviceUnavailable(
-            f"{CUDA} not active: the session runs on {active} because "
-            f"{describe_missing_cuda(device_id, preload_log)}; ONNX Runtime falls back to "
-            "CPU silently, so the worker refuses to start. Install the CUDA and cuDNN libraries "
-            "onnxruntime-gpu needs on a machine with an NVIDIA GPU, or run with --device cpu")
+        raise _cuda_not_active(active, device_id, preload_log)
     _check_session_io(session, spec)
+    session.ortserve_nodes_by_provider = _placement(session, spec, profile_dir)
     return session
+
+
+def node_placement(session: ort.InferenceSession) -> dict[str, int]:
+    """How many graph nodes each execution provider runs, from ORT's own profile."""
+    return dict(getattr(session, "ortserve_nodes_by_provider", {}))
+
+
+def _placement(session: ort.InferenceSession, spec: ModelSpec, profile_dir: str,
+               op_types_on: str = ""):
+    """Run one token through a fresh empty cache with profiling on; count nodes per provider
+    (or, with op_types_on, return the set of op types that provider runs)."""
+    try:
+        feeds = {spec.input_ids_name: np.ones((1, 1), dtype=np.int64),
+                 spec.attention_mask_name: np.ones((1, 1), dtype=np.int64)}
+        if spec.position_ids_name:
+            feeds[spec.position_ids_name] = np.zeros((1, 1), dtype=np.int64)
+        empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
+        for i in range(spec.num_layers):
+            for name in (spec.past_key_name, spec.past_value_name):
+                feeds[name.format(i=i)] = empty
+        session.run(None, feeds)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    except Exception as exc:  # a report, not a gate: never fail the start over it
+        log.warning("node placement unknown", error=f"{type(exc).__name__}: {exc}")
+        return {}
+    finally:
+        shutil.rmtree(profile_dir, ignore_errors=True)
+    providers: dict[str, tuple[str, str]] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and "provider" in args:
+            providers[args.get("node_index", event.get("name"))] = (args["provider"],
+                                                                    args.get("op_name", "?"))
+    if op_types_on:
+        return {op for provider, op in providers.values() if provider == op_types_on}
+    return dict(collections.Counter(provider for provider, _ in providers.values()))
+
+
+def _cuda_not_active(active: list[str], device_id: int, preload_log: str) -> DeviceUnavailable:
+    return DeviceUnavailable(
+        f"{CUDA} not active: the session runs on {active} because "
+        f"{describe_missing_cuda(device_id, preload_log)}; ONNX Runtime falls back to "
+        "CPU silently, so the worker refuses to start. Install the CUDA and cuDNN libraries "
+        "onnxruntime-gpu needs on a machine with an NVIDIA GPU, or run with --device cpu")
+
+
+def _explain_cuda_fallback(spec: ModelSpec, device_id: int, intra_op_threads: int,
+                           preload_log: str, error: Exception) -> None:
+    """Raise DeviceUnavailable saying why a no-fallback CUDA session refused to load."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.log_severity_level = 3
+    profile_dir = tempfile.mkdtemp(prefix="ortserve-placement-")
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(profile_dir, "placement")
+    probe = ort.InferenceSession(str(spec.model_file), options,
+                                 providers=[(CUDA, {"device_id": device_id}), CPU])
+    active = probe.get_providers()
+    if not active or active[0] != CUDA:
+        shutil.rmtree(profile_dir, ignore_errors=True)
+        raise _cuda_not_active(active, device_id, preload_log) from error
+    on_cpu = sorted(_placement(probe, spec, profile_dir, op_types_on=CPU))
+    raise DeviceUnavailable(
+        f"{spec.model_file} has nodes with no CUDA kernel ({', '.join(on_cpu) or 'unknown'}), "
+        "which ONNX Runtime would run on the CPU provider with host-device copies every "
+        "step; use a model folder built for CUDA (the genai builder's -e cuda, fp16), or run "
+        "with --device cpu") from error
 
 
 def _check_session_io(session: ort.InferenceSession, spec: ModelSpec) -> None:

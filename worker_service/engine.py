@@ -90,6 +90,7 @@ class Engine:
         session = devices.create_session(self.spec, config.device, config.device_id,
                                          self.intra_op_threads, config.inter_op_threads)
         self.provider = session.get_providers()[0]
+        self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
         self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
         chunk_tokens = max(config.prefill_chunk_tokens, 1)
         layout = config.kv_layout if config.kv_layout != "auto" else (
@@ -121,6 +122,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="ortserve-engine", daemon=True)
         self._thread.start()
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
+                 nodes_by_provider=self.nodes_by_provider,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
                  bytes_per_token=self.spec.bytes_per_token)
 

@@ -57,6 +57,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             intra_op_threads=engine.intra_op_threads, active_sequences=engine.active_sequences(),
             kv_layout=engine.kv_layout, batch_rows=engine.batch_rows,
             max_batch_rows=engine.max_batch_rows, largest_batch=engine.runner.largest_batch,
+            nodes_by_provider=engine.nodes_by_provider,
         )
 
     async def Tokenize(self, request, context):

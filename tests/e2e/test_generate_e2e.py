@@ -173,6 +173,9 @@ def test_info_reports_what_was_resolved(roomy):
     assert info.bytes_per_token == BPT and info.context_length == 8192
     assert info.capacity_bytes == 512 * 2**20
     assert info.kv_layout == "arena" and info.max_batch_rows >= 8 and info.block_tokens == 16
+    # ORT's own placement: every node on the CPU provider, and there are nodes.
+    assert set(info.nodes_by_provider) == {"CPUExecutionProvider"}
+    assert info.nodes_by_provider["CPUExecutionProvider"] > 30
 
 
 def test_a_bad_sampling_parameter_is_rejected_naming_the_field(roomy):

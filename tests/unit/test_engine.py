@@ -155,3 +155,8 @@ def test_smollm2_fp32_greedy_equals_reference_and_answers_paris():
     assert list(done.token_ids) == expected[: done.generated_tokens]
     assert done.finish_reason in (FinishReason.EOS, FinishReason.LENGTH)
     assert "Paris" in done.text
+
+
+def test_info_node_placement_is_ort_s_own_and_all_cpu_on_cpu(tiny_engine):
+    placement = tiny_engine.nodes_by_provider
+    assert set(placement) == {"CPUExecutionProvider"} and placement["CPUExecutionProvider"] > 10
