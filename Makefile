@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: setup tools-setup protos protos-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
+.PHONY: model-cuda setup tools-setup protos protos-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -110,6 +110,10 @@ model: tools-setup
 
 tiny-model: tools-setup
 	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only tiny >/dev/null
+
+## model-cuda: the default model for --device cuda (fp16, the builder's -e cuda; no GPU needed)
+model-cuda: tools-setup
+	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only fp16-cuda >/dev/null
 
 ## hf-model: any llama-family Hugging Face folder, as $(ORTSERVE_MODEL_CACHE)/models/MODEL_NAME
 ##   make hf-model HF_DIR=path/to/hf-folder [MODEL_NAME=name] [PRECISION=fp32|int4]

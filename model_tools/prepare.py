@@ -71,6 +71,7 @@ class Target:
     name: str
     precision: str  # the builder's -p
     tiny: bool = False
+    execution_provider: str = "cpu"  # the builder's -e: "cuda" emits CUDA's fp16 kernels
     hf_dir: Path | None = None  # --from-hf: convert this Hugging Face folder as it is
 
 
@@ -78,6 +79,9 @@ TARGETS = {
     "fp32": Target(f"{SMOLLM2_HF}-fp32", "fp32"),
     "int4": Target(f"{SMOLLM2_HF}-int4", "int4"),
     "tiny": Target(TINY_HF, "fp32", tiny=True),
+    # For --device cuda: GroupQueryAttention's CUDA kernels are fp16/bf16 only, so the
+    # -e cpu folders would run attention on the CPU provider. Built offline, no GPU needed.
+    "fp16-cuda": Target(f"{SMOLLM2_HF}-fp16-cuda", "fp16", execution_provider="cuda"),
 }
 DEFAULT_TARGETS = ("fp32", "int4")
 PRECISIONS = ("fp32", "int4")
@@ -311,12 +315,13 @@ def save_tiny_hf(tokenizer_dir: Path, out: Path) -> None:
     write_manifest(out, TINY_HF, "fp32", tiny_source())
 
 
-def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path) -> None:
+def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path,
+                execution_provider: str = "cpu") -> None:
     """Convert a Hugging Face folder with onnxruntime-genai's model builder (a subprocess)."""
     # NOTE: the builder's --help crashes (a format-string bug); its options are in
     # get_args() of onnxruntime_genai/models/builder.py.
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-           "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(builder_cache)]
+           "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(builder_cache)]
     # NOTE: the builder stamps model.onnx's producer_version with `git rev-parse HEAD`
     # run five folders above its own file: inside .venv-tools that is *this* repo, so
     # model.onnx would change with every ortserve commit. With no git repository it
@@ -349,7 +354,8 @@ def build_model(target: Target, hf_dir: Path, final: Path, source: str) -> None:
     required = FROM_HF_REQUIRED_FILES if target.hf_dir is not None else REQUIRED_FILES
     with staged(final) as out:
         try:
-            run_builder(hf_dir, out, target.precision, out.parent / "builder-cache")
+            run_builder(hf_dir, out, target.precision, out.parent / "builder-cache",
+                        target.execution_provider)
         except PrepareError as error:
             if target.hf_dir is None:
                 raise
@@ -438,7 +444,8 @@ def plan(targets: list[Target], cache: Path, force: bool) -> tuple[list[Step], l
         else:
             hf_dir, source, expected = smollm2_hf, gguf_source(), "about 15 s"
         steps.append(Step(
-            f"building {target.name} with the onnxruntime-genai builder (-p {target.precision})",
+            f"building {target.name} with the onnxruntime-genai builder (-p {target.precision} "
+            f"-e {target.execution_provider})",
             functools.partial(build_model, target, hf_dir, models / target.name, source),
             expected))
     return steps, [models / t.name for t in targets]

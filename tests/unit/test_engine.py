@@ -160,3 +160,18 @@ def test_smollm2_fp32_greedy_equals_reference_and_answers_paris():
 def test_info_node_placement_is_ort_s_own_and_all_cpu_on_cpu(tiny_engine):
     placement = tiny_engine.nodes_by_provider
     assert set(placement) == {"CPUExecutionProvider"} and placement["CPUExecutionProvider"] > 10
+
+
+def test_the_cuda_check_script_runs_end_to_end_as_a_dry_run_on_cpu(tiny_dir):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "worker_service.cuda_check", "--model-dir",
+                          str(tiny_dir), "--tokens", "4", "--dry-run"],
+                         capture_output=True, text=True, timeout=300)
+    summary = json.loads(out.stdout)
+    assert out.returncode == 0 and summary["ok"], out.stderr[-2000:]
+    assert summary["dry_run"] and set(summary["checks"]) >= {
+        "cuda_provider_active", "every_node_on_the_provider", "kv_on_device",
+        "greedy_equal_prompt_0"}
