@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     port = sock.getsockname()[1]
     # The chosen port on stdout, one line, as the scheduler and workers do.
     print(f"listening {config.host}:{port}", flush=True)
+    # NOTE: without a graceful-shutdown bound uvicorn waits for every open SSE stream
+    # on SIGTERM, however long it runs; streams get 30 s, then they are cut.
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,
-                                           log_level=config.log_level))
+                                           log_level=config.log_level,
+                                           timeout_graceful_shutdown=30))
     asyncio.run(server.serve(sockets=[sock]))
 
 
