@@ -37,6 +37,9 @@ class ErrorReason(enum.StrEnum):
     WORKER_FAILED = "WORKER_FAILED"  # the worker serving the request failed mid-stream
     ENGINE_FAILED = "ENGINE_FAILED"  # the worker's engine hit an error it could not recover
     INTERNAL = "INTERNAL"  # a bug: logged with a traceback on the server
+    SESSION_NOT_FOUND = "SESSION_NOT_FOUND"  # no such session (closed, expired or never opened)
+    SESSION_BUSY = "SESSION_BUSY"  # a turn of this session is running: turns go one at a time
+    SESSION_WORKER_LOST = "SESSION_WORKER_LOST"  # the session's worker died: its KV is gone
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

@@ -29,6 +29,9 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.WORKER_ID_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
     ErrorReason.WORKER_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorReason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.SESSION_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.SESSION_WORKER_LOST: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
