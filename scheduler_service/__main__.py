@@ -36,6 +36,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--claim-ttl-s", type=float, default=_env("claim_ttl_s", d.claim_ttl_s),
                    help="an admitted lease no worker claimed this long is dropped")
     p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
+    p.add_argument("--session-ttl-s", type=float, default=_env("session_ttl_s", d.session_ttl_s),
+                   help="an idle session is closed and its bytes released after this long")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -43,7 +45,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     a = p.parse_args(argv)
     return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
-                           retry_after_s=a.retry_after_s, log_level=a.log_level, log_json=a.log_json)
+                           retry_after_s=a.retry_after_s, session_ttl_s=a.session_ttl_s,
+                           log_level=a.log_level, log_json=a.log_json)
 
 
 async def _serve(config: SchedulerConfig) -> None:

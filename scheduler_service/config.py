@@ -14,5 +14,6 @@ class SchedulerConfig:
     claim_ttl_s: float = 60.0  # an admitted lease no worker claimed this long is dropped
     retry_after_s: float = 1.0  # RetryInfo for BUDGET_BUSY and NO_WORKER
     expiry_interval_s: float = 1.0
+    session_ttl_s: float = 600.0  # an idle session is closed (and its bytes released) after this
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal

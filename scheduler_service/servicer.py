@@ -23,6 +23,7 @@ from . import convert, messages, validate
 from .budget import Admission, Decision, Expired, Ledger, no_worker_rejection
 from .config import SchedulerConfig
 from .errors import rejection_error
+from .session_service import SessionRPCs
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -56,7 +57,7 @@ class _Prompt:
     known: bool
 
 
-class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients) -> None:
         self._config = config
         self._ledger = ledger
@@ -105,8 +106,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
                 registered_workers=len(self._ledger.snapshot()),
                 worker_error="" if prompt == "no worker registered" else prompt), []
-        admission = self._ledger.admit(convert.admission_request(request, len(prompt.token_ids)),
-                                       dry_run=dry_run)
+        domain = convert.admission_request(request, len(prompt.token_ids))
+        if not dry_run:
+            await self._make_room(domain)  # idle sessions' bytes before a cap (session_service)
+        admission = self._ledger.admit(domain, dry_run=dry_run)
         log_expired(self._ledger.expire())
         return admission, prompt.token_ids
 

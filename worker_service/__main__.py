@@ -56,6 +56,9 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--kv-budget-fraction", type=float,
                    default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_capacity_fraction)),
                    help="without --kv-budget: this fraction of available (device) memory")
+    p.add_argument("--session-swap-bytes", default=_env("ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
+                   help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
+                        "a swapped-out session's KV is dropped and its next turn recomputes")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
@@ -67,11 +70,15 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         kv_budget = parse_bytes(a.kv_budget) if a.kv_budget else None
     except ValueError as error:
         p.error(f"--kv-budget: {error}")
+    try:
+        swap = parse_bytes(a.session_swap_bytes) if a.session_swap_bytes else d.session_swap_bytes
+    except ValueError as error:
+        p.error(f"--session-swap-bytes: {error}")
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
-        kv_capacity_fraction=a.kv_budget_fraction, log_level=a.log_level, log_json=a.log_json,
+        kv_capacity_fraction=a.kv_budget_fraction, session_swap_bytes=swap, log_level=a.log_level, log_json=a.log_json,
     )
 
 

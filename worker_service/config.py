@@ -19,5 +19,6 @@ class WorkerConfig:
     intra_op_threads: int = 0  # 0 -> every usable core
     kv_capacity_bytes: int | None = None  # None -> kv_capacity_fraction of available memory (--kv-budget)
     kv_capacity_fraction: float = 0.2
+    session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     log_level: str = "info"
     log_json: bool | None = None

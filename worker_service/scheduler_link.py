@@ -82,6 +82,20 @@ class SchedulerLink:
                                             prompt_tokens=prompt_tokens,
                                             max_new_tokens=max_new_tokens), timeout=10.0)
 
+    async def shrink(self, lease_id: str, held_tokens: int) -> None:
+        """Shrink a session's lease after freeing KV; retried like release (a lease left
+        larger than needed only over-reserves: safe, never the other way)."""
+        for attempt in range(3):
+            try:
+                await self._stub.ShrinkLease(
+                    scheduler_pb2.ShrinkLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
+                                                     held_tokens=held_tokens), timeout=5.0)
+                return
+            except grpc.aio.AioRpcError as error:
+                log.warning("shrink failed", lease_id=lease_id, code=error.code().name,
+                            attempt=attempt + 1)
+                await asyncio.sleep(0.2 * (attempt + 1))
+
     async def release(self, lease_id: str) -> int:
         """Release once; retried on transport errors (heartbeats reconcile if all fail)."""
         for attempt in range(3):

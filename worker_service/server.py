@@ -90,7 +90,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
-                                 kv_capacity_bytes=capacity_bytes)
+                                 kv_capacity_bytes=capacity_bytes,
+                                 session_swap_bytes=config.session_swap_bytes)
     # ORT session creation blocks for seconds: keep it off the event loop.
     engine = await asyncio.to_thread(Engine, engine_config)
     try:
