@@ -14,7 +14,9 @@ import uuid
 
 import grpc
 import structlog
+from google.rpc import error_details_pb2
 
+from ortserve import rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
@@ -179,6 +181,13 @@ class SessionRPCs:
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise worker_lost(session, "does not answer Tokenize") from None
+            info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+            if info is not None and info.reason == ErrorReason.CONTEXT_LENGTH_EXCEEDED:
+                # The whole session counts: say how much came from earlier turns.
+                raise context_full(session, session.history_tokens,
+                                   int(info.metadata.get("prompt_tokens", 0)),
+                                   inner.min_new_tokens,
+                                   int(info.metadata.get("context_length", 0))) from None
             raise Relayed(error) from None
         return full, list(answer.token_ids)
 

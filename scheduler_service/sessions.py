@@ -72,8 +72,8 @@ def context_full(session: Session, held_tokens: int, prompt_tokens: int, min_new
     return DomainError(
         ErrorReason.CONTEXT_LENGTH_EXCEEDED,
         f"session {quoted(session.session_id)}: this turn's whole conversation is "
-        f"{tokens(prompt_tokens)} ({tokens(max(prompt_tokens - held_tokens, 0))} beyond the "
-        f"{tokens(held_tokens)} from earlier turns) and min_new_tokens {min_new_tokens:,}, beyond "
+        f"{tokens(prompt_tokens)} ({tokens(max(prompt_tokens - held_tokens, 0))} added to the "
+        f"{tokens(held_tokens)} of earlier turns) and min_new_tokens {min_new_tokens:,}, beyond "
         f"the model's context window of {tokens(context_length)}; a full context window is an "
         "error, not an empty turn: open a new session with a shorter history",
         field="request.prompt",
