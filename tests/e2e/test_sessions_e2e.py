@@ -7,13 +7,15 @@ a chat question with a short sentence, then EOS.
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
 
 import grpc
 import pytest
 
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import reserved_bytes, scheduler_stub, start_cluster, worker_held_bytes
+from tests.e2e.conftest import BIN, reserved_bytes, scheduler_stub, start_cluster, worker_held_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -138,6 +140,21 @@ def test_concurrent_turn_and_context_overflow_are_errors_with_numbers(roomy):
     assert reserved_bytes(roomy.address) == before  # nothing grew, nothing was written
     assert get(stub, sid).state == types_pb2.SESSION_RESIDENT
     stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+
+
+def test_ortserve_chat_scripted_reuses_the_history_and_reports_it(roomy, tmp_path):
+    script = tmp_path / "turns.txt"
+    script.write_text(f"{Q1}\n\n{Q2}\n")
+    done = subprocess.run([str(BIN / "ortserve"), "--address", roomy.address, "--timeout", "120",
+                           "chat", "--script", str(script), "--max-new-tokens", "40", "--stats"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    replies = done.stdout.splitlines()
+    assert len(replies) == 2 and all(replies), done.stdout  # stdout: the replies only
+    reused = [int(n) for n in re.findall(r"reused_prompt_tokens=(\d+)", done.stderr)]
+    assert len(reused) == 2 and reused[0] == 0 and reused[1] > 0, done.stderr
+    assert "session_state=resident" in done.stderr and "closed" in done.stderr
+    assert reserved_bytes(roomy.address) == 0  # the CLI closed its session
 
 
 def test_budget_cap_survives_swap_out_and_swap_in(tight):
