@@ -7,7 +7,9 @@ a chat question with a short sentence, then EOS.
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import subprocess
 import time
 
@@ -15,7 +17,7 @@ import grpc
 import pytest
 
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import BIN, reserved_bytes, scheduler_stub, start_cluster, worker_held_bytes
+from tests.e2e.conftest import BIN, ROOT, grpcurl, reserved_bytes, scheduler_stub, start_cluster, worker_held_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -155,6 +157,26 @@ def test_ortserve_chat_scripted_reuses_the_history_and_reports_it(roomy, tmp_pat
     assert len(reused) == 2 and reused[0] == 0 and reused[1] > 0, done.stderr
     assert "session_state=resident" in done.stderr and "closed" in done.stderr
     assert reserved_bytes(roomy.address) == 0  # the CLI closed its session
+
+
+def test_the_docs_grpcurl_session_commands_work_through_reflection(roomy):
+    text = (ROOT / "docs" / "sessions.md").read_text()
+    block = re.search(r"<!-- session-grpcurl-examples -->\s*```bash\n(.*?)```", text, re.S)
+    commands = [line for line in block.group(1).splitlines() if line.startswith("grpcurl ")]
+    assert len(commands) == 5
+    outputs, session_id = [], ""
+    for command in commands:
+        command = command.replace("localhost:50051", roomy.address).replace("SESSION", session_id)
+        argv = shlex.split(command)
+        argv[0] = grpcurl()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stderr)
+        outputs.append(done.stdout)
+        session_id = session_id or json.loads(done.stdout)["session_id"]
+    second_turn = [json.loads(part) for part in re.split(r"(?<=})\n(?={)", outputs[2].strip())]
+    assert int(second_turn[-1]["finished"]["usage"]["reused_prompt_tokens"]) > 0
+    assert json.loads(outputs[3])["state"] == "SESSION_RESIDENT"
+    assert reserved_bytes(roomy.address) == 0
 
 
 def test_budget_cap_survives_swap_out_and_swap_in(tight):
