@@ -17,7 +17,15 @@ import grpc
 import pytest
 
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import BIN, ROOT, grpcurl, reserved_bytes, scheduler_stub, start_cluster, worker_held_bytes
+from tests.e2e.conftest import (
+    BIN,
+    ROOT,
+    grpcurl,
+    reserved_bytes,
+    scheduler_stub,
+    start_cluster,
+    worker_held_bytes,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
