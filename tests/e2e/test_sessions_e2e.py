@@ -257,3 +257,44 @@ def test_session_whose_worker_died_answers_clearly_and_holds_nothing(tight):
         session_turn(stub, sid, Q2)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "its KV is gone and the ledger holds nothing for it" in info.value.details()
+
+
+def test_a_cancelled_turn_keeps_what_it_computed_and_the_ledger_matches(roomy):
+    stub = scheduler_stub(roomy.address)
+    sid = open_session(stub).session_id
+    call = stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+        session_id=sid, request=types_pb2.GenerateRequest(
+            chat=chat(("user", Q1)), max_new_tokens=400, min_new_tokens=400)), timeout=120)
+    chunks = 0
+    for event in call:
+        chunks += event.WhichOneof("event") == "chunk"
+        if chunks == 5:
+            break
+    call.cancel()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = get(stub, sid)
+        if not info.turn_in_flight and info.state == types_pb2.SESSION_RESIDENT:
+            break
+        time.sleep(0.1)
+    # The worker kept the computed tokens and shrank the lease to exactly them.
+    assert info.state == types_pb2.SESSION_RESIDENT and info.held_tokens > 5
+    assert info.reserved_bytes == info.held_bytes == reserved_bytes(roomy.address)
+    assert info.turns == 0  # the scheduler's conversation did not take the cancelled reply
+    _, f2, ids2, text2 = session_turn(stub, sid, Q1, max_new_tokens=32)
+    assert f2.usage.reused_prompt_tokens > 0  # the same prompt again: its KV was kept
+    _, _, fresh_ids = generate(stub, chat(("user", Q1)), max_new_tokens=32)
+    assert ids2 == fresh_ids
+    stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+    assert reserved_bytes(roomy.address) == 0
+
+
+def test_turn_two_ttft_with_reuse_beats_resending_a_1000_token_history(roomy):
+    from bench.session_ttft import measure
+
+    result = measure(roomy.address, history_tokens=1000, repeats=1)
+    assert result["reused_prompt_tokens"][0] >= 950  # ~1,000 history tokens were not prefilled
+    assert result["turn2_prompt_tokens"] - result["reused_prompt_tokens"][0] < 60
+    # Prefilling ~30 tokens instead of ~1,030: far more than 2x even on a loaded machine.
+    assert result["ratio_fresh_over_reuse"] > 2, result
+    assert reserved_bytes(roomy.address) == 0
