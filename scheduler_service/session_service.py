@@ -55,8 +55,7 @@ class SessionRPCs:
         """The session's lease lives only while its worker does: gone means the worker died."""
         self._ledger.expire()
         if self._ledger.lease(session.lease_id) is None:
-            self._registry.remove(session.session_id)
-            raise worker_lost(session, "stopped heartbeating (its leases expired)")
+            raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
 
     def _info_pb(self, session: Session, worker: types_pb2.SessionInfo | None) -> types_pb2.SessionInfo:
         pb = types_pb2.SessionInfo()
@@ -332,6 +331,12 @@ class SessionRPCs:
         while True:
             await asyncio.sleep(max(min(self._config.session_ttl_s / 4, 1.0), 0.05))
             registry = self._session_registry
+            self._ledger.expire()
+            for session in registry.idle_on_any():
+                if self._ledger.lease(session.lease_id) is None:  # its worker died: nothing held
+                    registry.mark_lost(session, "stopped heartbeating (its leases expired)")
+                    log.warning("session lost with its worker", session_id=session.session_id,
+                                worker_id=session.worker_id)
             for session in registry.expired(self._config.session_ttl_s):
                 log.info("session expired (idle TTL)", session_id=session.session_id,
                          ttl_s=self._config.session_ttl_s)

@@ -27,6 +27,8 @@ from ortserve.units import tokens
 
 from .ledger_types import BudgetCap
 
+LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)
+
 
 @dataclass
 class Session:
@@ -89,6 +91,21 @@ class SessionRegistry:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        # Sessions lost with their worker: later calls still say why, not just "not open".
+        self._lost: dict[str, DomainError] = {}
+
+    def mark_lost(self, session: Session, why: str) -> DomainError:
+        """Forget a session whose worker died (the ledger already dropped its lease)."""
+        error = worker_lost(session, why)
+        with self._lock:
+            self._sessions.pop(session.session_id, None)
+            self._lost[session.session_id] = error
+            while len(self._lost) > LOST_KEPT:
+                del self._lost[next(iter(self._lost))]
+        return error
+
+    def _missing(self, session_id: str) -> DomainError:
+        return self._lost.get(session_id) or not_found(session_id)
 
     def add(self, session: Session) -> None:
         with self._lock:
@@ -98,8 +115,8 @@ class SessionRegistry:
     def get(self, session_id: str) -> Session:
         with self._lock:
             session = self._sessions.get(session_id)
-        if session is None:
-            raise not_found(session_id)
+            if session is None:
+                raise self._missing(session_id)
         return session
 
     def remove(self, session_id: str) -> Session | None:
@@ -111,7 +128,7 @@ class SessionRegistry:
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None:
-                raise not_found(session_id)
+                raise self._missing(session_id)
             if session.turn_in_flight:
                 raise busy(session_id)
             session.turn_in_flight = True
@@ -128,6 +145,10 @@ class SessionRegistry:
             idle = [s for s in self._sessions.values() if s.worker_id == worker_id
                     and not s.turn_in_flight and s.session_id != exclude]
         return sorted(idle, key=lambda s: s.last_used)
+
+    def idle_on_any(self) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if not s.turn_in_flight]
 
     def expired(self, ttl_s: float) -> list[Session]:
         """Idle sessions unused for longer than ttl_s (the caller closes them)."""

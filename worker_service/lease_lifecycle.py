@@ -86,7 +86,12 @@ class LeaseStream:
                 await self._drain()
         finally:
             self._lifecycle._live.pop(self.lease.lease_id, None)
-            if self.session_id:
+            if self.session_id in self._lifecycle.orphaned:
+                self._lifecycle.orphaned.discard(self.session_id)
+                self._lifecycle.session_leases.pop(self.session_id, None)
+                self._lifecycle.engine.close_session(self.session_id)
+                self.log.warning("session dropped after its turn: the scheduler forgot it")
+            elif self.session_id:
                 await self.shrink()
             else:
                 freed = await self._lifecycle.link.release(self.lease.lease_id)
@@ -125,6 +130,7 @@ class LeaseLifecycle:
         self._busy: set[str] = set()  # lease ids being opened or served
         # session id -> its lease: claimed at OpenSession, kept across turns (session_lifecycle).
         self.session_leases: dict[str, types_pb2.Lease] = {}
+        self.orphaned: set[str] = set()  # sessions to drop when their running turn ends
 
     def live_leases(self) -> list[types_pb2.Lease]:
         """Leases this worker holds bytes for: running sequences and open sessions (the

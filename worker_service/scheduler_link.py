@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 import structlog
@@ -27,12 +27,18 @@ class SchedulerLink:
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
+        # Runs before every registration but the first: the scheduler forgot this worker
+        # (it restarted, or let it expire), so what it tracked for us (sessions) is gone.
+        self.before_reregister: Callable[[], Awaitable[None]] | None = None
+        self._registered_once = False
 
     @property
     def worker_id(self) -> str:
         return self._registration.worker_id
 
     async def register(self) -> None:
+        if self._registered_once and self.before_reregister is not None:
+            await self.before_reregister()
         request = scheduler_pb2.RegisterWorkerRequest()
         request.CopyFrom(self._registration)
         request.live_leases.extend(self._live_leases())
@@ -41,6 +47,7 @@ class SchedulerLink:
         for lease_id in reply.refused_lease_ids:
             log.error("scheduler refused to restore a live lease", lease_id=lease_id)
         self.registered.set()
+        self._registered_once = True
         log.info("registered with scheduler", scheduler=self.address, worker_id=self.worker_id,
                  restored_leases=len(request.live_leases))
 

@@ -111,6 +111,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     )
     link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
+    link.before_reregister = servicer.drop_sessions
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
     try:

@@ -40,6 +40,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                            "health check says SERVING")
         return self.leases
 
+    async def drop_sessions(self) -> None:
+        """Called before a re-registration (SchedulerLink.before_reregister)."""
+        if self.leases is not None:
+            await self._session_rpcs().drop_all()
+
     def _session_rpcs(self) -> WorkerSessions:
         leases = self._ready()
         if self._sessions is None or self._sessions.leases is not leases:

@@ -101,6 +101,20 @@ class WorkerSessions:
                  freed_bytes=freed, state=info.state.value, swapped_bytes=info.swapped_bytes)
         return self.info_pb(session_id, info)
 
+    async def drop_all(self) -> None:
+        """Before re-registering: the scheduler no longer knows these sessions (it restarted,
+        or declared them lost with this worker), so nobody can use or close them. Free them,
+        and leave their leases out of the registration; a session mid-turn goes at its end."""
+        for session_id, lease in list(self.leases.session_leases.items()):
+            if lease.lease_id in self.leases._busy:
+                self.leases.orphaned.add(session_id)
+                continue
+            freed = self.leases.engine.close_session(session_id)
+            del self.leases.session_leases[session_id]
+            self._opened_at.pop(session_id, None)
+            log.warning("session dropped: the scheduler forgot this worker", session_id=session_id,
+                        lease_id=lease.lease_id, freed_bytes=freed)
+
     async def close(self, session_id: str) -> types_pb2.SessionInfo:
         """Free everything the session holds, then release its lease once."""
         lease = self._idle(session_id, "closing it")

@@ -298,3 +298,40 @@ def test_turn_two_ttft_with_reuse_beats_resending_a_1000_token_history(roomy):
     # Prefilling ~30 tokens instead of ~1,030: far more than 2x even on a loaded machine.
     assert result["ratio_fresh_over_reuse"] > 2, result
     assert reserved_bytes(roomy.address) == 0
+
+
+def test_after_a_scheduler_restart_the_worker_drops_sessions_nobody_can_reach(tmp_path_factory):
+    import socket
+
+    from devtools.cluster import start_service, stop_service, wait_serving
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = start_cluster(tmp_path_factory, "sessions-restart", scheduler_port=port,
+                            scheduler_args=["--heartbeat-interval-s", "0.5"])
+    try:
+        stub = scheduler_stub(cluster.address)
+        sid = open_session(stub).session_id
+        session_turn(stub, sid, Q1, max_new_tokens=16)
+        worker = cluster.worker_services[0].address
+        assert worker_held_bytes(worker) > 0
+        old = cluster.services[0]
+        stop_service(old)
+        cluster.services[0] = start_service("scheduler-2", [
+            str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
+            "--heartbeat-interval-s", "0.5"], old.log_path.parent)
+        wait_serving(cluster.services[0])
+        cluster.wait_registered(1)
+        # The new scheduler has no registry: the worker freed the session before
+        # re-registering and did not hand its lease to the new ledger.
+        deadline = time.monotonic() + 20
+        while worker_held_bytes(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker_held_bytes(worker) == 0
+        assert reserved_bytes(cluster.address) == 0
+        with pytest.raises(grpc.RpcError) as info:
+            get(scheduler_stub(cluster.address), sid)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        cluster.stop()
