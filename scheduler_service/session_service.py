@@ -183,9 +183,10 @@ class SessionRPCs:
             info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
             if info is not None and info.reason == ErrorReason.CONTEXT_LENGTH_EXCEEDED:
                 # The whole session counts: say how much came from earlier turns.
+                label = "max_new_tokens" if inner.HasField("max_new_tokens") else "min_new_tokens"
                 raise context_full(session, session.history_tokens,
-                                   int(info.metadata.get("prompt_tokens", 0)),
-                                   inner.min_new_tokens,
+                                   int(info.metadata.get("prompt_tokens", 0)), label,
+                                   getattr(inner, label),
                                    int(info.metadata.get("context_length", 0))) from None
             raise Relayed(error) from None
         return full, list(answer.token_ids)
@@ -215,7 +216,8 @@ class SessionRPCs:
             geometry = self._ledger.geometry(session.worker_id)
             context_length = geometry.context_length if geometry else 0
             if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
-                raise context_full(session, session.history_tokens, len(ids), inner.min_new_tokens, context_length)
+                raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
+                                   inner.min_new_tokens, context_length)
             admission = await self._admit_turn(session, convert.admission_request(full, len(ids)))
             if admission.decision is Decision.REJECTED:
                 bound.info("turn rejected", cause=admission.rejection.cause.value)

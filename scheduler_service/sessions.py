@@ -68,19 +68,24 @@ def worker_lost(session: Session, why: str) -> DomainError:
                        metadata={"session_id": session.session_id, "worker_id": session.worker_id})
 
 
-def context_full(session: Session, held_tokens: int, prompt_tokens: int, min_new_tokens: int,
-                 context_length: int) -> DomainError:
-    """The whole session counts against the context window: an error with the numbers."""
+def context_full(session: Session, held_tokens: int, prompt_tokens: int, new_label: str,
+                 new_tokens: int, context_length: int) -> DomainError:
+    """The whole session counts against the context window: an error with the numbers.
+
+    `new_label` names what the turn asked to generate ("max_new_tokens" or
+    "min_new_tokens") and `new_tokens` how many.
+    """
     return DomainError(
         ErrorReason.CONTEXT_LENGTH_EXCEEDED,
         f"session {quoted(session.session_id)}: this turn's whole conversation is "
         f"{tokens(prompt_tokens)} ({tokens(max(prompt_tokens - held_tokens, 0))} added to the "
-        f"{tokens(held_tokens)} of earlier turns) and min_new_tokens {min_new_tokens:,}, beyond "
+        f"{tokens(held_tokens)} of earlier turns) and {new_label} {new_tokens:,}, beyond "
         f"the model's context window of {tokens(context_length)}; a full context window is an "
-        "error, not an empty turn: open a new session with a shorter history",
-        field="request.prompt",
+        "error, not an empty turn: ask for fewer new tokens, or open a new session with a "
+        "shorter history",
+        field="request.prompt" if prompt_tokens >= context_length else f"request.{new_label}",
         metadata={"session_id": session.session_id, "prompt_tokens": prompt_tokens,
-                  "history_tokens": held_tokens, "min_new_tokens": min_new_tokens,
+                  "history_tokens": held_tokens, new_label: new_tokens,
                   "context_length": context_length})
 
 

@@ -172,9 +172,13 @@ class SessionTable:
         if s.state is SessionState.SWAPPED and held is not None:
             self.swap_used_bytes -= held.nbytes  # swapped in: the turn's charge covers it now
         resume = None
-        if held is not None and reused > 0:
-            resume = HeldKV(tuple(prompt_ids[:reused]), [k[:, :reused] for k in held.keys],
-                            [v[:, :reused] for v in held.values])
+        if held is not None and reused == len(held.tokens):
+            resume = held  # the common case: the turn appends to everything held
+        elif held is not None and reused > 0:
+            # Rewound: copy the prefix so the rest's memory goes now, not at the import
+            # (a view would keep all of it alive under a charge sized for the new turn).
+            resume = HeldKV(tuple(prompt_ids[:reused]), [k[:, :reused].copy() for k in held.keys],
+                            [v[:, :reused].copy() for v in held.values])
         s.state, s.held, s.kv = SessionState.BUSY, None, None
         s.last_used = time.monotonic()
         return TurnStart(allocation, reused, resume)

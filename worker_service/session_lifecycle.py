@@ -74,14 +74,17 @@ class WorkerSessions:
                                  "OpenSession needs the session id and its lease id")
         if session_id in self.leases.session_leases:
             return self.info_pb(session_id)  # a retried open
+        # The engine first (it refuses a layout without sessions): a claimed lease must
+        # never be left behind by a failed open.
+        self.leases.engine.open_session(session_id)
         try:
             lease = await self.leases.link.claim(lease_id)
         except grpc.aio.AioRpcError as error:
+            self.leases.engine.close_session(session_id)
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 raise NoLiveLease(lease_id, self.leases.worker_id, error.details() or "") from error
             raise SchedulerUnreachable(f"worker {self.leases.worker_id} could not claim session "
                                        f"lease {clip(lease_id)}: {error.details()}") from error
-        self.leases.engine.open_session(session_id)
         self.leases.session_leases[session_id] = lease
         self._opened_at[session_id] = time.monotonic()
         log.info("session opened", session_id=session_id, lease_id=lease_id,

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from tests.models import prepared_model_dir
 from worker_service.engine import Engine, EngineConfig
 from worker_service.errors import CapacityExceeded, ContextWindowFull
+from worker_service.kv_cache import KVPool
 from worker_service.sampling import SamplingConfig
 from worker_service.sequence import TERMINAL, SequenceRequest
-from worker_service.session_kv import SessionBusy, SessionNotFound, SessionState, common_prefix
+from worker_service.session_kv import (
+    HeldKV,
+    SessionBusy,
+    SessionNotFound,
+    SessionState,
+    SessionTable,
+    common_prefix,
+)
 
 SAMPLED = SamplingConfig(temperature=1.0, seed=5)  # any logit difference shows in the tokens
 
@@ -190,3 +199,33 @@ def test_default_model_turn_two_equals_a_fresh_run():
         t2 = turn(engine, "m", p2, max_new=24, sampling=greedy)
         assert t2.reused_prompt_tokens >= len(p1)
         assert list(t2.token_ids) == list(fresh(engine, p2, 24, greedy).token_ids)
+
+
+class _Layout:
+    block_tokens = 4
+
+    def bytes_for(self, n: int) -> int:
+        return -(-n // 4) * 4 * 8
+
+
+def _held(n: int) -> HeldKV:
+    # 1 layer, 1 head, head_dim 1, float32: 8 bytes/token for K and V together.
+    return HeldKV(tuple(range(n)), [np.ones((1, n, 1), np.float32)], [np.ones((1, n, 1), np.float32)])
+
+
+def test_a_rewound_turn_keeps_only_the_reused_prefix_in_memory():
+    pool = KVPool(_Layout(), capacity_bytes=10_000)
+    table = SessionTable(pool, swap_limit_bytes=0)
+    table.open("s")
+    first = table.begin_turn("s", tuple(range(100)), 110, "")
+    table.end_turn("s", first.allocation, _held(100))
+    assert pool.held_bytes() == _Layout().bytes_for(100)
+    # The new prompt shares 10 tokens: the turn is charged for 10 + 5 + 3 tokens,
+    # so the other 90 tokens' K/V must not stay alive behind a view.
+    start = table.begin_turn("s", (*range(10), 77, 78, 79, 80, 81), 18, "")
+    assert start.reused_tokens == 10
+    arrays = [*start.resume.keys, *start.resume.values]
+    assert all(a.base is None for a in arrays)
+    assert sum(a.nbytes for a in arrays) == 10 * 8 <= start.allocation.nbytes
+    table.end_turn("s", start.allocation, None)  # a failed turn: everything goes
+    assert pool.held_bytes() == 0 and table.info("s").state is SessionState.EMPTY
