@@ -40,6 +40,9 @@ class ErrorReason(enum.StrEnum):
     QUEUE_FULL = "QUEUE_FULL"  # the admission queue holds its maximum of waiting requests; retry
     QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  # waited the server's (or caller's) maximum; retry
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the caller's own deadline passed while it waited
+    SESSION_NOT_FOUND = "SESSION_NOT_FOUND"  # no such session (closed, expired or never opened)
+    SESSION_BUSY = "SESSION_BUSY"  # a turn of this session is running: turns go one at a time
+    SESSION_WORKER_LOST = "SESSION_WORKER_LOST"  # the session's worker died: its KV is gone
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

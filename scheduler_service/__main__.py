@@ -43,6 +43,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="the longest a request waits for KV budget (its deadline may be "
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
+    p.add_argument("--session-ttl-s", type=float, default=_env("session_ttl_s", d.session_ttl_s),
+                   help="an idle session is closed and its bytes released after this long")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     metrics_port = os.environ.get(_ENV + "METRICS_PORT")
     p.add_argument("--metrics-port", type=int, default=int(metrics_port) if metrics_port else None,
@@ -61,7 +63,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
-                           max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s)
+                           max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
+                           session_ttl_s=a.session_ttl_s)
 
 
 async def _serve(config: SchedulerConfig) -> None:

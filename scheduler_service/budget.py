@@ -442,3 +442,90 @@ class Ledger:
         ).rendered()
         return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                          prompt_tokens=req.prompt_tokens, rejection=rejection)
+
+    # -- sessions (one lease per session, resized per turn) ----------------------
+    # NOTE: kept at the end and additive: the session registry (sessions.py)
+    # drives these; every other path above is unchanged.
+
+    def open_session_lease(self, request_id: str) -> Lease | None:
+        """A 0-byte lease for a new session on the worker with the most free bytes; None
+        when no worker is registered. Its worker claims it when it opens the session."""
+        with self._lock:
+            self._expire_locked(self._clock())
+            if not self._workers:
+                return None
+            worker = max(self._workers.values(), key=lambda w: (w.available_bytes,
+                                                                -len(w.leases), w.geometry.worker_id))
+            lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
+                          request_id=request_id, prompt_tokens=0, max_new_tokens=0,
+                          reserved_bytes=0, created_at=self._clock())
+            self._hold(worker, lease)
+            return lease
+
+    def resize(self, lease_id: str, request: AdmissionRequest) -> Admission:
+        """A session turn's admission on its own lease's worker: reserve-at-most.
+
+        The lease's current bytes count as available to it (they are its own),
+        so the turn is ADMITTED, CAPPED or REJECTED exactly as a fresh request
+        on that worker would be with those bytes free. REJECTED leaves the
+        lease as it was; otherwise it now holds prompt + admitted max_new, with
+        this turn's cap (or none). An unknown lease is REJECTED NO_WORKER.
+        """
+        with self._lock:
+            self._expire_locked(self._clock())
+            owner = self._lease_owner.get(lease_id)
+            if owner is None:
+                return self._reject(request, Cause.NO_WORKER)
+            worker = self._workers[owner]
+            lease = worker.leases[lease_id]
+            if not self._fits_context(request, worker.geometry):
+                return self._reject_context(request, worker)
+            worker.reserved_bytes -= lease.reserved_bytes  # its own bytes are its to reuse
+            try:
+                option = self._option(request, worker)
+                if option.fits_whole:
+                    decision = Admission(
+                        decision=Decision.ADMITTED, request_id=request.request_id,
+                        prompt_tokens=request.prompt_tokens,
+                        max_new_tokens=option.requested_max_new_tokens,
+                        reserved_bytes=worker.geometry.bytes_for(
+                            request.prompt_tokens + option.requested_max_new_tokens),
+                        worker=worker.geometry)
+                elif option.admissible_max_new_tokens >= request.floor_new_tokens and not request.strict:
+                    decision = self._capped(request, option)
+                else:
+                    whole = worker.geometry.bytes_for(request.prompt_tokens + request.floor_new_tokens)
+                    cause = (Cause.BUDGET_BUSY if whole <= worker.geometry.capacity_bytes
+                             else Cause.EXCEEDS_CAPACITY)
+                    return self._reject(request, cause, [option],
+                                        cap_refused=request.strict and
+                                        option.admissible_max_new_tokens >= request.floor_new_tokens)
+            finally:
+                worker.reserved_bytes += lease.reserved_bytes
+            grown = replace(lease, prompt_tokens=request.prompt_tokens,
+                            max_new_tokens=decision.max_new_tokens,
+                            reserved_bytes=decision.reserved_bytes,
+                            budget_cap=decision.budget_cap, request_id=request.request_id)
+            worker.reserved_bytes += grown.reserved_bytes - lease.reserved_bytes
+            worker.leases[lease_id] = grown
+            assert worker.reserved_bytes <= worker.geometry.capacity_bytes
+            return replace(decision, lease=grown)
+
+    def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
+        """The lease's worker freed KV: reserve what `held_tokens` need (never more than now).
+
+        Only the lease's worker shrinks it, after freeing: the ledger then never
+        offers bytes the worker still holds. The last turn's cap stays on the lease.
+        """
+        if held_tokens < 0:
+            raise ValueError(f"held_tokens must be >= 0, got {held_tokens}")
+        with self._lock:
+            if self._lease_owner.get(lease_id) != worker_id:
+                return None
+            worker = self._workers[worker_id]
+            lease = worker.leases[lease_id]
+            new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
+            worker.reserved_bytes -= lease.reserved_bytes - new_bytes
+            lease = replace(lease, reserved_bytes=new_bytes)
+            worker.leases[lease_id] = lease
+            return lease

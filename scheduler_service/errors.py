@@ -32,6 +32,9 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.QUEUE_TIMEOUT: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorReason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.SESSION_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.SESSION_WORKER_LOST: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

@@ -25,6 +25,7 @@ from .budget import Admission, BatchStats, Decision, Expired, Ledger, no_worker_
 from .config import SchedulerConfig
 from .errors import rejection_error
 from .queue_waiter import QueueWaiter
+from .session_service import SessionRPCs
 from .worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -72,7 +73,7 @@ class _Prompt:
     known: bool
 
 
-class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
                  waiter: QueueWaiter, metrics=None) -> None:
         self._config = config
@@ -130,6 +131,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
+            await self._make_room(domain)  # idle sessions' bytes before a cap (session_service)
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.expire(), self._metrics)

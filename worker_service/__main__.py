@@ -63,6 +63,9 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(_env("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s)),
                    help="on SIGTERM, how long live streams may run before they are cut")
+    p.add_argument("--session-swap-bytes", default=_env("ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
+                   help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
+                        "a swapped-out session's KV is dropped and its next turn recomputes")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
@@ -74,12 +77,17 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         kv_budget = parse_bytes(a.kv_budget) if a.kv_budget else None
     except ValueError as error:
         p.error(f"--kv-budget: {error}")
+    try:
+        swap = parse_bytes(a.session_swap_bytes) if a.session_swap_bytes else d.session_swap_bytes
+    except ValueError as error:
+        p.error(f"--session-swap-bytes: {error}")
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
         kv_capacity_fraction=a.kv_budget_fraction, drain_timeout_s=a.drain_timeout_s,
-        metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
+        metrics_port=a.metrics_port, session_swap_bytes=swap, log_level=a.log_level,
+        log_json=a.log_json,
     )
 
 

@@ -21,5 +21,6 @@ class WorkerConfig:
     kv_capacity_fraction: float = 0.2
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
+    session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     log_level: str = "info"
     log_json: bool | None = None

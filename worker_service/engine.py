@@ -40,6 +40,7 @@ from worker_service.sequence import (
     SequenceRequest,
     TokenDelta,
 )
+from worker_service.session_kv import SessionInfo, SessionTable
 from worker_service.step_scheduler import StepPlan, StepScheduler
 from worker_service.tokenizer import Tokenizer
 
@@ -64,6 +65,9 @@ class EngineConfig:
     # (the CUDA path); "auto": arena on CPU, static on CUDA.
     kv_layout: str = "auto"
     max_batch_rows: int = 32  # the arena's rows: the most sequences running at once
+    # Host bytes swapped-out sessions may hold (outside the KV capacity); 0: a swap-out
+    # drops the session's K/V and its next turn recomputes the history.
+    session_swap_bytes: int = 256 * 2**20
 
 
 class SequenceHandle:
@@ -112,6 +116,8 @@ class Engine:
             raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of auto, arena, "
                                  "static")
         self.kv_layout = layout
+        # Sessions keep K/V between turns as host copies of arena rows (session_kv.py).
+        self.sessions = SessionTable(self.kv, config.session_swap_bytes) if layout == "arena" else None
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)
 
@@ -161,22 +167,34 @@ class Engine:
         if req.prompt_tokens >= context or req.max_tokens > context:
             raise ContextWindowFull(req.prompt_tokens, req.max_new_tokens, context)
 
-    def submit(self, req: SequenceRequest, on_event: Callable[[Event], None]) -> SequenceHandle:
+    def submit(self, req: SequenceRequest, on_event: Callable[[Event], None],
+               session_id: str = "") -> SequenceHandle:
         """Check, charge KV for prompt + max_new_tokens and queue; raises synchronously.
 
+        With `session_id`, a turn of that open session: `req.prompt_ids` is the
+        whole rendered conversation; the longest common token prefix with what
+        the session holds is reused (not prefilled again) and the rest rewound.
+        When the turn ends, the session keeps its K/V, charged for what it holds.
         `on_event` runs on the engine thread and must be cheap and non-blocking.
         """
         self.check(req)
         seq = Sequence(req, on_event, self.tokenizer, self.spec.vocab_size,
                        self.spec.eos_token_ids)
+        detail = (f"{tokens(req.prompt_tokens)} of prompt + max_new_tokens {req.max_new_tokens:,} "
+                  f"at {self.spec.bytes_per_token:,} bytes/token")
         with self._cond:
             if self._closing:
                 raise EngineError("the engine is closed; start a new worker")
             if req.sequence_id in self._live:
                 raise LeaseInUse(req.sequence_id)
-            seq.kv = self.kv.allocate(
-                req.max_tokens, detail=f"{tokens(req.prompt_tokens)} of prompt + max_new_tokens "
-                f"{req.max_new_tokens:,} at {self.spec.bytes_per_token:,} bytes/token")
+            if session_id:
+                start = self._sessions().begin_turn(session_id, req.prompt_ids, req.max_tokens,
+                                                    detail)
+                seq.kv, seq.session_id = start.allocation, session_id
+                seq.reused_tokens = seq.num_computed_tokens = start.reused_tokens
+                seq.resume = start.resume
+            else:
+                seq.kv = self.kv.allocate(req.max_tokens, detail=detail)
             self._live[req.sequence_id] = seq
             self._inbox.append(seq)
             self._cond.notify()
@@ -202,6 +220,34 @@ class Engine:
         if isinstance(event, Cancelled):
             raise EngineError(f"sequence {req.sequence_id!r} was cancelled")
         return event
+
+    # --- sessions (any thread) -------------------------------------------------
+
+    def _sessions(self) -> SessionTable:
+        if self.sessions is None:
+            raise InvalidRequest("session", f"sessions keep K/V as arena rows; this worker runs "
+                                 f"kv_layout {self.kv_layout!r}: start it with --kv-layout arena "
+                                 "(CPU) to serve sessions")
+        return self.sessions
+
+    def open_session(self, session_id: str) -> SessionInfo:
+        """Open an empty session (idempotent); its first turn prefills everything."""
+        with self._cond:
+            return self._sessions().open(session_id)
+
+    def session_info(self, session_id: str) -> SessionInfo:
+        with self._cond:
+            return self._sessions().info(session_id)
+
+    def swap_out_session(self, session_id: str) -> int:
+        """Move an idle session's K/V out of the KV capacity; returns the pool bytes freed."""
+        with self._cond:
+            return self._sessions().swap_out(session_id)
+
+    def close_session(self, session_id: str) -> int:
+        """Forget an idle session; returns the pool bytes freed (SessionBusy during a turn)."""
+        with self._cond:
+            return self._sessions().close(session_id)
 
     def close(self) -> None:
         """Stop the engine thread; queued and running sequences end with Failed. Idempotent."""
@@ -243,6 +289,9 @@ class Engine:
             self._inbox.clear()
         for seq in left:
             self._finish(seq, Failed(seq.sequence_id, closing))
+        if self.sessions is not None:
+            with self._cond:
+                self.sessions.drop_all()
         if self._arena is not None:
             self._arena.close()
 
@@ -297,9 +346,18 @@ class Engine:
             return
         seq.done = True
         self.scheduler.remove(seq)
-        self.runner.forget(seq)
-        if seq.kv is not None:
-            self.kv.free(seq.kv)
+        if seq.session_id:
+            # A failed turn's K/V may be partial: dropped. A finished or cancelled
+            # one holds exactly its computed tokens: kept for the next turn.
+            held = None if isinstance(event, Failed) else self.runner.park(seq)
+            if held is None:
+                self.runner.forget(seq)
+            with self._cond:
+                self._sessions().end_turn(seq.session_id, seq.kv, held)
+        else:
+            self.runner.forget(seq)
+            if seq.kv is not None:
+                self.kv.free(seq.kv)
         with self._cond:
             self._live.pop(seq.sequence_id, None)
         seq.emit(event)

@@ -222,6 +222,43 @@ class KVArena:
         self._rows.pop()
         return moved
 
+    def export_row(self, row: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Copy the row's written K/V out to host arrays (per layer [kv_heads, n, head_dim]).
+
+        For a session between turns (session_kv.py). The row's pages are returned
+        block by block as they are copied, so the row plus its copy commit at most
+        one block more than the row alone did. The row stays live, holding 0 tokens.
+        """
+        entry = self._rows[row]
+        n = entry.written_tokens
+        shape = (self.spec.kv_heads, n, self.spec.head_dim)
+        keys = [np.empty(shape, self.dtype) for _ in range(self.spec.num_layers)]
+        values = [np.empty(shape, self.dtype) for _ in range(self.spec.num_layers)]
+        step = self.block_tokens
+        for t0 in range(0, n, step):
+            t1 = min(t0 + step, n)
+            for i in range(self.spec.num_layers):
+                keys[i][:, t0:t1] = self.keys[i][row, :, t0:t1]
+                values[i][:, t0:t1] = self.values[i][row, :, t0:t1]
+            self._discard_from(row, t0, t1)
+        entry.written_tokens = 0
+        return keys, values
+
+    def import_row(self, row: int, keys: list, values: list, n_tokens: int) -> None:
+        """Write positions [0, n_tokens) of `row` from host arrays made by `export_row`.
+
+        Each layer's source entry is set to None once copied, so a caller that
+        handed over its only reference frees the copy layer by layer.
+        """
+        if n_tokens > self._rows[row].max_tokens:
+            raise ValueError(f"row {row} is charged for {self._rows[row].max_tokens:,} tokens; "
+                             f"it cannot take {n_tokens:,}")
+        for i in range(self.spec.num_layers):
+            self.keys[i][row, :, :n_tokens] = keys[i][:, :n_tokens]
+            self.values[i][row, :, :n_tokens] = values[i][:, :n_tokens]
+            keys[i] = values[i] = None
+        self.note_written(row, n_tokens)
+
     def _discard_from(self, row: int, t0: int, t1: int | None = None) -> None:
         """Return the pages of tokens [t0, t1) (t0, t1 block-aligned or the end) of every head."""
         t1 = self.seq_tokens if t1 is None else -(-t1 // self.block_tokens) * self.block_tokens

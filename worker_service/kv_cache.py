@@ -173,6 +173,28 @@ class KVPool:
                                        detail=f"the allocation failed: {exc}") from exc
         return allocation.buffer
 
+    def resize(self, allocation: KVAllocation, max_tokens: int, detail: str = "") -> None:
+        """Re-charge a live allocation for up to `max_tokens` (a session between turns).
+
+        Growing checks capacity under the lock like `allocate` (CapacityExceeded
+        leaves the charge as it was); shrinking never fails. Only allocations
+        without a materialized buffer may resize: an arena row's charge is set
+        when its row is allocated, a static buffer's size is fixed.
+        """
+        if allocation.buffer is not None:
+            raise RuntimeError("a materialized KV buffer cannot be resized")
+        needed = self.bytes_for(max_tokens)
+        with self._lock:
+            if allocation.freed:
+                raise RuntimeError("KV allocation used after free()")
+            grow = needed - allocation.nbytes
+            if grow > 0 and self._held_bytes + grow > self.capacity_bytes:
+                raise CapacityExceeded(needed, self._held_bytes - allocation.nbytes,
+                                       self.capacity_bytes, detail=detail)
+            self._held_bytes += grow
+            allocation.nbytes = needed
+            allocation.max_tokens = max_tokens
+
     def free(self, allocation: KVAllocation) -> None:
         """Free the buffer and return the charge. Idempotent."""
         with self._lock:

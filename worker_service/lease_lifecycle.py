@@ -25,6 +25,7 @@ from .engine import Engine
 from .errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
 from .scheduler_link import SchedulerLink
 from .sequence import TERMINAL, Event, SequenceRequest
+from .session_kv import SessionBusy, SessionNotFound
 
 log = structlog.get_logger("worker")
 
@@ -51,9 +52,12 @@ class LeaseStream:
     """One claimed lease's sequence: its events, and the exit that frees and releases."""
 
     def __init__(self, lifecycle: LeaseLifecycle, lease: types_pb2.Lease,
-                 req: SequenceRequest) -> None:
+                 req: SequenceRequest, session_id: str = "") -> None:
         self.lease = lease
         self.request = req
+        # A session turn keeps its lease: its exit shrinks it to what the session holds.
+        self.session_id = session_id
+        self._shrunk = False
         self._lifecycle = lifecycle
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._handle = None
@@ -64,7 +68,8 @@ class LeaseStream:
     def _submit(self, engine: Engine) -> None:
         loop = asyncio.get_running_loop()
         self._handle = engine.submit(
-            self.request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event))
+            self.request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event),
+            session_id=self.session_id)
 
     async def events(self) -> AsyncIterator[Event]:
         """The engine's events, up to and including the terminal one."""
@@ -81,8 +86,27 @@ class LeaseStream:
                 await self._drain()
         finally:
             self._lifecycle._live.pop(self.lease.lease_id, None)
-            freed = await self._lifecycle.link.release(self.lease.lease_id)
-            self.log.info("lease released", freed_bytes=freed)
+            if self.session_id in self._lifecycle.orphaned:
+                self._lifecycle.orphaned.discard(self.session_id)
+                self._lifecycle.session_leases.pop(self.session_id, None)
+                self._lifecycle.engine.close_session(self.session_id)
+                self.log.warning("session dropped after its turn: the scheduler forgot it")
+            elif self.session_id:
+                await self.shrink()
+            else:
+                freed = await self._lifecycle.link.release(self.lease.lease_id)
+                self.log.info("lease released", freed_bytes=freed)
+
+    async def shrink(self) -> None:
+        """A session turn ended (the engine already shrank its charge): shrink the lease to
+        what the session holds, once. The servicer calls it before Finished goes out."""
+        if self._shrunk or not self._ended:
+            return  # not ended: close() drains first, then shrinks
+        self._shrunk = True
+        info = self._lifecycle.engine.session_info(self.session_id)
+        held = info.held_tokens if info.charged_bytes else 0
+        await self._lifecycle.link.shrink(self.lease.lease_id, held)
+        self.log.info("session lease shrunk", held_tokens=held, held_bytes=info.charged_bytes)
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + CANCEL_WAIT_S
@@ -104,18 +128,36 @@ class LeaseLifecycle:
         self.link = link
         self._live: dict[str, types_pb2.Lease] = {}  # claimed, sequence submitted
         self._busy: set[str] = set()  # lease ids being opened or served
+        # session id -> its lease: claimed at OpenSession, kept across turns (session_lifecycle).
+        self.session_leases: dict[str, types_pb2.Lease] = {}
+        self.orphaned: set[str] = set()  # sessions to drop when their running turn ends
 
     def live_leases(self) -> list[types_pb2.Lease]:
-        return list(self._live.values())
+        """Leases this worker holds bytes for: running sequences and open sessions (the
+        heartbeat reports them; a claimed lease it left out would be released)."""
+        live = dict(self._live)
+        for lease in self.session_leases.values():
+            live.setdefault(lease.lease_id, lease)
+        return list(live.values())
 
     @contextlib.asynccontextmanager
-    async def open(self, lease_id: str, req: SequenceRequest,
-                   max_new_was_set: bool) -> AsyncIterator[LeaseStream]:
+    async def open(self, lease_id: str, req: SequenceRequest, max_new_was_set: bool,
+                   session_id: str = "") -> AsyncIterator[LeaseStream]:
         """Claim the lease, check the request against it and start the sequence.
 
         Raises before anything is held when the lease is not live (NoLiveLease)
         or the request does not match it (LeaseMismatch; the lease stays usable).
+        With `session_id`, a turn of that open session under its lease.
         """
+        if session_id:
+            session_lease = self.session_leases.get(session_id)
+            if session_lease is None:
+                raise SessionNotFound(session_id)
+            if session_lease.lease_id != lease_id:
+                raise LeaseMismatch("lease_id", f"lease {clip(lease_id)} is not session "
+                                    f"{clip(session_id)}'s lease", lease_id)
+            if lease_id in self._busy:
+                raise SessionBusy(session_id)
         if lease_id in self._busy:
             raise LeaseInUse(lease_id)
         self._busy.add(lease_id)  # before any await: a second call on this lease is refused
@@ -124,11 +166,15 @@ class LeaseLifecycle:
             try:
                 req = check_against_lease(req, max_new_was_set, lease)
             except LeaseMismatch:
+                if session_id:
+                    raise  # the session keeps its lease
                 # The ledger checks the numbers before claiming; an older scheduler does
                 # not, and then the claimed lease must go back rather than linger.
                 await self.link.release(lease.lease_id)
                 raise
-            stream = LeaseStream(self, lease, req)
+            stream = LeaseStream(self, lease, req, session_id)
+            if session_id:
+                self.session_leases[session_id] = lease
             self._live[lease.lease_id] = lease
             try:
                 stream._submit(self.engine)

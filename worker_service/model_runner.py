@@ -22,6 +22,7 @@ from worker_service.kv_arena import KVArena
 from worker_service.kv_cache import KVPool
 from worker_service.model import ModelSpec
 from worker_service.sequence import Sequence
+from worker_service.session_kv import HeldKV
 from worker_service.step_scheduler import StepPlan
 
 
@@ -149,9 +150,15 @@ class BatchedModelRunner:
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()
         for chunk in plan.prefills:
-            if chunk.seq not in self._by_row:
-                assert self.arena.allocate(chunk.seq.kv.max_tokens) == len(self._by_row)
-                self._by_row.append(chunk.seq)
+            seq = chunk.seq
+            if seq not in self._by_row:
+                row = self.arena.allocate(seq.kv.max_tokens)
+                assert row == len(self._by_row)
+                self._by_row.append(seq)
+                if seq.resume is not None:
+                    # A session turn: its reused prefix goes back into the new row.
+                    resume, seq.resume = seq.resume, None
+                    self.arena.import_row(row, resume.keys, resume.values, len(resume.tokens))
         rows = list(self._by_row)
         if not rows:
             return out
@@ -186,6 +193,19 @@ class BatchedModelRunner:
         out.computed_tokens[seq.sequence_id] += n
         if start + n == len(seq.token_ids):
             out.logits[seq.sequence_id] = logits.copy()
+
+    def park(self, seq: Sequence) -> HeldKV | None:
+        """A session turn is over: copy its row's K/V to host arrays, then free the row.
+
+        A turn that never got a row still holds the prefix it was to reuse.
+        """
+        if seq not in self._by_row:
+            resume, seq.resume = seq.resume, None
+            return resume
+        keys, values = self.arena.export_row(self._by_row.index(seq))
+        n = keys[0].shape[1] if keys else 0
+        self.forget(seq)
+        return HeldKV(tuple(seq.token_ids[:n]), keys, values)
 
     def forget(self, seq: Sequence) -> None:
         """Free the sequence's row; the last row moves into the hole (rows stay [0, n))."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 import structlog
@@ -30,12 +30,18 @@ class SchedulerLink:
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
         self.draining = False  # sent with every heartbeat once set
+        # Runs before every registration but the first: the scheduler forgot this worker
+        # (it restarted, or let it expire), so what it tracked for us (sessions) is gone.
+        self.before_reregister: Callable[[], Awaitable[None]] | None = None
+        self._registered_once = False
 
     @property
     def worker_id(self) -> str:
         return self._registration.worker_id
 
     async def register(self) -> None:
+        if self._registered_once and self.before_reregister is not None:
+            await self.before_reregister()
         request = scheduler_pb2.RegisterWorkerRequest()
         request.CopyFrom(self._registration)
         request.live_leases.extend(self._live_leases())
@@ -44,6 +50,7 @@ class SchedulerLink:
         for lease_id in reply.refused_lease_ids:
             log.error("scheduler refused to restore a live lease", lease_id=lease_id)
         self.registered.set()
+        self._registered_once = True
         log.info("registered with scheduler", scheduler=self.address, worker_id=self.worker_id,
                  restored_leases=len(request.live_leases))
 
@@ -97,6 +104,20 @@ class SchedulerLink:
             scheduler_pb2.ClaimLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
                                             prompt_tokens=prompt_tokens,
                                             max_new_tokens=max_new_tokens), timeout=10.0)
+
+    async def shrink(self, lease_id: str, held_tokens: int) -> None:
+        """Shrink a session's lease after freeing KV; retried like release (a lease left
+        larger than needed only over-reserves: safe, never the other way)."""
+        for attempt in range(3):
+            try:
+                await self._stub.ShrinkLease(
+                    scheduler_pb2.ShrinkLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
+                                                     held_tokens=held_tokens), timeout=5.0)
+                return
+            except grpc.aio.AioRpcError as error:
+                log.warning("shrink failed", lease_id=lease_id, code=error.code().name,
+                            attempt=attempt + 1)
+                await asyncio.sleep(0.2 * (attempt + 1))
 
     async def release(self, lease_id: str) -> int:
         """Release once; retried on transport errors (heartbeats reconcile if all fail)."""

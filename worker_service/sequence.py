@@ -112,6 +112,7 @@ class Completed:
     seed: int | None
     text: str  # the whole output, without a stop sequence or what followed it
     token_ids: tuple[int, ...] = ()  # every generated token
+    reused_prompt_tokens: int = 0  # prompt tokens a session already held (not prefilled again)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,11 @@ class Sequence:
         self.token_ids = list(req.prompt_ids)  # prompt + output; the repetition penalty reads it
         self.num_computed_tokens = 0  # tokens whose K/V the cache holds
         self.kv = None  # the KV pool's allocation, set at submit
+        # A session turn: its session, the prompt prefix whose K/V it reuses (the
+        # engine sets num_computed_tokens to it) and that K/V until its row takes it.
+        self.session_id = ""
+        self.reused_tokens = 0
+        self.resume = None
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
@@ -224,4 +230,5 @@ class Sequence:
             decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
+            reused_prompt_tokens=self.reused_tokens,
         )

@@ -121,7 +121,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
-                                 kv_capacity_bytes=capacity_bytes)
+                                 kv_capacity_bytes=capacity_bytes,
+                                 session_swap_bytes=config.session_swap_bytes)
     # ORT session creation blocks for seconds: keep it off the event loop.
     engine = await asyncio.to_thread(Engine, engine_config)
     try:
@@ -149,6 +150,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                          lambda: (engine.active_sequences(), engine.batch_rows,
                                   engine.runner.largest_batch))
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
+    link.before_reregister = servicer.drop_sessions
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
     try:

@@ -16,6 +16,7 @@ from .engine import Engine
 from .errors import NotReady
 from .lease_lifecycle import LeaseLifecycle
 from .sequence import Cancelled, Completed, Failed, TokenDelta
+from .session_lifecycle import WorkerSessions
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -27,6 +28,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.draining = False  # SIGTERM: live streams finish, new ones are refused
         self.metrics = None  # WorkerMetrics when --metrics-port is set
         self.stop_metrics = None
+        self._sessions: WorkerSessions | None = None
 
     @property
     def engine(self) -> Engine | None:
@@ -41,7 +43,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                            "health check says SERVING")
         return self.leases
 
+    async def drop_sessions(self) -> None:
+        """Called before a re-registration (SchedulerLink.before_reregister)."""
+        if self.leases is not None:
+            await self._session_rpcs().drop_all()
+
+    def _session_rpcs(self) -> WorkerSessions:
+        leases = self._ready()
+        if self._sessions is None or self._sessions.leases is not leases:
+            self._sessions = WorkerSessions(leases, self.address)
+        return self._sessions
+
     # -- RPCs ------------------------------------------------------------------
+
+    async def OpenSession(self, request, context):
+        return await self._session_rpcs().open(request.session_id, request.lease_id)
+
+    async def GetSession(self, request, context):
+        return self._session_rpcs().info_pb(request.session_id)
+
+    async def SwapOutSession(self, request, context):
+        return await self._session_rpcs().swap_out(request.session_id)
+
+    async def CloseSession(self, request, context):
+        return await self._session_rpcs().close(request.session_id)
 
     async def Info(self, request, context):
         engine = self._ready().engine
@@ -81,7 +106,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                               forwarded_ids=request.prompt_token_ids, arrived_at=arrived,
                               context_length=engine.spec.context_length)
         engine.check(req)
-        async with leases.open(request.lease_id, req, inner.HasField("max_new_tokens")) as stream:
+        session_id = request.session_id
+        if session_id:
+            self._session_rpcs()._lease(session_id)  # NOT_FOUND before the lease is touched
+        async with leases.open(request.lease_id, req, inner.HasField("max_new_tokens"),
+                               session_id=session_id) as stream:
             lease = stream.lease
             yield types_pb2.GenerateEvent(
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))
@@ -95,8 +124,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
                                     generated_tokens=event.generated_tokens,
                                     decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
-                    yield types_pb2.GenerateEvent(finished=convert.finished_to_pb(
-                        event, stream.request.sampling, lease, self.worker_id, engine.provider))
+                    finished = convert.finished_to_pb(event, stream.request.sampling, lease,
+                                                      self.worker_id, engine.provider)
+                    if session_id:
+                        # The ledger shrinks before the client hears the turn is over.
+                        await stream.shrink()
+                        self._session_rpcs().turn_ended(session_id)
+                        finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
+                        finished.session.turn_in_flight = False
+                    yield types_pb2.GenerateEvent(finished=finished)
                 elif isinstance(event, Failed):
                     raise event.error
                 elif isinstance(event, Cancelled):

@@ -18,4 +18,7 @@ STATUS_OF_REASON = {
     ErrorReason.NOT_READY: grpc.StatusCode.UNAVAILABLE,
     ErrorReason.ENGINE_FAILED: grpc.StatusCode.INTERNAL,
     ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorReason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorReason.SESSION_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.SESSION_WORKER_LOST: grpc.StatusCode.FAILED_PRECONDITION,
 }

@@ -7,6 +7,44 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class SessionTurnRequest(_message.Message):
+    __slots__ = ("session_id", "request")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    request: _types_pb2.GenerateRequest
+    def __init__(self, session_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("freed_bytes", "closed")
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    freed_bytes: int
+    closed: bool
+    def __init__(self, freed_bytes: _Optional[int] = ..., closed: _Optional[bool] = ...) -> None: ...
+
+class ShrinkLeaseRequest(_message.Message):
+    __slots__ = ("lease_id", "worker_id", "held_tokens")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    worker_id: str
+    held_tokens: int
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., held_tokens: _Optional[int] = ...) -> None: ...
+
 class AdmitRequest(_message.Message):
     __slots__ = ("request", "dry_run", "max_queue_wait_ms")
     REQUEST_FIELD_NUMBER: _ClassVar[int]

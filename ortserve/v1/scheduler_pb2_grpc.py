@@ -71,6 +71,36 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.Lease.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/ortserve.v1.Scheduler/OpenSession',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.SessionTurn = channel.unary_stream(
+                '/ortserve.v1.Scheduler/SessionTurn',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionTurnRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.GenerateEvent.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/ortserve.v1.Scheduler/GetSession',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.SwapOutSession = channel.unary_unary(
+                '/ortserve.v1.Scheduler/SwapOutSession',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/ortserve.v1.Scheduler/CloseSession',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
+        self.ShrinkLease = channel.unary_unary(
+                '/ortserve.v1.Scheduler/ShrinkLease',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.Lease.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -151,6 +181,68 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Open a multi-turn session on the worker with the most free KV bytes.
+        The session holds one lease (0 bytes until its first turn); its KV stays
+        on that worker between turns. Idle sessions expire after the
+        scheduler's --session-ttl-s.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionTurn(self, request, context):
+        """One turn of a session, streamed like Generate: Admission (with the
+        BudgetCap when CAPPED) before any token, chunks, Finished (usage with
+        reused_prompt_tokens, the budget_cap, the session's state). The
+        request's prompt is what the turn adds: chat messages (appended to the
+        session's conversation, which is rendered whole) or token_ids (appended
+        to the session's tokens); text prompts are refused. The session's lease
+        grows to the whole conversation + max_new_tokens (reserve-at-most:
+        ADMITTED, CAPPED or REJECTED like any request; an idle session holding
+        bytes on the worker may be swapped out to make room) and shrinks to
+        what is held when the turn ends. FAILED_PRECONDITION (reason
+        SESSION_BUSY) while another turn of the session runs; reason
+        SESSION_WORKER_LOST when the session's worker died.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """The session's state: worker, tokens held, resident or swapped, the last
+        turn's cap, the ledger's bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwapOutSession(self, request, context):
+        """Swap an idle session out now (the scheduler also does this on its own
+        when an admission needs the bytes): its KV leaves the worker's KV
+        capacity and its lease shrinks to 0 bytes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Close a session: the worker frees its KV and releases its lease, once.
+        FAILED_PRECONDITION (reason SESSION_BUSY) while a turn runs: cancel the
+        turn's stream first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShrinkLease(self, request, context):
+        """A worker shrinks a session's lease after freeing KV (a turn's end, a
+        swap-out): reserved_bytes becomes what held_tokens need. Never grows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +279,36 @@ def add_SchedulerServicer_to_server(servicer, server):
             'ClaimLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ClaimLease,
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.Lease.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.OpenSessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'SessionTurn': grpc.unary_stream_rpc_method_handler(
+                    servicer.SessionTurn,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionTurnRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.GenerateEvent.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'SwapOutSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwapOutSession,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ShrinkLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShrinkLease,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.Lease.SerializeToString,
             ),
     }
@@ -379,6 +501,168 @@ class Scheduler:
             target,
             '/ortserve.v1.Scheduler/ClaimLease',
             ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.Lease.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/OpenSession',
+            ortserve_dot_v1_dot_scheduler__pb2.OpenSessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/SessionTurn',
+            ortserve_dot_v1_dot_scheduler__pb2.SessionTurnRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/GetSession',
+            ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapOutSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/SwapOutSession',
+            ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/CloseSession',
+            ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShrinkLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/ShrinkLease',
+            ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.Lease.FromString,
             options,
             channel_credentials,

@@ -40,6 +40,14 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LENGTH: _ClassVar[FinishReason]
     EOS: _ClassVar[FinishReason]
     STOP_SEQUENCE: _ClassVar[FinishReason]
+
+class SessionKVState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_KV_STATE_UNSPECIFIED: _ClassVar[SessionKVState]
+    SESSION_EMPTY: _ClassVar[SessionKVState]
+    SESSION_BUSY: _ClassVar[SessionKVState]
+    SESSION_RESIDENT: _ClassVar[SessionKVState]
+    SESSION_SWAPPED: _ClassVar[SessionKVState]
 CAP_POLICY_UNSPECIFIED: CapPolicy
 CAP_POLICY_ALLOW: CapPolicy
 CAP_POLICY_STRICT: CapPolicy
@@ -59,6 +67,11 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 LENGTH: FinishReason
 EOS: FinishReason
 STOP_SEQUENCE: FinishReason
+SESSION_KV_STATE_UNSPECIFIED: SessionKVState
+SESSION_EMPTY: SessionKVState
+SESSION_BUSY: SessionKVState
+SESSION_RESIDENT: SessionKVState
+SESSION_SWAPPED: SessionKVState
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -249,14 +262,16 @@ class TokenChunk(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "max_new_tokens")
+    __slots__ = ("prompt_tokens", "generated_tokens", "max_new_tokens", "reused_prompt_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     max_new_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    reused_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "prefill_ms", "ttft_ms", "decode_ms", "decode_tokens_per_s", "total_ms")
@@ -275,7 +290,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider")
+    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +299,7 @@ class Finished(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     stop_sequence: str
     usage: Usage
@@ -292,7 +308,8 @@ class Finished(_message.Message):
     sampling: SamplingParams
     worker_id: str
     execution_provider: str
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ...) -> None: ...
+    session: SessionInfo
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "requests_ahead", "bytes_ahead", "needed_bytes", "waited_ms", "max_wait_ms", "queue_length")
@@ -323,3 +340,33 @@ class GenerateEvent(_message.Message):
     finished: Finished
     queued: Queued
     def __init__(self, admission: _Optional[_Union[Admission, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "worker_id", "worker_address", "state", "held_tokens", "held_bytes", "swapped_bytes", "turns", "last_budget_cap", "lease_id", "reserved_bytes", "turn_in_flight", "idle_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SWAPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    LAST_BUDGET_CAP_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TURN_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    worker_id: str
+    worker_address: str
+    state: SessionKVState
+    held_tokens: int
+    held_bytes: int
+    swapped_bytes: int
+    turns: int
+    last_budget_cap: BudgetCap
+    lease_id: str
+    reserved_bytes: int
+    turn_in_flight: bool
+    idle_s: float
+    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., state: _Optional[_Union[SessionKVState, str]] = ..., held_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., turns: _Optional[int] = ..., last_budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., lease_id: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., turn_in_flight: _Optional[bool] = ..., idle_s: _Optional[float] = ...) -> None: ...

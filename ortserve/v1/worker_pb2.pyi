@@ -7,15 +7,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkerSessionRequest(_message.Message):
+    __slots__ = ("session_id", "lease_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    lease_id: str
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
 class WorkerGenerateRequest(_message.Message):
-    __slots__ = ("lease_id", "request", "prompt_token_ids")
+    __slots__ = ("lease_id", "request", "prompt_token_ids", "session_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request: _types_pb2.GenerateRequest
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    session_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

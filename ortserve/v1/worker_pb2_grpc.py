@@ -51,6 +51,26 @@ class WorkerStub:
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/ortserve.v1.Worker/OpenSession',
+                request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/ortserve.v1.Worker/GetSession',
+                request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.SwapOutSession = channel.unary_unary(
+                '/ortserve.v1.Worker/SwapOutSession',
+                request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/ortserve.v1.Worker/CloseSession',
+                request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -89,6 +109,41 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Open an empty session under its lease (from the scheduler's
+        OpenSession): the worker claims the lease, which then stays claimed for
+        the session's life. Its turns are Generate calls with session_id set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """What the worker holds for a session. NOT_FOUND (reason SESSION_NOT_FOUND)
+        when it is not open here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwapOutSession(self, request, context):
+        """Move an idle session's KV out of the KV capacity into host memory (under
+        --session-swap-bytes; beyond it the copy is dropped and the next turn
+        recomputes), then shrink its lease to 0 bytes. FAILED_PRECONDITION
+        (reason SESSION_BUSY) while a turn runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Free everything the session holds, then release its lease (once).
+        FAILED_PRECONDITION (reason SESSION_BUSY) while a turn runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +161,26 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'SwapOutSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwapOutSession,
+                    request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -190,6 +265,114 @@ class Worker:
             '/ortserve.v1.Worker/Tokenize',
             ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
             ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/OpenSession',
+            ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/GetSession',
+            ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapOutSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/SwapOutSession',
+            ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/CloseSession',
+            ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
             options,
             channel_credentials,
             insecure,

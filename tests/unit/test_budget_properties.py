@@ -45,6 +45,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.freed_twice = 0
         self.queue = AdmissionQueue(self.ledger, max_length=4, max_wait_s=20.0, clock=self.clock)
         self.tickets: list[Ticket] = []  # waiting, as the test believes
+        self.sessions: dict[str, int] = {}  # a session's lease_id -> tokens its worker holds
 
     @rule(worker=st.sampled_from(["a", "b", "c"]), bpt=st.sampled_from([1, 7, 46_080]),
           block=st.sampled_from([1, 4, 16]), capacity_tokens=st.integers(16, 600),
@@ -127,6 +128,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert self.ledger.lease(lease_id) == lease
         by = lease.worker_id if lease is not None else ""
         assert self.ledger.release(lease_id, by) == self.leases.pop(lease_id)
+        self.sessions.pop(lease_id, None)  # a session's lease released: the session closed
         assert self.ledger.release(lease_id, by) == 0  # exactly once
 
     @precondition(lambda self: self.leases)
@@ -147,6 +149,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for gone in self.ledger.expire():
             # A re-registration's drops were already forgotten by the register rule.
             held = self.leases.pop(gone.lease.lease_id, gone.lease.reserved_bytes)
+            self.sessions.pop(gone.lease.lease_id, None)
             assert held == gone.lease.reserved_bytes
 
     @rule(worker=st.sampled_from(["a", "b", "c"]))
@@ -155,10 +158,76 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.remove_worker(worker)
         self._forget_dropped(before)
 
+    # -- sessions: one lease, grown per turn (reserve-at-most), shrunk to what is held ------
+
+    @rule()
+    def open_session(self):
+        lease = self.ledger.open_session_lease("s")
+        self._forget_dropped(set(self.leases))
+        if lease is None:
+            return
+        assert lease.reserved_bytes == 0
+        assert self.ledger.claim(lease.lease_id, lease.worker_id).claimed  # its worker opens it
+        self.leases[lease.lease_id] = 0
+        self.sessions[lease.lease_id] = 0
+
+    @precondition(lambda self: self.sessions)
+    @rule(data=st.data(), added=st.integers(1, 300), max_new=st.one_of(st.none(), st.integers(1, 600)),
+          min_new=st.integers(0, 20), strict=st.booleans())
+    def session_turn(self, data, added, max_new, min_new, strict):
+        lease_id = data.draw(st.sampled_from(sorted(self.sessions)))
+        if max_new is not None and min_new > max_new:
+            min_new = max_new
+        prompt = self.sessions[lease_id] + added  # the whole conversation
+        before = self.leases[lease_id]
+        adm = self.ledger.resize(lease_id, AdmissionRequest("t", prompt, max_new, min_new, strict))
+        self._forget_dropped(set(self.leases))
+        lease = self.ledger.lease(lease_id)
+        if lease is None:
+            return
+        if adm.decision is Decision.REJECTED:
+            assert lease.reserved_bytes == before  # a refused turn changes nothing
+            return
+        g = adm.worker
+        assert adm.reserved_bytes == lease.reserved_bytes == g.bytes_for(prompt + adm.max_new_tokens)
+        assert adm.max_new_tokens >= max(min_new, 1)
+        assert (adm.decision is Decision.CAPPED) == (lease.budget_cap is not None)
+        self.leases[lease_id] = adm.reserved_bytes
+        # The turn ends: the worker holds prompt + generated - 1 and shrinks the lease to it.
+        generated = data.draw(st.integers(1, adm.max_new_tokens))
+        held = prompt + generated - 1
+        assert self.ledger.shrink(lease_id, "not-its-worker", 0) is None
+        shrunk = self.ledger.shrink(lease_id, lease.worker_id, held)
+        assert shrunk.reserved_bytes == g.bytes_for(held) <= adm.reserved_bytes
+        assert shrunk.budget_cap == lease.budget_cap  # the cap stays with the session
+        self.leases[lease_id] = shrunk.reserved_bytes
+        self.sessions[lease_id] = held
+
+    @precondition(lambda self: self.sessions)
+    @rule(data=st.data())
+    def session_swap_out(self, data):
+        lease_id = data.draw(st.sampled_from(sorted(self.sessions)))
+        lease = self.ledger.lease(lease_id)
+        if lease is None:
+            return
+        assert self.ledger.shrink(lease_id, lease.worker_id, 0).reserved_bytes == 0
+        self.leases[lease_id] = 0  # the history stays on the worker's host memory
+
+    @precondition(lambda self: self.sessions)
+    @rule(data=st.data())
+    def session_close(self, data):
+        lease_id = data.draw(st.sampled_from(sorted(self.sessions)))
+        lease = self.ledger.lease(lease_id)
+        by = lease.worker_id if lease is not None else ""
+        assert self.ledger.release(lease_id, by) == self.leases.pop(lease_id)
+        del self.sessions[lease_id]
+        assert self.ledger.release(lease_id, by) == 0
+
     def _forget_dropped(self, candidates):
         for lease_id in candidates:
             if self.ledger.lease(lease_id) is None:
                 self.leases.pop(lease_id, None)
+                self.sessions.pop(lease_id, None)
 
     @invariant()
     def reserved_never_exceeds_capacity(self):

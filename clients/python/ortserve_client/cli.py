@@ -4,6 +4,7 @@
   ortserve generate - --json < prompt.txt
   ortserve admit "..." --max-new-tokens 512        (dry run: admitted, capped or rejected?)
   ortserve budget --leases
+  ortserve chat --stats                            (one stdin line per turn, on a session)
 
 Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
@@ -24,7 +25,7 @@ from google.protobuf import json_format
 
 from ortserve.units import human_bytes
 
-from . import flags
+from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry
 from .errors import InvalidRequest, OrtserveError, Rejected
 from .report import cap_notice, notice, print_stats, queued_notice
@@ -176,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--leases", action="store_true")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
+    chat.add_parser(sub)
     return p
 
 

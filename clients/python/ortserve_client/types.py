@@ -78,6 +78,7 @@ class Usage:
     prompt_tokens: int
     generated_tokens: int
     max_new_tokens: int
+    reused_prompt_tokens: int = 0  # session turns: prompt tokens whose KV was kept
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def sampling_dict(pb: types_pb2.SamplingParams) -> dict:
 
 
 def usage_from_pb(pb: types_pb2.Usage) -> Usage:
-    return Usage(pb.prompt_tokens, pb.generated_tokens, pb.max_new_tokens)
+    return Usage(pb.prompt_tokens, pb.generated_tokens, pb.max_new_tokens, pb.reused_prompt_tokens)
 
 
 def timings_from_pb(pb: types_pb2.Timings) -> Timings:

@@ -1,0 +1,350 @@
+"""The Scheduler's session RPCs (a mixin of SchedulerServicer): protobuf <-> registry, ledger
+and the session's worker. The policy (who swaps out, what is kept) is in sessions.py.
+
+Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
+the session's own lease), so a turn is ADMITTED, CAPPED or REJECTED like any
+request, and its BudgetCap is in its stream, its Finished and GetSession.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import structlog
+from google.rpc import error_details_pb2
+
+from ortserve import rich_status
+from ortserve.error_path import Relayed
+from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
+from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
+
+from . import convert, validate
+from .budget import Admission, AdmissionRequest, Decision, Ledger
+from .config import SchedulerConfig
+from .errors import rejection_error
+from .sessions import Session, SessionRegistry, context_full, worker_lost
+from .worker_clients import WorkerClients
+
+log = structlog.get_logger("scheduler")
+
+TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a step or two
+
+
+class SessionRPCs:
+    """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession, ShrinkLease."""
+
+    _ledger: Ledger
+    _workers: WorkerClients
+    _config: SchedulerConfig
+
+    @property
+    def _registry(self) -> SessionRegistry:
+        registry = getattr(self, "_session_registry", None)
+        if registry is None:
+            registry = self._session_registry = SessionRegistry()
+            self._session_sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return registry
+
+    def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
+        return self._workers.stub(session.address)
+
+    def _alive(self, session: Session) -> None:
+        """The session's lease lives only while its worker does: gone means the worker died."""
+        self._ledger.expire()
+        if self._ledger.lease(session.lease_id) is None:
+            raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
+
+    def _info_pb(self, session: Session, worker: types_pb2.SessionInfo | None) -> types_pb2.SessionInfo:
+        pb = types_pb2.SessionInfo()
+        if worker is not None:
+            pb.CopyFrom(worker)
+        lease = self._ledger.lease(session.lease_id)
+        pb.session_id, pb.worker_id, pb.worker_address = (session.session_id, session.worker_id,
+                                                          session.address)
+        pb.lease_id, pb.reserved_bytes = session.lease_id, lease.reserved_bytes if lease else 0
+        pb.turns, pb.turn_in_flight = session.turns, session.turn_in_flight
+        pb.idle_s = 0.0 if session.turn_in_flight else self._registry.idle_s(session)
+        pb.ClearField("last_budget_cap")
+        if session.last_budget_cap is not None:
+            pb.last_budget_cap.CopyFrom(convert.budget_cap_to_pb(session.last_budget_cap))
+        return pb
+
+    async def _call_worker(self, session: Session, method: str, why: str):
+        try:
+            return await getattr(self._worker(session), method)(
+                worker_pb2.WorkerSessionRequest(session_id=session.session_id,
+                                                lease_id=session.lease_id), timeout=10.0)
+        except grpc.aio.AioRpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
+                raise worker_lost(session, f"did not answer {why} ({error.code().name}: "
+                                  f"{clip(error.details(), 200)})") from None
+            raise Relayed(error, f"worker {session.worker_id}: {clip(error.details(), 600)}") from None
+
+    # -- RPCs --------------------------------------------------------------------
+
+    async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
+        validate.bounded("request_id", request.request_id, validate.MAX_LEASE_ID_CHARS)
+        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16])
+        if lease is None:
+            raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to hold a session; "
+                              "start a worker and retry", retry_after_s=self._config.retry_after_s)
+        geometry = self._ledger.geometry(lease.worker_id)
+        session = Session(session_id=uuid.uuid4().hex, worker_id=lease.worker_id,
+                          address=geometry.address, lease_id=lease.lease_id)
+        try:
+            info = await self._call_worker(session, "OpenSession", "OpenSession")
+        finally:
+            if self._ledger.release_unclaimed(lease.lease_id):  # the worker never took it
+                log.info("session lease released unclaimed", lease_id=lease.lease_id)
+        self._registry.add(session)
+        log.info("session opened", session_id=session.session_id, worker_id=session.worker_id,
+                 lease_id=session.lease_id)
+        return self._info_pb(session, info)
+
+    async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
+        session = self._registry.get(request.session_id)
+        self._alive(session)
+        return self._info_pb(session, await self._call_worker(session, "GetSession", "GetSession"))
+
+    async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
+        session = self._registry.begin_turn(request.session_id)  # nothing else runs meanwhile
+        try:
+            self._alive(session)
+            info = await self._call_worker(session, "SwapOutSession", "SwapOutSession")
+        finally:
+            self._registry.end_turn(session)
+        return self._info_pb(session, info)
+
+    async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
+        session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY during a turn
+        lease = self._ledger.lease(session.lease_id)
+        try:
+            await self._close(session)
+        finally:
+            self._registry.end_turn(session)
+        return scheduler_pb2.CloseSessionResponse(
+            freed_bytes=lease.reserved_bytes if lease else 0, closed=True)
+
+    async def _close(self, session: Session) -> None:
+        """The worker frees the KV, then releases the lease (once); then the session is gone."""
+        try:
+            await self._call_worker(session, "CloseSession", "CloseSession")
+        except DomainError as error:
+            # Unreachable: the lease goes when the worker's heartbeats stop reporting it.
+            log.warning("session close: worker did not answer", session_id=session.session_id,
+                        error=error.message)
+        finally:
+            self._registry.remove(session.session_id)
+        log.info("session closed", session_id=session.session_id, lease_id=session.lease_id)
+
+    async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
+        lease = self._ledger.shrink(request.lease_id, request.worker_id, request.held_tokens)
+        if lease is None:
+            raise DomainError(ErrorReason.LEASE_NOT_FOUND,
+                              f"lease {clip(request.lease_id)} is not live for worker "
+                              f"{clip(request.worker_id)}", metadata={"lease_id": request.lease_id})
+        self._kick()  # the freed bytes may serve the admission queue's head
+        return convert.lease_to_pb(lease, time.monotonic())
+
+    # -- turns -------------------------------------------------------------------
+
+    async def _render(self, session: Session, inner: types_pb2.GenerateRequest,
+                      ) -> tuple[types_pb2.GenerateRequest, list[int]]:
+        """The turn's whole conversation as a request and its token ids (the worker that
+        holds the session renders chat, so its template is the one whose tokens are held)."""
+        kind = inner.WhichOneof("prompt")
+        if kind not in ("chat", "token_ids"):
+            raise InvalidField("request.prompt", "a session turn adds chat messages or token_ids "
+                               "to the conversation; text prompts have no turn structure")
+        if session.kind and kind != session.kind:
+            raise InvalidField("request.prompt", f"this session's turns are {session.kind}; "
+                               f"send {session.kind} (or open another session)")
+        full = types_pb2.GenerateRequest()
+        full.CopyFrom(inner)
+        if kind == "token_ids":
+            ids = [*session.token_ids, *inner.token_ids.ids]
+            geometry = self._ledger.geometry(session.worker_id)
+            if geometry is not None and geometry.vocab_size:
+                validate.token_ids(list(inner.token_ids.ids), geometry.vocab_size, "request.")
+            full.token_ids.ids[:] = ids
+            return full, ids
+        full.chat.ClearField("messages")
+        for role, content in session.messages:
+            full.chat.messages.add(role=role, content=content)
+        full.chat.messages.extend(inner.chat.messages)
+        try:
+            answer = await self._worker(session).Tokenize(worker_pb2.TokenizeRequest(request=full),
+                                                          timeout=10.0)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                raise worker_lost(session, "does not answer Tokenize") from None
+            info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+            if info is not None and info.reason == ErrorReason.CONTEXT_LENGTH_EXCEEDED:
+                # The whole session counts: say how much came from earlier turns.
+                label = "max_new_tokens" if inner.HasField("max_new_tokens") else "min_new_tokens"
+                raise context_full(session, session.history_tokens,
+                                   int(info.metadata.get("prompt_tokens", 0)), label,
+                                   getattr(inner, label),
+                                   int(info.metadata.get("context_length", 0))) from None
+            raise Relayed(error) from None
+        return full, list(answer.token_ids)
+
+    async def _admit_turn(self, session: Session, request: AdmissionRequest) -> Admission:
+        admission = self._ledger.resize(session.lease_id, request)
+        # Not whole: idle sessions on this worker give their bytes back first.
+        while (admission.decision is not Decision.ADMITTED
+               and await self._reclaim(session.worker_id, exclude=session.session_id)):
+            admission = self._ledger.resize(session.lease_id, request)
+        return admission
+
+    async def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
+        arrived = time.perf_counter()
+        session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
+        bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
+                         worker_id=session.worker_id)
+        call = None
+        finished = None
+        try:
+            self._alive(session)
+            inner = types_pb2.GenerateRequest()
+            inner.CopyFrom(request.request)
+            inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
+            validate.generate_request(inner, prefix="request.")
+            full, ids = await self._render(session, inner)
+            geometry = self._ledger.geometry(session.worker_id)
+            context_length = geometry.context_length if geometry else 0
+            if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
+                raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
+                                   inner.min_new_tokens, context_length)
+            admission = await self._admit_turn(session, convert.admission_request(full, len(ids)))
+            if admission.decision is Decision.REJECTED:
+                bound.info("turn rejected", cause=admission.rejection.cause.value)
+                raise rejection_error(admission.rejection)
+            session.last_budget_cap = admission.budget_cap  # this turn's, or none
+            bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
+                       max_new_tokens=admission.max_new_tokens,
+                       reserved_bytes=admission.reserved_bytes)
+            full.max_new_tokens = admission.max_new_tokens
+            yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
+            call = self._worker(session).Generate(
+                worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
+                                                 prompt_token_ids=ids,
+                                                 session_id=session.session_id),
+                timeout=context.time_remaining())
+            relay_offset_ms = (time.perf_counter() - arrived) * 1e3
+            text, generated = [], []
+            async for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "admission":
+                    continue
+                if kind == "chunk":
+                    text.append(event.chunk.text)
+                    generated.extend(event.chunk.token_ids)
+                if kind == "finished":
+                    finished = event.finished
+                    t = finished.timings
+                    t.queue_ms += relay_offset_ms
+                    t.ttft_ms += relay_offset_ms
+                    t.total_ms = (time.perf_counter() - arrived) * 1e3
+                    self._remember_turn(session, inner, ids, "".join(text), generated)
+                    finished.session.CopyFrom(self._info_pb(session, finished.session))
+                    finished.session.turn_in_flight = False
+                    bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
+                               reused_prompt_tokens=finished.usage.reused_prompt_tokens)
+                yield event
+        except grpc.aio.AioRpcError as error:
+            raise Relayed(error, f"worker {session.worker_id}: {clip(error.details(), 600)}") from None
+        finally:
+            if call is not None and not call.done():
+                call.cancel()
+            if call is not None and finished is None:
+                await self._wait_turn_over(session)
+            self._registry.end_turn(session)
+
+    def _remember_turn(self, session: Session, inner: types_pb2.GenerateRequest, ids: list[int],
+                       text: str, generated: list[int]) -> None:
+        """The conversation grows by the turn's input and its reply (what the next turn renders)."""
+        session.kind = inner.WhichOneof("prompt")
+        if session.kind == "chat":
+            session.messages += [(m.role, m.content) for m in inner.chat.messages]
+            session.messages.append(("assistant", text))
+        else:
+            session.token_ids = [*ids, *generated]
+        session.history_tokens = len(ids) + len(generated)
+        session.turns += 1
+
+    async def _wait_turn_over(self, session: Session) -> None:
+        """A turn that ended early (cancel, error): the worker frees and shrinks the lease on
+        its own exit; the next turn may grow the lease only after that shrink."""
+        deadline = time.monotonic() + TURN_END_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                info = await self._worker(session).GetSession(
+                    worker_pb2.WorkerSessionRequest(session_id=session.session_id), timeout=5.0)
+                if not info.turn_in_flight:
+                    return
+            except grpc.aio.AioRpcError:
+                return  # gone: its lease expires with it
+            await asyncio.sleep(0.05)
+        log.error("session turn did not end on its worker in time", session_id=session.session_id)
+
+    # -- reclaiming idle sessions -------------------------------------------------
+
+    async def _reclaim(self, worker_id: str, exclude: str = "") -> bool:
+        """Swap out the least recently used idle session holding bytes on `worker_id`."""
+        registry = getattr(self, "_session_registry", None)
+        if registry is None:
+            return False
+        for session in registry.idle_on(worker_id, exclude):
+            lease = self._ledger.lease(session.lease_id)
+            if lease is None or lease.reserved_bytes == 0:
+                continue
+            try:
+                registry.begin_turn(session.session_id)
+            except DomainError:
+                continue  # it just started a turn
+            try:
+                await self._call_worker(session, "SwapOutSession", "SwapOutSession")
+                log.info("idle session swapped out for an admission", session_id=session.session_id,
+                         worker_id=worker_id, freed_bytes=lease.reserved_bytes)
+                return True
+            except DomainError as error:
+                log.warning("swap-out failed", session_id=session.session_id, error=error.message)
+            finally:
+                registry.end_turn(session)
+        return False
+
+    async def _make_room(self, request: AdmissionRequest) -> None:
+        """Before a plain admission: while it would not be ADMITTED whole, swap idle sessions
+        out of the worker it would land on (a dry run decides; the real admit is atomic)."""
+        for _ in range(8):
+            probe = self._ledger.admit(request, dry_run=True)
+            if probe.decision is Decision.ADMITTED:
+                return
+            workers = [probe.worker.worker_id] if probe.worker else [
+                w.geometry.worker_id for w in self._ledger.snapshot()]
+            if not any([await self._reclaim(w) for w in workers]):
+                return
+
+    async def _sweep(self) -> None:
+        """Close sessions idle past the TTL; forget those whose worker died (nothing held)."""
+        while True:
+            await asyncio.sleep(max(min(self._config.session_ttl_s / 4, 1.0), 0.05))
+            registry = self._session_registry
+            self._ledger.expire()
+            for session in registry.idle_on_any():
+                if self._ledger.lease(session.lease_id) is None:  # its worker died: nothing held
+                    registry.mark_lost(session, "stopped heartbeating (its leases expired)")
+                    log.warning("session lost with its worker", session_id=session.session_id,
+                                worker_id=session.worker_id)
+            for session in registry.expired(self._config.session_ttl_s):
+                log.info("session expired (idle TTL)", session_id=session.session_id,
+                         ttl_s=self._config.session_ttl_s)
+                try:
+                    registry.begin_turn(session.session_id)
+                except DomainError:
+                    continue
+                await self._close(session)

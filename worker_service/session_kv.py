@@ -1,0 +1,248 @@
+"""Sessions on the worker: the tokens a session holds between turns, where their K/V lives,
+and what the KV pool charges for them. Pure bookkeeping over numpy arrays (no ORT, no grpc).
+
+Shaped like SGLang's session controller: a session is token history plus
+KV; a turn reuses the longest common TOKEN prefix of what is held and its
+newly rendered prompt (never text: a chat template need not reproduce the
+generated tokens) and rewinds the rest.
+
+A session is in one state:
+
+- EMPTY: nothing held (before its first turn, or after its copy was dropped):
+  the next turn prefills everything, which is always correct;
+- BUSY: a turn runs; its K/V is in the turn's arena row, charged as the
+  turn's allocation (history + new prompt + max_new_tokens);
+- RESIDENT: between turns the row's written K/V is copied to host arrays and
+  the row freed, so idle sessions never sit in the batched decode; the pool
+  keeps charging exactly bytes_for(held tokens), which is what the
+  scheduler's lease shrinks to. (On CPU the arena is host memory too, so
+  this moves bytes without adding any.)
+- SWAPPED: reclaimed: the copy moved to the swap store, under its own limit
+  (--session-swap-bytes), and the pool charge is gone, so the scheduler can
+  release the lease's bytes. A copy that does not fit the store is dropped
+  (EMPTY): the next turn recomputes.
+
+Every method runs under the engine's lock; the pool has its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ortserve.errors import ErrorReason, quoted
+from worker_service.errors import EngineError
+from worker_service.kv_cache import KVAllocation, KVPool
+
+
+class SessionState(enum.Enum):
+    EMPTY = "empty"
+    BUSY = "busy"
+    RESIDENT = "resident"
+    SWAPPED = "swapped"
+
+
+class SessionNotFound(EngineError):
+    """No session of that id on this worker (NOT_FOUND)."""
+
+    reason = ErrorReason.SESSION_NOT_FOUND
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {quoted(session_id)} is not open on this worker (closed, "
+                         "expired or never opened); open a new session", session_id=session_id)
+
+
+class SessionBusy(EngineError):
+    """A second turn while one runs (FAILED_PRECONDITION): turns of a session go one at a time."""
+
+    reason = ErrorReason.SESSION_BUSY
+
+    def __init__(self, session_id: str, doing: str = "a turn") -> None:
+        super().__init__(f"session {quoted(session_id)} is running a turn; {doing} must wait "
+                         "until it finishes (turns of a session run one at a time)",
+                         session_id=session_id)
+
+
+@dataclass
+class HeldKV:
+    """K/V of `tokens`, per layer [kv_heads, n, head_dim], in host memory."""
+
+    tokens: tuple[int, ...]
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session's state as reported (GetSession)."""
+
+    session_id: str
+    state: SessionState
+    held_tokens: int
+    charged_bytes: int  # what the KV pool charges for it now (0 when swapped or empty)
+    swapped_bytes: int  # host bytes in the swap store
+    turns: int
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What a turn begins with: its charge, how much it reuses and the K/V to restore."""
+
+    allocation: KVAllocation
+    reused_tokens: int
+    resume: HeldKV | None  # the reused prefix's K/V (None: nothing reused)
+
+
+@dataclass
+class _Session:
+    session_id: str
+    state: SessionState = SessionState.EMPTY
+    held: HeldKV | None = None
+    kv: KVAllocation | None = None  # the pool charge while RESIDENT
+    turns: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """Length of the longest common token prefix."""
+    n = min(len(held), len(prompt))
+    if n == 0:
+        return 0
+    a = np.asarray(held[:n], dtype=np.int64)
+    b = np.asarray(prompt[:n], dtype=np.int64)
+    diff = np.flatnonzero(a != b)
+    return int(diff[0]) if diff.size else n
+
+
+class SessionTable:
+    """Every session on this worker and the swap store's bytes."""
+
+    def __init__(self, pool: KVPool, swap_limit_bytes: int) -> None:
+        self.pool = pool
+        self.swap_limit_bytes = swap_limit_bytes
+        self.swap_used_bytes = 0
+        self._sessions: dict[str, _Session] = {}
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def open(self, session_id: str) -> SessionInfo:
+        """Open an empty session; opening an open one is a no-op (a retried call)."""
+        self._sessions.setdefault(session_id, _Session(session_id))
+        return self.info(session_id)
+
+    def _get(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    def info(self, session_id: str) -> SessionInfo:
+        s = self._get(session_id)
+        held = len(s.held.tokens) if s.held is not None else 0
+        return SessionInfo(
+            session_id=s.session_id, state=s.state, held_tokens=held,
+            charged_bytes=s.kv.nbytes if s.kv is not None else 0,
+            swapped_bytes=s.held.nbytes if s.state is SessionState.SWAPPED and s.held else 0,
+            turns=s.turns)
+
+    def begin_turn(self, session_id: str, prompt_ids: Sequence[int], max_tokens: int,
+                   detail: str) -> TurnStart:
+        """Charge the turn (prompt + max_new) and pick the reused prefix; raises, changing
+        nothing, when the session is busy or the pool cannot take the charge."""
+        s = self._get(session_id)
+        if s.state is SessionState.BUSY:
+            raise SessionBusy(session_id)
+        held = s.held
+        # At least the last prompt token is computed: its logits give the first new token.
+        reused = min(common_prefix(held.tokens, prompt_ids), len(prompt_ids) - 1) if held else 0
+        if s.kv is not None:
+            self.pool.resize(s.kv, max_tokens, detail=detail)  # raises: nothing changed
+            allocation = s.kv
+        else:
+            allocation = self.pool.allocate(max_tokens, detail=detail)
+        if s.state is SessionState.SWAPPED and held is not None:
+            self.swap_used_bytes -= held.nbytes  # swapped in: the turn's charge covers it now
+        resume = None
+        if held is not None and reused == len(held.tokens):
+            resume = held  # the common case: the turn appends to everything held
+        elif held is not None and reused > 0:
+            # Rewound: copy the prefix so the rest's memory goes now, not at the import
+            # (a view would keep all of it alive under a charge sized for the new turn).
+            resume = HeldKV(tuple(prompt_ids[:reused]), [k[:, :reused].copy() for k in held.keys],
+                            [v[:, :reused].copy() for v in held.values])
+        s.state, s.held, s.kv = SessionState.BUSY, None, None
+        s.last_used = time.monotonic()
+        return TurnStart(allocation, reused, resume)
+
+    def end_turn(self, session_id: str, allocation: KVAllocation, held: HeldKV | None) -> None:
+        """The turn is over: keep `held` RESIDENT, charged for exactly its tokens; None (a
+        failed turn, whose K/V may be partial) drops everything."""
+        s = self._sessions.get(session_id)
+        if s is None:  # closed while the turn ran: nothing may stay charged
+            self.pool.free(allocation)
+            return
+        s.turns += 1
+        s.last_used = time.monotonic()
+        if held is None or not held.tokens:
+            self.pool.free(allocation)
+            s.state, s.held, s.kv = SessionState.EMPTY, None, None
+            return
+        # The copy exists before the charge shrinks: never held above charged.
+        self.pool.resize(allocation, len(held.tokens))
+        s.state, s.held, s.kv = SessionState.RESIDENT, held, allocation
+
+    def swap_out(self, session_id: str) -> int:
+        """Move a RESIDENT session's K/V out of the pool's charge; returns the bytes freed.
+
+        Into the swap store when it fits its limit, else dropped (the next turn
+        recomputes). A no-op (0) for EMPTY or SWAPPED sessions.
+        """
+        s = self._get(session_id)
+        if s.state is SessionState.BUSY:
+            raise SessionBusy(session_id, "swapping it out")
+        if s.state is not SessionState.RESIDENT:
+            return 0
+        assert s.kv is not None and s.held is not None
+        freed = s.kv.nbytes
+        if self.swap_used_bytes + s.held.nbytes <= self.swap_limit_bytes:
+            self.swap_used_bytes += s.held.nbytes
+            s.state = SessionState.SWAPPED
+        else:
+            s.state, s.held = SessionState.EMPTY, None
+        self.pool.free(s.kv)
+        s.kv = None
+        return freed
+
+    def close(self, session_id: str) -> int:
+        """Forget the session and free what it holds; returns the pool bytes freed.
+
+        Refused while a turn runs: the turn's row is the engine's to free.
+        """
+        s = self._get(session_id)
+        if s.state is SessionState.BUSY:
+            raise SessionBusy(session_id, "closing it")
+        del self._sessions[session_id]
+        if s.state is SessionState.SWAPPED and s.held is not None:
+            self.swap_used_bytes -= s.held.nbytes
+        freed = 0
+        if s.kv is not None:
+            freed = s.kv.nbytes
+            self.pool.free(s.kv)
+        return freed
+
+    def drop_all(self) -> None:
+        """The engine closes: every session's charge goes back."""
+        for session_id, s in list(self._sessions.items()):
+            if s.kv is not None:
+                self.pool.free(s.kv)
+            del self._sessions[session_id]
+        self.swap_used_bytes = 0
