@@ -46,9 +46,13 @@ class ChatSession:
         """Send one turn: the (role, content) messages it adds to the conversation; iterate
         the stream for chunks (see build_request for `kw`)."""
         request = build_request(chat=messages, **kw)
-        call = self._stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
-            session_id=self.session_id, request=request), timeout=self._client.timeout_s)
-        return GenerationStream(call, on_admission)
+
+        def start(timeout_s):
+            return self._stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+                session_id=self.session_id, request=request), timeout=timeout_s)
+
+        # No retry: a turn is not idempotent (the conversation grew by its messages).
+        return GenerationStream(start, on_admission, timeout_s=self._client.timeout_s)
 
     def state(self) -> types_pb2.SessionInfo:
         try:
