@@ -40,6 +40,10 @@ class ErrorReason(enum.StrEnum):
     QUEUE_FULL = "QUEUE_FULL"  # the admission queue holds its maximum of waiting requests; retry
     QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  # waited the server's (or caller's) maximum; retry
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the caller's own deadline passed while it waited
+    API_KEY_MISSING = "API_KEY_MISSING"  # keys are configured and the call carried none
+    API_KEY_UNKNOWN = "API_KEY_UNKNOWN"  # the call's key is not one the server knows
+    ROLE_REQUIRED = "ROLE_REQUIRED"  # the key is known but lacks the role the RPC needs
+    LEASE_SECRET_MISMATCH = "LEASE_SECRET_MISMATCH"  # Release without the secret Admit gave
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

@@ -32,6 +32,8 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.QUEUE_TIMEOUT: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorReason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorReason.ROLE_REQUIRED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorReason.LEASE_SECRET_MISMATCH: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

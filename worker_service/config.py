@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ortserve.tls import TlsFiles
 
 
 @dataclass(frozen=True)
@@ -23,3 +25,6 @@ class WorkerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     log_level: str = "info"
     log_json: bool | None = None
+    # cert/key: its port and its client certificate towards the scheduler; ca: what
+    # the scheduler's certificate and callers' client certificates must chain to.
+    tls: TlsFiles = field(default_factory=TlsFiles)

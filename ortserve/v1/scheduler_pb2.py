@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ortserve.v1 import types_pb2 as ortserve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bortserve/v1/scheduler.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"i\n\x0c\x41\x64mitRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x19\n\x11max_queue_wait_ms\x18\x03 \x01(\r\"5\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"8\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x08\"*\n\x10GetBudgetRequest\x12\x16\n\x0einclude_leases\x18\x01 \x01(\x08\"\x97\x03\n\x0cWorkerBudget\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x05 \x01(\x04\x12\x17\n\x0f\x61vailable_bytes\x18\x06 \x01(\x04\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\t \x01(\r\x12\x13\n\x0blease_count\x18\n \x01(\r\x12\x17\n\x0fheartbeat_age_s\x18\x0b \x01(\x01\x12\"\n\x06leases\x18\x0c \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\r \x01(\t\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x19\n\x11running_sequences\x18\x0f \x01(\r\x12\x12\n\nbatch_rows\x18\x10 \x01(\r\x12\x15\n\rlargest_batch\x18\x11 \x01(\r\"\xa9\x02\n\x06\x42udget\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.ortserve.v1.WorkerBudget\x12\x1c\n\x14total_capacity_bytes\x18\x02 \x01(\x04\x12\x1c\n\x14total_reserved_bytes\x18\x03 \x01(\x04\x12\x1d\n\x15total_available_bytes\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_leases\x18\x05 \x01(\r\x12\x14\n\x0cqueue_length\x18\x06 \x01(\r\x12\x1b\n\x13queue_oldest_wait_s\x18\x07 \x01(\x01\x12\x1b\n\x13queue_waiting_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_queue_length\x18\t \x01(\r\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\"\x82\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x07 \x01(\r\x12\'\n\x0blive_leases\x18\x08 \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\t \x01(\t\x12\x12\n\nvocab_size\x18\n \x01(\r\"f\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x19\n\x11refused_lease_ids\x18\x03 \x03(\t\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0elive_lease_ids\x18\x02 \x03(\t\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x19\n\x11running_sequences\x18\x04 \x01(\r\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x15\n\rlargest_batch\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"g\n\x11\x43laimLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r2\xff\x03\n\tScheduler\x12\x46\n\x08Generate\x12\x1c.ortserve.v1.GenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12:\n\x05\x41\x64mit\x12\x19.ortserve.v1.AdmitRequest\x1a\x16.ortserve.v1.Admission\x12\x44\n\x07Release\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12?\n\tGetBudget\x12\x1d.ortserve.v1.GetBudgetRequest\x1a\x13.ortserve.v1.Budget\x12Y\n\x0eRegisterWorker\x12\".ortserve.v1.RegisterWorkerRequest\x1a#.ortserve.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.ortserve.v1.HeartbeatRequest\x1a\x1e.ortserve.v1.HeartbeatResponse\x12@\n\nClaimLease\x12\x1e.ortserve.v1.ClaimLeaseRequest\x1a\x12.ortserve.v1.Leaseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bortserve/v1/scheduler.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"i\n\x0c\x41\x64mitRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x19\n\x11max_queue_wait_ms\x18\x03 \x01(\r\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x14\n\x0clease_secret\x18\x03 \x01(\t\"8\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x08\"*\n\x10GetBudgetRequest\x12\x16\n\x0einclude_leases\x18\x01 \x01(\x08\"\x97\x03\n\x0cWorkerBudget\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x05 \x01(\x04\x12\x17\n\x0f\x61vailable_bytes\x18\x06 \x01(\x04\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\t \x01(\r\x12\x13\n\x0blease_count\x18\n \x01(\r\x12\x17\n\x0fheartbeat_age_s\x18\x0b \x01(\x01\x12\"\n\x06leases\x18\x0c \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\r \x01(\t\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x19\n\x11running_sequences\x18\x0f \x01(\r\x12\x12\n\nbatch_rows\x18\x10 \x01(\r\x12\x15\n\rlargest_batch\x18\x11 \x01(\r\"\xa9\x02\n\x06\x42udget\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.ortserve.v1.WorkerBudget\x12\x1c\n\x14total_capacity_bytes\x18\x02 \x01(\x04\x12\x1c\n\x14total_reserved_bytes\x18\x03 \x01(\x04\x12\x1d\n\x15total_available_bytes\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_leases\x18\x05 \x01(\r\x12\x14\n\x0cqueue_length\x18\x06 \x01(\r\x12\x1b\n\x13queue_oldest_wait_s\x18\x07 \x01(\x01\x12\x1b\n\x13queue_waiting_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_queue_length\x18\t \x01(\r\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\"\x82\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x07 \x01(\r\x12\'\n\x0blive_leases\x18\x08 \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\t \x01(\t\x12\x12\n\nvocab_size\x18\n \x01(\r\"f\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x19\n\x11refused_lease_ids\x18\x03 \x03(\t\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0elive_lease_ids\x18\x02 \x03(\t\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x19\n\x11running_sequences\x18\x04 \x01(\r\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x15\n\rlargest_batch\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"g\n\x11\x43laimLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r2\x96\x02\n\tScheduler\x12\x46\n\x08Generate\x12\x1c.ortserve.v1.GenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12:\n\x05\x41\x64mit\x12\x19.ortserve.v1.AdmitRequest\x1a\x16.ortserve.v1.Admission\x12\x44\n\x07Release\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12?\n\tGetBudget\x12\x1d.ortserve.v1.GetBudgetRequest\x1a\x13.ortserve.v1.Budgetb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,25 +35,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMITREQUEST']._serialized_start=69
   _globals['_ADMITREQUEST']._serialized_end=174
   _globals['_RELEASEREQUEST']._serialized_start=176
-  _globals['_RELEASEREQUEST']._serialized_end=229
-  _globals['_RELEASERESPONSE']._serialized_start=231
-  _globals['_RELEASERESPONSE']._serialized_end=287
-  _globals['_GETBUDGETREQUEST']._serialized_start=289
-  _globals['_GETBUDGETREQUEST']._serialized_end=331
-  _globals['_WORKERBUDGET']._serialized_start=334
-  _globals['_WORKERBUDGET']._serialized_end=741
-  _globals['_BUDGET']._serialized_start=744
-  _globals['_BUDGET']._serialized_end=1041
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1044
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1302
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1304
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1406
-  _globals['_HEARTBEATREQUEST']._serialized_start=1409
-  _globals['_HEARTBEATREQUEST']._serialized_end=1558
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1560
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1594
-  _globals['_CLAIMLEASEREQUEST']._serialized_start=1596
-  _globals['_CLAIMLEASEREQUEST']._serialized_end=1699
-  _globals['_SCHEDULER']._serialized_start=1702
-  _globals['_SCHEDULER']._serialized_end=2213
+  _globals['_RELEASEREQUEST']._serialized_end=251
+  _globals['_RELEASERESPONSE']._serialized_start=253
+  _globals['_RELEASERESPONSE']._serialized_end=309
+  _globals['_GETBUDGETREQUEST']._serialized_start=311
+  _globals['_GETBUDGETREQUEST']._serialized_end=353
+  _globals['_WORKERBUDGET']._serialized_start=356
+  _globals['_WORKERBUDGET']._serialized_end=763
+  _globals['_BUDGET']._serialized_start=766
+  _globals['_BUDGET']._serialized_end=1063
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1066
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1324
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1326
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1428
+  _globals['_HEARTBEATREQUEST']._serialized_start=1431
+  _globals['_HEARTBEATREQUEST']._serialized_end=1580
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1582
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1616
+  _globals['_CLAIMLEASEREQUEST']._serialized_start=1618
+  _globals['_CLAIMLEASEREQUEST']._serialized_end=1721
+  _globals['_SCHEDULER']._serialized_start=1724
+  _globals['_SCHEDULER']._serialized_end=2002
 # @@protoc_insertion_point(module_scope)
