@@ -70,13 +70,15 @@ def test_services_started_as_compose_says_serve_a_generation_over_two_workers(tm
     started: list[Service] = []
     try:
         command, env = _as_local(spec["scheduler"], {"ORTSERVE_SCHEDULER_HOST": "127.0.0.1",
-                                                     "ORTSERVE_SCHEDULER_PORT": "0"})
+                                                     "ORTSERVE_SCHEDULER_PORT": "0",
+                                                     "ORTSERVE_SCHEDULER_INTERNAL_PORT": "0"})
         scheduler = start_service("scheduler", command, tmp_path, env)
         started.append(scheduler)
         wait_serving(scheduler)
         for i in range(2):
             command, env = _as_local(spec["worker-cpu"], {
-                "ORTSERVE_SCHEDULER_ADDRESS": scheduler.address,
+                # the worker-facing port, from the banner ("listening A internal B")
+                "ORTSERVE_SCHEDULER_ADDRESS": scheduler.banner.split()[-1],
                 "ORTSERVE_WORKER_MODEL_DIR": str(model_dir),
                 "ORTSERVE_WORKER_HOST": "127.0.0.1", "ORTSERVE_WORKER_PORT": "0",
                 "ORTSERVE_WORKER_KV_BUDGET": "256MiB"})
