@@ -31,6 +31,17 @@ def test_compose_file_is_valid_for_docker_compose():
         result = subprocess.run([tool, "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert result.returncode == 0, result.stderr
+    # The optional TLS profile merges over the base file, for every service it names.
+    result = subprocess.run([tool, "-f", str(COMPOSE), "-f", str(ROOT / "compose.tls.yaml"),
+                             "--profile", "cpu", "--profile", "gpu", "config"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)["services"]
+    assert merged["scheduler"]["environment"]["ORTSERVE_SCHEDULER_TLS_CA"] == "/secrets/ca.pem"
+    for worker in ("worker", "worker-cpu"):
+        env = merged[worker]["environment"]
+        assert env["ORTSERVE_WORKER_TLS_CERT"] == "/secrets/worker.pem"
+        assert env["ORTSERVE_SCHEDULER_ADDRESS"] == "scheduler:50061"  # the base's, kept
 
 
 def test_compose_describes_the_topology():

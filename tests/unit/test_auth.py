@@ -39,3 +39,12 @@ def test_lease_secret_is_per_lease_and_per_scheduler():
         with pytest.raises(DomainError) as err:
             secrets.check("L1", wrong)
         assert err.value.reason is ErrorReason.LEASE_SECRET_MISMATCH
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("localhost", True), ("::1", True), ("[::1]", True),
+    ("0.0.0.0", False), ("", False), ("10.0.0.5", False), ("scheduler", False)])
+def test_plaintext_and_open_ports_warn_unless_bound_to_loopback(host, loopback):
+    from ortserve.tls import is_loopback
+
+    assert is_loopback(host) is loopback
