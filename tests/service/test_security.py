@@ -197,3 +197,23 @@ def test_a_worker_without_a_trusted_client_certificate_cannot_register(secured):
     assert secured.ledger().workers == []
     secured.worker_stub().RegisterWorker(registration("w1"), timeout=5)  # the cluster's cert
     assert [w.worker_id for w in secured.ledger().workers] == ["w1"]
+
+
+def test_an_open_plaintext_scheduler_beyond_loopback_says_so_loudly():
+    from structlog.testing import capture_logs
+
+    loop = LoopThread()
+    try:
+        with capture_logs() as logs:
+            running = loop.run(build_server(SchedulerConfig(host="0.0.0.0", port=0, internal_port=0)))
+        warnings = [(e["event"], e.get("port_role")) for e in logs if e["log_level"] == "warning"]
+        assert any(event.startswith("NO API KEYS") for event, _ in warnings)
+        assert {role for event, role in warnings if event.startswith("PLAINTEXT")} == \
+            {"public", "internal"}
+        loop.run(running.stop(0))
+        with capture_logs() as logs:  # loopback: the local demo, quiet
+            running = loop.run(build_server(SchedulerConfig(port=0, internal_port=0)))
+        assert [e for e in logs if e["log_level"] == "warning"] == []
+        loop.run(running.stop(0))
+    finally:
+        loop.close()
