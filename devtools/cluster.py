@@ -55,6 +55,7 @@ class Service:
     process: subprocess.Popen
     address: str
     log_path: Path
+    banner: str = ""  # the whole 'listening ...' line (the scheduler adds 'internal HOST:PORT')
 
     def log_tail(self, n_lines: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
@@ -81,17 +82,18 @@ def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str]
         process.kill()
         raise ClusterError(f"{name} did not start ({line!r}); see {log_path}:\n"
                            + log_path.read_text(errors="replace")[-3000:])
-    return Service(name, process, line.split()[1], log_path)
+    return Service(name, process, line.split()[1], log_path, banner=line)
 
 
-def wait_serving(service: Service, health_service: str = "", timeout_s: float = 120.0) -> None:
+def wait_serving(service: Service, health_service: str = "", timeout_s: float = 120.0,
+                 credentials=None) -> None:
     deadline = time.monotonic() + timeout_s
     status = ""
     while time.monotonic() < deadline:
         if service.process.poll() is not None:
             raise ClusterError(f"{service.name} exited with {service.process.returncode}; "
                                f"see {service.log_path}:\n{service.log_tail()}")
-        status = check(service.address, health_service, timeout_s=2.0)
+        status = check(service.address, health_service, timeout_s=2.0, credentials=credentials)
         if status == "SERVING":
             return
         time.sleep(0.2)
@@ -122,7 +124,36 @@ class LocalCluster:
     device: str = "cpu"
     scheduler_args: list[str] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)  # given to every worker
+    # TLS everywhere when set: a folder with ca.pem, scheduler.pem, scheduler-key.pem,
+    # worker.pem, worker-key.pem (compose's TLS profile uses the same names).
+    tls_dir: Path | None = None
+    api_key: str = ""  # what the cluster's own GetBudget calls send (keys configured)
     services: list[Service] = field(default_factory=list)
+
+    def _tls_args(self, who: str) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        return ["--tls-cert", str(d / f"{who}.pem"), "--tls-key", str(d / f"{who}-key.pem"),
+                "--tls-ca", str(d / "ca.pem")]
+
+    def credentials(self, client_cert: bool = False):
+        """TLS channel credentials for this cluster (client_cert: the scheduler's, for mutual TLS)."""
+        if self.tls_dir is None:
+            return None
+        from ortserve.tls import channel_credentials
+
+        d = self.tls_dir
+        if client_cert:
+            return channel_credentials(str(d / "ca.pem"), str(d / "scheduler.pem"),
+                                       str(d / "scheduler-key.pem"))
+        return channel_credentials(str(d / "ca.pem"))
+
+    @property
+    def internal_address(self) -> str:
+        """The scheduler's worker-facing port (SchedulerInternal), from its banner."""
+        words = self.services[0].banner.split()
+        return words[words.index("internal") + 1]
 
     @property
     def address(self) -> str:
@@ -136,13 +167,14 @@ class LocalCluster:
         try:
             scheduler = start_service("scheduler", [
                 _bin("ortserve-scheduler"), "--host", self.host, "--port", str(self.scheduler_port),
-                *self.scheduler_args], self.log_dir)
+                "--internal-port", "0", *self._tls_args("scheduler"), *self.scheduler_args],
+                self.log_dir)
             self.services.append(scheduler)
-            wait_serving(scheduler)
+            wait_serving(scheduler, credentials=self.credentials())
             for i in range(self.workers):
                 self.start_worker(i)
             for worker in self.worker_services:
-                wait_serving(worker, "ortserve.v1.Worker")
+                wait_serving(worker, "ortserve.v1.Worker", credentials=self.credentials(True))
             self.wait_registered(self.workers)
         except BaseException:
             self.stop()
@@ -152,7 +184,8 @@ class LocalCluster:
     def start_worker(self, index: int, extra_args: list[str] = ()) -> Service:
         threads = self.threads or max(1, usable_cores() // max(self.workers, 1))
         argv = [_bin("ortserve-worker"), "--model-dir", str(self.model_dir),
-                "--scheduler", self.address, "--host", self.host, "--port", "0",
+                "--scheduler", self.internal_address, "--host", self.host, "--port", "0",
+                *self._tls_args("worker"),
                 "--worker-id", f"worker-{index}", "--device", self.device, "--threads", str(threads)]
         budget = self.kv_budgets[index] if index < len(self.kv_budgets) else None
         if budget:
@@ -163,15 +196,16 @@ class LocalCluster:
         return service
 
     def wait_registered(self, n_workers: int, timeout_s: float = 60.0) -> None:
-        import grpc
-
+        from ortserve.tls import secure_or_insecure_channel
         from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        metadata = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
+        with secure_or_insecure_channel(self.address, self.credentials(), aio=False) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             while time.monotonic() < deadline:
-                budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
+                budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5,
+                                        metadata=metadata)
                 if len(budget.workers) >= n_workers:
                     return
                 time.sleep(0.2)

@@ -43,6 +43,10 @@ class ErrorReason(enum.StrEnum):
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"  # no such session (closed, expired or never opened)
     SESSION_BUSY = "SESSION_BUSY"  # a turn of this session is running: turns go one at a time
     SESSION_WORKER_LOST = "SESSION_WORKER_LOST"  # the session's worker died: its KV is gone
+    API_KEY_MISSING = "API_KEY_MISSING"  # keys are configured and the call carried none
+    API_KEY_UNKNOWN = "API_KEY_UNKNOWN"  # the call's key is not one the server knows
+    ROLE_REQUIRED = "ROLE_REQUIRED"  # the key is known but lacks the role the RPC needs
+    LEASE_SECRET_MISMATCH = "LEASE_SECRET_MISMATCH"  # Release without the secret Admit gave
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

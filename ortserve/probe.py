@@ -1,20 +1,28 @@
 """ortserve-probe: exit 0 when a server's grpc.health.v1 says SERVING (compose healthchecks).
 
   ortserve-probe 127.0.0.1:50051 [--service ortserve.v1.Worker] [--timeout 2]
+                 [--cacert ca.pem [--cert c.pem --key k.pem]]   (TLS; env ORTSERVE_PROBE_*)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .tls import channel_credentials, secure_or_insecure_channel
 
-def check(address: str, service: str = "", timeout_s: float = 2.0) -> str:
-    """The serving status name, or the gRPC error code name when the call fails."""
-    with grpc.insecure_channel(address) as channel:
+
+def check(address: str, service: str = "", timeout_s: float = 2.0,
+          credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The serving status name, or the gRPC error code name when the call fails.
+
+    `credentials`: TLS (a worker's port also wants a client certificate: mutual TLS).
+    """
+    with secure_or_insecure_channel(address, credentials, aio=False) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -29,8 +37,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("address")
     p.add_argument("--service", default="", help="a service name; empty: the whole server")
     p.add_argument("--timeout", type=float, default=2.0)
+    for name in ("cacert", "cert", "key"):
+        p.add_argument(f"--{name}", default=os.environ.get(f"ORTSERVE_PROBE_{name.upper()}", ""),
+                       help=f"TLS: {'the CA (PEM) to trust' if name == 'cacert' else 'client ' + name} "
+                            f"(env ORTSERVE_PROBE_{name.upper()})")
     a = p.parse_args(argv)
-    status = check(a.address, a.service, a.timeout)
+    credentials = channel_credentials(a.cacert, a.cert, a.key) if a.cacert else None
+    status = check(a.address, a.service, a.timeout, credentials)
     if status != "SERVING":
         print(f"ortserve-probe: {a.address} {a.service or '(server)'}: {status}", file=sys.stderr)
         sys.exit(1)

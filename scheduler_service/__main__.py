@@ -11,7 +11,9 @@ import asyncio
 import os
 import signal
 
+from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
+from ortserve.tls import TlsFiles
 
 from .config import SchedulerConfig
 from .server import build_server
@@ -30,6 +32,20 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default=_env("host", d.host), help="address to bind (env ORTSERVE_SCHEDULER_HOST)")
     p.add_argument("--port", type=int, default=_env("port", d.port), help="port; 0 picks a free one")
+    p.add_argument("--internal-port", type=int, default=_env("internal_port", d.internal_port),
+                   help="the worker-facing SchedulerInternal service's port (workers' --scheduler "
+                        "points here); 0 picks a free one (env ORTSERVE_SCHEDULER_INTERNAL_PORT)")
+    p.add_argument("--api-keys-file", default=_env("api_keys_file", ""),
+                   help="client API keys, one 'role:key' per line (roles: generate, admin); "
+                        "also read from env ORTSERVE_SCHEDULER_API_KEYS; none: open to all")
+    for name, what in (("cert", "this scheduler's certificate (PEM; both ports, and its client "
+                                "certificate towards workers)"),
+                       ("key", "its private key (PEM)"),
+                       ("ca", "the CA workers' certificates must chain to (the internal port "
+                              "requires one: mutual TLS)")):
+        p.add_argument(f"--tls-{name}", default=_env(f"tls_{name}", ""),
+                       help=f"{what}; env ORTSERVE_SCHEDULER_TLS_{name.upper()}; "
+                            "none of the three: plaintext")
     p.add_argument("--heartbeat-interval-s", type=float, default=_env("heartbeat_interval_s", d.heartbeat_interval_s))
     p.add_argument("--lease-ttl-s", type=float, default=_env("lease_ttl_s", d.lease_ttl_s),
                    help="a worker silent this long is dropped and its leases return")
@@ -59,7 +75,14 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     if a.max_queue_length < 0 or a.max_queue_wait_s < 0:
         p.error(f"--max-queue-length ({a.max_queue_length}) and --max-queue-wait-s "
                 f"({a.max_queue_wait_s:g}) must be >= 0")
-    return SchedulerConfig(host=a.host, port=a.port, heartbeat_interval_s=a.heartbeat_interval_s,
+    tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
+    try:
+        tls.check("ortserve-scheduler", need_ca=True)
+        keys = load_keys(a.api_keys_file, os.environ.get(_ENV + "API_KEYS"))
+    except (OSError, ValueError) as error:
+        p.error(str(error))
+    return SchedulerConfig(host=a.host, port=a.port, internal_port=a.internal_port,
+                           api_keys=keys, tls=tls, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
@@ -69,8 +92,9 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
 
 async def _serve(config: SchedulerConfig) -> None:
     running = await build_server(config)
-    # The chosen port on stdout, one line, for scripts that started us with --port 0.
-    print(f"listening {config.host}:{running.port}", flush=True)
+    # The chosen ports on stdout, one line, for scripts that started us with --port 0.
+    print(f"listening {config.host}:{running.port} internal {config.host}:{running.internal_port}",
+          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ortserve.auth import ApiKeys
+from ortserve.tls import TlsFiles
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0: any free port
+    # The worker-facing SchedulerInternal service's own port (mutual TLS when tls is set).
+    internal_port: int = 50061  # 0: any free port
     heartbeat_interval_s: float = 2.0  # what workers are told
     lease_ttl_s: float = 10.0  # a worker silent this long is gone, with its leases
     claim_ttl_s: float = 60.0  # an admitted lease no worker claimed this long is dropped
@@ -21,3 +26,8 @@ class SchedulerConfig:
     session_ttl_s: float = 600.0  # an idle session is closed (and its bytes released) after this
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
+    # Client API keys; empty: open (the local demo, logged loudly beyond loopback).
+    api_keys: ApiKeys = field(default_factory=ApiKeys)
+    # cert/key: both ports and the client cert towards workers; ca: trusted for
+    # workers' client certs (internal port) and their server certs (relay channel).
+    tls: TlsFiles = field(default_factory=TlsFiles)

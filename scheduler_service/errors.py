@@ -35,6 +35,8 @@ STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorReason.SESSION_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorReason.SESSION_WORKER_LOST: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorReason.ROLE_REQUIRED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorReason.LEASE_SECRET_MISMATCH: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -11,16 +11,19 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
+from ortserve import tls
+from ortserve.auth import ApiKeyInterceptor
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
-from ortserve.v1 import scheduler_pb2
+from ortserve.v1 import internal_pb2, scheduler_pb2
 
 from .admission_queue import AdmissionQueue
 from .budget import Ledger
 from .config import SchedulerConfig
 from .errors import STATUS_OF_REASON
+from .internal_servicer import SchedulerInternalServicer
 from .metrics import SchedulerMetrics
 from .queue_waiter import QueueWaiter
 from .servicer import SchedulerServicer, log_decided, log_expired
@@ -33,6 +36,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
 SERVICE_NAME = SERVICE.full_name
+INTERNAL_SERVICE = internal_pb2.DESCRIPTOR.services_by_name["SchedulerInternal"]
 
 
 @dataclass
@@ -43,6 +47,8 @@ class SchedulerServer:
     queue: AdmissionQueue
     _expiry: asyncio.Task
     _workers: WorkerClients
+    internal_server: grpc.aio.Server | None = None
+    internal_port: int = 0
     health: object = None
     metrics_port: int | None = None
     _stop_metrics: object = None
@@ -55,6 +61,9 @@ class SchedulerServer:
         if self.health is not None:
             await set_serving(self.health, [SERVICE_NAME], False)
         await self.server.stop(grace_s)
+        if self.internal_server is not None:
+            # After the public port: relayed streams' workers still release their leases.
+            await self.internal_server.stop(grace_s)
         await self._workers.close()
         if self._stop_metrics is not None:
             self._stop_metrics()
@@ -89,22 +98,45 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
         metrics = SchedulerMetrics(registry, ledger, queue)
         metrics_port, stop_metrics = serve_metrics(registry, config.host, config.metrics_port)
         log.info("metrics serving", address=f"{config.host}:{metrics_port}", path="/metrics")
-    workers = WorkerClients()
-    server = grpc.aio.server()
+    files = config.tls
+    files.check("ortserve-scheduler", need_ca=True)  # the internal port is mutual TLS
+    workers = WorkerClients(tls.channel_credentials(files.ca, files.cert, files.key)
+                            if files.enabled else None)
+    if not config.api_keys.enabled and not tls.is_loopback(config.host):
+        log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
+                    "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",
+                    address=f"{config.host}:{config.port}")
+    server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)])
     register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter, metrics),
                      STATUS_OF_REASON)
     health = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = tls.bind(server, f"{config.host}:{config.port}", files, False, "public")
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
                       "pick another with --port")
+    # NOTE: a server of its own, not a second port on the same one: a grpc server
+    # serves every service on every port, and the point is that the public port
+    # has no worker RPCs at all.
+    internal = grpc.aio.server()
+    register_service(internal, INTERNAL_SERVICE,
+                     SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics),
+                     STATUS_OF_REASON)
+    internal_port = tls.bind(internal, f"{config.host}:{config.internal_port}", files, True,
+                             "internal")
+    if internal_port == 0:
+        raise OSError(f"could not bind {config.host}:{config.internal_port}: is the port in use? "
+                      "pick another with --internal-port")
+    await internal.start()
     await server.start()
     await set_serving(health, [], True)
     await health.set(SERVICE_NAME, NOT_SERVING)
     expiry = asyncio.create_task(_maintain_forever(ledger, waiter, health, metrics,
                                                    config.expiry_interval_s))
-    log.info("scheduler serving", address=f"{config.host}:{port}", lease_ttl_s=config.lease_ttl_s,
+    log.info("scheduler serving", address=f"{config.host}:{port}",
+             internal_address=f"{config.host}:{internal_port}", tls=files.enabled,
+             api_keys=len(config.api_keys), lease_ttl_s=config.lease_ttl_s,
              max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s)
     return SchedulerServer(server=server, port=port, ledger=ledger, queue=queue, _expiry=expiry,
-                           _workers=workers, health=health, metrics_port=metrics_port,
+                           _workers=workers, internal_server=internal,
+                           internal_port=internal_port, health=health, metrics_port=metrics_port,
                            _stop_metrics=stop_metrics)

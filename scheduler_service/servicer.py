@@ -15,15 +15,17 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 
-from . import convert, messages, validate
+from . import convert, validate
 from .admission_queue import Ticket
-from .budget import Admission, BatchStats, Decision, Expired, Ledger, no_worker_rejection
+from .budget import Admission, Decision, Expired, Ledger, no_worker_rejection
 from .config import SchedulerConfig
 from .errors import rejection_error
+from .lease_secrets import LeaseSecrets
 from .queue_waiter import QueueWaiter
 from .session_service import SessionRPCs
 from .worker_clients import WorkerClients
@@ -75,8 +77,9 @@ class _Prompt:
 
 class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, metrics=None) -> None:
+                 waiter: QueueWaiter, metrics=None, secrets: LeaseSecrets | None = None) -> None:
         self._config = config
+        self._secrets = secrets or LeaseSecrets()
         self._ledger = ledger
         self._workers = workers
         self._waiter = waiter
@@ -173,74 +176,32 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
                  worker_id=admission.worker.worker_id if admission.worker else None,
                  max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
-        return convert.admission_to_pb(admission)
+        answer = convert.admission_to_pb(admission)
+        if lease is not None:
+            answer.lease_secret = self._secrets.of(lease.lease_id)  # only this caller learns it
+        return answer
 
     async def Release(self, request: scheduler_pb2.ReleaseRequest, context):
         validate.bounded("lease_id", request.lease_id, validate.MAX_LEASE_ID_CHARS)
-        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
-        freed = self._ledger.release(request.lease_id, request.worker_id)
-        log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
-                 freed_bytes=freed)
+        if request.worker_id:
+            raise InvalidField("worker_id", "set only by a worker, on SchedulerInternal."
+                               "ReleaseClaimed (the scheduler's internal port); a caller releases "
+                               "its own unclaimed lease with lease_id and lease_secret",
+                               worker_id_chars=len(request.worker_id))
+        self._secrets.check(request.lease_id, request.lease_secret)  # before the ledger is touched
+        freed = self._ledger.release(request.lease_id, "")
+        log.info("release", lease_id=request.lease_id, freed_bytes=freed)
         if freed:
             self._kick()
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def GetBudget(self, request: scheduler_pb2.GetBudgetRequest, context):
+        if request.include_leases:  # every caller's lease ids: an operator's view
+            require_role(Role.ADMIN, "GetBudget with include_leases")
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
         return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic(),
                                     self._waiter.queue.stats())
-
-    # -- workers ------------------------------------------------------------------
-
-    async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest, context):
-        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
-        validate.bounded("address", request.address, validate.MAX_ADDRESS_CHARS)
-        geometry = convert.geometry_from_pb(request)
-        now = time.monotonic()
-        leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
-        previous = self._ledger.geometry(geometry.worker_id)
-        refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
-        if previous is not None and previous.address != geometry.address:
-            await self._workers.forget(previous.address)
-        log_expired(self._ledger.expire(), self._metrics)
-        self._kick()  # a new worker's bytes serve the queue
-        log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,
-                 capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
-                 context_length=geometry.context_length, vocab_size=geometry.vocab_size,
-                 restored_leases=len(leases) - len(refused), refused_leases=len(refused),
-                 execution_provider=geometry.execution_provider)
-        return scheduler_pb2.RegisterWorkerResponse(
-            heartbeat_interval_s=self._config.heartbeat_interval_s,
-            lease_ttl_s=self._config.lease_ttl_s,
-            refused_lease_ids=refused,
-        )
-
-    async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
-        known = self._ledger.heartbeat(request.worker_id, draining=request.draining,
-                                       batch=BatchStats(request.running_sequences,
-                                                        request.batch_rows, request.largest_batch))
-        if known:
-            lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
-                                          grace_s=2 * self._config.heartbeat_interval_s)
-            for lease in lost:
-                log.warning("lease lost by its worker; released", lease_id=lease.lease_id,
-                            worker_id=lease.worker_id, freed_bytes=lease.reserved_bytes,
-                            prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens)
-            if lost:
-                self._kick()
-        return scheduler_pb2.HeartbeatResponse(known=known)
-
-    async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
-        lease = self._ledger.claim(
-            request.lease_id, request.worker_id,
-            check=lambda lease: messages.check_claim(lease, request.prompt_tokens,
-                                                     request.max_new_tokens))
-        if lease is None:
-            raise messages.lease_not_live(request.lease_id, request.worker_id,
-                                          self._config.claim_ttl_s)
-        log.info("lease claimed", lease_id=lease.lease_id, worker_id=lease.worker_id)
-        return convert.lease_to_pb(lease, time.monotonic())
 
     # -- the front door --------------------------------------------------------------
 

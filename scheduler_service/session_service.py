@@ -140,15 +140,6 @@ class SessionRPCs:
             self._registry.remove(session.session_id)
         log.info("session closed", session_id=session.session_id, lease_id=session.lease_id)
 
-    async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
-        lease = self._ledger.shrink(request.lease_id, request.worker_id, request.held_tokens)
-        if lease is None:
-            raise DomainError(ErrorReason.LEASE_NOT_FOUND,
-                              f"lease {clip(request.lease_id)} is not live for worker "
-                              f"{clip(request.worker_id)}", metadata={"lease_id": request.lease_id})
-        self._kick()  # the freed bytes may serve the admission queue's head
-        return convert.lease_to_pb(lease, time.monotonic())
-
     # -- turns -------------------------------------------------------------------
 
     async def _render(self, session: Session, inner: types_pb2.GenerateRequest,

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import grpc
 
+from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2_grpc
 
 
 class WorkerClients:
-    def __init__(self) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._credentials = credentials  # TLS towards workers; None: plaintext
         self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
 
     def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address)
+            channel = secure_or_insecure_channel(address, self._credentials)
             entry = (channel, worker_pb2_grpc.WorkerStub(channel))
             self._stubs[address] = entry
         return entry[1]

@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 
 from ortserve.logs import configure_logging
+from ortserve.tls import TlsFiles
 from ortserve.units import parse_bytes
 
 from .config import WorkerConfig
@@ -38,7 +39,15 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--model-dir", default=_env("ORTSERVE_WORKER_MODEL_DIR"),
                    help="a model folder written by the onnxruntime-genai model builder")
     p.add_argument("--scheduler", default=_env("ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
-                   help="the scheduler's host:port")
+                   help="the scheduler's internal host:port (its --internal-port)")
+    for name, what in (("cert", "this worker's certificate (PEM; its port, and its client "
+                                "certificate towards the scheduler)"),
+                       ("key", "its private key (PEM)"),
+                       ("ca", "the CA the scheduler's certificate (and every caller's client "
+                              "certificate: mutual TLS) must chain to")):
+        p.add_argument(f"--tls-{name}", default=_env(f"ORTSERVE_WORKER_TLS_{name.upper()}", ""),
+                       help=f"{what}; env ORTSERVE_WORKER_TLS_{name.upper()}; none of the "
+                            "three: plaintext")
     p.add_argument("--host", default=_env("ORTSERVE_WORKER_HOST", d.host))
     p.add_argument("--port", type=int, default=int(_env("ORTSERVE_WORKER_PORT", d.port)),
                    help="0 picks a free port")
@@ -81,13 +90,18 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
         swap = parse_bytes(a.session_swap_bytes) if a.session_swap_bytes else d.session_swap_bytes
     except ValueError as error:
         p.error(f"--session-swap-bytes: {error}")
+    tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
+    try:
+        tls.check("ortserve-worker", need_ca=True)
+    except ValueError as error:
+        p.error(str(error))
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
         kv_capacity_fraction=a.kv_budget_fraction, drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, log_level=a.log_level,
-        log_json=a.log_json,
+        log_json=a.log_json, tls=tls,
     )
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ortserve.tls import TlsFiles
 
 
 @dataclass(frozen=True)
@@ -24,3 +26,6 @@ class WorkerConfig:
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     log_level: str = "info"
     log_json: bool | None = None
+    # cert/key: its port and its client certificate towards the scheduler; ca: what
+    # the scheduler's certificate and callers' client certificates must chain to.
+    tls: TlsFiles = field(default_factory=TlsFiles)

@@ -1,4 +1,8 @@
-"""The worker's side of the scheduler protocol: register, heartbeat, claim, release."""
+"""The worker's side of the scheduler protocol: register, heartbeat, claim, release.
+
+All four go to SchedulerInternal on the scheduler's internal port (--scheduler
+points there), over mutual TLS when the worker has a certificate.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from ortserve.tls import secure_or_insecure_channel
+from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, types_pb2
 
 log = structlog.get_logger("worker")
 
@@ -20,13 +25,14 @@ _REFUSALS = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
 class SchedulerLink:
     def __init__(self, address: str, registration: scheduler_pb2.RegisterWorkerRequest,
                  live_leases: Callable[[], list[types_pb2.Lease]],
-                 batch_stats: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)) -> None:
+                 batch_stats: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.address = address
         self._registration = registration
         self._live_leases = live_leases
         self._batch_stats = batch_stats  # (running sequences, batch rows, largest batch)
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._channel = secure_or_insecure_channel(address, credentials)
+        self._stub = internal_pb2_grpc.SchedulerInternalStub(self._channel)
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
         self.draining = False  # sent with every heartbeat once set
@@ -123,7 +129,7 @@ class SchedulerLink:
         """Release once; retried on transport errors (heartbeats reconcile if all fail)."""
         for attempt in range(3):
             try:
-                reply = await self._stub.Release(
+                reply = await self._stub.ReleaseClaimed(
                     scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id),
                     timeout=5.0)
                 return reply.freed_bytes

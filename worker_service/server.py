@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
+from ortserve import tls
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
@@ -146,9 +147,12 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         metrics_port, servicer.stop_metrics = serve_metrics(registry, config.host,
                                                             config.metrics_port)
         log.info("metrics serving", address=f"{config.host}:{metrics_port}", path="/metrics")
+    files = config.tls
     link = SchedulerLink(config.scheduler_address, registration, servicer.live_leases,
                          lambda: (engine.active_sequences(), engine.batch_rows,
-                                  engine.runner.largest_batch))
+                                  engine.runner.largest_batch),
+                         tls.channel_credentials(files.ca, files.cert, files.key)
+                         if files.enabled else None)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     link.before_reregister = servicer.drop_sessions
     heartbeats = asyncio.create_task(link.run())
@@ -168,7 +172,10 @@ async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task
     """Bind and start; returns the server and the task that loads the model and then
     registers and heartbeats (it raises if the model or device cannot be had)."""
     server = grpc.aio.server()
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    config.tls.check("ortserve-worker", need_ca=True)
+    # NOTE: mutual TLS: the worker's port serves leases the scheduler handed out, so
+    # only holders of a cluster certificate (the scheduler) may call it.
+    port = tls.bind(server, f"{config.host}:{config.port}", config.tls, True, "worker")
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
                       "pick another with --port")

@@ -2,7 +2,11 @@
 // Stream one generation from an ortserve scheduler. The text goes to stdout;
 // the cap (when the KV budget reduced max_new_tokens) and stats go to stderr.
 //
-//   node generate.js [--address 127.0.0.1:50051] [--max-new-tokens N] [--chat] "prompt"
+//   node generate.js [--address 127.0.0.1:50051] [--cacert ca.pem] [--max-new-tokens N] [--chat] "prompt"
+//
+// TLS: --cacert (env ORTSERVE_CACERT) names the CA the scheduler's certificate
+// chains to. An API key is read from env ORTSERVE_API_KEY (never argv, where
+// `ps` shows it) and sent as `authorization: Bearer <key>`.
 "use strict";
 
 const path = require("path");
@@ -10,16 +14,20 @@ const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
 
 function parseArgs(argv) {
-  const args = { address: process.env.ORTSERVE_ADDRESS || "127.0.0.1:50051", chat: false };
+  const args = {
+    address: process.env.ORTSERVE_ADDRESS || "127.0.0.1:50051", chat: false,
+    cacert: process.env.ORTSERVE_CACERT || "",
+  };
   const rest = [];
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--address") args.address = argv[++i];
     else if (argv[i] === "--max-new-tokens") args.maxNewTokens = Number(argv[++i]);
     else if (argv[i] === "--chat") args.chat = true;
+    else if (argv[i] === "--cacert") args.cacert = argv[++i];
     else rest.push(argv[i]);
   }
   if (rest.length !== 1) {
-    process.stderr.write("usage: node generate.js [--address HOST:PORT] [--max-new-tokens N] [--chat] PROMPT\n");
+    process.stderr.write("usage: node generate.js [--address HOST:PORT] [--cacert CA.pem] [--max-new-tokens N] [--chat] PROMPT\n");
     process.exit(2);
   }
   args.prompt = rest[0];
@@ -38,7 +46,13 @@ const definition = protoLoader.loadSync(path.join(protos, "ortserve/v1/scheduler
 const { Scheduler } = grpc.loadPackageDefinition(definition).ortserve.v1;
 
 const args = parseArgs(process.argv.slice(2));
-const client = new Scheduler(args.address, grpc.credentials.createInsecure());
+const fs = require("fs");
+const credentials = args.cacert
+  ? grpc.credentials.createSsl(fs.readFileSync(args.cacert))
+  : grpc.credentials.createInsecure();
+const client = new Scheduler(args.address, credentials);
+const metadata = new grpc.Metadata();
+if (process.env.ORTSERVE_API_KEY) metadata.set("authorization", `Bearer ${process.env.ORTSERVE_API_KEY}`);
 const request = args.chat
   ? { chat: { messages: [{ role: "user", content: args.prompt }] } }
   : { text: args.prompt };
@@ -50,7 +64,7 @@ function describeCap(cap) {
     `of ${cap.capacity_bytes} B at ${cap.bytes_per_token} B/token on ${cap.worker_id})`;
 }
 
-const call = client.Generate(request);
+const call = client.Generate(request, metadata);
 call.on("data", (event) => {
   if (event.event === "queued") {
     const q = event.queued;

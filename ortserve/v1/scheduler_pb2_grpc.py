@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class SchedulerStub:
-    """The front door of an ortserve cluster.
+    """The front door of an ortserve cluster (the worker-facing RPCs are on
+    SchedulerInternal, internal.proto, on the scheduler's internal port).
     """
 
     def __init__(self, channel):
@@ -56,21 +57,6 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.Budget.FromString,
                 _registered_method=True)
-        self.RegisterWorker = channel.unary_unary(
-                '/ortserve.v1.Scheduler/RegisterWorker',
-                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.SerializeToString,
-                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.FromString,
-                _registered_method=True)
-        self.Heartbeat = channel.unary_unary(
-                '/ortserve.v1.Scheduler/Heartbeat',
-                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
-                _registered_method=True)
-        self.ClaimLease = channel.unary_unary(
-                '/ortserve.v1.Scheduler/ClaimLease',
-                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.SerializeToString,
-                response_deserializer=ortserve_dot_v1_dot_types__pb2.Lease.FromString,
-                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/ortserve.v1.Scheduler/OpenSession',
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.OpenSessionRequest.SerializeToString,
@@ -96,15 +82,11 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
-        self.ShrinkLease = channel.unary_unary(
-                '/ortserve.v1.Scheduler/ShrinkLease',
-                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
-                response_deserializer=ortserve_dot_v1_dot_types__pb2.Lease.FromString,
-                _registered_method=True)
 
 
 class SchedulerServicer:
-    """The front door of an ortserve cluster.
+    """The front door of an ortserve cluster (the worker-facing RPCs are on
+    SchedulerInternal, internal.proto, on the scheduler's internal port).
     """
 
     def Generate(self, request, context):
@@ -136,14 +118,15 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Give back a lease. Idempotent: releasing twice frees once (released
-        false the second time). An unclaimed lease (admitted, no worker serving
-        it yet) is released by anyone holding its id. A claimed lease is the
-        serving worker's to release, once its KV buffer is really freed: a
-        Release without that worker's worker_id is refused with
-        FAILED_PRECONDITION (ErrorInfo reason LEASE_CLAIMED, naming the worker)
-        and the lease stays held; to stop a running request, cancel its
-        Generate stream instead (the worker then frees and releases it).
+        """Give back a lease this caller holds: lease_secret must be the one its
+        Admit answered (else PERMISSION_DENIED, reason LEASE_SECRET_MISMATCH,
+        and the ledger is unchanged). Idempotent: releasing twice frees once
+        (released false the second time). Only an unclaimed lease (admitted, no
+        worker serving it yet) is released here; a claimed lease is the serving
+        worker's to release (SchedulerInternal.ReleaseClaimed), once its KV
+        buffer is really freed: it is refused with FAILED_PRECONDITION (reason
+        LEASE_CLAIMED, naming the worker) and stays held; to stop a running
+        request, cancel its Generate stream instead.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,31 +134,6 @@ class SchedulerServicer:
 
     def GetBudget(self, request, context):
         """The ledger: per worker capacity, reserved, available and leases.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def RegisterWorker(self, request, context):
-        """A worker announces itself (and, after a scheduler restart, its live leases).
-        ALREADY_EXISTS (reason WORKER_ID_IN_USE) when another worker is live
-        under the same worker_id at another address; INVALID_ARGUMENT when the
-        geometry cannot serve (e.g. capacity_bytes below one block).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Heartbeat(self, request, context):
-        """A worker's periodic sign of life; renews all of its leases.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ClaimLease(self, request, context):
-        """A worker checks a lease it was handed and marks it claimed. NOT_FOUND
-        when the lease is not live or belongs to another worker.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,14 +193,6 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ShrinkLease(self, request, context):
-        """A worker shrinks a session's lease after freeing KV (a turn's end, a
-        swap-out): reserved_bytes becomes what held_tokens need. Never grows.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,21 +215,6 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetBudget,
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_scheduler__pb2.Budget.SerializeToString,
-            ),
-            'RegisterWorker': grpc.unary_unary_rpc_method_handler(
-                    servicer.RegisterWorker,
-                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.FromString,
-                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.SerializeToString,
-            ),
-            'Heartbeat': grpc.unary_unary_rpc_method_handler(
-                    servicer.Heartbeat,
-                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.HeartbeatRequest.FromString,
-                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.HeartbeatResponse.SerializeToString,
-            ),
-            'ClaimLease': grpc.unary_unary_rpc_method_handler(
-                    servicer.ClaimLease,
-                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.FromString,
-                    response_serializer=ortserve_dot_v1_dot_types__pb2.Lease.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
@@ -306,11 +241,6 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.SerializeToString,
             ),
-            'ShrinkLease': grpc.unary_unary_rpc_method_handler(
-                    servicer.ShrinkLease,
-                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.FromString,
-                    response_serializer=ortserve_dot_v1_dot_types__pb2.Lease.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'ortserve.v1.Scheduler', rpc_method_handlers)
@@ -320,7 +250,8 @@ def add_SchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
-    """The front door of an ortserve cluster.
+    """The front door of an ortserve cluster (the worker-facing RPCs are on
+    SchedulerInternal, internal.proto, on the scheduler's internal port).
     """
 
     @staticmethod
@@ -421,87 +352,6 @@ class Scheduler:
             '/ortserve.v1.Scheduler/GetBudget',
             ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.SerializeToString,
             ortserve_dot_v1_dot_scheduler__pb2.Budget.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def RegisterWorker(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ortserve.v1.Scheduler/RegisterWorker',
-            ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerRequest.SerializeToString,
-            ortserve_dot_v1_dot_scheduler__pb2.RegisterWorkerResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Heartbeat(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ortserve.v1.Scheduler/Heartbeat',
-            ortserve_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
-            ortserve_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ClaimLease(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ortserve.v1.Scheduler/ClaimLease',
-            ortserve_dot_v1_dot_scheduler__pb2.ClaimLeaseRequest.SerializeToString,
-            ortserve_dot_v1_dot_types__pb2.Lease.FromString,
             options,
             channel_credentials,
             insecure,
@@ -637,33 +487,6 @@ class Scheduler:
             '/ortserve.v1.Scheduler/CloseSession',
             ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
             ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ShrinkLease(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/ortserve.v1.Scheduler/ShrinkLease',
-            ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
-            ortserve_dot_v1_dot_types__pb2.Lease.FromString,
             options,
             channel_credentials,
             insecure,

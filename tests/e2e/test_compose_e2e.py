@@ -31,6 +31,17 @@ def test_compose_file_is_valid_for_docker_compose():
         result = subprocess.run([tool, "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert result.returncode == 0, result.stderr
+    # The optional TLS profile merges over the base file, for every service it names.
+    result = subprocess.run([tool, "-f", str(COMPOSE), "-f", str(ROOT / "compose.tls.yaml"),
+                             "--profile", "cpu", "--profile", "gpu", "config"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)["services"]
+    assert merged["scheduler"]["environment"]["ORTSERVE_SCHEDULER_TLS_CA"] == "/secrets/ca.pem"
+    for worker in ("worker", "worker-cpu"):
+        env = merged[worker]["environment"]
+        assert env["ORTSERVE_WORKER_TLS_CERT"] == "/secrets/worker.pem"
+        assert env["ORTSERVE_SCHEDULER_ADDRESS"] == "scheduler:50061"  # the base's, kept
 
 
 def test_compose_describes_the_topology():
@@ -70,13 +81,15 @@ def test_services_started_as_compose_says_serve_a_generation_over_two_workers(tm
     started: list[Service] = []
     try:
         command, env = _as_local(spec["scheduler"], {"ORTSERVE_SCHEDULER_HOST": "127.0.0.1",
-                                                     "ORTSERVE_SCHEDULER_PORT": "0"})
+                                                     "ORTSERVE_SCHEDULER_PORT": "0",
+                                                     "ORTSERVE_SCHEDULER_INTERNAL_PORT": "0"})
         scheduler = start_service("scheduler", command, tmp_path, env)
         started.append(scheduler)
         wait_serving(scheduler)
         for i in range(2):
             command, env = _as_local(spec["worker-cpu"], {
-                "ORTSERVE_SCHEDULER_ADDRESS": scheduler.address,
+                # the worker-facing port, from the banner ("listening A internal B")
+                "ORTSERVE_SCHEDULER_ADDRESS": scheduler.banner.split()[-1],
                 "ORTSERVE_WORKER_MODEL_DIR": str(model_dir),
                 "ORTSERVE_WORKER_HOST": "127.0.0.1", "ORTSERVE_WORKER_PORT": "0",
                 "ORTSERVE_WORKER_KV_BUDGET": "256MiB"})

@@ -53,7 +53,8 @@ def test_a_caller_cannot_release_a_running_lease_and_the_stream_runs_to_completi
     assert next(stream).WhichOneof("event") == "chunk"  # claimed and running
     with pytest.raises(grpc.RpcError) as err:
         scheduler_stub(roomy.address).Release(
-            scheduler_pb2.ReleaseRequest(lease_id=admission.lease_id), timeout=5)
+            scheduler_pb2.ReleaseRequest(lease_id=admission.lease_id,
+                                         lease_secret=admission.lease_secret), timeout=5)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert _reason(err.value) == "LEASE_CLAIMED"
     # The ledger still charges what the worker holds.

@@ -124,16 +124,17 @@ def test_32_concurrent_clients_all_complete_in_arrival_order_within_the_budget(t
     print(f"\nqueue burst: 32 clients in {elapsed:.1f} s, the longest wait {max(waits):.0f} ms")
 
 
-def hold_all(address: str) -> list[str]:
+def hold_all(address: str) -> list[types_pb2.Admission]:
     leases = [scheduler_stub(address).Admit(scheduler_pb2.AdmitRequest(request=request(f"hold{i}")),
                                             timeout=30) for i in range(3)]
     assert [a.decision for a in leases] == [types_pb2.ADMITTED] * 3
-    return [a.lease_id for a in leases]
+    return leases
 
 
-def release_all(address: str, leases: list[str]) -> None:
-    for lease_id in leases:
-        scheduler_stub(address).Release(scheduler_pb2.ReleaseRequest(lease_id=lease_id), timeout=5)
+def release_all(address: str, leases: list[types_pb2.Admission]) -> None:
+    for a in leases:
+        scheduler_stub(address).Release(scheduler_pb2.ReleaseRequest(
+            lease_id=a.lease_id, lease_secret=a.lease_secret), timeout=5)
 
 
 def test_queue_full_is_resource_exhausted_and_disconnected_clients_leave_nothing(three):
@@ -194,8 +195,8 @@ def test_wait_full_gets_its_full_reservation_after_a_release_and_is_capped_when_
     wait_until(lambda: budget(address).total_reserved_bytes == 0)
 
 
-def hold_all_but_one(address: str) -> list[str]:
+def hold_all_but_one(address: str) -> list[types_pb2.Admission]:
     """Hold one more request's block, leaving one free (held[2] still holds one)."""
     adm = scheduler_stub(address).Admit(scheduler_pb2.AdmitRequest(request=request("hold-x")), timeout=30)
     assert adm.decision == types_pb2.ADMITTED
-    return [adm.lease_id]
+    return [adm]

@@ -6,7 +6,14 @@ import asyncio
 
 import grpc
 
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.v1 import (
+    internal_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    types_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -54,10 +61,13 @@ class Cluster:
         self.worker_address = f"127.0.0.1:{worker_port}"
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler.port}")
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        # The worker-facing RPCs: the scheduler's internal port, as a worker dials them.
+        self.internal_channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler.internal_port}")
+        self.internal = internal_pb2_grpc.SchedulerInternalStub(self.internal_channel)
 
     def register(self, capacity_tokens: int = 10_000, worker_id: str = "w1", address: str | None = None,
                  vocab_size: int = VOCAB, block_tokens: int = 1, capacity_bytes: int | None = None):
-        return self.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+        return self.internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
             worker_id=worker_id, address=address or self.worker_address, model="m",
             context_length=CTX, bytes_per_token=BPT, block_tokens=block_tokens,
             capacity_bytes=capacity_tokens * BPT if capacity_bytes is None else capacity_bytes,
@@ -68,6 +78,7 @@ class Cluster:
 
     def close(self) -> None:
         self.channel.close()
+        self.internal_channel.close()
         self.loop.run(self.scheduler.stop(0))
         self.loop.run(self._worker_server.stop(0))
         self.loop.close()

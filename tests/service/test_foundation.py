@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -32,7 +32,7 @@ def test_protos_compile_with_only_the_protos_include_path(tmp_path):
     packages = {f.package for f in fds.file if f.name.startswith("ortserve/")}
     assert packages == {"ortserve.v1"}
     services = {s.name for f in fds.file for s in f.service if f.package == "ortserve.v1"}
-    assert services == {"Scheduler", "Worker"}
+    assert services == {"Scheduler", "SchedulerInternal", "Worker"}
 
 
 def test_every_rpc_and_field_in_the_protos_has_a_comment(tmp_path):
@@ -77,11 +77,13 @@ def test_server_has_health_check_and_watch_and_is_ready_only_with_a_worker(sched
         watch = health.Watch(health_pb2.HealthCheckRequest(service="ortserve.v1.Scheduler"),
                              timeout=10)
         assert next(watch).status == NOT_SERVING
-        scheduler_pb2_grpc.SchedulerStub(channel).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+        internal = internal_pb2_grpc.SchedulerInternalStub(
+            grpc.insecure_channel(f"127.0.0.1:{scheduler.internal_port}"))
+        internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
             worker_id="w1", address="127.0.0.1:1", model="m", context_length=64,
             bytes_per_token=8, capacity_bytes=4096, block_tokens=1), timeout=5)
         assert next(watch).status == SERVING
-        scheduler_pb2_grpc.SchedulerStub(channel).Heartbeat(
+        internal.Heartbeat(
             scheduler_pb2.HeartbeatRequest(worker_id="w1", draining=True), timeout=5)
         assert next(watch).status == NOT_SERVING  # its only worker drains
         watch.cancel()

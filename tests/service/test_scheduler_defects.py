@@ -45,21 +45,23 @@ def field(error: grpc.RpcError) -> str:
 def test_callers_release_of_a_claimed_lease_is_refused_and_keeps_its_bytes(cluster):
     cluster.register()
     adm = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=ids(1, 2)), timeout=5)
-    cluster.stub.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id, worker_id="w1"),
-                            timeout=5)
-    error = failure(cluster.stub.Release, scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id))
+    cluster.internal.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id,
+                                                                worker_id="w1"), timeout=5)
+    error = failure(cluster.stub.Release, scheduler_pb2.ReleaseRequest(
+        lease_id=adm.lease_id, lease_secret=adm.lease_secret))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and reason(error) == "LEASE_CLAIMED"
     assert "'w1'" in error.details() and "cancel its Generate stream" in error.details()
     assert cluster.reserved_bytes() == 12 * BPT  # the worker still holds it
-    freed = cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id, worker_id="w1"),
-                                 timeout=5)
+    freed = cluster.internal.ReleaseClaimed(
+        scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id, worker_id="w1"), timeout=5)
     assert freed.released and cluster.reserved_bytes() == 0
 
 
-def test_unclaimed_lease_is_released_by_whoever_holds_its_id(cluster):
+def test_unclaimed_lease_is_released_by_whoever_holds_its_id_and_secret(cluster):
     cluster.register()
     adm = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=ids(1, 2)), timeout=5)
-    assert cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id), timeout=5).released
+    assert cluster.stub.Release(scheduler_pb2.ReleaseRequest(
+        lease_id=adm.lease_id, lease_secret=adm.lease_secret), timeout=5).released
     assert cluster.reserved_bytes() == 0
 
 
@@ -121,7 +123,7 @@ def test_generate_forwards_the_counted_prompt_to_the_worker(cluster):
 
 def test_duplicate_live_worker_id_at_another_address_is_already_exists_naming_both(cluster):
     cluster.register(worker_id="w1")
-    error = failure(cluster.stub.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(
+    error = failure(cluster.internal.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(
         worker_id="w1", address="10.0.0.9:7000", model="m", context_length=64, bytes_per_token=BPT,
         capacity_bytes=100 * BPT))
     assert error.code() == grpc.StatusCode.ALREADY_EXISTS and reason(error) == "WORKER_ID_IN_USE"
@@ -132,7 +134,7 @@ def test_duplicate_live_worker_id_at_another_address_is_already_exists_naming_bo
 
 
 def test_registration_below_one_block_is_invalid_argument_naming_capacity_bytes(cluster):
-    error = failure(cluster.stub.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(
+    error = failure(cluster.internal.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(
         worker_id="w2", address="x:1", model="m", context_length=64, bytes_per_token=BPT,
         block_tokens=16, capacity_bytes=15 * BPT))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field(error) == "capacity_bytes"
@@ -162,7 +164,8 @@ def test_requests_sharing_a_request_id_are_all_served(cluster, request_id):
         text="a", max_new_tokens=4, request_id=request_id)), timeout=5) for _ in range(2)]
     assert len({a.lease_id for a in admits}) == 2 and all(a.lease_id for a in admits)
     for a in admits:
-        cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=a.lease_id), timeout=5)
+        cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=a.lease_id,
+                                                          lease_secret=a.lease_secret), timeout=5)
     assert cluster.reserved_bytes() == 0
 
 
@@ -170,7 +173,7 @@ def test_long_ids_are_refused_naming_the_field_and_never_overflow_metadata(clust
     cluster.register()
     error = failure(cluster.stub.Release, scheduler_pb2.ReleaseRequest(lease_id="L" * 5_000))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field(error) == "lease_id"
-    error = failure(cluster.stub.ClaimLease, scheduler_pb2.ClaimLeaseRequest(
+    error = failure(cluster.internal.ClaimLease, scheduler_pb2.ClaimLeaseRequest(
         lease_id="L" * 5_000, worker_id="w1"))
     assert error.code() == grpc.StatusCode.NOT_FOUND and len(error.details()) < 600
     error = failure(cluster.stub.Generate, types_pb2.GenerateRequest(text="a", request_id="r" * 300))

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -22,12 +22,14 @@ def scheduler():
     running = loop.run(build_server(SchedulerConfig(port=0, metrics_port=0)))
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
-    stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+    internal_channel = grpc.insecure_channel(f"127.0.0.1:{running.internal_port}")
+    internal_pb2_grpc.SchedulerInternalStub(internal_channel).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
         worker_id="w1", address="127.0.0.1:1", model="m", context_length=4_096,
         bytes_per_token=BPT, capacity_bytes=1_000 * BPT, block_tokens=1, vocab_size=100),
         timeout=5)
     yield stub, running
     channel.close()
+    internal_channel.close()
     loop.run(running.stop(0))
     loop.close()
 

@@ -10,7 +10,13 @@ import pytest
 from google.rpc import error_details_pb2
 
 from ortserve import rich_status
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
+from ortserve.v1 import (
+    internal_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    types_pb2,
+    worker_pb2_grpc,
+)
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -31,15 +37,20 @@ class QueueCluster:
         self._worker, port, self.scheduler = self.loop.run(start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler.port}")
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+        self.internal_channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler.internal_port}")
+        internal_pb2_grpc.SchedulerInternalStub(self.internal_channel).RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
             worker_id="w1", address=f"127.0.0.1:{port}", model="m", context_length=CTX,
             bytes_per_token=BPT, capacity_bytes=100 * BPT, block_tokens=1, vocab_size=1_000),
             timeout=5)
 
-    def hold_everything(self) -> str:
+    def hold_everything(self) -> types_pb2.Admission:
         adm = self.stub.Admit(scheduler_pb2.AdmitRequest(request=request(90)), timeout=5)
         assert adm.decision == types_pb2.ADMITTED and adm.reserved_bytes == 100 * BPT
-        return adm.lease_id
+        return adm
+
+    def release(self, adm: types_pb2.Admission) -> None:
+        self.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id,
+                                                       lease_secret=adm.lease_secret), timeout=5)
 
     def budget(self) -> scheduler_pb2.Budget:
         return self.stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
@@ -52,6 +63,7 @@ class QueueCluster:
 
     def close(self) -> None:
         self.channel.close()
+        self.internal_channel.close()
         self.loop.run(self.scheduler.stop(0))
         self.loop.run(self._worker.stop(0))
         self.loop.close()
@@ -94,7 +106,7 @@ def test_a_busy_generate_waits_with_queued_events_then_is_admitted_on_release(ma
         1, 15 * BPT, 256)
     assert budget.total_reserved_bytes == 100 * BPT  # waiting holds nothing
     time.sleep(0.3)
-    cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=held), timeout=5)
+    cluster.release(held)
     events = [first, *call]
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[kinds.index("admission"):] == ["admission", "chunk", "finished"]
@@ -112,7 +124,7 @@ def test_a_queued_client_that_disconnects_leaves_the_queue_holding_nothing(make_
     assert next(behind).queued.position == 2
     call.cancel()
     cluster.wait_queue_length(1)
-    cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=held), timeout=5)
+    cluster.release(held)
     assert list(behind)[-1].WhichOneof("event") == "finished"
     assert cluster.budget().total_reserved_bytes == 0 and cluster.budget().queue_length == 0
 
@@ -162,7 +174,7 @@ def test_admit_with_a_wait_is_admitted_once_bytes_free_up(make_cluster):
     cluster.wait_queue_length(1)
     no_wait = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(20)), timeout=5)
     assert no_wait.decision == types_pb2.REJECTED
-    cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=held), timeout=5)
+    cluster.release(held)
     waiter.join(10)
     adm = answer[0]
     assert adm.decision == types_pb2.ADMITTED and adm.reserved_bytes == 30 * BPT and adm.queue_wait_ms > 0
@@ -174,9 +186,9 @@ def test_wait_full_waits_for_the_whole_reservation_where_allow_is_capped_at_once
     half = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(40)), timeout=5)  # 50 held
     allow = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(60, 1)), timeout=5)
     assert allow.decision == types_pb2.CAPPED and allow.max_new_tokens == 40
-    cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=allow.lease_id), timeout=5)
+    cluster.release(allow)
     call = cluster.stub.Generate(request(60, 1, cap_policy=types_pb2.CAP_POLICY_WAIT_FULL), timeout=30)
     assert next(call).WhichOneof("event") == "queued"
-    cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=half.lease_id), timeout=5)
+    cluster.release(half)
     admission = next(e for e in call if e.WhichOneof("event") == "admission").admission
     assert admission.decision == types_pb2.ADMITTED and admission.max_new_tokens == 60

@@ -13,6 +13,7 @@ from google.rpc import error_details_pb2
 
 from ortserve import rich_status
 from ortserve.v1 import (
+    internal_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
     types_pb2,
@@ -49,15 +50,19 @@ def cluster():
     worker, worker_port, scheduler = loop.run(start())
     channel = grpc.insecure_channel(f"127.0.0.1:{scheduler.port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    internal_channel = grpc.insecure_channel(f"127.0.0.1:{scheduler.internal_port}")
+    internal = internal_pb2_grpc.SchedulerInternalStub(internal_channel)
+    stub.internal = internal  # the worker-facing RPCs, as a worker dials them
 
     def register(capacity_tokens: int, worker_id: str = "w1"):
-        stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+        internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
             worker_id=worker_id, address=f"127.0.0.1:{worker_port}", model="m",
             context_length=CTX, bytes_per_token=BPT, capacity_bytes=capacity_tokens * BPT,
             block_tokens=1), timeout=5)
 
     yield stub, register
     channel.close()
+    internal_channel.close()
     loop.run(scheduler.stop(0))
     loop.run(worker.stop(0))
     loop.close()
@@ -77,9 +82,11 @@ def test_admit_release_and_budget_through_a_real_channel(cluster):
     assert budget.total_reserved_bytes == 100 * BPT
     assert budget.workers[0].available_bytes == 900 * BPT
     assert [lease.lease_id for lease in budget.workers[0].leases] == [adm.lease_id]
-    freed = stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id), timeout=5)
+    freed = stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id,
+                                                     lease_secret=adm.lease_secret), timeout=5)
     assert freed.freed_bytes == 100 * BPT and freed.released
-    again = stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id), timeout=5)
+    again = stub.Release(scheduler_pb2.ReleaseRequest(lease_id=adm.lease_id,
+                                                     lease_secret=adm.lease_secret), timeout=5)
     assert again.freed_bytes == 0 and not again.released
     assert stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).total_reserved_bytes == 0
 
@@ -173,22 +180,22 @@ def test_claim_of_an_unknown_lease_is_not_found(cluster):
     stub, register = cluster
     register(capacity_tokens=100)
     with pytest.raises(grpc.RpcError) as err:
-        stub.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id="forged", worker_id="w1"), timeout=5)
+        stub.internal.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id="forged", worker_id="w1"), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert "Scheduler.Admit" in err.value.details()
 
 
 def test_reregistration_restores_live_leases_and_heartbeat_tells_unknown_workers(cluster):
     stub, register = cluster
-    assert not stub.Heartbeat(scheduler_pb2.HeartbeatRequest(worker_id="w1"), timeout=5).known
+    assert not stub.internal.Heartbeat(scheduler_pb2.HeartbeatRequest(worker_id="w1"), timeout=5).known
     register(capacity_tokens=37 + 500)
     adm = stub.Admit(scheduler_pb2.AdmitRequest(request=prompt(37)), timeout=5)
-    lease = stub.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id, worker_id="w1"),
+    lease = stub.internal.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id, worker_id="w1"),
                             timeout=5)
     assert lease.budget_cap.admitted_max_new_tokens == 500
     # A "restarted scheduler" sees the worker register again (same address) with its live lease.
     address = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).workers[0].address
-    reply = stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
+    reply = stub.internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
         worker_id="w1", address=address, model="m", context_length=CTX, bytes_per_token=BPT,
         capacity_bytes=537 * BPT, live_leases=[lease]), timeout=5)
     assert list(reply.refused_lease_ids) == []

@@ -76,7 +76,8 @@ def test_any_request_gets_a_precise_status_and_the_ledger_ends_at_zero(
                        timeout=5)
             answer = types_pb2.Admission.FromString(raw)
             if answer.lease_id:
-                cluster.stub.Release(scheduler_pb2.ReleaseRequest(lease_id=answer.lease_id), timeout=5)
+                cluster.stub.Release(scheduler_pb2.ReleaseRequest(
+                    lease_id=answer.lease_id, lease_secret=answer.lease_secret), timeout=5)
         except grpc.RpcError as error:
             _check(error)
     else:

@@ -110,7 +110,8 @@ def test_probes_are_native_grpc_on_the_services_ports_and_names(overlay):
          config_map(objects, "ortserve-worker")["ORTSERVE_WORKER_PORT"]),
     ]:
         c = container(objects, deployment, name)
-        (port,) = [p["containerPort"] for p in c["ports"]]
+        # The grpc port (the scheduler also has "internal", its worker-facing port).
+        (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "grpc"]
         assert port == int(env_port)
         assert c["readinessProbe"]["grpc"] == {"port": port, "service": service}
         # Liveness: the server as a whole ("" in grpc.health.v1).
@@ -175,6 +176,11 @@ def test_the_worker_reads_its_environment_as_intended(overlay, monkeypatch):
     service = find(objects, "Service", host)
     assert service["spec"].get("publishNotReadyAddresses") is True
     assert [p["port"] for p in service["spec"]["ports"]] == [int(port)]
+    # ... and it is the scheduler's internal (worker-facing) port, not the public one.
+    (target,) = [p["targetPort"] for p in service["spec"]["ports"]]
+    scheduler_ports = {p["name"]: p["containerPort"]
+                       for p in container(objects, "ortserve-scheduler", "scheduler")["ports"]}
+    assert target == "internal" and scheduler_ports[target] == int(port) != scheduler_ports["grpc"]
     scheduler_labels = find(objects, "Deployment", "ortserve-scheduler")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= scheduler_labels.items()
 
@@ -192,6 +198,13 @@ def test_the_scheduler_reads_its_environment_as_intended(overlay, monkeypatch):
     client = find(objects, "Service", "ortserve-scheduler")["spec"]
     assert not client.get("publishNotReadyAddresses")
     assert [p["port"] for p in client["ports"]] == [config.port]
+    # Clients never reach the worker-facing port; the workers' Service reaches only it.
+    ports = {p["name"]: p["containerPort"]
+             for p in container(objects, "ortserve-scheduler", "scheduler")["ports"]}
+    assert ports == {"grpc": config.port, "internal": config.internal_port}
+    workers = find(objects, "Service", "ortserve-scheduler-workers")["spec"]
+    assert [p["targetPort"] for p in workers["ports"]] == ["internal"]
+    assert [p["targetPort"] for p in client["ports"]] == ["grpc"]
 
 
 def test_every_env_name_is_one_the_services_read(overlay):

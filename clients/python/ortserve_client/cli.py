@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from importlib import metadata
 
@@ -147,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
                    help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
+    p.add_argument("--cacert", default=os.environ.get("ORTSERVE_CACERT"),
+                   help="TLS: the CA (PEM) the scheduler's certificate chains to (env ORTSERVE_CACERT); "
+                        "unset: plaintext")
+    p.add_argument("--api-key-file", default=os.environ.get("ORTSERVE_API_KEY_FILE"),
+                   help="a file holding the API key (env ORTSERVE_API_KEY_FILE, or the key itself "
+                        "in env ORTSERVE_API_KEY; never on the command line)")
     p.add_argument("--timeout", type=flags.timeout_s, default=None, help="deadline in seconds")
     p.add_argument("--retries", type=flags.retries, default=0,
                    help="retry a refused admission (busy, queue full, queue timeout, no worker) "
@@ -187,7 +194,13 @@ def run(argv: list[str] | None = None) -> int:
         a = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help, --version, usage errors: their output is flushed in main
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    with Client(a.address, timeout_s=a.timeout,
+    try:
+        api_key = (pathlib.Path(a.api_key_file).read_text(encoding="utf-8").strip() if a.api_key_file
+                   else os.environ.get("ORTSERVE_API_KEY"))
+    except OSError as error:
+        notice(f"--api-key-file: cannot read {a.api_key_file!r}: {error.strerror}")
+        return EXIT_USAGE
+    with Client(a.address, timeout_s=a.timeout, cacert=a.cacert, api_key=api_key,
                 retry=Retry(attempts=a.retries) if a.retries else None) as client:
         try:
             return a.func(client, a)

@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -182,14 +183,25 @@ class GenerationStream:
 
 
 class Client:
-    """`retry`: opt-in retry of refused admissions (see Retry); None: none."""
+    """`retry`: opt-in retry of refused admissions (see Retry); None: none.
+
+    `cacert`: a PEM file of the CA the scheduler's certificate chains to (TLS;
+    `tls=True` with no cacert trusts the system roots); None: plaintext.
+    `api_key`: sent as `authorization: Bearer <key>` on every call.
+    """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,
-                 retry: Retry | None = None) -> None:
+                 retry: Retry | None = None, *, cacert: str | None = None, tls: bool = False,
+                 api_key: str | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.retry = retry
-        self._channel = grpc.insecure_channel(address)
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
+        if cacert or tls:
+            roots = Path(cacert).read_bytes() if cacert else None
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots))
+        else:
+            self._channel = grpc.insecure_channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
     def close(self) -> None:
@@ -208,7 +220,8 @@ class Client:
         Queued event while the request waits for budget; `on_retry(error, delay_s)`
         before each retry (with `retry` set)."""
         request = build_request(prompt, **kw)
-        return GenerationStream(lambda timeout_s: self._stub.Generate(request, timeout=timeout_s),
+        return GenerationStream(lambda timeout_s: self._stub.Generate(
+            request, timeout=timeout_s, metadata=self._metadata),
                                 on_admission, on_queued, self.retry, self.timeout_s, on_retry)
 
     def generate(self, prompt=None, **kw) -> GenerateResult:
@@ -224,21 +237,23 @@ class Client:
             pb = self._stub.Admit(scheduler_pb2.AdmitRequest(request=build_request(prompt, **kw),
                                                              dry_run=dry_run,
                                                              max_queue_wait_ms=max_queue_wait_ms),
-                                  timeout=self.timeout_s)
+                                  timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return Admission.from_pb(pb)
 
-    def release(self, lease_id: str) -> int:
+    def release(self, admission: Admission) -> int:
+        """Give back an Admit's lease (the Admission carries the secret that proves it is ours)."""
         try:
-            return self._stub.Release(scheduler_pb2.ReleaseRequest(lease_id=lease_id),
-                                      timeout=self.timeout_s).freed_bytes
+            return self._stub.Release(scheduler_pb2.ReleaseRequest(
+                lease_id=admission.lease_id, lease_secret=admission.lease_secret),
+                timeout=self.timeout_s, metadata=self._metadata).freed_bytes
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
     def budget(self, include_leases: bool = False) -> scheduler_pb2.Budget:
         try:
             return self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=include_leases),
-                                        timeout=self.timeout_s)
+                                        timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None

@@ -40,6 +40,8 @@ class Admission:
     budget_cap: BudgetCap | None = None
     rejection: dict | None = None  # the Rejection's fields, when REJECTED
     queue_wait_ms: float = 0.0  # time waited in the scheduler's admission queue
+    # Admit's proof of holding the lease (Client.release needs it); kept out of repr and logs.
+    lease_secret: str = field(default="", repr=False)
 
     @classmethod
     def from_pb(cls, pb: types_pb2.Admission) -> Admission:
@@ -52,7 +54,7 @@ class Admission:
             reserved_bytes=pb.reserved_bytes, dry_run=pb.dry_run,
             budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
             rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
-            queue_wait_ms=pb.queue_wait_ms,
+            queue_wait_ms=pb.queue_wait_ms, lease_secret=pb.lease_secret,
         )
 
 

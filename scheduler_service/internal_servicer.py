@@ -1,0 +1,105 @@
+"""SchedulerInternalServicer: the worker-facing RPCs, on the scheduler's internal port only.
+
+These RPCs change what the ledger believes about capacity and ownership, so
+they are not on the public Scheduler service: a client there could announce a
+fake worker with a huge capacity, or claim and release others' leases. With
+TLS configured the internal port requires a client certificate from the
+cluster CA (mutual TLS), so only workers reach these handlers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from ortserve.errors import DomainError, ErrorReason, clip
+from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
+
+from . import convert, messages, validate
+from .budget import BatchStats, Ledger
+from .config import SchedulerConfig
+from .servicer import log_expired
+from .worker_clients import WorkerClients
+
+log = structlog.get_logger("scheduler")
+
+
+class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
+    def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
+                 kick: Callable[[], None], metrics=None) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._workers = workers
+        self._kick = kick  # serve the admission queue when bytes come free
+        self._metrics = metrics
+
+    async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest, context):
+        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
+        validate.bounded("address", request.address, validate.MAX_ADDRESS_CHARS)
+        geometry = convert.geometry_from_pb(request)
+        now = time.monotonic()
+        leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
+        previous = self._ledger.geometry(geometry.worker_id)
+        refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
+        if previous is not None and previous.address != geometry.address:
+            await self._workers.forget(previous.address)
+        log_expired(self._ledger.expire(), self._metrics)
+        self._kick()  # a new worker's bytes serve the queue
+        log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,
+                 capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
+                 context_length=geometry.context_length, vocab_size=geometry.vocab_size,
+                 restored_leases=len(leases) - len(refused), refused_leases=len(refused),
+                 execution_provider=geometry.execution_provider)
+        return scheduler_pb2.RegisterWorkerResponse(
+            heartbeat_interval_s=self._config.heartbeat_interval_s,
+            lease_ttl_s=self._config.lease_ttl_s,
+            refused_lease_ids=refused,
+        )
+
+    async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
+        known = self._ledger.heartbeat(request.worker_id, draining=request.draining,
+                                       batch=BatchStats(request.running_sequences,
+                                                        request.batch_rows, request.largest_batch))
+        if known:
+            lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
+                                          grace_s=2 * self._config.heartbeat_interval_s)
+            for lease in lost:
+                log.warning("lease lost by its worker; released", lease_id=lease.lease_id,
+                            worker_id=lease.worker_id, freed_bytes=lease.reserved_bytes,
+                            prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens)
+            if lost:
+                self._kick()
+        return scheduler_pb2.HeartbeatResponse(known=known)
+
+    async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
+        lease = self._ledger.claim(
+            request.lease_id, request.worker_id,
+            check=lambda lease: messages.check_claim(lease, request.prompt_tokens,
+                                                     request.max_new_tokens))
+        if lease is None:
+            raise messages.lease_not_live(request.lease_id, request.worker_id,
+                                          self._config.claim_ttl_s)
+        log.info("lease claimed", lease_id=lease.lease_id, worker_id=lease.worker_id)
+        return convert.lease_to_pb(lease, time.monotonic())
+
+    async def ReleaseClaimed(self, request: scheduler_pb2.ReleaseRequest, context):
+        validate.bounded("lease_id", request.lease_id, validate.MAX_LEASE_ID_CHARS)
+        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
+        freed = self._ledger.release(request.lease_id, request.worker_id)
+        log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
+                 freed_bytes=freed)
+        if freed:
+            self._kick()
+        return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
+
+    async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
+        """A session's worker freed KV (a turn's end, a swap-out): the lease follows, never up."""
+        lease = self._ledger.shrink(request.lease_id, request.worker_id, request.held_tokens)
+        if lease is None:
+            raise DomainError(ErrorReason.LEASE_NOT_FOUND,
+                              f"lease {clip(request.lease_id)} is not live for worker "
+                              f"{clip(request.worker_id)}", metadata={"lease_id": request.lease_id})
+        self._kick()  # the freed bytes may serve the admission queue's head
+        return convert.lease_to_pb(lease, time.monotonic())

@@ -1,0 +1,40 @@
+"""Test certificates made at test time (trustme): one cluster CA, and a rogue CA that nobody trusts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import trustme
+
+from ortserve.tls import TlsFiles
+
+HOSTS = ("localhost", "127.0.0.1")
+
+
+@dataclass(frozen=True)
+class Certs:
+    dir: Path
+    ca: str  # the cluster CA every process trusts
+    scheduler: TlsFiles
+    worker: TlsFiles
+    rogue_worker: TlsFiles  # a well-formed certificate from a CA the cluster does not trust
+
+
+def _leaf(ca: trustme.CA, trusted_ca: str, out: Path, name: str) -> TlsFiles:
+    cert = ca.issue_cert(*HOSTS)
+    cert_path, key_path = out / f"{name}.pem", out / f"{name}-key.pem"
+    cert_path.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(key_path))
+    return TlsFiles(cert=str(cert_path), key=str(key_path), ca=trusted_ca)
+
+
+def make_certs(out: Path) -> Certs:
+    """ca.pem, scheduler.pem/-key.pem, worker.pem/-key.pem (the names compose's TLS profile uses)."""
+    out.mkdir(parents=True, exist_ok=True)
+    ca, rogue = trustme.CA(), trustme.CA()
+    ca_path = out / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    return Certs(dir=out, ca=str(ca_path), scheduler=_leaf(ca, str(ca_path), out, "scheduler"),
+                 worker=_leaf(ca, str(ca_path), out, "worker"),
+                 rogue_worker=_leaf(rogue, str(ca_path), out, "rogue-worker"))

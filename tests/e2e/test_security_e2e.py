@@ -1,0 +1,128 @@
+"""A cluster with TLS on every channel and API keys, as processes: grpcurl, Python and Node generate.
+
+The README's "Running it securely" grpcurl lines run as written (only the port
+is changed), in the folder that holds ca.pem, with ORTSERVE_API_KEY set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import grpc
+import pytest
+from ortserve_client import Client
+
+from devtools.cluster import LocalCluster
+from ortserve.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
+from tests.certs import make_certs
+from tests.e2e.conftest import BIN, ROOT, grpcurl, require_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+GENERATE_KEY = "gen-e2e-0123456789abcdef"
+ADMIN_KEY = "adm-e2e-0123456789abcdef"
+CHAT = [("user", "What is the capital of France? Answer in one sentence.")]
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    keys = certs.dir / "keys.txt"
+    keys.write_text(f"generate:{GENERATE_KEY}\nadmin:{ADMIN_KEY}\n")
+    keys.chmod(0o600)
+    cluster = LocalCluster(model_dir=require_model(), log_dir=tmp_path_factory.mktemp("logs-tls"),
+                           kv_budgets=["256MiB"], tls_dir=certs.dir, api_key=GENERATE_KEY,
+                           scheduler_args=["--api-keys-file", str(keys)]).start()
+    yield cluster, certs
+    cluster.stop()
+
+
+def readme_secure_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- grpcurl-secure-examples -->\s*```(?:bash|sh)?\n(.*?)```", text, re.S)
+    assert block, "README.md lost its grpcurl-secure-examples block"
+    return [line for line in block.group(1).splitlines() if line.startswith("grpcurl ")]
+
+
+def test_the_readme_secure_grpcurl_lines_work_as_written(secure):
+    cluster, certs = secure
+    port = cluster.address.rsplit(":", 1)[1]
+    commands = readme_secure_commands()
+    assert len(commands) == 4
+    env = {**os.environ, "ORTSERVE_API_KEY": GENERATE_KEY,
+           "PATH": f"{os.path.dirname(grpcurl())}:{os.environ['PATH']}"}
+    results = [subprocess.run(["bash", "-c", c.replace("localhost:50051", f"localhost:{port}")],
+                              cwd=certs.dir, env=env, capture_output=True, text=True, timeout=120)
+               for c in commands]
+    listed, no_key, budget, generated = results
+    assert listed.returncode == 0, listed.stderr
+    assert "ortserve.v1.Scheduler" in listed.stdout.split()
+    assert "ortserve.v1.SchedulerInternal" not in listed.stdout  # not on the public port
+    assert no_key.returncode != 0 and "Unauthenticated" in no_key.stderr
+    assert "authorization: Bearer" in no_key.stderr
+    assert budget.returncode == 0, budget.stderr
+    assert len(json.loads(budget.stdout)["workers"]) == 1
+    assert generated.returncode == 0, generated.stderr
+    events = [json.loads(doc) for doc in re.split(r"(?<=})\n(?={)", generated.stdout.strip())]
+    assert "lease_secret" not in json.dumps(events[0]) and "leaseSecret" not in json.dumps(events[0])
+    assert "Paris" in "".join(e["chunk"].get("text", "") for e in events if "chunk" in e)
+
+
+def test_the_python_client_and_cli_generate_over_tls_with_a_key(secure):
+    cluster, certs = secure
+    with Client(cluster.address.replace("127.0.0.1", "localhost"), timeout_s=120,
+                cacert=certs.ca, api_key=GENERATE_KEY) as client:
+        result = client.generate(chat=CHAT, max_new_tokens=24)
+        assert "Paris" in result.text
+        assert client.budget().total_reserved_bytes == 0
+    cli = subprocess.run(
+        [str(BIN / "ortserve"), "--address", cluster.address, "--cacert", certs.ca,
+         "generate", CHAT[0][1], "--chat", "--max-new-tokens", "24"],
+        env={**os.environ, "ORTSERVE_API_KEY": GENERATE_KEY}, capture_output=True, text=True,
+        timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "Paris" in cli.stdout
+    without = subprocess.run(
+        [str(BIN / "ortserve"), "--address", cluster.address, "--cacert", certs.ca, "budget"],
+        env={k: v for k, v in os.environ.items() if k != "ORTSERVE_API_KEY"},
+        capture_output=True, text=True, timeout=60)
+    assert without.returncode == 1 and "UNAUTHENTICATED" in without.stderr
+
+
+def test_the_node_client_generates_over_tls_with_a_key(secure):
+    cluster, certs = secure
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node/npm not installed on this machine: the Node.js client cannot be tested")
+    client_dir = ROOT / "clients" / "node"
+    if not (client_dir / "node_modules" / "@grpc" / "grpc-js").exists():
+        subprocess.run([npm, "install", "--no-audit", "--no-fund"], cwd=client_dir, check=True,
+                       capture_output=True, timeout=300)
+    result = subprocess.run(
+        [node, str(client_dir / "generate.js"), "--address", cluster.address, "--cacert", certs.ca,
+         "--chat", "--max-new-tokens", "24", CHAT[0][1]],
+        env={**os.environ, "ORTSERVE_API_KEY": GENERATE_KEY}, capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+
+
+def test_plaintext_and_certificate_less_callers_are_turned_away(secure):
+    cluster, certs = secure
+    with grpc.insecure_channel(cluster.address) as channel:  # plaintext to a TLS port
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/ortserve.v1.Scheduler/GetBudget")(
+                scheduler_pb2.GetBudgetRequest().SerializeToString(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # A worker's port is mutual TLS: TLS without a cluster certificate cannot reach Info.
+    worker = cluster.worker_services[0].address
+    with grpc.secure_channel(worker, cluster.credentials()) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    with grpc.secure_channel(worker, cluster.credentials(client_cert=True)) as channel:
+        assert worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=5).worker_id
