@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
         models = {"fp32": models_root / "smollm2-135m-instruct-fp32",
                   "int4": models_root / "smollm2-135m-instruct-int4"}
         new_tokens, repeats, stream_counts = 64, 3, (1, 4, 8, 16)
-        serving = {"n": 40, "prompts": (32, 64, 128, 256), "outputs": (16, 32, 64, 128),
+        serving = {"n": 30, "prompts": (32, 64, 128, 256), "outputs": (16, 32, 64, 128),
                    "fractions": (0.4, 0.8, 1.6)}
         admissions = 200
     for name, path in models.items():
