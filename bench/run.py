@@ -5,7 +5,10 @@
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
 run (one engine run, one peer run, the order alternating), so the load of a
-shared machine hits both alike; `ratios_of_medians` keeps the other estimate. Decode tokens/s counts, on both sides, the tokens after every
+shared machine hits both alike. Each run records the CPU the rest of the
+machine used meanwhile (ForeignLoad); the headline ratio is the median over
+the quiet pairs (all pairs when none was quiet). `ratios_of_medians` keeps the
+plain estimate. Decode tokens/s counts, on both sides, the tokens after every
 stream's first token, over the time from the last stream's first token to the
 last token (the peer: the steps after its prefill). Progress goes to stderr,
 the table to stdout, the JSON to --out.
@@ -56,6 +59,61 @@ def paired_ratio(a: list[float], b: list[float]) -> dict:
     """Median of the per-repeat ratios a[i] / b[i] (each pair measured back to back)."""
     values = [x / y for x, y in zip(a, b, strict=True) if y]
     return summary(values, "ratio")
+
+
+# -- the machine's other load ---------------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds every process on the machine has used (all cores, from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def _process_cpu_s(pid: int) -> float:
+    try:
+        parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(parts[11]) + int(parts[12])) / CLK_TCK  # utime + stime
+
+
+class ForeignLoad:
+    """Cores' worth of CPU the rest of the machine used while a measurement ran.
+
+    Busy time from /proc/stat minus this process's and the peer's own CPU time,
+    over the wall time: 0 on a quiet machine, about 2 when another job fills
+    both cores. Every run records it, so the quiet pairs can be told apart.
+    """
+
+    def __init__(self, pids: tuple[int, ...] = ()) -> None:
+        self.pids = (os.getpid(), *pids)
+
+    def __enter__(self) -> ForeignLoad:
+        self._t, self._busy = time.perf_counter(), _machine_busy_s()
+        self._own = sum(_process_cpu_s(p) for p in self.pids)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self._t
+        own = sum(_process_cpu_s(p) for p in self.pids) - self._own
+        self.cores = max(0.0, (_machine_busy_s() - self._busy - own) / wall) if wall > 0 else 0.0
+
+
+QUIET_CORES = 0.5  # a pair counts as quiet when neither half saw more foreign load
+
+
+def quiet_paired_ratio(a: list[float], b: list[float], load_a: list[float], load_b: list[float]) -> dict:
+    """The median ratio over quiet pairs (all pairs when none was quiet), with the loads."""
+    quiet = [i for i in range(len(a)) if max(load_a[i], load_b[i]) <= QUIET_CORES]
+    use = quiet or list(range(len(a)))
+    out = paired_ratio([a[i] for i in use], [b[i] for i in use])
+    out.update(quiet_pairs=len(quiet), pairs=len(a), all_pairs=paired_ratio(a, b)["median"],
+               foreign_load_cores=[round(max(x, y), 2) for x, y in zip(load_a, load_b, strict=True)])
+    return out
 
 
 # -- the in-process engine -----------------------------------------------------------
@@ -164,6 +222,7 @@ def engine_vs_genai(name: str, path: Path, threads: int, stream_counts, new_toke
         ours.decode(max(stream_counts), 8)
         peer.decode(max(stream_counts), 8, ours.ids)
         rates = {n: {"engine": [], "genai": []} for n in stream_counts}
+        loads = {n: {"engine": [], "genai": []} for n in stream_counts}
         ttfts, bandwidth = [], []
         for r in range(repeats):
             for n in stream_counts:
@@ -172,17 +231,22 @@ def engine_vs_genai(name: str, path: Path, threads: int, stream_counts, new_toke
                 if n == 1:  # the probe brackets the 1-stream pair: the limit is the faster
                     before = read_bandwidth(probe_bytes, threads, repeats=3)
                 for side in order:
+                    with ForeignLoad((peer.proc.pid,)) as load:
+                        if side == "engine":
+                            out = ours.decode(n, new_tokens)
+                        else:
+                            rate = peer.decode(n, new_tokens, ours.ids)
+                    loads[n][side].append(load.cores)
                     if side == "engine":
-                        out = ours.decode(n, new_tokens)
                         rates[n]["engine"].append(out["decode"])
                         if n == 1:
                             ttfts.append(out["ttft_ms"])
                     else:
-                        rates[n]["genai"].append(peer.decode(n, new_tokens, ours.ids))
+                        rates[n]["genai"].append(rate)
                 if n == 1:
                     after = read_bandwidth(probe_bytes, threads, repeats=3)
                     bandwidth.append(max(before, after, key=lambda b: b["bytes_per_s"]))
-        return {"rates": rates, "ttft_ms": ttfts, "bandwidth": bandwidth, "version": peer.version,
+        return {"rates": rates, "loads": loads, "ttft_ms": ttfts, "bandwidth": bandwidth, "version": peer.version,
                 "prompt_tokens": len(ours.ids)}
     finally:
         peer.close()
@@ -216,11 +280,15 @@ def e2e_vs_inprocess(path: Path, threads: int, new_tokens: int, repeats: int, lo
                 Client(cluster.address, timeout_s=600) as client:
             ours.decode(1, 8)
             client_decode(client, list(ours.ids), 8)  # warm-ups
-            e2e, inproc, e2e_ttft, inproc_ttft = [], [], [], []
+            e2e, inproc, e2e_ttft, inproc_ttft, loads_in, loads_e2e = [], [], [], [], [], []
             for r in range(repeats):
                 progress(f"e2e: repeat {r + 1}/{repeats}")
-                a = ours.decode(1, new_tokens)
-                b = client_decode(client, list(ours.ids), new_tokens)
+                with ForeignLoad() as la:
+                    a = ours.decode(1, new_tokens)
+                with ForeignLoad(tuple(svc.process.pid for svc in cluster.services)) as lb:
+                    b = client_decode(client, list(ours.ids), new_tokens)
+                loads_in.append(la.cores)
+                loads_e2e.append(lb.cores)
                 inproc.append(a["decode"])
                 inproc_ttft.append(a["ttft_ms"])
                 e2e.append(b["decode"])
@@ -230,7 +298,7 @@ def e2e_vs_inprocess(path: Path, threads: int, new_tokens: int, repeats: int, lo
             burst = admission_burst(client)
     finally:
         ours.close()
-    return {"e2e": e2e, "inprocess": inproc, "e2e_ttft": e2e_ttft, "inprocess_ttft": inproc_ttft,
+    return {"e2e": e2e, "inprocess": inproc, "loads_e2e": loads_e2e, "loads_in": loads_in, "e2e_ttft": e2e_ttft, "inprocess_ttft": inproc_ttft,
             "admission": admission, "burst": burst}
 
 
@@ -317,14 +385,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.quick:
         models = {"tiny": models_root / "tiny-llama"}
         new_tokens, repeats, stream_counts = 32, 1, (1, 4)
-        serving = {"n": 6, "prompts": (16, 48), "outputs": (4, 12), "fractions": (0.5, 2.0)}
+        serving = {"n": 6, "prompts": (16, 48), "outputs": (4, 12), "fractions": (0.5, 2.0),
+                   "burst": 4}
         admissions = 20
     else:
         models = {"fp32": models_root / "smollm2-135m-instruct-fp32",
                   "int4": models_root / "smollm2-135m-instruct-int4"}
-        new_tokens, repeats, stream_counts = 64, 5, (1, 4, 8, 16)
-        serving = {"n": 30, "prompts": (16, 32, 64, 128), "outputs": (16, 32, 64, 128),
-                   "fractions": (0.3, 0.7, 2.0)}
+        new_tokens, repeats, stream_counts = 32, 6, (1, 4, 8, 16)
+        serving = {"n": 24, "prompts": (16, 32, 64, 128), "outputs": (16, 32, 64, 128),
+                   "fractions": (0.5, 1.0, 2.0), "burst": 12}
         admissions = 200
     for name, path in models.items():
         if not (path / "genai_config.json").exists():
@@ -343,7 +412,8 @@ def main(argv: list[str] | None = None) -> None:
             eng, gen = res["rates"][n]["engine"], res["rates"][n]["genai"]
             figures[f"{name}_engine_{n}stream_decode"] = summary(eng, "tokens/s")
             figures[f"{name}_genai_{n}stream_decode"] = summary(gen, "tokens/s")
-            paired[f"engine_vs_genai_{n}stream"][name] = paired_ratio(eng, gen)
+            paired[f"engine_vs_genai_{n}stream"][name] = quiet_paired_ratio(
+                eng, gen, res["loads"][n]["engine"], res["loads"][n]["genai"])
             ratios[f"engine_vs_genai_{n}stream"][name] = paired[f"engine_vs_genai_{n}stream"][name]["median"]
             of_medians[f"engine_vs_genai_{n}stream"][name] = ratio(summary(eng, ""), summary(gen, ""))
         figures[f"{name}_engine_1stream_ttft"] = summary(res["ttft_ms"], "ms")
@@ -368,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
     figures[f"{first}_inprocess_1stream_client_decode"] = summary(e2e["inprocess"], "tokens/s")
     figures[f"{first}_e2e_1stream_client_ttft"] = summary(e2e["e2e_ttft"], "ms")
     figures[f"{first}_inprocess_1stream_ttft"] = summary(e2e["inprocess_ttft"], "ms")
-    paired["e2e_vs_inprocess_1stream"] = {first: paired_ratio(e2e["e2e"], e2e["inprocess"])}
+    paired["e2e_vs_inprocess_1stream"] = {first: quiet_paired_ratio(
+        e2e["e2e"], e2e["inprocess"], e2e["loads_e2e"], e2e["loads_in"])}
     ratios["e2e_vs_inprocess_1stream"] = {first: paired["e2e_vs_inprocess_1stream"][first]["median"]}
     of_medians["e2e_vs_inprocess_1stream"] = {
         first: ratio(figures[f"{first}_e2e_1stream_client_decode"],
@@ -379,20 +450,11 @@ def main(argv: list[str] | None = None) -> None:
     dram = read_bandwidth(max(4 * l3_bytes(), 2**30), a.threads, repeats=3)
     serving_doc: dict = {"skipped": "--skip-serving"}
     if not a.skip_serving:
-        # Rates relative to the capacity this run measured: per request, its mean output at
-        # the widest decode rate plus its mean prompt at the 1-stream TTFT's cost per token.
-        top = figures[f"{first}_engine_{max(stream_counts)}stream_decode"]["median"]
-        prefill_s_per_token = (figures[f"{first}_engine_1stream_ttft"]["median"] / 1e3
-                               / roofline[first]["prompt_tokens"])
-        capacity = 1 / (statistics.mean(serving["outputs"]) / top
-                        + statistics.mean(serving["prompts"]) * prefill_s_per_token)
-        rates = [round(f * capacity, 3) for f in serving["fractions"]]
-        progress(f"serving: {serving['n']} Poisson requests at each of {rates} requests/s "
-                 f"(estimated capacity {capacity:.2f}/s)")
-        serving_doc = serving_run(models[first], a.threads, rates, serving["n"], serving["prompts"],
-                                  serving["outputs"], ROOT / "logs" / "bench-serving")
-        serving_doc["estimated_capacity_per_s"] = capacity
-        serving_doc["rate_fractions_of_capacity"] = list(serving["fractions"])
+        progress(f"serving: capacity burst, then {serving['n']} Poisson requests at each of "
+                 f"{serving['fractions']} x capacity")
+        serving_doc = serving_run(models[first], a.threads, serving["fractions"], serving["n"],
+                                  serving["prompts"], serving["outputs"],
+                                  ROOT / "logs" / "bench-serving", burst=serving["burst"])
     doc = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -429,8 +491,9 @@ def print_table(doc: dict) -> None:
         print(f"{key:<40} {fig['median']:>10.1f} {fig['min']:>10.1f} {fig['max']:>10.1f}  {fig['unit']}")
     for key, per_model in doc["ratios"].items():
         print(f"{key:<40} " + "  ".join(
-            f"{m}={r:.2f} (paired {doc['paired_ratios'][key][m]['min']:.2f}-"
-            f"{doc['paired_ratios'][key][m]['max']:.2f})" for m, r in per_model.items()))
+            f"{m}={r:.2f} ({doc['paired_ratios'][key][m]['min']:.2f}-"
+            f"{doc['paired_ratios'][key][m]['max']:.2f}, {doc['paired_ratios'][key][m]['quiet_pairs']}/"
+            f"{doc['paired_ratios'][key][m]['pairs']} quiet)" for m, r in per_model.items()))
     e2e = doc["e2e"]
     print(f"{'ttft overhead e2e (ms)':<40} {e2e['ttft_overhead_ms']:>10.1f}")
     lat = e2e["admit_latency_ms"]
@@ -441,6 +504,8 @@ def print_table(doc: dict) -> None:
               f"{r['bandwidth_limit_tokens_per_s']:.0f} tokens/s limit "
               f"(genai {r['genai_fraction_of_bandwidth_limit']:.2f})")
     print(f"{'dram read bandwidth (GB/s)':<40} {doc['dram_read_bandwidth']['bytes_per_s'] / 1e9:>10.1f}")
+    if "capacity_per_s" in doc["serving"]:
+        print(f"{'serving capacity (burst, req/s)':<40} {doc['serving']['capacity_per_s']:>10.2f}")
     for r in doc["serving"].get("by_rate", []):
         label = f"serving @ {r['rate_per_s']:.2f} req/s"
         print(f"{label:<40} {r['throughput_tokens_per_s']:>10.1f} tok/s  "

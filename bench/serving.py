@@ -6,7 +6,9 @@ is a token-id prompt of a drawn length with min_new_tokens = max_new_tokens,
 so its output length is pinned too (the model often emits EOS at once on
 plain text). Per rate: output tokens/s over the run, TTFT (send -> first
 chunk) and time per output token ((last chunk - first chunk) / (tokens - 1),
-per request) p50/p99, as the client sees them.
+per request) p50/p99, as the client sees them. The rates are fractions of a
+capacity measured first on the same processes: a burst of requests of the same
+mix sent at once, completed requests per second.
 """
 
 from __future__ import annotations
@@ -105,8 +107,11 @@ def run_rate(client, requests: list[tuple], rate_per_s: float, seed: int, timeou
     }
 
 
-def serving_run(model_dir, threads: int, rates: list[float], n_requests: int, prompt_lengths,
-                output_lengths, log_dir, kv_budget: str = "2GiB", timeout_s: float = 600) -> dict:
+def serving_run(model_dir, threads: int, fractions: list[float], n_requests: int, prompt_lengths,
+                output_lengths, log_dir, kv_budget: str = "2GiB", timeout_s: float = 600,
+                burst: int = 12) -> dict:
+    """Rates are `fractions` of the capacity measured first, on the same processes: `burst`
+    requests of the mix sent at once (closed loop), completed requests per second."""
     from ortserve_client import Client
 
     from devtools.cluster import LocalCluster
@@ -118,9 +123,14 @@ def serving_run(model_dir, threads: int, rates: list[float], n_requests: int, pr
                       kv_budgets=[kv_budget]) as cluster, Client(cluster.address,
                                                                  timeout_s=timeout_s) as client:
         client.generate(list(requests[0][0]), max_new_tokens=4, min_new_tokens=4)  # warm-up
+        saturated = run_rate(client, requests[:burst], 1e6, seed=99, timeout_s=timeout_s)
+        capacity = saturated["completed_per_s"]
+        rates = [round(f * capacity, 3) for f in fractions]
         for i, rate in enumerate(rates):
             results.append(run_rate(client, requests, rate, seed=100 + i, timeout_s=timeout_s))
     return {"model": str(model_dir), "kv_budget": kv_budget, "requests_per_rate": n_requests,
+            "capacity_per_s": capacity, "capacity_run": saturated,
+            "rate_fractions_of_capacity": list(fractions),
             "prompt_lengths": list(prompt_lengths), "output_lengths": list(output_lengths),
             "mean_output_tokens": sum(r[1] for r in requests) / len(requests),
             "mean_prompt_tokens": sum(len(r[0]) for r in requests) / len(requests),

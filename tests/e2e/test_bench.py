@@ -36,7 +36,9 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
     for key in ("engine_vs_genai_1stream", "engine_vs_genai_4stream", "e2e_vs_inprocess_1stream"):
         assert doc["ratios"][key]["tiny"] > 0
         paired = doc["paired_ratios"][key]["tiny"]
-        assert paired["n"] == doc["settings"]["repeats"] and paired["min"] <= paired["max"]
+        assert paired["pairs"] == doc["settings"]["repeats"] and paired["min"] <= paired["max"]
+        assert len(paired["foreign_load_cores"]) == paired["pairs"] >= paired["quiet_pairs"]
+        assert min(paired["foreign_load_cores"]) >= 0
     for figure in doc["figures"].values():
         assert figure["min"] <= figure["median"] <= figure["max"] and figure["unit"]
         assert figure["n"] == len(figure["values"]) >= 1
@@ -50,6 +52,7 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
     assert roof["weight_bytes_per_token"] > 0 and roof["read_bandwidth_bytes_per_s"] > 0
     assert roof["probe_threads"] == doc["settings"]["intra_op_threads"]
     assert roof["fraction_of_bandwidth_limit"] > 0 and doc["dram_read_bandwidth"]["bytes_per_s"] > 0
+    assert doc["serving"]["capacity_per_s"] > 0 and doc["serving"]["capacity_run"]["errors"] == 0
     serving = doc["serving"]["by_rate"]
     assert len(serving) == 2 and serving[0]["rate_per_s"] < serving[1]["rate_per_s"]
     for r in serving:
