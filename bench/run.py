@@ -426,6 +426,10 @@ def main(argv: list[str] | None = None) -> None:
             "bandwidth_limit_tokens_per_s": statistics.median(bw) / w,
             "fraction_of_bandwidth_limit": statistics.median(fractions),
             "fraction_values": fractions,
+            # The 1-stream engine runs the rest of the machine left alone (ForeignLoad):
+            "fraction_quiet": statistics.median(
+                [f for f, load in zip(fractions, res["loads"][1]["engine"], strict=True)
+                 if load <= QUIET_CORES] or fractions),
             "genai_fraction_of_bandwidth_limit": statistics.median(
                 [r * w / b for r, b in zip(gen1, bw, strict=True)]),
             "probes": res["bandwidth"], "prompt_tokens": res["prompt_tokens"],
