@@ -115,7 +115,7 @@ def bench_model(name: str, args) -> dict:
     spec = load_model_spec(model_cache().expanduser() / "models" / name)
     session = session_for(spec, args.threads)
     batches = [int(b) for b in args.batches.split(",")]
-    arena = KVArena(spec, max_rows=2 * max(batches), capacity_bytes=2**40)
+    arena = KVArena(spec, max_rows=max(*batches, 2), capacity_bytes=2**40)  # the warm-up runs 2
     runner = BatchRunner(session, spec, arena)
     paired(runner, prompts_for(spec, 2), 4)  # warm-up
     result: dict = {"model": name, "by_batch": {}}
