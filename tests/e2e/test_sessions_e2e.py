@@ -317,10 +317,12 @@ def test_after_a_scheduler_restart_the_worker_drops_sessions_nobody_can_reach(tm
         worker = cluster.worker_services[0].address
         assert worker_held_bytes(worker) > 0
         old = cluster.services[0]
+        internal_port = cluster.internal_address.rsplit(":", 1)[1]  # where the worker dials
         stop_service(old)
         cluster.services[0] = start_service("scheduler-2", [
             str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
-            "--heartbeat-interval-s", "0.5"], old.log_path.parent)
+            "--internal-port", internal_port, "--heartbeat-interval-s", "0.5"],
+            old.log_path.parent)
         wait_serving(cluster.services[0])
         cluster.wait_registered(1)
         # The new scheduler has no registry: the worker freed the session before
