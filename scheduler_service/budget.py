@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from . import messages
+from . import messages, placement
 from .ledger_types import (  # noqa: F401 - re-exported: budget is the ledger's public face
     Admission,
     AdmissionRequest,
@@ -52,16 +52,6 @@ class _Worker:
     @property
     def available_bytes(self) -> int:
         return self.geometry.capacity_bytes - self.reserved_bytes
-
-
-@dataclass(frozen=True)
-class _Option:
-    """One worker's answer to a request, computed under the lock."""
-
-    worker: _Worker
-    requested_max_new_tokens: int
-    admissible_max_new_tokens: int  # the most that fits now, <= requested
-    fits_whole: bool
 
 
 def _new_lease_id() -> str:
@@ -175,7 +165,8 @@ class Ledger:
         """
         with self._lock:
             self._expire_locked(self._clock())
-            decision = self._decide_locked(request)
+            decision = placement.decide(
+                [w for w in self._workers.values() if not w.draining], request, self.retry_after_s)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             assert decision.worker is not None
@@ -330,119 +321,6 @@ class Ledger:
                     worker.reserved_bytes -= lease.reserved_bytes
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
-    def _decide_locked(self, req: AdmissionRequest) -> Admission:
-        workers = [w for w in self._workers.values() if not w.draining]
-        if not workers:
-            return self._reject(req, Cause.NO_WORKER)
-        floor = req.floor_new_tokens
-        in_context = [w for w in workers if self._fits_context(req, w.geometry)]
-        if not in_context:
-            return self._reject_context(req, max(workers, key=lambda w: w.geometry.context_length))
-        options = [self._option(req, w) for w in in_context]
-        whole = [o for o in options if o.fits_whole]
-        if whole:
-            # NOTE: spread whole fits over workers (most free bytes first): decode
-            # speed per worker is the bottleneck, so balance beats packing here.
-            best = max(whole, key=lambda o: (o.worker.available_bytes, -len(o.worker.leases),
-                                             o.worker.geometry.worker_id))
-            g = best.worker.geometry
-            n_new = best.requested_max_new_tokens
-            return Admission(
-                decision=Decision.ADMITTED, request_id=req.request_id,
-                prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
-                reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
-            )
-        # No worker takes it whole: the one with the largest cap.
-        best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes,
-                                           o.worker.geometry.worker_id))
-        idle_fit_whole = any(
-            o.worker.geometry.bytes_for(req.prompt_tokens + o.requested_max_new_tokens)
-            <= o.worker.geometry.capacity_bytes for o in options
-        )
-        if best.admissible_max_new_tokens >= floor and not req.strict:
-            return self._capped(req, best)
-        if best.admissible_max_new_tokens >= floor and req.strict:
-            cause = Cause.BUDGET_BUSY if idle_fit_whole else Cause.EXCEEDS_CAPACITY
-            return self._reject(req, cause, options, cap_refused=True)
-        idle_fit_floor = any(
-            o.worker.geometry.bytes_for(req.prompt_tokens + floor) <= o.worker.geometry.capacity_bytes
-            for o in options
-        )
-        cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
-        return self._reject(req, cause, options)
-
-    @staticmethod
-    def _fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
-        if req.prompt_tokens + req.floor_new_tokens > g.context_length:
-            return False
-        return req.max_new_tokens is None or req.prompt_tokens + req.max_new_tokens <= g.context_length
-
-    @staticmethod
-    def _option(req: AdmissionRequest, worker: _Worker) -> _Option:
-        g = worker.geometry
-        requested = (req.max_new_tokens if req.max_new_tokens is not None
-                     else g.context_length - req.prompt_tokens)
-        fit_new = g.tokens_within(worker.available_bytes) - req.prompt_tokens
-        admissible = max(0, min(requested, fit_new))
-        return _Option(worker, requested, admissible, fits_whole=admissible == requested)
-
-    def _capped(self, req: AdmissionRequest, best: _Option) -> Admission:
-        g = best.worker.geometry
-        n_new = best.admissible_max_new_tokens
-        requested = best.requested_max_new_tokens
-        admitted_bytes = g.bytes_for(req.prompt_tokens + n_new)
-        cap = BudgetCap(
-            requested_max_new_tokens=requested, admitted_max_new_tokens=n_new,
-            requested_was_unset=req.max_new_tokens is None,
-            requested_bytes=g.bytes_for(req.prompt_tokens + requested),
-            admitted_bytes=admitted_bytes, available_bytes=best.worker.available_bytes,
-            capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
-            prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
-        )
-        cap = replace(cap, reason=messages.cap_reason(cap))
-        return Admission(
-            decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
-            max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
-        )
-
-    def _reject_context(self, req: AdmissionRequest, widest: _Worker) -> Admission:
-        g = widest.geometry
-        ctx = g.context_length
-        rejection = Rejection(
-            cause=Cause.CONTEXT_LENGTH_EXCEEDED,
-            prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
-            requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
-            context_length=ctx, bytes_per_token=g.bytes_per_token,
-            capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
-        ).rendered()
-        return Admission(decision=Decision.REJECTED, request_id=req.request_id,
-                         prompt_tokens=req.prompt_tokens, rejection=rejection)
-
-    def _reject(self, req: AdmissionRequest, cause: Cause, options: Iterable[_Option] = (),
-                cap_refused: bool = False) -> Admission:
-        if cause is Cause.NO_WORKER:
-            return no_worker_rejection(req.request_id, req.prompt_tokens, req.min_new_tokens,
-                                       self.retry_after_s)
-        options = list(options)
-        best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes))
-        biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
-        g = best.worker.geometry
-        n_new = best.requested_max_new_tokens if cap_refused else req.floor_new_tokens
-        rejection = Rejection(
-            cause=cause, cap_refused=cap_refused,
-            prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
-            requested_max_new_tokens=best.requested_max_new_tokens,
-            admissible_max_new_tokens=best.admissible_max_new_tokens,
-            context_length=g.context_length, needed_bytes=g.bytes_for(req.prompt_tokens + n_new),
-            available_bytes=max(o.worker.available_bytes for o in options),
-            capacity_bytes=biggest.capacity_bytes, bytes_per_token=g.bytes_per_token,
-            retry_after_s=self.retry_after_s if cause is Cause.BUDGET_BUSY else 0.0,
-            largest_worker_id=biggest.worker_id,
-            max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
-        ).rendered()
-        return Admission(decision=Decision.REJECTED, request_id=req.request_id,
-                         prompt_tokens=req.prompt_tokens, rejection=rejection)
-
     # -- sessions (one lease per session, resized per turn) ----------------------
     # NOTE: kept at the end and additive: the session registry (sessions.py)
     # drives these; every other path above is unchanged.
@@ -475,14 +353,14 @@ class Ledger:
             self._expire_locked(self._clock())
             owner = self._lease_owner.get(lease_id)
             if owner is None:
-                return self._reject(request, Cause.NO_WORKER)
+                return placement.reject(request, Cause.NO_WORKER, retry_after_s=self.retry_after_s)
             worker = self._workers[owner]
             lease = worker.leases[lease_id]
-            if not self._fits_context(request, worker.geometry):
-                return self._reject_context(request, worker)
+            if not placement.fits_context(request, worker.geometry):
+                return placement.reject_context(request, worker)
             worker.reserved_bytes -= lease.reserved_bytes  # its own bytes are its to reuse
             try:
-                option = self._option(request, worker)
+                option = placement.option(request, worker)
                 if option.fits_whole:
                     decision = Admission(
                         decision=Decision.ADMITTED, request_id=request.request_id,
@@ -492,14 +370,15 @@ class Ledger:
                             request.prompt_tokens + option.requested_max_new_tokens),
                         worker=worker.geometry)
                 elif option.admissible_max_new_tokens >= request.floor_new_tokens and not request.strict:
-                    decision = self._capped(request, option)
+                    decision = placement.capped(request, option)
                 else:
                     whole = worker.geometry.bytes_for(request.prompt_tokens + request.floor_new_tokens)
                     cause = (Cause.BUDGET_BUSY if whole <= worker.geometry.capacity_bytes
                              else Cause.EXCEEDS_CAPACITY)
-                    return self._reject(request, cause, [option],
-                                        cap_refused=request.strict and
-                                        option.admissible_max_new_tokens >= request.floor_new_tokens)
+                    return placement.reject(request, cause, [option],
+                                            cap_refused=request.strict and
+                                            option.admissible_max_new_tokens >= request.floor_new_tokens,
+                                            retry_after_s=self.retry_after_s)
             finally:
                 worker.reserved_bytes += lease.reserved_bytes
             grown = replace(lease, prompt_tokens=request.prompt_tokens,

@@ -1,0 +1,146 @@
+"""Placement and the decision: which worker, and ADMITTED / CAPPED / REJECTED (pure).
+
+The ledger calls these under its lock with its workers' state; nothing here
+reserves anything. Balance over packing: a request that fits whole goes to the
+worker with the most free bytes; otherwise to the one where the cap is largest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import messages
+from .ledger_types import (
+    Admission,
+    AdmissionRequest,
+    BudgetCap,
+    Cause,
+    Decision,
+    Rejection,
+    WorkerGeometry,
+    no_worker_rejection,
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One worker's answer to a request, computed under the lock."""
+
+    worker: Any  # the ledger's private per-worker state (geometry, available_bytes)
+    requested_max_new_tokens: int
+    admissible_max_new_tokens: int  # the most that fits now, <= requested
+    fits_whole: bool
+
+
+def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admission:
+    """ADMITTED, CAPPED or REJECTED for `req` over the (non-draining) workers' state now."""
+    if not workers:
+        return reject(req, Cause.NO_WORKER, retry_after_s=retry_after_s)
+    floor = req.floor_new_tokens
+    in_context = [w for w in workers if fits_context(req, w.geometry)]
+    if not in_context:
+        return reject_context(req, max(workers, key=lambda w: w.geometry.context_length))
+    options = [option(req, w) for w in in_context]
+    whole = [o for o in options if o.fits_whole]
+    if whole:
+        # NOTE: spread whole fits over workers (most free bytes first): decode
+        # speed per worker is the bottleneck, so balance beats packing here.
+        best = max(whole, key=lambda o: (o.worker.available_bytes, -len(o.worker.leases),
+                                         o.worker.geometry.worker_id))
+        g = best.worker.geometry
+        n_new = best.requested_max_new_tokens
+        return Admission(
+            decision=Decision.ADMITTED, request_id=req.request_id,
+            prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
+            reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
+        )
+    # No worker takes it whole: the one with the largest cap.
+    best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes,
+                                       o.worker.geometry.worker_id))
+    idle_fit_whole = any(
+        o.worker.geometry.bytes_for(req.prompt_tokens + o.requested_max_new_tokens)
+        <= o.worker.geometry.capacity_bytes for o in options
+    )
+    if best.admissible_max_new_tokens >= floor and not req.strict:
+        return capped(req, best)
+    if best.admissible_max_new_tokens >= floor and req.strict:
+        cause = Cause.BUDGET_BUSY if idle_fit_whole else Cause.EXCEEDS_CAPACITY
+        return reject(req, cause, options, cap_refused=True, retry_after_s=retry_after_s)
+    idle_fit_floor = any(
+        o.worker.geometry.bytes_for(req.prompt_tokens + floor) <= o.worker.geometry.capacity_bytes
+        for o in options
+    )
+    cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
+    return reject(req, cause, options, retry_after_s=retry_after_s)
+
+def fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
+    if req.prompt_tokens + req.floor_new_tokens > g.context_length:
+        return False
+    return req.max_new_tokens is None or req.prompt_tokens + req.max_new_tokens <= g.context_length
+
+def option(req: AdmissionRequest, worker) -> Option:
+    g = worker.geometry
+    requested = (req.max_new_tokens if req.max_new_tokens is not None
+                 else g.context_length - req.prompt_tokens)
+    fit_new = g.tokens_within(worker.available_bytes) - req.prompt_tokens
+    admissible = max(0, min(requested, fit_new))
+    return Option(worker, requested, admissible, fits_whole=admissible == requested)
+
+def capped(req: AdmissionRequest, best: Option) -> Admission:
+    g = best.worker.geometry
+    n_new = best.admissible_max_new_tokens
+    requested = best.requested_max_new_tokens
+    admitted_bytes = g.bytes_for(req.prompt_tokens + n_new)
+    cap = BudgetCap(
+        requested_max_new_tokens=requested, admitted_max_new_tokens=n_new,
+        requested_was_unset=req.max_new_tokens is None,
+        requested_bytes=g.bytes_for(req.prompt_tokens + requested),
+        admitted_bytes=admitted_bytes, available_bytes=best.worker.available_bytes,
+        capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
+        prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
+    )
+    cap = replace(cap, reason=messages.cap_reason(cap))
+    return Admission(
+        decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
+        max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
+    )
+
+def reject_context(req: AdmissionRequest, widest) -> Admission:
+    g = widest.geometry
+    ctx = g.context_length
+    rejection = Rejection(
+        cause=Cause.CONTEXT_LENGTH_EXCEEDED,
+        prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
+        requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
+        context_length=ctx, bytes_per_token=g.bytes_per_token,
+        capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
+    ).rendered()
+    return Admission(decision=Decision.REJECTED, request_id=req.request_id,
+                     prompt_tokens=req.prompt_tokens, rejection=rejection)
+
+def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
+           cap_refused: bool = False, retry_after_s: float = 0.0) -> Admission:
+    if cause is Cause.NO_WORKER:
+        return no_worker_rejection(req.request_id, req.prompt_tokens, req.min_new_tokens,
+                                   retry_after_s)
+    options = list(options)
+    best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes))
+    biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
+    g = best.worker.geometry
+    n_new = best.requested_max_new_tokens if cap_refused else req.floor_new_tokens
+    rejection = Rejection(
+        cause=cause, cap_refused=cap_refused,
+        prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
+        requested_max_new_tokens=best.requested_max_new_tokens,
+        admissible_max_new_tokens=best.admissible_max_new_tokens,
+        context_length=g.context_length, needed_bytes=g.bytes_for(req.prompt_tokens + n_new),
+        available_bytes=max(o.worker.available_bytes for o in options),
+        capacity_bytes=biggest.capacity_bytes, bytes_per_token=g.bytes_per_token,
+        retry_after_s=retry_after_s if cause is Cause.BUDGET_BUSY else 0.0,
+        largest_worker_id=biggest.worker_id,
+        max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
+    ).rendered()
+    return Admission(decision=Decision.REJECTED, request_id=req.request_id,
+                     prompt_tokens=req.prompt_tokens, rejection=rejection)
