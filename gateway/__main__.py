@@ -15,6 +15,7 @@ import socket
 import uvicorn
 
 from ortserve.logs import configure_logging
+from ortserve.version import package_version
 
 from .app import build_app
 from .config import GatewayConfig
@@ -31,6 +32,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     d = GatewayConfig()
     p = argparse.ArgumentParser(prog="ortserve-gateway", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--host", default=_env("host", d.host), help="address to bind")
     p.add_argument("--port", type=int, default=_env("port", d.port), help="HTTP port; 0 picks a free one")
     p.add_argument("--scheduler", default=_env("scheduler", os.environ.get(

@@ -13,6 +13,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ortserve.version import package_version
+
 from .tls import channel_credentials, secure_or_insecure_channel
 
 
@@ -34,6 +36,7 @@ def check(address: str, service: str = "", timeout_s: float = 2.0,
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="ortserve-probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("address")
     p.add_argument("--service", default="", help="a service name; empty: the whole server")
     p.add_argument("--timeout", type=float, default=2.0)

@@ -14,6 +14,7 @@ import signal
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
+from ortserve.version import package_version
 
 from .config import SchedulerConfig
 from .server import build_server
@@ -30,6 +31,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     d = SchedulerConfig()
     p = argparse.ArgumentParser(prog="ortserve-scheduler", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--host", default=_env("host", d.host), help="address to bind (env ORTSERVE_SCHEDULER_HOST)")
     p.add_argument("--port", type=int, default=_env("port", d.port), help="port; 0 picks a free one")
     p.add_argument("--internal-port", type=int, default=_env("internal_port", d.internal_port),

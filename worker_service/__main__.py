@@ -18,6 +18,7 @@ import structlog
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.units import parse_bytes
+from ortserve.version import package_version
 
 from .config import WorkerConfig
 from .errors import EngineError
@@ -36,6 +37,7 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     d = WorkerConfig(model_dir=Path("."))
     p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--model-dir", default=_env("ORTSERVE_WORKER_MODEL_DIR"),
                    help="a model folder written by the onnxruntime-genai model builder")
     p.add_argument("--scheduler", default=_env("ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),

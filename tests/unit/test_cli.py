@@ -71,3 +71,11 @@ def test_version_prints_the_installed_package_version_on_stdout():
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"ortserve {metadata.version('ortserve')}\n"
 
+
+
+@pytest.mark.parametrize("entry_point", ["ortserve-scheduler", "ortserve-worker",
+                                         "ortserve-gateway", "ortserve-probe"])
+def test_every_entry_point_has_version(entry_point):
+    out = subprocess.run([str(Path(sys.executable).with_name(entry_point)), "--version"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"{entry_point} {metadata.version('ortserve')}"

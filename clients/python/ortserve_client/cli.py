@@ -20,11 +20,11 @@ import json
 import os
 import pathlib
 import sys
-from importlib import metadata
 
 from google.protobuf import json_format
 
 from ortserve.units import human_bytes
+from ortserve.version import package_version
 
 from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry
@@ -133,14 +133,6 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
                         help="wait in the queue for the full max_new_tokens; cap only when the "
                              "wait runs out (cap policy WAIT_FULL)")
     p.add_argument("--request-id")
-
-
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml), or a note that it is not installed."""
-    try:
-        return metadata.version("ortserve")
-    except metadata.PackageNotFoundError:
-        return "(not installed: run `make setup`)"
 
 
 def build_parser() -> argparse.ArgumentParser:
