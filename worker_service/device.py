@@ -32,10 +32,12 @@ CPU = "CPUExecutionProvider"
 
 
 def resolve_device(requested: str) -> str:
-    """'auto' -> 'cuda' where an NVIDIA GPU is present, else 'cpu'; others unchanged."""
+    """'auto' -> 'cuda' worth trying (a GPU is visible and ORT has a CUDA provider), else
+    'cpu'; others unchanged. The server falls back to CPU when the CUDA try fails."""
     if requested != "auto":
         return requested
-    return "cuda" if os.path.exists("/dev/nvidia0") else "cpu"
+    gpu = os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+    return "cuda" if gpu and CUDA in ort.get_available_providers() else "cpu"
 
 
 def usable_cores() -> int:

@@ -22,7 +22,7 @@ from ortserve.v1 import scheduler_pb2, worker_pb2
 from . import device as devices
 from .config import WorkerConfig
 from .engine import Engine, EngineConfig
-from .errors import ConfigError
+from .errors import ConfigError, DeviceUnavailable
 from .lease_lifecycle import LeaseLifecycle
 from .metrics import WorkerMetrics
 from .scheduler_link import SchedulerLink
@@ -125,7 +125,19 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes)
     # ORT session creation blocks for seconds: keep it off the event loop.
-    engine = await asyncio.to_thread(Engine, engine_config)
+    try:
+        engine = await asyncio.to_thread(Engine, engine_config)
+    except DeviceUnavailable as error:
+        if config.device != "auto" or device != "cuda":
+            raise  # an explicit --device cuda stays strict
+        # auto: CUDA only when its provider really runs the whole graph; else CPU, said so.
+        log.warning("device auto: CUDA is not usable, resolving to cpu", reason=str(error))
+        device = "cpu"
+        engine_config = replace(engine_config, device="cpu",
+                                kv_capacity_bytes=resolve_kv_budget(config, "cpu"))
+        engine = await asyncio.to_thread(Engine, engine_config)
+    log.info("device resolved", requested=config.device, device=engine.device,
+             provider=engine.provider)
     try:
         check_kv_budget(engine)
     except ConfigError:

@@ -20,3 +20,19 @@ def test_a_kv_budget_that_cannot_hold_one_request_is_refused_at_start(budget):
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--kv-budget" in out.stderr and "raise --kv-budget to at least" in out.stderr
+
+
+def test_device_auto_resolves_to_what_really_runs_and_info_says_so(tmp_path):
+    from devtools.cluster import LocalCluster
+    from ortserve.v1 import worker_pb2
+    from tests.e2e.conftest import worker_stub
+
+    with LocalCluster(model_dir=prepared_model_dir("tiny-llama"), log_dir=tmp_path,
+                      device="auto", kv_budgets=["64MiB"]) as cluster:
+        info = worker_stub(cluster.worker_services[0].address).Info(worker_pb2.InfoRequest(),
+                                                                    timeout=5)
+        log = cluster.worker_services[0].log_path.read_text()
+    assert info.requested_device == "auto"
+    assert info.device in ("cpu", "cuda:0")
+    assert (info.execution_provider == "CUDAExecutionProvider") == info.device.startswith("cuda")
+    assert "device resolved" in log
