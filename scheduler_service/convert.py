@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ortserve.v1 import scheduler_pb2, types_pb2
+from ortserve.version import package_version
 
 from .admission_queue import Mode, Place, QueueStats
 from .budget import (
@@ -141,6 +142,8 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         block_tokens=pb.block_tokens or 1,
         execution_provider=pb.execution_provider,
         vocab_size=pb.vocab_size,
+        version=pb.version,
+        device=pb.device,
     )
 
 
@@ -183,6 +186,8 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             running_sequences=w.batch.running_sequences,
             batch_rows=w.batch.batch_rows,
             largest_batch=w.batch.largest_batch,
+            version=g.version,
+            device=g.device,
         ))
     return scheduler_pb2.Budget(
         workers=workers,
@@ -195,4 +200,5 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         queue_waiting_bytes=queue.waiting_bytes if queue else 0,
         max_queue_length=queue.max_length if queue else 0,
         max_queue_wait_s=queue.max_wait_s if queue else 0.0,
+        scheduler_version=package_version(),
     )

@@ -45,6 +45,8 @@ class WorkerGeometry:
     block_tokens: int = 1
     execution_provider: str = ""
     vocab_size: int = 0  # 0: unknown (token-id prompts then go through Tokenize)
+    version: str = ""  # the worker's ortserve version, reported, not acted on
+    device: str = ""  # the device it resolved ("cpu", "cuda:0"), reported
 
     def __post_init__(self) -> None:
         if not self.worker_id:

@@ -18,6 +18,7 @@ from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, worker_pb2
+from ortserve.version import package_version
 
 from . import device as devices
 from .config import WorkerConfig
@@ -152,6 +153,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         context_length=spec.context_length, bytes_per_token=spec.bytes_per_token,
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
         execution_provider=engine.provider, vocab_size=spec.vocab_size,
+        version=package_version(), device=engine.device,
     )
     if config.metrics_port is not None:
         registry = new_registry()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.version import package_version
 
 from . import convert
 from .engine import Engine
@@ -82,7 +83,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             intra_op_threads=engine.intra_op_threads, active_sequences=engine.active_sequences(),
             kv_layout=engine.kv_layout, batch_rows=engine.batch_rows,
             max_batch_rows=engine.max_batch_rows, largest_batch=engine.runner.largest_batch,
-            nodes_by_provider=engine.nodes_by_provider,
+            nodes_by_provider=engine.nodes_by_provider, version=package_version(),
         )
 
     async def Tokenize(self, request, context):

@@ -189,5 +189,21 @@ def test_a_bad_sampling_parameter_is_rejected_naming_the_field(roomy):
     assert reserved_bytes(roomy.address) == 0
 
 
+
+def test_ortserve_info_says_what_the_cluster_runs(roomy):
+    from importlib import metadata
+
+    version = metadata.version("ortserve")
+    text = run_cli(roomy.address, "info")
+    assert text.returncode == 0, text.stderr
+    assert f"scheduler  {roomy.address}  ortserve {version}" in text.stdout
+    assert "model smollm2-135m-instruct-fp32" in text.stdout and "device cpu" in text.stdout
+    doc = json.loads(run_cli(roomy.address, "info", "--json").stdout)
+    [worker] = doc["workers"]
+    assert doc["scheduler"]["version"] == worker["version"] == version
+    assert worker["execution_provider"] == "CPUExecutionProvider"
+    assert worker["capacity_bytes"] == 512 * 2**20
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -119,6 +119,33 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_info(client: Client, a: argparse.Namespace) -> int:
+    """What the cluster is: the scheduler's version, and each worker's version, model,
+    device, provider and capacity (from their registrations; one call to the scheduler)."""
+    budget = client.budget(include_leases=False)
+    if a.json:
+        print(json.dumps({
+            "client_version": package_version(), "scheduler": {"address": client.address,
+                                                               "version": budget.scheduler_version},
+            "workers": [{"worker_id": w.worker_id, "address": w.address, "version": w.version,
+                         "model": w.model, "device": w.device,
+                         "execution_provider": w.execution_provider,
+                         "capacity_bytes": w.capacity_bytes, "context_length": w.context_length,
+                         "block_tokens": w.block_tokens, "draining": w.draining}
+                        for w in budget.workers]}))
+        return EXIT_OK
+    print(f"client     ortserve {package_version()}")
+    print(f"scheduler  {client.address}  ortserve {budget.scheduler_version or '?'}")
+    for w in budget.workers:
+        print(f"worker     {w.worker_id}  {w.address}  ortserve {w.version or '?'}  model {w.model}  "
+              f"device {w.device or '?'}  {w.execution_provider}  capacity "
+              f"{human_bytes(w.capacity_bytes)}  context {w.context_length:,}"
+              f"{'  DRAINING' if w.draining else ''}")
+    if not budget.workers:
+        notice("no worker is registered")
+    return EXIT_OK
+
+
 def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the prompt text, or - to read it from stdin")
     p.add_argument("--chat", action="store_true", help="send as a user turn (the model's chat template)")
@@ -176,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--leases", action="store_true")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_budget)
+    i = sub.add_parser("info", help="what the cluster runs: versions, models, devices, capacity")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_info)
     chat.add_parser(sub)
     return p
 
