@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: model-cuda setup tools-setup protos protos-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
+.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -81,6 +81,17 @@ protos-check: setup
 	touch $$tmp/ortserve/v1/__init__.py && \
 	if diff -ru -x __pycache__ $$tmp/ortserve/v1 ortserve/v1; then echo "protos-check: stubs are up to date"; rm -rf $$tmp; \
 	else echo "protos-check: stubs are stale; run 'make protos' and commit" >&2; rm -rf $$tmp; exit 1; fi
+
+## api-docs: regenerate docs/api.md, the API reference, from the protos and their comments
+api-docs: setup
+	$(BIN)/python -m devtools.api_docs --out docs/api.md
+
+## api-docs-check: fail when the committed docs/api.md differs from a fresh generation
+api-docs-check: setup
+	@tmp=$$(mktemp) && \
+	$(BIN)/python -m devtools.api_docs --out $$tmp && \
+	if diff -u docs/api.md $$tmp; then echo "api-docs-check: docs/api.md is up to date"; rm -f $$tmp; \
+	else echo "api-docs-check: docs/api.md is stale; run 'make api-docs' and commit" >&2; rm -f $$tmp; exit 1; fi
 
 ## buf-setup: the buf CLI (npm's @bufbuild/buf) in .tools/ (needs Node.js and npm)
 BUF_VERSION := 1.75.0
