@@ -201,7 +201,8 @@ def test_the_scheduler_reads_its_environment_as_intended(overlay, monkeypatch):
     # Clients never reach the worker-facing port; the workers' Service reaches only it.
     ports = {p["name"]: p["containerPort"]
              for p in container(objects, "ortserve-scheduler", "scheduler")["ports"]}
-    assert ports == {"grpc": config.port, "internal": config.internal_port}
+    assert ports == {"grpc": config.port, "internal": config.internal_port,
+                     "metrics": config.metrics_port}
     workers = find(objects, "Service", "ortserve-scheduler-workers")["spec"]
     assert [p["targetPort"] for p in workers["ports"]] == ["internal"]
     assert [p["targetPort"] for p in client["ports"]] == ["grpc"]
