@@ -175,7 +175,9 @@ class BatchedModelRunner:
             out.ran.append(seq)
             out.computed_tokens[seq.sequence_id] = 1
             if past[b] + 1 == len(seq.token_ids):
-                out.logits[seq.sequence_id] = logits[b].copy()
+                # A view: the decode buffer is rewritten only by the next step's run,
+                # after this step's postprocess has sampled from it.
+                out.logits[seq.sequence_id] = logits[b]
         for chunk in plan.prefills:
             self._prefill(out, chunk.seq, chunk.num_tokens)
         return out

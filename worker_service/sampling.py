@@ -87,11 +87,15 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
         """Choose the next token from 1-D logits; `history` is prompt + output so far."""
+        penalty = self.config.repetition_penalty
+        if self._rng is None and not self._suppressed.size and (penalty is None or penalty == 1):
+            # Plain greedy: argmax needs no copy (float32 -> float64 is exact and monotonic,
+            # so the first maximum is the same one): the common decode path, once per row.
+            return int(np.argmax(logits[: self.vocab_size]))
         # float64 throughout: float32 softmax over ~50k entries loses the tail mass.
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)
         if self._suppressed.size:
             scores[self._suppressed] = -np.inf
-        penalty = self.config.repetition_penalty
         if penalty is not None and penalty != 1:
             apply_repetition_penalty(scores, history, penalty)
         if self._rng is None:

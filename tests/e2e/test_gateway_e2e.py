@@ -93,7 +93,8 @@ def test_streamed_chat_concatenates_to_the_grpc_text_and_usage(roomy, roomy_gate
     assert raw.headers["x-ortserve-decision"] == "ADMITTED" and "x-ortserve-budget-cap" not in raw.headers
     assert whole.choices[0].message.content == direct.text
     assert whole.usage.total_tokens == direct.usage.prompt_tokens + direct.usage.generated_tokens
-    assert reserved_bytes(roomy.address) == 0
+    # The worker releases once its KV is freed, just after the last event: wait for it.
+    assert wait_reserved_zero(roomy.address) == 0
 
 
 def test_completions_with_min_tokens_stream_and_not(roomy_gateway):
