@@ -16,15 +16,22 @@ import sys
 import structlog
 
 _configured = False
+_json = False
+
+
+def json_enabled() -> bool:
+    """Whether every stderr line is JSON (then nothing may print plain text there)."""
+    return _json
 
 
 def configure_logging(level: str = "info", json: bool | None = None) -> None:
     """Configure structlog and stdlib logging for this process (idempotent)."""
-    global _configured
+    global _configured, _json
     if _configured:
         return
     if json is None:
         json = not sys.stderr.isatty()
+    _json = json
     level_no = logging.getLevelName(level.upper())
     if not isinstance(level_no, int):
         raise ValueError(f"unknown log level {level!r}: use debug, info, warning or error")

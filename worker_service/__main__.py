@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from ortserve.logs import configure_logging
+from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.units import parse_bytes
 from ortserve.version import package_version
@@ -121,7 +121,8 @@ async def _serve(config: WorkerConfig) -> int:
         error = lifecycle.exception()
         structlog.get_logger("worker").error("worker cannot serve", error=str(error),
                                              kind=type(error).__name__)
-        print(f"ortserve-worker: {error}", file=sys.stderr)
+        if not json_enabled():  # with JSON logs, the line above says it (stderr stays JSON)
+            print(f"ortserve-worker: {error}", file=sys.stderr)
         code = 2 if isinstance(error, EngineError) else 1
     stopper.cancel()
     if code == 0:

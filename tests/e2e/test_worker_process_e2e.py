@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -20,6 +21,8 @@ def test_a_kv_budget_that_cannot_hold_one_request_is_refused_at_start(budget):
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--kv-budget" in out.stderr and "raise --kv-budget to at least" in out.stderr
+    # stderr is not a terminal here, so logs are JSON: every line, the fatal one too.
+    assert all(json.loads(line) for line in out.stderr.splitlines() if line.strip())
 
 
 def test_device_auto_resolves_to_what_really_runs_and_info_says_so(tmp_path):
