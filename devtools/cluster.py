@@ -276,28 +276,37 @@ def main(argv: list[str] | None = None) -> None:
                            kv_budgets=[a.kv_budget] * a.workers)
     notice(f"starting the scheduler and {a.workers} worker(s) on {a.model_dir.name}; "
            f"logs in {a.log_dir}/")
+    stopping = []
+
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        # Only the first signal interrupts: a second one (make forwards SIGTERM while
+        # `timeout` or a terminal sends its own) must not cut the stop short.
+        if not stopping:
+            stopping.append(signum)
+            raise KeyboardInterrupt
 
     # NOTE: explicit handlers: a shell starting us in the background leaves SIGINT
     # ignored, and SIGTERM (docker stop, kill) must stop the children as Ctrl-C does.
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        with cluster:
-            if a.demo:
-                demo(cluster.address)
-            print(_how_to_call(cluster.address), file=sys.stderr, flush=True)
-            while True:
-                time.sleep(0.5)
-                for service in cluster.services:
-                    if service.process.poll() is not None:
-                        raise ClusterError(f"{service.name} exited ({service.process.returncode}); "
-                                           f"see {service.log_path}:\n{service.log_tail()}")
+        cluster.start()
+        if a.demo:
+            demo(cluster.address)
+        print(_how_to_call(cluster.address), file=sys.stderr, flush=True)
+        while True:
+            time.sleep(0.5)
+            for service in cluster.services:
+                if service.process.poll() is not None:
+                    raise ClusterError(f"{service.name} exited ({service.process.returncode}); "
+                                       f"see {service.log_path}:\n{service.log_tail()}")
     except KeyboardInterrupt:
         pass
     except ClusterError as error:
         sys.exit(f"ortserve: {error}")
+    finally:
+        stopping.append("stop")  # from here on signals are ignored (see interrupt)
+        cluster.stop()  # the children get SIGTERM, then SIGKILL after 10 s
     notice("stopped")
 
 
