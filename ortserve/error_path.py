@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import grpc
 import structlog
-from google.protobuf import any_pb2, descriptor, message_factory
+from google.protobuf import descriptor, message_factory
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
@@ -58,14 +58,11 @@ class Relayed(Exception):
 
 def _metadata(code: grpc.StatusCode, message: str, details: list[Message],
               status_bin: bytes | None = None) -> tuple[tuple[str, bytes], ...]:
-    if status_bin is not None:
-        status = status_pb2.Status.FromString(status_bin)
-    else:
-        status = status_pb2.Status()
-        for detail in details:
-            packed = any_pb2.Any()
-            packed.Pack(detail)
-            status.details.append(packed)
+    if status_bin is None:
+        return tuple(rich_status.to_grpc_status(code, message, details).trailing_metadata)
+    # A relayed status keeps its details, re-labelled with our code and message
+    # (a google.rpc.Status must agree with grpc-message, or clients drop it).
+    status = status_pb2.Status.FromString(status_bin)
     status.code = code.value[0]
     status.message = message
     return ((STATUS_DETAILS_KEY, status.SerializeToString()),)

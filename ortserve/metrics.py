@@ -27,25 +27,31 @@ def new_registry() -> CollectorRegistry:
     return CollectorRegistry(auto_describe=True)
 
 
-class LabelledGauges(Collector):
-    """A gauge family whose samples a callback computes at scrape time.
+class PerWorkerGauges(Collector):
+    """Gauge families whose samples are read from one snapshot at scrape time.
 
-    `collect_fn` returns {label values tuple: value}; used for per-worker
-    bytes, where the label set changes as workers come and go.
+    `snapshot()` returns one item per worker (with .geometry.worker_id, the label);
+    each family is (name, documentation, value_of_item). One snapshot per scrape:
+    every family describes the same instant.
     """
 
-    def __init__(self, name: str, documentation: str, labels: list[str],
-                 collect_fn: Callable[[], dict[tuple[str, ...], float]]) -> None:
-        self._name, self._doc, self._labels, self._fn = name, documentation, labels, collect_fn
+    _labels = ["worker_id"]
+
+    def __init__(self, snapshot: Callable[[], list],
+                 families: tuple[tuple[str, str, Callable[[object], float]], ...]) -> None:
+        self._snapshot, self._families = snapshot, families
 
     def collect(self):
-        family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
-        for values, value in self._fn().items():
-            family.add_metric(list(values), value)
-        yield family
+        items = self._snapshot()
+        for name, documentation, value in self._families:
+            family = GaugeMetricFamily(name, documentation, labels=self._labels)
+            for item in items:
+                family.add_metric([item.geometry.worker_id], float(value(item)))
+            yield family
 
     def describe(self):
-        return [GaugeMetricFamily(self._name, self._doc, labels=self._labels)]
+        return [GaugeMetricFamily(name, doc, labels=self._labels)
+                for name, doc, _ in self._families]
 
 
 class RequestLatency:

@@ -54,13 +54,6 @@ def to_grpc_status(code: grpc.StatusCode, message: str, details: Iterable[Messag
     return rpc_status.to_status(status)
 
 
-async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str,
-                details: Iterable[Message] = ()) -> None:
-    """End the RPC with a rich status. Raises (as context.abort does)."""
-    status = to_grpc_status(code, message, details)
-    await context.abort(status.code, status.details, status.trailing_metadata)
-
-
 def details_of(error: grpc.RpcError) -> list[any_pb2.Any]:
     """The packed details of a failed call (empty when it carried none)."""
     status = rpc_status.from_call(error)

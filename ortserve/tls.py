@@ -9,6 +9,7 @@ one file pair per process to issue and rotate.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,15 @@ class TlsFiles:
         for name, path in wanted.items():
             if not Path(path).is_file():
                 raise ValueError(f"{who}: {flag_prefix}{name} {path!r} is not a readable file")
+
+
+def add_arguments(parser, env_prefix: str, what: dict[str, str]) -> None:
+    """--tls-cert, --tls-key, --tls-ca on `parser`, each defaulting to env
+    <env_prefix>TLS_<NAME>; `what` says what each file is for this service."""
+    for name in ("cert", "key", "ca"):
+        env = f"{env_prefix}TLS_{name.upper()}"
+        parser.add_argument(f"--tls-{name}", default=os.environ.get(env, ""),
+                            help=f"{what[name]}; env {env}; none of the three: plaintext")
 
 
 def _read(path: str) -> bytes:

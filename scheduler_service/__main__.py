@@ -14,6 +14,7 @@ import signal
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
+from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.version import package_version
 
 from .config import SchedulerConfig
@@ -40,14 +41,12 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--api-keys-file", default=_env("api_keys_file", ""),
                    help="client API keys, one 'role:key' per line (roles: generate, admin); "
                         "also read from env ORTSERVE_SCHEDULER_API_KEYS; none: open to all")
-    for name, what in (("cert", "this scheduler's certificate (PEM; both ports, and its client "
-                                "certificate towards workers)"),
-                       ("key", "its private key (PEM)"),
-                       ("ca", "the CA workers' certificates must chain to (the internal port "
-                              "requires one: mutual TLS)")):
-        p.add_argument(f"--tls-{name}", default=_env(f"tls_{name}", ""),
-                       help=f"{what}; env ORTSERVE_SCHEDULER_TLS_{name.upper()}; "
-                            "none of the three: plaintext")
+    add_tls_arguments(p, _ENV, {
+        "cert": "this scheduler's certificate (PEM; both ports, and its client certificate "
+                "towards workers)",
+        "key": "its private key (PEM)",
+        "ca": "the CA workers' certificates must chain to (the internal port requires one: "
+              "mutual TLS)"})
     p.add_argument("--heartbeat-interval-s", type=float, default=_env("heartbeat_interval_s", d.heartbeat_interval_s))
     p.add_argument("--lease-ttl-s", type=float, default=_env("lease_ttl_s", d.lease_ttl_s),
                    help="a worker silent this long is dropped and its leases return")

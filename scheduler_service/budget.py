@@ -273,6 +273,13 @@ class Ledger:
             expired, self._expired = self._expired, []
             return expired
 
+    def take_expired(self) -> list[Expired]:
+        """The leases dropped since the last call (admit() expires as it decides), with no
+        new scan: the admission path drains the log with this, not with expire()."""
+        with self._lock:
+            expired, self._expired = self._expired, []
+            return expired
+
     # -- reading -------------------------------------------------------------
 
     def snapshot(self) -> list[WorkerSnapshot]:

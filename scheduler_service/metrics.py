@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ortserve.metrics import (
     REQUEST_SECONDS_BUCKETS,
-    LabelledGauges,
+    PerWorkerGauges,
     RequestLatency,
     callback_gauge,
 )
@@ -22,20 +22,16 @@ from .budget import Admission, Decision, Ledger
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry, ledger: Ledger,
                  queue: AdmissionQueue | None = None) -> None:
-        def per_worker(value):
-            return lambda: {(w.geometry.worker_id,): float(value(w)) for w in ledger.snapshot()}
-
-        for name, doc, value in (
-                ("ortserve_scheduler_kv_capacity_bytes", "A worker's whole KV capacity",
-                 lambda w: w.geometry.capacity_bytes),
-                ("ortserve_scheduler_kv_reserved_bytes", "KV bytes leases hold on a worker",
-                 lambda w: w.reserved_bytes),
-                ("ortserve_scheduler_kv_available_bytes", "capacity - reserved, per worker",
-                 lambda w: w.available_bytes),
-                ("ortserve_scheduler_leases", "Live leases per worker", lambda w: len(w.leases)),
-                ("ortserve_scheduler_worker_draining", "1 while a worker drains",
-                 lambda w: int(w.draining))):
-            registry.register(LabelledGauges(name, doc, ["worker_id"], per_worker(value)))
+        registry.register(PerWorkerGauges(ledger.snapshot, (
+            ("ortserve_scheduler_kv_capacity_bytes", "A worker's whole KV capacity",
+             lambda w: w.geometry.capacity_bytes),
+            ("ortserve_scheduler_kv_reserved_bytes", "KV bytes leases hold on a worker",
+             lambda w: w.reserved_bytes),
+            ("ortserve_scheduler_kv_available_bytes", "capacity - reserved, per worker",
+             lambda w: w.available_bytes),
+            ("ortserve_scheduler_leases", "Live leases per worker", lambda w: len(w.leases)),
+            ("ortserve_scheduler_worker_draining", "1 while a worker drains",
+             lambda w: int(w.draining)))))
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))

@@ -137,7 +137,7 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
             await self._make_room(domain)  # idle sessions' bytes before a cap (session_service)
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
-        log_expired(self._ledger.expire(), self._metrics)
+        log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:

@@ -311,6 +311,9 @@ class SessionRPCs:
     async def _make_room(self, request: AdmissionRequest) -> None:
         """Before a plain admission: while it would not be ADMITTED whole, swap idle sessions
         out of the worker it would land on (a dry run decides; the real admit is atomic)."""
+        registry = getattr(self, "_session_registry", None)
+        if registry is None or not registry.idle_on_any():
+            return  # nothing to reclaim: spare every plain admission the dry run
         for _ in range(8):
             probe = self._ledger.admit(request, dry_run=True)
             if probe.decision is Decision.ADMITTED:

@@ -8,6 +8,7 @@ the rest of the request (sampling, template) once, in its own prepare.
 
 from __future__ import annotations
 
+from ortserve.chat import CHAT_ROLES
 from ortserve.errors import InvalidField, quoted
 from ortserve.v1 import types_pb2
 
@@ -18,7 +19,6 @@ MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_CHAT_MESSAGES = 1_024
-CHAT_ROLES = ("system", "user", "assistant")
 
 
 def bounded(field: str, value: str, limit: int) -> None:

@@ -17,6 +17,7 @@ import structlog
 
 from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
+from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.units import parse_bytes
 from ortserve.version import package_version
 
@@ -42,14 +43,12 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
                    help="a model folder written by the onnxruntime-genai model builder")
     p.add_argument("--scheduler", default=_env("ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
                    help="the scheduler's internal host:port (its --internal-port)")
-    for name, what in (("cert", "this worker's certificate (PEM; its port, and its client "
-                                "certificate towards the scheduler)"),
-                       ("key", "its private key (PEM)"),
-                       ("ca", "the CA the scheduler's certificate (and every caller's client "
-                              "certificate: mutual TLS) must chain to")):
-        p.add_argument(f"--tls-{name}", default=_env(f"ORTSERVE_WORKER_TLS_{name.upper()}", ""),
-                       help=f"{what}; env ORTSERVE_WORKER_TLS_{name.upper()}; none of the "
-                            "three: plaintext")
+    add_tls_arguments(p, "ORTSERVE_WORKER_", {
+        "cert": "this worker's certificate (PEM; its port, and its client certificate towards "
+                "the scheduler)",
+        "key": "its private key (PEM)",
+        "ca": "the CA the scheduler's certificate (and every caller's client certificate: "
+              "mutual TLS) must chain to"})
     p.add_argument("--host", default=_env("ORTSERVE_WORKER_HOST", d.host))
     p.add_argument("--port", type=int, default=int(_env("ORTSERVE_WORKER_PORT", d.port)),
                    help="0 picks a free port")

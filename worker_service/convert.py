@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ortserve.chat import CHAT_ROLES
 from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
 
@@ -38,7 +39,6 @@ def sampling_to_pb(config: SamplingConfig, seed: int | None) -> types_pb2.Sampli
     return pb
 
 
-CHAT_ROLES = ("system", "user", "assistant")
 
 
 def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,

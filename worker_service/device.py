@@ -62,11 +62,10 @@ def free_cuda_memory_bytes(device_id: int) -> int:
     return int(out.stdout.strip().splitlines()[0]) * 2**20
 
 
-def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
-                   inter_op_threads: int = 1) -> ort.InferenceSession:
-    """An ORT session for `spec` on `device`, verified to run where it was asked to."""
-    if device not in ("cpu", "cuda"):
-        raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
+def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1
+                      ) -> tuple[ort.SessionOptions, str]:
+    """Session options, with profiling on for the one warm-up run that tells where ORT
+    placed every node (see _placement); returns them and the profile's folder."""
     options = ort.SessionOptions()
     # Explicit threads: ORT's default pool is clearly slower on small machines (MODEL_NOTES).
     options.intra_op_num_threads = intra_op_threads
@@ -75,10 +74,18 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # The missing-CUDA warnings are reported, with a remedy, by DeviceUnavailable.
     options.log_severity_level = 3
-    # One profiled warm-up run tells where ORT placed every node (node_placement).
     profile_dir = tempfile.mkdtemp(prefix="ortserve-placement-")
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(profile_dir, "placement")
+    return options, profile_dir
+
+
+def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
+                   inter_op_threads: int = 1) -> ort.InferenceSession:
+    """An ORT session for `spec` on `device`, verified to run where it was asked to."""
+    if device not in ("cpu", "cuda"):
+        raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
+    options, profile_dir = _profiled_options(intra_op_threads, inter_op_threads)
     preload_log = ""
     if device == "cuda":
         providers: list = [(CUDA, {"device_id": device_id}), CPU]
@@ -153,12 +160,7 @@ def _cuda_not_active(active: list[str], device_id: int, preload_log: str) -> Dev
 def _explain_cuda_fallback(spec: ModelSpec, device_id: int, intra_op_threads: int,
                            preload_log: str, error: Exception) -> None:
     """Raise DeviceUnavailable saying why a no-fallback CUDA session refused to load."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads
-    options.log_severity_level = 3
-    profile_dir = tempfile.mkdtemp(prefix="ortserve-placement-")
-    options.enable_profiling = True
-    options.profile_file_prefix = os.path.join(profile_dir, "placement")
+    options, profile_dir = _profiled_options(intra_op_threads)
     probe = ort.InferenceSession(str(spec.model_file), options,
                                  providers=[(CUDA, {"device_id": device_id}), CPU])
     active = probe.get_providers()

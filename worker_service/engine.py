@@ -158,11 +158,13 @@ class Engine:
     def check(self, req: SequenceRequest) -> None:
         """Raise InvalidRequest or ContextWindowFull when this model cannot serve `req` as asked."""
         vocab = self.spec.vocab_size
-        for i, token in enumerate(req.prompt_ids):
-            if not 0 <= token < vocab:
-                raise InvalidRequest(f"token_ids.ids[{i}]", f"token id {token} is outside the "
-                                     f"vocabulary [0, {vocab:,}) of {self.spec.name}; tokenize "
-                                     "with this model's tokenizer")
+        ids = req.prompt_ids
+        # min/max run in C: the per-id scan only happens to name a bad one.
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            i, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab)
+            raise InvalidRequest(f"token_ids.ids[{i}]", f"token id {token} is outside the "
+                                 f"vocabulary [0, {vocab:,}) of {self.spec.name}; tokenize "
+                                 "with this model's tokenizer")
         context = self.spec.context_length
         if req.prompt_tokens >= context or req.max_tokens > context:
             raise ContextWindowFull(req.prompt_tokens, req.max_new_tokens, context)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from ortserve import kv_math
 from worker_service.errors import CapacityExceeded
 from worker_service.model import ModelSpec
 
@@ -115,9 +116,8 @@ class KVArena:
     # --- accounting ----------------------------------------------------------
 
     def bytes_for(self, n_tokens: int) -> int:
-        """Bytes a row of up to n_tokens holds: whole blocks, as the ledger rounds them."""
-        blocks = -(-max(n_tokens, 0) // self.block_tokens)
-        return blocks * self.block_tokens * self.spec.bytes_per_token
+        """Bytes a row of up to n_tokens holds: whole blocks, the ledger's own formula."""
+        return kv_math.bytes_for(n_tokens, self.spec.bytes_per_token, self.block_tokens)
 
     def charged_bytes(self) -> int:
         return sum(r.charged_bytes for r in self._rows)
