@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster clean FORCE
+.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -154,6 +154,11 @@ run: setup $(if $(MODEL_NAME),,model)
 ## cluster: the compose topology as local processes, WORKERS=N
 cluster: setup $(if $(MODEL_NAME),,model)
 	@$(BIN)/python -m devtools.cluster --workers $(WORKERS) $(RUN_MODEL_DIR)
+
+## compose-test: compose.yaml in real containers (Docker, or podman here), checked from outside
+## (README "Local clusters"; stdout: a JSON summary)
+compose-test: setup model
+	@$(BIN)/python -m devtools.compose_test
 
 bench: setup tools-setup model
 	$(BIN)/python -m bench.run

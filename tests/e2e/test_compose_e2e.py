@@ -42,6 +42,19 @@ def test_compose_file_is_valid_for_docker_compose():
         env = merged[worker]["environment"]
         assert env["ORTSERVE_WORKER_TLS_CERT"] == "/secrets/worker.pem"
         assert env["ORTSERVE_SCHEDULER_ADDRESS"] == "scheduler:50061"  # the base's, kept
+    # The seed file replaces `model`'s preparation with a copy from the host cache.
+    result = subprocess.run([tool, "-f", str(COMPOSE), "-f", str(ROOT / "compose.seed.yaml"),
+                             "--profile", "cpu", "config"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=60, env={**os.environ, "ORTSERVE_MODEL_CACHE": "/host/cache"})
+    assert result.returncode == 0, result.stderr
+    model = yaml.safe_load(result.stdout)["services"]["model"]
+    assert model["image"] == "ortserve:scheduler" and model["build"]["target"] == "scheduler"
+    assert "/host/cache/models:/seed:ro" in model["volumes"]
+    assert "cp -r" in model["command"][-1]
+    without = subprocess.run([tool, "-f", str(COMPOSE), "-f", str(ROOT / "compose.seed.yaml"), "config"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k != "ORTSERVE_MODEL_CACHE"})
+    assert without.returncode != 0 and "set ORTSERVE_MODEL_CACHE" in without.stderr
 
 
 def test_compose_describes_the_topology():
