@@ -39,6 +39,11 @@ DEBOOTSTRAP_BASE = "localhost/ortserve-base:bookworm"
 HEALTHCHECK_INTERVAL_S = 5.0  # compose.yaml's interval
 
 
+class EngineUnavailable(RuntimeError):
+    """This machine cannot run containers (no engine, no way to install one, or a
+    container cannot start): a fact about the machine, not about ortserve."""
+
+
 def say(message: str) -> None:
     print(f"compose-test: {message}", file=sys.stderr, flush=True)
 
@@ -89,12 +94,15 @@ def _docker_answers() -> bool:
 
 def _apt_install(*packages: str) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError(f"{', '.join(packages)} missing; install them (Debian: apt-get install "
+        raise EngineUnavailable(f"{', '.join(packages)} missing; install them (Debian: apt-get install "
                            f"{' '.join(packages)}) or run with Docker")
     say(f"installing {', '.join(packages)} with apt-get (expected: about a minute)")
-    run(["apt-get", "update", "-qq"], timeout_s=600)
-    run(["apt-get", "install", "-y", "-qq", *packages],
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout_s=900)
+    try:
+        run(["apt-get", "update", "-qq"], timeout_s=600)
+        run(["apt-get", "install", "-y", "-qq", *packages],
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout_s=900)
+    except RuntimeError as error:
+        raise EngineUnavailable(str(error)) from error
 
 
 def _compose_command(env: dict[str, str]) -> list[str]:
@@ -126,7 +134,7 @@ def open_engine() -> Engine:
     deadline = time.monotonic() + 30
     while not socket.exists():
         if service.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"podman system service did not start; see {log.name}")
+            raise EngineUnavailable(f"podman system service did not start; see {log.name}")
         time.sleep(0.1)
     build_flags = ["--format", "docker"]
     if Path("/etc/ssl/certs").is_dir():
@@ -151,8 +159,11 @@ def base_image(engine: Engine) -> str:
     shutil.rmtree(rootfs, ignore_errors=True)
     say(f"making the base image {DEBOOTSTRAP_BASE} with debootstrap (expected: about a minute)")
     mirror = [os.environ["ORTSERVE_DEBIAN_MIRROR"]] if os.environ.get("ORTSERVE_DEBIAN_MIRROR") else []
-    run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-         "bookworm", str(rootfs), *mirror], timeout_s=1200)
+    try:
+        run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+             "bookworm", str(rootfs), *mirror], timeout_s=1200)
+    except RuntimeError as error:
+        raise EngineUnavailable(f"no base image: {error}") from error
     # What slim images drop too: apt's package cache and lists, docs, man pages and
     # translations (140 of 275 MB); nothing at run time reads them.
     for junk in ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
@@ -165,6 +176,14 @@ def base_image(engine: Engine) -> str:
         raise RuntimeError(f"importing {rootfs} as {DEBOOTSTRAP_BASE} failed: {imported.stderr}")
     shutil.rmtree(rootfs, ignore_errors=True)
     return DEBOOTSTRAP_BASE
+
+
+def smoke_test(engine: Engine, image: str) -> None:
+    """One container started from `image`, or EngineUnavailable saying why not."""
+    try:
+        engine("run", "--rm", image, "python3", "-c", "print('ok')", timeout_s=120)
+    except RuntimeError as error:
+        raise EngineUnavailable(f"{engine.cli} cannot start a container here: {error}") from error
 
 
 class HealthcheckRunner(threading.Thread):

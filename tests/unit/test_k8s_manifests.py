@@ -344,7 +344,7 @@ def test_an_overlay_can_point_the_images_at_a_registry(tmp_path):
     images = {c["image"] for o in objects if o["kind"] == "Deployment"
               for c in o["spec"]["template"]["spec"]["containers"]
               + o["spec"]["template"]["spec"].get("initContainers", [])}
-    assert images == {f"registry.example/ortserve:{t}" for t in ("cpu", "cuda", "tools")}
+    assert images == {f"registry.example/ortserve:{t}" for t in ("scheduler", "cuda", "tools")}
     command = _kustomize_command()
     if command is not None:
         out = subprocess.run([*command, str(mine)], check=True, capture_output=True, text=True,
