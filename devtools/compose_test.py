@@ -127,7 +127,10 @@ class Cluster:
         return (state.get("Health") or state.get("Healthcheck") or {}).get("Status", "none")
 
     def logs(self) -> str:
-        return self.compose("logs", "--no-color", timeout_s=120).stdout[-8000:]
+        try:
+            return self.compose("logs", "--no-color", timeout_s=120).stdout[-8000:]
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            return f"(no logs: {error})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,6 +196,8 @@ def run_scenario(engine: Engine, summary: dict) -> None:
     up = ups[0]
     cluster = Cluster(engine, up[2:], env)
     up_args = up[2 + len(cluster.prefix):]  # "up", "--scale", "worker-cpu=2"
+    # A run killed before its `down` leaves the project behind: start from nothing.
+    cluster.compose("down", "-v", "--remove-orphans", timeout_s=300)
     try:
         with HealthcheckRunner(engine, PROJECT):
             say(f"{' '.join(up)} -d (scheduler on 127.0.0.1:{port}, gateway on :{gateway_port})")

@@ -94,8 +94,8 @@ def _docker_answers() -> bool:
 
 def _apt_install(*packages: str) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise EngineUnavailable(f"{', '.join(packages)} missing; install them (Debian: apt-get install "
-                           f"{' '.join(packages)}) or run with Docker")
+        raise EngineUnavailable(f"{', '.join(packages)} missing; install them (Debian: apt-get "
+                                f"install {' '.join(packages)}) or run with Docker")
     say(f"installing {', '.join(packages)} with apt-get (expected: about a minute)")
     try:
         run(["apt-get", "update", "-qq"], timeout_s=600)
@@ -105,11 +105,15 @@ def _apt_install(*packages: str) -> None:
         raise EngineUnavailable(str(error)) from error
 
 
-def _compose_command(env: dict[str, str]) -> list[str]:
+def _compose_command(env: dict[str, str], plugin_first: bool) -> list[str]:
+    """`docker compose` (the plugin) or a standalone docker-compose, installed if neither is."""
+    plugin = shutil.which("docker") is not None and subprocess.run(
+        ["docker", "compose", "version"], env=env, capture_output=True).returncode == 0
+    if plugin and plugin_first:
+        return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], env=env,
-                                                 capture_output=True).returncode == 0:
+    if plugin:
         return ["docker", "compose"]
     _apt_install("docker-compose")
     return ["docker-compose"]
@@ -119,7 +123,7 @@ def open_engine() -> Engine:
     """Docker when a daemon answers, else podman behind its Docker API socket."""
     if _docker_answers():
         env = dict(os.environ)
-        return Engine("docker", _compose_command(env), env)
+        return Engine("docker", _compose_command(env, plugin_first=True), env)
     if shutil.which("podman") is None:
         _apt_install("podman")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -139,7 +143,8 @@ def open_engine() -> Engine:
     build_flags = ["--format", "docker"]
     if Path("/etc/ssl/certs").is_dir():
         build_flags += ["-v", "/etc/ssl/certs:/etc/ssl/certs:ro"]
-    return Engine("podman", _compose_command(env), env, build_flags,
+    # the standalone one first: the plugin talks to podman's socket only through the docker CLI
+    return Engine("podman", _compose_command(env, plugin_first=False), env, build_flags,
                   runs_healthchecks=Path("/run/systemd/system").is_dir(), _service=service)
 
 
