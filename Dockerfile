@@ -20,12 +20,10 @@ ARG ORTSERVE_REVISION=unknown
 
 # --- what every Python image shares: a venv, a non-root user, the labels -----
 FROM ${BASE} AS python-base
-ARG ORTSERVE_VERSION
-ARG ORTSERVE_REVISION
+# The version and revision labels come last in each target: a new commit must
+# not invalidate the cached dependency layers.
 LABEL org.opencontainers.image.title="ortserve" \
       org.opencontainers.image.description="LLM serving over gRPC on ONNX Runtime" \
-      org.opencontainers.image.version="${ORTSERVE_VERSION}" \
-      org.opencontainers.image.revision="${ORTSERVE_REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
@@ -63,6 +61,10 @@ USER ortserve
 EXPOSE 50051 50061
 # The same check as compose.yaml's scheduler (tests/unit/test_images.py compares them).
 HEALTHCHECK --interval=5s --timeout=3s --retries=10 CMD ["ortserve-probe", "127.0.0.1:50051"]
+ARG ORTSERVE_VERSION
+ARG ORTSERVE_REVISION
+LABEL org.opencontainers.image.version="${ORTSERVE_VERSION}" \
+      org.opencontainers.image.revision="${ORTSERVE_REVISION}"
 CMD ["ortserve-scheduler"]
 
 # --- the worker on CPU --------------------------------------------------------
@@ -76,16 +78,16 @@ ENV ORTSERVE_WORKER_DEVICE=cpu
 USER ortserve
 EXPOSE 50052
 HEALTHCHECK --interval=5s --timeout=3s --retries=30 CMD ["ortserve-probe", "127.0.0.1:50052", "--service", "ortserve.v1.Worker"]
+ARG ORTSERVE_VERSION
+ARG ORTSERVE_REVISION
+LABEL org.opencontainers.image.version="${ORTSERVE_VERSION}" \
+      org.opencontainers.image.revision="${ORTSERVE_REVISION}"
 CMD ["ortserve-worker"]
 
 # --- the worker on CUDA (needs the NVIDIA container toolkit to run) ------------
 FROM ${CUDA_BASE} AS cuda
-ARG ORTSERVE_VERSION
-ARG ORTSERVE_REVISION
 LABEL org.opencontainers.image.title="ortserve" \
       org.opencontainers.image.description="LLM serving over gRPC on ONNX Runtime (CUDA worker)" \
-      org.opencontainers.image.version="${ORTSERVE_VERSION}" \
-      org.opencontainers.image.revision="${ORTSERVE_REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
@@ -106,6 +108,10 @@ ENV ORTSERVE_WORKER_DEVICE=cuda
 USER ortserve
 EXPOSE 50052
 HEALTHCHECK --interval=5s --timeout=3s --retries=30 CMD ["ortserve-probe", "127.0.0.1:50052", "--service", "ortserve.v1.Worker"]
+ARG ORTSERVE_VERSION
+ARG ORTSERVE_REVISION
+LABEL org.opencontainers.image.version="${ORTSERVE_VERSION}" \
+      org.opencontainers.image.revision="${ORTSERVE_REVISION}"
 CMD ["ortserve-worker"]
 
 # --- model preparation (torch; large) -------------------------------------------
@@ -117,4 +123,8 @@ COPY model_tools /app/model_tools
 RUN pip install -r model_tools/requirements.txt \
  && pip install --no-deps -r model_tools/requirements-nodeps.txt
 USER ortserve
+ARG ORTSERVE_VERSION
+ARG ORTSERVE_REVISION
+LABEL org.opencontainers.image.version="${ORTSERVE_VERSION}" \
+      org.opencontainers.image.revision="${ORTSERVE_REVISION}"
 CMD ["python3", "-m", "model_tools.prepare"]
