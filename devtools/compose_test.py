@@ -273,6 +273,11 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
     assert gone in summary["workers"], (gone, summary["workers"])
     t0 = time.monotonic()
     cluster.engine("stop", victim["Id"], timeout_s=120)
+    stopped = cluster.engine.inspect(victim["Id"])["State"]
+    summary["worker_stop"] = {"s": round(time.monotonic() - t0, 1), "exit_code": stopped["ExitCode"]}
+    say(f"stopped {victim['Name']}: exit {stopped['ExitCode']} after {summary['worker_stop']['s']} s")
+    # SIGTERM drains and exits 0; 137 would be the engine's SIGKILL (a grace period too short).
+    assert stopped["ExitCode"] == 0, f"{victim['Name']} was killed, not stopped: {stopped}"
 
     def registered_without_victim() -> list[str] | None:
         ids = [w["worker_id"] for w in grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]["workers"]]

@@ -14,7 +14,9 @@ import yaml
 from ortserve_client import Client
 
 from devtools.cluster import Service, start_service, stop_service, wait_serving
+from scheduler_service.config import SchedulerConfig
 from tests.e2e.conftest import BIN, ROOT, require_model, reserved_bytes
+from worker_service.config import WorkerConfig
 
 COMPOSE = ROOT / "compose.yaml"
 
@@ -70,9 +72,12 @@ def test_compose_describes_the_topology():
         assert "ortserve-probe" in worker["healthcheck"]["test"]
         assert "models:/models:ro" in worker["volumes"]
         assert "ports" not in worker  # scaled workers must not fight over a host port
+        # `stop` must outlast the drain, or the engine's SIGKILL cuts live streams
+        assert int(worker["stop_grace_period"].rstrip("s")) > WorkerConfig.drain_timeout_s
     assert services["worker-cpu"]["profiles"] == ["cpu"]
     assert "ortserve-probe" in services["scheduler"]["healthcheck"]["test"]
     assert services["scheduler"]["ports"]
+    assert int(services["scheduler"]["stop_grace_period"].rstrip("s")) > SchedulerConfig.drain_timeout_s
 
 
 def _as_local(service: dict, overrides: dict[str, str]) -> tuple[list[str], dict[str, str]]:
