@@ -9,9 +9,10 @@ the model volume from the host model cache, brings up the cpu profile with
 two workers, then, only through the published ports: lists services with
 grpcurl (server reflection), generates, asks for more tokens than a worker's
 KV budget holds and sees CAPPED before the first token and in the result,
-sees both workers in GetBudget and the gateway's /v1/models, stops one worker
-container and sees its lease expire, and runs `down -v`, after which no
-container, network or volume of the project may remain. Progress goes to
+sees both workers in GetBudget, the gateway's /v1/models and a chat completion
+through its published port, stops one worker container (it must drain and exit
+0) and sees its lease expire, and runs `down -v`, after which no container,
+network or volume of the project may remain. Progress goes to
 stderr; stdout gets one JSON summary (timings, image sizes).
 
 Exit status: 0 passed; 1 failed; 77 (the automake "skipped" code) when this
@@ -33,6 +34,8 @@ import time
 import tomllib
 import urllib.request
 from pathlib import Path
+
+import yaml
 
 from devtools.container_engine import (
     Engine,
@@ -186,7 +189,7 @@ def run_scenario(engine: Engine, summary: dict) -> None:
         if images[tag]["version_label"] != version:
             raise RuntimeError(f"{tag}: version label {images[tag]['version_label']!r}, want {version}")
     summary["images"] = images
-    check_scheduler_image(engine)
+    check_images(engine)
 
     port, gateway_port = free_port(), free_port()
     env = {**engine.env, "COMPOSE_PROJECT_NAME": PROJECT, "ORTSERVE_PORT": str(port),
@@ -217,14 +220,24 @@ def run_scenario(engine: Engine, summary: dict) -> None:
         down(cluster, summary)
 
 
-def check_scheduler_image(engine: Engine) -> None:
-    """The scheduler image runs as the non-root user and has no ONNX Runtime."""
-    probe = ("import importlib.util as u, os; "
-             "print(os.getuid(), [m for m in ('onnxruntime', 'numpy', 'tokenizers') if u.find_spec(m)])")
-    out = engine("run", "--rm", "--entrypoint", "python3", "ortserve:scheduler", "-c", probe,
-                 timeout_s=120).stdout.split(None, 1)
-    if out[0] == "0" or out[1].strip() != "[]":
-        raise RuntimeError(f"ortserve:scheduler: uid {out[0]}, has {out[1].strip()}; want non-root, none")
+def check_images(engine: Engine) -> None:
+    """What each built image promises: its HEALTHCHECK is compose's (kept through the
+    build format), it runs as a non-root user, and only the workers carry ONNX Runtime
+    (the CPU package in the cpu image)."""
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    probe = ("import importlib.metadata as m, os; d = {x.metadata['Name'].lower() for x in m.distributions()}; "
+             "print(os.getuid(), sorted(d & {'onnxruntime', 'onnxruntime-gpu', 'numpy', 'tokenizers'}))")
+    for image, service, runtime in (("ortserve:scheduler", "scheduler", "[]"),
+                                    ("ortserve:cpu", "worker-cpu", "['numpy', 'onnxruntime', 'tokenizers']")):
+        inspected = engine.inspect(image, kind="image")  # podman: top-level; Docker: in Config
+        check = inspected.get("Healthcheck") or inspected["Config"].get("Healthcheck") or {}
+        if check.get("Test") != services[service]["healthcheck"]["test"]:
+            raise RuntimeError(f"{image}: HEALTHCHECK {check.get('Test')} is not compose.yaml's "
+                               f"{services[service]['healthcheck']['test']}")
+        uid, found = engine("run", "--rm", "--entrypoint", "python3", image, "-c", probe,
+                            timeout_s=120).stdout.strip().split(None, 1)
+        if uid == "0" or found != runtime:
+            raise RuntimeError(f"{image}: uid {uid}, carries {found}; want non-root and {runtime}")
 
 
 def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary: dict) -> None:
@@ -262,6 +275,13 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
 
     models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/v1/models", timeout=10))
     assert models["data"] and models["data"][0]["ortserve"]["workers"] == 2, models
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gateway_port}/v1/chat/completions", headers={"content-type": "application/json"},
+        data=json.dumps({"model": models["data"][0]["id"], "max_tokens": 24, "temperature": 0, "messages": [
+            {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}).encode())
+    completion = json.load(urllib.request.urlopen(request, timeout=120))
+    assert "Paris" in completion["choices"][0]["message"]["content"], completion
+    say(f"gateway: {completion['choices'][0]['message']['content']!r}")
     budget = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]
     # every stream released its lease (grpcurl omits zero fields; the capacity shows the names match)
     assert int(budget["total_capacity_bytes"]) == 2 * int(worker["capacity_bytes"]), budget
