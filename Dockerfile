@@ -29,9 +29,10 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 # A venv rather than the base's site-packages: the same layout on every base
 # (python:3.11-slim, Debian's python3, Ubuntu's externally managed one).
-# /models is created owned by the service user so a fresh named volume is writable.
+# /models is created owned by the service user so a fresh named volume is writable;
+# a home of its own, for what libraries cache under ~ (ORT's telemetry id, transformers).
 RUN python3 -m venv /opt/venv \
- && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home \
+ && useradd --system --uid 10001 --user-group --create-home --home-dir /home/ortserve \
       --shell /usr/sbin/nologin ortserve \
  && mkdir -p /app /models && chown ortserve:ortserve /models
 WORKDIR /app
@@ -94,7 +95,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv \
- && useradd --system --uid 10001 --user-group --home-dir /app --no-create-home \
+ && useradd --system --uid 10001 --user-group --create-home --home-dir /home/ortserve \
       --shell /usr/sbin/nologin ortserve \
  && mkdir -p /app /models && chown ortserve:ortserve /models
 WORKDIR /app

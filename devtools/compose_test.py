@@ -222,11 +222,12 @@ def run_scenario(engine: Engine, summary: dict) -> None:
 
 def check_images(engine: Engine) -> None:
     """What each built image promises: its HEALTHCHECK is compose's (kept through the
-    build format), it runs as a non-root user, and only the workers carry ONNX Runtime
-    (the CPU package in the cpu image)."""
+    build format), it runs as a non-root user with a writable home, and only the
+    workers carry ONNX Runtime (the CPU package in the cpu image)."""
     services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
     probe = ("import importlib.metadata as m, os; d = {x.metadata['Name'].lower() for x in m.distributions()}; "
-             "print(os.getuid(), sorted(d & {'onnxruntime', 'onnxruntime-gpu', 'numpy', 'tokenizers'}))")
+             "print(os.getuid(), os.access(os.path.expanduser('~'), os.W_OK), "
+             "sorted(d & {'onnxruntime', 'onnxruntime-gpu', 'numpy', 'tokenizers'}))")
     for image, service, runtime in (("ortserve:scheduler", "scheduler", "[]"),
                                     ("ortserve:cpu", "worker-cpu", "['numpy', 'onnxruntime', 'tokenizers']")):
         inspected = engine.inspect(image, kind="image")  # podman: top-level; Docker: in Config
@@ -234,10 +235,11 @@ def check_images(engine: Engine) -> None:
         if check.get("Test") != services[service]["healthcheck"]["test"]:
             raise RuntimeError(f"{image}: HEALTHCHECK {check.get('Test')} is not compose.yaml's "
                                f"{services[service]['healthcheck']['test']}")
-        uid, found = engine("run", "--rm", "--entrypoint", "python3", image, "-c", probe,
-                            timeout_s=120).stdout.strip().split(None, 1)
-        if uid == "0" or found != runtime:
-            raise RuntimeError(f"{image}: uid {uid}, carries {found}; want non-root and {runtime}")
+        uid, home_writable, found = engine("run", "--rm", "--entrypoint", "python3", image, "-c", probe,
+                                           timeout_s=120).stdout.strip().split(None, 2)
+        if uid == "0" or home_writable != "True" or found != runtime:
+            raise RuntimeError(f"{image}: uid {uid}, home writable {home_writable}, carries {found}; "
+                               f"want non-root, a writable home and {runtime}")
 
 
 def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary: dict) -> None:

@@ -262,6 +262,19 @@ def test_images_are_dockerfile_targets_and_each_overlay_picks_its_device():
     assert find(gpu, "Deployment", "ortserve-scheduler") == find(cpu, "Deployment", "ortserve-scheduler")
 
 
+def test_every_pod_runs_as_the_images_non_root_user(overlay):
+    uid = int(re.search(r"useradd .*--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1))
+    _, objects = overlay
+    for o in objects:
+        if o["kind"] == "Deployment":
+            spec = o["spec"]["template"]["spec"]
+            assert spec["securityContext"]["runAsNonRoot"] is True
+            assert spec["securityContext"]["runAsUser"] == uid == spec["securityContext"]["fsGroup"]
+            for c in spec["containers"] + spec.get("initContainers", []):
+                assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}}, c["name"]
+
+
 def test_one_scheduler_a_disruption_budget_and_resources_everywhere(overlay):
     _, objects = overlay
     scheduler = find(objects, "Deployment", "ortserve-scheduler")["spec"]
