@@ -189,6 +189,9 @@ def run_scenario(engine: Engine, summary: dict) -> None:
         if images[tag]["version_label"] != version:
             raise RuntimeError(f"{tag}: version label {images[tag]['version_label']!r}, want {version}")
     summary["images"] = images
+    # Rebuilds leave the previous ortserve images untagged; drop those (only ours).
+    engine("image", "prune", "-f", "--filter", "label=org.opencontainers.image.title=ortserve",
+           check=False)
     check_images(engine)
 
     port, gateway_port = free_port(), free_port()
