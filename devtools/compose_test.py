@@ -116,14 +116,13 @@ class Cluster:
         return result
 
     def containers(self, service: str | None = None, all_states: bool = False) -> list[dict]:
-        args = ["ps", "--format", "json", "--filter", f"label=com.docker.compose.project={PROJECT}"]
+        # IDs only: `ps --format json` differs between Docker and podman
+        args = ["ps", "--format", "{{.ID}}", "--filter", f"label=com.docker.compose.project={PROJECT}"]
         if service:
             args += ["--filter", f"label=com.docker.compose.service={service}"]
         if all_states:
             args.append("--all")
-        out = self.engine(*args).stdout.strip()
-        listed = json.loads(out) if out.startswith("[") else [json.loads(x) for x in out.splitlines()]
-        return [self.engine.inspect(c.get("Id") or c["ID"]) for c in listed]
+        return [self.engine.inspect(ref) for ref in self.engine(*args).stdout.split()]
 
     def health(self, container: dict) -> str:
         state = container["State"]

@@ -57,9 +57,25 @@ def available_memory_bytes() -> int:
 
 
 def free_cuda_memory_bytes(device_id: int) -> int:
-    out = subprocess.run(["nvidia-smi", f"--id={device_id}", "--query-gpu=memory.free",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[0]) * 2**20
+    """Free memory on GPU `device_id`, from nvidia-smi: the CUDA path's budget base when
+    no --kv-budget is given. Without a driver in sight that is a device error."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        raise DeviceUnavailable(
+            "--device cuda without --kv-budget sizes the KV budget from the GPU's free memory, "
+            "read with nvidia-smi, which is not on PATH: no NVIDIA driver is visible here (in a "
+            "container, attach the GPU: docker run --gpus all, compose's device reservation, "
+            "the NVIDIA container toolkit); or give --kv-budget, or use --device cpu")
+    command = [tool, f"--id={device_id}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines or not lines[0].strip().isdigit():
+        said = (out.stderr or out.stdout).strip()[:300] or "nothing"
+        raise DeviceUnavailable(
+            f"nvidia-smi could not report the free memory of GPU {device_id} (exit "
+            f"{out.returncode}: {said}); check the GPUs with `nvidia-smi -L` and --device-id, "
+            f"or give --kv-budget")
+    return int(lines[0]) * 2**20
 
 
 def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1

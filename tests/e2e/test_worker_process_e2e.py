@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -23,6 +25,33 @@ def test_a_kv_budget_that_cannot_hold_one_request_is_refused_at_start(budget):
     assert "--kv-budget" in out.stderr and "raise --kv-budget to at least" in out.stderr
     # stderr is not a terminal here, so logs are JSON: every line, the fatal one too.
     assert all(json.loads(line) for line in out.stderr.splitlines() if line.strip())
+
+
+@pytest.mark.parametrize("fake_smi", [None, "#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n"],
+                         ids=["no-nvidia-smi", "nvidia-smi-fails"])
+def test_cuda_without_a_driver_is_a_device_error_naming_the_way_out(tmp_path, fake_smi):
+    """--device cuda with no --kv-budget reads the GPU's free memory: with no driver in sight
+    (a container started without its GPU) that is a named device error, not a traceback."""
+    if shutil.which("nvidia-smi") and fake_smi is None:
+        pytest.skip("nvidia-smi is installed here")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if fake_smi is not None:
+        (bin_dir / "nvidia-smi").write_text(fake_smi)
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-m", "worker_service", "--model-dir", str(prepared_model_dir("tiny-llama")),
+         "--port", "0", "--scheduler", "127.0.0.1:9", "--device", "cuda", "--threads", "1"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    fatal = [json.loads(line) for line in out.stderr.splitlines() if line.strip()][-1]
+    assert fatal["kind"] == "DeviceUnavailable", fatal
+    if fake_smi is None:
+        assert "nvidia-smi, which is not on PATH" in fatal["error"] and "--gpus all" in fatal["error"]
+    else:
+        assert "exit 6: No devices were found" in fatal["error"] and "nvidia-smi -L" in fatal["error"]
+    assert "--kv-budget" in fatal["error"]
 
 
 def test_device_auto_resolves_to_what_really_runs_and_info_says_so(tmp_path):
