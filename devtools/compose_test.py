@@ -85,6 +85,12 @@ def grpcurl(port: int, method: str, body: dict | None = None) -> list[dict]:
     return [json.loads(doc) for doc in re.split(r"(?<=})\n(?={)", result.stdout.strip())]
 
 
+def expect(condition: object, detail: object) -> None:
+    """An assertion that `python -O` keeps: a failed check raises, naming what was seen."""
+    if not condition:
+        raise AssertionError(detail)
+
+
 def wait_for(what: str, probe, timeout_s: float, interval_s: float = 1.0):
     """Poll probe() until it returns something truthy; its value, or TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout_s
@@ -246,10 +252,12 @@ def check_images(engine: Engine) -> None:
 
 def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary: dict) -> None:
     services = {d["service"] for d in grpcurl(port, "list")}
-    assert {"ortserve.v1.Scheduler", "grpc.health.v1.Health"} <= services, services
-    budget = wait_for("both workers in GetBudget", lambda: (
-        b := grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]).get("workers", []) and
-        len(b["workers"]) == 2 and b, 120)
+    expect({"ortserve.v1.Scheduler", "grpc.health.v1.Health"} <= services, services)
+    def budget_with_two_workers() -> dict | None:
+        budget = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]
+        return budget if len(budget.get("workers", [])) == 2 else None
+
+    budget = wait_for("both workers in GetBudget", budget_with_two_workers, 120)
     summary["workers"] = [w["worker_id"] for w in budget["workers"]]
     say(f"GetBudget: workers {summary['workers']}")
 
@@ -257,8 +265,8 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
                 "What is the capital of France? Answer in one sentence."}]}}
     events = grpcurl(port, "ortserve.v1.Scheduler/Generate", {**question, "max_new_tokens": 24})
     text = "".join(e["chunk"].get("text", "") for e in events if "chunk" in e)
-    assert events[0]["admission"]["decision"] == "ADMITTED", events[0]
-    assert "Paris" in text and "finished" in events[-1], events
+    expect(events[0]["admission"]["decision"] == "ADMITTED", events[0])
+    expect("Paris" in text and "finished" in events[-1], events)
     summary["generation"] = {"text": text, "finish": events[-1]["finished"].get("finish_reason")}
     say(f"Generate: {text!r}")
 
@@ -269,39 +277,39 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
                      {**question, "max_new_tokens": asked, "stop": ["."]})
     admission = events[0]["admission"]
     cap = admission.get("budget_cap", {})
-    assert admission["decision"] == "CAPPED", admission
-    assert int(cap["requested_max_new_tokens"]) == asked > int(cap["admitted_max_new_tokens"]), cap
-    assert events[-1]["finished"]["budget_cap"] == cap, events[-1]
+    expect(admission["decision"] == "CAPPED", admission)
+    expect(int(cap["requested_max_new_tokens"]) == asked > int(cap["admitted_max_new_tokens"]), cap)
+    expect(events[-1]["finished"]["budget_cap"] == cap, events[-1])
     summary["capped"] = {"requested_max_new_tokens": asked,
                          "admitted_max_new_tokens": int(cap["admitted_max_new_tokens"]),
                          "reason": cap["reason"]}
     say(f"CAPPED: {asked} -> {cap['admitted_max_new_tokens']} ({cap['reason']})")
 
     models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/v1/models", timeout=10))
-    assert models["data"] and models["data"][0]["ortserve"]["workers"] == 2, models
+    expect(models["data"] and models["data"][0]["ortserve"]["workers"] == 2, models)
     request = urllib.request.Request(
         f"http://127.0.0.1:{gateway_port}/v1/chat/completions", headers={"content-type": "application/json"},
         data=json.dumps({"model": models["data"][0]["id"], "max_tokens": 24, "temperature": 0, "messages": [
             {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}).encode())
     completion = json.load(urllib.request.urlopen(request, timeout=120))
-    assert "Paris" in completion["choices"][0]["message"]["content"], completion
+    expect("Paris" in completion["choices"][0]["message"]["content"], completion)
     say(f"gateway: {completion['choices'][0]['message']['content']!r}")
     budget = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]
     # every stream released its lease (grpcurl omits zero fields; the capacity shows the names match)
-    assert int(budget["total_capacity_bytes"]) == 2 * int(worker["capacity_bytes"]), budget
-    assert int(budget.get("total_reserved_bytes", 0)) == 0 and not budget.get("total_leases"), budget
+    expect(int(budget["total_capacity_bytes"]) == 2 * int(worker["capacity_bytes"]), budget)
+    expect(int(budget.get("total_reserved_bytes", 0)) == 0 and not budget.get("total_leases"), budget)
 
     # Stop one worker container: it stops heartbeating, and its registration expires.
     victim = cluster.containers("worker-cpu")[0]
     gone = f"{victim['Config']['Hostname']}-50052"  # the default worker_id: <hostname>-<port>
-    assert gone in summary["workers"], (gone, summary["workers"])
+    expect(gone in summary["workers"], (gone, summary["workers"]))
     t0 = time.monotonic()
     cluster.engine("stop", victim["Id"], timeout_s=120)
     stopped = cluster.engine.inspect(victim["Id"])["State"]
     summary["worker_stop"] = {"s": round(time.monotonic() - t0, 1), "exit_code": stopped["ExitCode"]}
     say(f"stopped {victim['Name']}: exit {stopped['ExitCode']} after {summary['worker_stop']['s']} s")
     # SIGTERM drains and exits 0; 137 would be the engine's SIGKILL (a grace period too short).
-    assert stopped["ExitCode"] == 0, f"{victim['Name']} was killed, not stopped: {stopped}"
+    expect(stopped["ExitCode"] == 0, f"{victim['Name']} was killed, not stopped: {stopped}")
 
     def registered_without_victim() -> list[str] | None:
         ids = [w["worker_id"] for w in grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]["workers"]]
@@ -309,7 +317,7 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
 
     left = wait_for(f"{gone} to leave GetBudget", registered_without_victim, 3 * LEASE_TTL_S + 30)
     summary["worker_stop_to_expiry_s"] = round(time.monotonic() - t0, 1)
-    assert len(left) == 1, left
+    expect(len(left) == 1, left)
     say(f"{gone} expired {summary['worker_stop_to_expiry_s']:.0f} s after `stop`; left: {left}")
 
 

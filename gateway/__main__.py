@@ -37,6 +37,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--port", type=int, default=_env("port", d.port), help="HTTP port; 0 picks a free one")
     p.add_argument("--scheduler", default=_env("scheduler", os.environ.get(
         "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address)), help="the scheduler's host:port")
+    p.add_argument("--cacert", default=_env("cacert", d.scheduler_cacert),
+                   help="TLS to the scheduler: the CA (PEM) its certificate chains to; "
+                        "empty: plaintext")
     p.add_argument("--request-timeout-s", type=float,
                    default=_env("request_timeout_s", d.request_timeout_s),
                    help="deadline of one generation's gRPC call")
@@ -50,7 +53,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
+    if a.cacert and not os.path.isfile(a.cacert):
+        p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
+                f"certificate chains to; env {_ENV}CACERT)")
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
+                         scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
                          log_level=a.log_level, log_json=a.log_json)
 

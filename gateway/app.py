@@ -14,6 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from ortserve.tls import channel_credentials
+
 from . import responses
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error, model_not_found
@@ -34,8 +36,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         nonlocal upstream
+        credentials = channel_credentials(config.scheduler_cacert) if config.scheduler_cacert else None
         upstream = Upstream(config.scheduler_address, config.request_timeout_s,
-                            config.models_cache_s)
+                            config.models_cache_s, credentials)
         yield
         await upstream.close()
 
@@ -54,8 +57,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
         return await _generate("completion", request, upstream)
 
     @app.get("/v1/models")
-    async def models():
-        served = await _call(upstream.models())
+    async def models(request: Request):
+        served = await _call(upstream.models(_passed_through(request)))
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "ortserve",
              "ortserve": {"workers": len(workers),
@@ -65,12 +68,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        # Ready means a request could be served now: the scheduler answers and
-        # at least one worker is registered.
-        budget = await _call(upstream.budget(timeout_s=2.0))
-        body = {"scheduler": upstream.address, "workers": len(budget.workers)}
-        if not budget.workers:
-            return JSONResponse({**body, "status": "no_worker"}, status_code=503)
+        # Ready means a request could be served now: the scheduler answers, has a
+        # worker registered and is not draining. Its grpc.health status says exactly
+        # that and needs no API key (the gateway holds none of its own).
+        body = {"scheduler": upstream.address, "tls": upstream.tls}
+        if not await _call(upstream.ready()):
+            return JSONResponse({**body, "status": "not_ready"}, status_code=503)
         return {**body, "status": "ok"}
 
     return app
@@ -86,7 +89,7 @@ async def _call(awaitable):
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream):
     parsed = _parse(kind, await _json_body(request))
-    served = await _call(upstream.models())
+    served = await _call(upstream.models(_passed_through(request)))
     # With no worker there is nothing to check against: the scheduler's
     # NO_WORKER (503) is the honest answer.
     if served and parsed.model not in served:

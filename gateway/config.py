@@ -10,6 +10,9 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port
     scheduler_address: str = "127.0.0.1:50051"
+    # The CA (PEM) the scheduler's certificate chains to: TLS to the scheduler.
+    # Empty: plaintext (the local demo). Callers' API keys travel as metadata.
+    scheduler_cacert: str = ""
     # Bounds one whole generation on the gRPC side; a client that waits
     # longer than this gets a 504, never a stream that silently hangs.
     request_timeout_s: float = 600.0

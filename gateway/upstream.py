@@ -7,8 +7,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+
+SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
 class StreamBroken(Exception):
@@ -41,14 +45,19 @@ class OpenStream:
 class Upstream:
     """The scheduler, seen from the gateway."""
 
-    def __init__(self, address: str, request_timeout_s: float, models_cache_s: float) -> None:
+    def __init__(self, address: str, request_timeout_s: float, models_cache_s: float,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """`credentials`: TLS to the scheduler (None: plaintext)."""
         self.address = address
+        self.tls = credentials is not None
         self._timeout_s = request_timeout_s
         self._models_cache_s = models_cache_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = secure_or_insecure_channel(address, credentials)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-        self._budget: scheduler_pb2.Budget | None = None
-        self._budget_at_s = 0.0
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        # GetBudget answers per caller key (with API keys on, the scheduler checks
+        # each): cached per key, so one caller's answer is never another's.
+        self._budgets: dict[tuple, tuple[float, scheduler_pb2.Budget]] = {}
 
     async def open(self, request: types_pb2.GenerateRequest,
                    metadata: Sequence[tuple[str, str]] = ()) -> OpenStream:
@@ -69,16 +78,31 @@ class Upstream:
             raise StreamBroken("the scheduler's stream did not start with an Admission")
         return OpenStream(call, first.admission)
 
-    async def budget(self, timeout_s: float = 5.0) -> scheduler_pb2.Budget:
-        return await self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=timeout_s)
+    async def budget(self, timeout_s: float = 5.0,
+                     metadata: Sequence[tuple[str, str]] = ()) -> scheduler_pb2.Budget:
+        return await self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=timeout_s,
+                                          metadata=tuple(metadata))
 
-    async def models(self) -> dict[str, list[scheduler_pb2.WorkerBudget]]:
-        """Served model name -> its workers, from GetBudget (cached briefly)."""
+    async def ready(self, timeout_s: float = 2.0) -> bool:
+        """The scheduler's own readiness (grpc.health.v1, open without a key): SERVING
+        while it has a worker to place on and is not draining."""
+        reply = await self._health.Check(health_pb2.HealthCheckRequest(service=SCHEDULER_SERVICE),
+                                         timeout=timeout_s)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def models(self, metadata: Sequence[tuple[str, str]] = ()
+                     ) -> dict[str, list[scheduler_pb2.WorkerBudget]]:
+        """Served model name -> its workers, from GetBudget with the caller's key (cached
+        briefly, per key)."""
         now_s = time.monotonic()
-        if self._budget is None or now_s - self._budget_at_s > self._models_cache_s:
-            self._budget, self._budget_at_s = await self.budget(), now_s
+        key = tuple(metadata)
+        cached = self._budgets.get(key)
+        if cached is None or now_s - cached[0] > self._models_cache_s:
+            if len(self._budgets) > 1024:  # many keys: forget them all rather than grow
+                self._budgets.clear()
+            cached = self._budgets[key] = (now_s, await self.budget(metadata=metadata))
         served: dict[str, list[scheduler_pb2.WorkerBudget]] = {}
-        for worker in self._budget.workers:
+        for worker in cached[1].workers:
             served.setdefault(worker.model, []).append(worker)
         return served
 

@@ -40,6 +40,8 @@ def test_compose_file_is_valid_for_docker_compose():
     assert result.returncode == 0, result.stderr
     merged = yaml.safe_load(result.stdout)["services"]
     assert merged["scheduler"]["environment"]["ORTSERVE_SCHEDULER_TLS_CA"] == "/secrets/ca.pem"
+    assert merged["gateway"]["environment"]["ORTSERVE_GATEWAY_CACERT"] == "/secrets/ca.pem"
+    assert merged["gateway"]["environment"]["ORTSERVE_SCHEDULER_ADDRESS"] == "scheduler:50051"
     for worker in ("worker", "worker-cpu"):
         env = merged[worker]["environment"]
         assert env["ORTSERVE_WORKER_TLS_CERT"] == "/secrets/worker.pem"

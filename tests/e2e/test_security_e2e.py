@@ -11,12 +11,16 @@ import os
 import re
 import shutil
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
 import grpc
+import openai
 import pytest
 from ortserve_client import Client
 
-from devtools.cluster import LocalCluster
+from devtools.cluster import LocalCluster, start_service, stop_service
 from ortserve.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from tests.certs import make_certs
 from tests.e2e.conftest import BIN, ROOT, grpcurl, require_model
@@ -91,6 +95,52 @@ def test_the_python_client_and_cli_generate_over_tls_with_a_key(secure):
         env={k: v for k, v in os.environ.items() if k != "ORTSERVE_API_KEY"},
         capture_output=True, text=True, timeout=60)
     assert without.returncode == 1 and "UNAUTHENTICATED" in without.stderr
+
+
+def test_the_gateway_reaches_a_tls_scheduler_with_each_callers_key(secure, tmp_path):
+    """--cacert: TLS to the scheduler; every caller's key travels on (the model list and
+    the model check included), and /health needs none (grpc.health is open)."""
+    cluster, certs = secure
+    gateway = start_service("gateway", [str(BIN / "ortserve-gateway"), "--port", "0", "--scheduler",
+                                        cluster.address.replace("127.0.0.1", "localhost"),
+                                        "--cacert", certs.ca], tmp_path)
+    try:
+        health = wait_for_health(gateway)
+        assert health == {"scheduler": cluster.address.replace("127.0.0.1", "localhost"),
+                          "tls": True, "status": "ok"}
+        base_url = f"http://{gateway.address}/v1"
+        with openai.OpenAI(base_url=base_url, api_key=GENERATE_KEY, timeout=120) as client:
+            assert [m.id for m in client.models.list().data] == [require_model().name]
+            answer = client.chat.completions.create(
+                model=require_model().name, max_tokens=24, temperature=0,
+                messages=[{"role": "user", "content": CHAT[0][1]}])
+            assert "Paris" in answer.choices[0].message.content
+        with openai.OpenAI(base_url=base_url, api_key="not-a-key", timeout=60, max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError):
+                client.models.list()
+            with pytest.raises(openai.AuthenticationError):
+                client.chat.completions.create(model=require_model().name, max_tokens=4,
+                                               messages=[{"role": "user", "content": "Hi"}])
+    finally:
+        stop_service(gateway)
+
+
+def wait_for_health(gateway, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{gateway.address}/health", timeout=2) as reply:
+                return json.loads(reply.read())
+        except (urllib.error.URLError, ConnectionError) as error:
+            if time.monotonic() > deadline:
+                pytest.fail(f"gateway /health: {error}; {gateway.log_tail()}")
+        time.sleep(0.2)
+
+
+def test_a_gateway_cacert_that_is_not_a_file_is_refused_naming_the_flag():
+    out = subprocess.run([str(BIN / "ortserve-gateway"), "--cacert", "/nonexistent/ca.pem"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--cacert '/nonexistent/ca.pem' is not a readable file" in out.stderr
 
 
 def test_the_node_client_generates_over_tls_with_a_key(secure):
