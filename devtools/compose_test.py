@@ -2,18 +2,28 @@
 
   .venv/bin/python -m devtools.compose_test   (make compose-test)
 
-Runs the README's "Local clusters" commands (the block between its
-compose-commands markers; `docker` becomes this machine's engine, see
-devtools/container_engine.py): builds the scheduler and cpu images, seeds
-the model volume from the host model cache, brings up the cpu profile with
-two workers, then, only through the published ports: lists services with
-grpcurl (server reflection), generates, asks for more tokens than a worker's
-KV budget holds and sees CAPPED before the first token and in the result,
-sees both workers in GetBudget, the gateway's /v1/models and a chat completion
-through its published port, stops one worker container (it must drain and exit
-0) and sees its lease expire, and runs `down -v`, after which no container,
-network or volume of the project may remain. Progress goes to
-stderr; stdout gets one JSON summary (timings, image sizes).
+Runs the README's "Local clusters" commands (its compose-commands and
+compose-tls-commands blocks; `docker` becomes this machine's engine, see
+devtools/container_engine.py) and checks the clusters only through their
+published ports:
+
+1. Builds the scheduler and cpu images and checks what each promises
+   (HEALTHCHECK as compose's, a non-root user with a writable home, ONNX
+   Runtime only in the worker).
+2. The cpu profile with two workers, the model volume seeded from the host
+   cache: grpcurl lists the services (reflection) and generates; a request for
+   more tokens than a worker's 32 MiB KV budget holds is CAPPED before the
+   first token and in the result; GetBudget shows both workers and nothing
+   reserved afterwards; the gateway lists the model and answers a chat
+   completion; one worker container is stopped (it must drain and exit 0) and
+   its registration expires.
+3. The same with compose.tls.yaml and one worker: certificates and an API key
+   made for the run, TLS on every channel, mutual TLS to the worker, health
+   checks over TLS; grpcurl with the CA lists without a key, is refused
+   GetBudget without one, generates with it; the gateway dials the scheduler
+   over TLS and answers a caller with the key, refuses one without.
+After each, `down -v` must leave no container, network or volume of the
+project. Progress goes to stderr; stdout gets one JSON summary.
 
 Exit status: 0 passed; 1 failed; 77 (the automake "skipped" code) when this
 machine cannot run containers at all (container_engine.EngineUnavailable),
@@ -25,120 +35,42 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import yaml
 
+from devtools.compose_cluster import (
+    ROOT,
+    Cluster,
+    documented_commands,
+    expect,
+    free_port,
+    grpcurl,
+    wait_for,
+)
 from devtools.container_engine import (
     Engine,
     EngineUnavailable,
-    HealthcheckRunner,
     base_image,
     open_engine,
     say,
     smoke_test,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "ortserve-compose-test"
-GRPCURL = Path(sys.executable).parent / "grpcurl"
 # Small enough that a long request is capped: 32 MiB is ~700 tokens of SmolLM2-135M fp32.
 WORKER_KV_BUDGET = "32MiB"
 LEASE_TTL_S = 10  # compose.yaml's ORTSERVE_SCHEDULER_LEASE_TTL_S
-
-
-def documented_commands() -> list[list[str]]:
-    """The README's compose commands, as argv lists (lines starting with `docker`)."""
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- compose-commands -->\s*```(?:bash|sh)?\n(.*?)```", text, re.S)
-    if block is None:
-        raise RuntimeError("README.md lost its compose-commands block")
-    return [shlex.split(line.split("#", 1)[0]) for line in block.group(1).splitlines()
-            if line.startswith("docker ")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def grpcurl(port: int, method: str, body: dict | None = None) -> list[dict]:
-    """One call through the published port; the JSON documents it printed."""
-    argv = [str(GRPCURL), "-plaintext", "-max-time", "300"]
-    if body is not None:
-        argv += ["-d", json.dumps(body)]
-    argv += [f"127.0.0.1:{port}", method]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=320)
-    if result.returncode != 0:
-        raise RuntimeError(f"grpcurl {method} failed: {result.stderr.strip()}")
-    if method == "list":
-        return [{"service": s} for s in result.stdout.split()]
-    return [json.loads(doc) for doc in re.split(r"(?<=})\n(?={)", result.stdout.strip())]
-
-
-def expect(condition: object, detail: object) -> None:
-    """An assertion that `python -O` keeps: a failed check raises, naming what was seen."""
-    if not condition:
-        raise AssertionError(detail)
-
-
-def wait_for(what: str, probe, timeout_s: float, interval_s: float = 1.0):
-    """Poll probe() until it returns something truthy; its value, or TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-            if last:
-                return last
-        except Exception as error:  # noqa: BLE001 - a probe failing is "not yet"
-            last = error
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s (last: {last!r})")
-
-
-class Cluster:
-    """The compose project: containers, their health, and `down`."""
-
-    def __init__(self, engine: Engine, compose_argv: list[str], env: dict[str, str]):
-        self.engine, self.env = engine, env
-        # everything before `up`: the files and profiles the documented command names
-        self.prefix = compose_argv[:compose_argv.index("up")]
-
-    def compose(self, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
-        result = subprocess.run([*self.engine.compose, *self.prefix, *args], env=self.env,
-                                cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        if result.returncode != 0:
-            raise RuntimeError(f"compose {' '.join(args)} failed:\n{result.stderr[-4000:]}")
-        return result
-
-    def containers(self, service: str | None = None, all_states: bool = False) -> list[dict]:
-        # IDs only: `ps --format json` differs between Docker and podman
-        args = ["ps", "--format", "{{.ID}}", "--filter", f"label=com.docker.compose.project={PROJECT}"]
-        if service:
-            args += ["--filter", f"label=com.docker.compose.service={service}"]
-        if all_states:
-            args.append("--all")
-        return [self.engine.inspect(ref) for ref in self.engine(*args).stdout.split()]
-
-    def health(self, container: dict) -> str:
-        state = container["State"]
-        return (state.get("Health") or state.get("Healthcheck") or {}).get("Status", "none")
-
-    def logs(self) -> str:
-        try:
-            return self.compose("logs", "--no-color", timeout_s=120).stdout[-8000:]
-        except (RuntimeError, subprocess.TimeoutExpired) as error:
-            return f"(no logs: {error})"
+API_KEY = "generate-compose-test-0123456789"
+FRANCE = "What is the capital of France? Answer in one sentence."
+IMAGE_UID = 10001  # the Dockerfile's service user
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,7 +88,16 @@ def main(argv: list[str] | None = None) -> None:
                          "healthchecks_run_by": "engine" if engine.runs_healthchecks
                          else "devtools.container_engine.HealthcheckRunner (no systemd)"}
     try:
-        run_scenario(engine, summary)
+        build_images(engine, summary)
+        run_cluster(engine, "compose-commands", PROJECT, {}, {"worker-cpu": 2},
+                    check_plain_cluster, summary.setdefault("plain", {}))
+        with tempfile.TemporaryDirectory(prefix="ortserve-secrets-") as secrets:
+            make_secrets(Path(secrets))
+            run_cluster(engine, "compose-tls-commands", f"{PROJECT}-tls",
+                        {"ORTSERVE_SECRETS_DIR": secrets,
+                         "ORTSERVE_WORKER_ADVERTISE_ADDRESS": "worker-cpu:50052"},
+                        {"worker-cpu": 1}, lambda c, p, g, s: check_tls_cluster(c, p, g, s, secrets),
+                        summary.setdefault("tls", {}))
     except EngineUnavailable as error:
         say(f"SKIPPED: {error}")
         sys.exit(77)
@@ -167,15 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=2))
 
 
-def run_scenario(engine: Engine, summary: dict) -> None:
+def build_images(engine: Engine, summary: dict) -> None:
+    """The README's `docker build` lines on this machine's base, with the version labels."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True).stdout.strip() or "unknown"
-    commands = documented_commands()
-    builds = [c for c in commands if c[:2] == ["docker", "build"]]
-    ups = [c for c in commands if c[:2] == ["docker", "compose"] and "up" in c]
-    if not builds or len(ups) != 1:
-        raise RuntimeError(f"README compose-commands: want docker build lines and one compose up, got {commands}")
+    builds = [c for c in documented_commands("compose-commands") if c[:2] == ["docker", "build"]]
+    expect(builds, "README compose-commands has no docker build line")
     base = base_image(engine)
     smoke_test(engine, base)
     summary["base_image"] = base
@@ -191,41 +130,54 @@ def run_scenario(engine: Engine, summary: dict) -> None:
         images[tag] = {"build_s": round(time.monotonic() - t0, 1),
                        "size_mb": round(engine.image_size_bytes(tag) / 1e6),
                        "version_label": labels.get("org.opencontainers.image.version")}
-        if images[tag]["version_label"] != version:
-            raise RuntimeError(f"{tag}: version label {images[tag]['version_label']!r}, want {version}")
+        expect(images[tag]["version_label"] == version,
+               f"{tag}: version label {images[tag]['version_label']!r}, want {version}")
     summary["images"] = images
     # Rebuilds leave the previous ortserve images untagged; drop those (only ours).
     engine("image", "prune", "-f", "--filter", "label=org.opencontainers.image.title=ortserve",
            check=False)
     check_images(engine)
 
+
+def run_cluster(engine: Engine, marker: str, project: str, env: dict[str, str],
+                workers: dict[str, int], check, summary: dict) -> None:
+    """Bring up the README block's one `compose ... up` command, run `check` through the
+    published ports, then `down -v` (always), which must leave nothing."""
+    ups = [c for c in documented_commands(marker) if c[:2] == ["docker", "compose"] and "up" in c]
+    expect(len(ups) == 1, f"README {marker}: want one docker compose ... up line, got {ups}")
     port, gateway_port = free_port(), free_port()
-    env = {**engine.env, "COMPOSE_PROJECT_NAME": PROJECT, "ORTSERVE_PORT": str(port),
-           "ORTSERVE_GATEWAY_PORT": str(gateway_port), "ORTSERVE_WORKER_KV_BUDGET": WORKER_KV_BUDGET,
-           "ORTSERVE_MODEL_CACHE": os.environ.get("ORTSERVE_MODEL_CACHE",
-                                                  str(Path.home() / ".cache" / "ortserve"))}
-    up = ups[0]
-    cluster = Cluster(engine, up[2:], env)
-    up_args = up[2 + len(cluster.prefix):]  # "up", "--scale", "worker-cpu=2"
-    # A run killed before its `down` leaves the project behind: start from nothing.
-    cluster.compose("down", "-v", "--remove-orphans", timeout_s=300)
+    cluster = Cluster(engine, project, ups[0], {
+        **env, "ORTSERVE_PORT": str(port), "ORTSERVE_GATEWAY_PORT": str(gateway_port),
+        "ORTSERVE_WORKER_KV_BUDGET": WORKER_KV_BUDGET,
+        "ORTSERVE_MODEL_CACHE": os.environ.get("ORTSERVE_MODEL_CACHE",
+                                               str(Path.home() / ".cache" / "ortserve"))})
     try:
-        with HealthcheckRunner(engine, PROJECT):
-            say(f"{' '.join(up)} -d (scheduler on 127.0.0.1:{port}, gateway on :{gateway_port})")
-            t0 = time.monotonic()
-            cluster.compose(up_args[0], "-d", *up_args[1:])
-            wanted = {"scheduler": 1, "gateway": 1, "worker-cpu": 2}
-            for service, count in wanted.items():
-                wait_for(f"{count} healthy {service} container(s)", lambda s=service, n=count: len(
-                    [c for c in cluster.containers(s) if cluster.health(c) == "healthy"]) == n, 300)
-            summary["up_to_healthy_s"] = round(time.monotonic() - t0, 1)
-            say(f"all healthy after {summary['up_to_healthy_s']:.0f} s")
-            check_through_ports(cluster, port, gateway_port, summary)
+        summary["up_to_healthy_s"] = cluster.up({"scheduler": 1, "gateway": 1, **workers})
+        say(f"all healthy after {summary['up_to_healthy_s']:.0f} s (scheduler on 127.0.0.1:{port}, "
+            f"gateway on :{gateway_port})")
+        check(cluster, port, gateway_port, summary)
     except Exception:
         say("failed; the project's logs:\n" + cluster.logs())
         raise
     finally:
-        down(cluster, summary)
+        summary["left_after_down"] = cluster.down()
+
+
+def make_secrets(folder: Path) -> None:
+    """compose.tls.yaml's files: a CA, the scheduler's certificate (the names it is dialed
+    by: `scheduler`, and 127.0.0.1 for its health check and the published port), the
+    worker's (`worker-cpu`, its advertised name, and 127.0.0.1), and keys.txt. Readable by
+    the images' user, as the README asks of a real secrets folder."""
+    from tests.certs import make_certs  # trustme: a dev dependency, like this whole module
+
+    make_certs(folder, scheduler_hosts=("scheduler", "127.0.0.1", "localhost"),
+               worker_hosts=("worker-cpu", "127.0.0.1"))
+    (folder / "keys.txt").write_text(f"generate:{API_KEY}\n")
+    for path in [folder, *folder.iterdir()]:
+        if os.geteuid() == 0:
+            os.chown(path, IMAGE_UID, IMAGE_UID)
+        else:  # cannot give it away: world-readable, in a folder only this run knows
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def check_images(engine: Engine) -> None:
@@ -250,7 +202,8 @@ def check_images(engine: Engine) -> None:
                                f"want non-root, a writable home and {runtime}")
 
 
-def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary: dict) -> None:
+def check_plain_cluster(cluster: Cluster, port: int, gateway_port: int, summary: dict) -> None:
+    """Two workers, no TLS: reflection, a generation, a cap, the gateway, a stopped worker."""
     services = {d["service"] for d in grpcurl(port, "list")}
     expect({"ortserve.v1.Scheduler", "grpc.health.v1.Health"} <= services, services)
     def budget_with_two_workers() -> dict | None:
@@ -261,8 +214,7 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
     summary["workers"] = [w["worker_id"] for w in budget["workers"]]
     say(f"GetBudget: workers {summary['workers']}")
 
-    question = {"chat": {"messages": [{"role": "user", "content":
-                "What is the capital of France? Answer in one sentence."}]}}
+    question = {"chat": {"messages": [{"role": "user", "content": FRANCE}]}}
     events = grpcurl(port, "ortserve.v1.Scheduler/Generate", {**question, "max_new_tokens": 24})
     text = "".join(e["chunk"].get("text", "") for e in events if "chunk" in e)
     expect(events[0]["admission"]["decision"] == "ADMITTED", events[0])
@@ -287,11 +239,7 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
 
     models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/v1/models", timeout=10))
     expect(models["data"] and models["data"][0]["ortserve"]["workers"] == 2, models)
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{gateway_port}/v1/chat/completions", headers={"content-type": "application/json"},
-        data=json.dumps({"model": models["data"][0]["id"], "max_tokens": 24, "temperature": 0, "messages": [
-            {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}).encode())
-    completion = json.load(urllib.request.urlopen(request, timeout=120))
+    completion = gateway_chat(gateway_port)
     expect("Paris" in completion["choices"][0]["message"]["content"], completion)
     say(f"gateway: {completion['choices'][0]['message']['content']!r}")
     budget = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {})[0]
@@ -321,19 +269,52 @@ def check_through_ports(cluster: Cluster, port: int, gateway_port: int, summary:
     say(f"{gone} expired {summary['worker_stop_to_expiry_s']:.0f} s after `stop`; left: {left}")
 
 
-def down(cluster: Cluster, summary: dict) -> None:
-    say("down -v")
-    cluster.compose("down", "-v", "--remove-orphans", timeout_s=300)
-    leftovers = {
-        "containers": [c["Name"] for c in cluster.containers(all_states=True)],
-        "networks": [n for n in cluster.engine("network", "ls", "--format", "{{.Name}}").stdout.split()
-                     if n.startswith(PROJECT)],
-        "volumes": [v for v in cluster.engine("volume", "ls", "--format", "{{.Name}}").stdout.split()
-                    if v.startswith(PROJECT)],
-    }
-    summary["left_after_down"] = leftovers
-    if any(leftovers.values()):
-        raise RuntimeError(f"`down -v` left {leftovers}")
+def check_tls_cluster(cluster: Cluster, port: int, gateway_port: int, summary: dict,
+                      secrets: str) -> None:
+    """compose.tls.yaml: TLS everywhere, keys required, the gateway over TLS."""
+    tls = ("-cacert", os.path.join(secrets, "ca.pem"))
+    key = ("-H", f"authorization: Bearer {API_KEY}")
+    services = {d["service"] for d in grpcurl(port, "list", tls=tls)}  # reflection: no key
+    expect("ortserve.v1.Scheduler" in services, services)
+    refused = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {}, tls=tls, check=False)
+    expect(refused.returncode != 0 and "Unauthenticated" in refused.stderr, refused.stderr)
+    plaintext = grpcurl(port, "list", check=False)
+    expect(plaintext.returncode != 0, f"a plaintext call got through: {plaintext.stdout}")
+    budget = grpcurl(port, "ortserve.v1.Scheduler/GetBudget", {}, tls=tls + key)[0]
+    expect([w["address"] for w in budget.get("workers", [])] == ["worker-cpu:50052"], budget)
+    events = grpcurl(port, "ortserve.v1.Scheduler/Generate",
+                     {"chat": {"messages": [{"role": "user", "content": FRANCE}]},
+                      "max_new_tokens": 24}, tls=tls + key)
+    text = "".join(e["chunk"].get("text", "") for e in events if "chunk" in e)
+    expect("Paris" in text and "finished" in events[-1], events)
+    say(f"TLS Generate (grpcurl -cacert, with the key): {text!r}")
+    summary["generation"] = text
+
+    health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/health", timeout=10))
+    expect(health.get("tls") is True and health.get("status") == "ok", health)
+    completion = gateway_chat(gateway_port, API_KEY)
+    expect("Paris" in completion["choices"][0]["message"]["content"], completion)
+    say(f"TLS gateway (with the key): {completion['choices'][0]['message']['content']!r}")
+    try:
+        gateway_chat(gateway_port, "not-the-key")
+        raise AssertionError("the gateway answered a caller with a wrong key")
+    except urllib.error.HTTPError as error:
+        expect(error.code == 401, f"a wrong key got HTTP {error.code}, want 401")
+
+
+def gateway_chat(gateway_port: int, api_key: str | None = None) -> dict:
+    """One chat completion through the gateway's published port (greedy, 24 tokens)."""
+    models = json.load(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{gateway_port}/v1/models",
+        headers={"authorization": f"Bearer {api_key}"} if api_key else {}), timeout=10))
+    expect(models["data"], models)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+        headers={"content-type": "application/json",
+                 **({"authorization": f"Bearer {api_key}"} if api_key else {})},
+        data=json.dumps({"model": models["data"][0]["id"], "max_tokens": 24, "temperature": 0,
+                         "messages": [{"role": "user", "content": FRANCE}]}).encode())
+    return json.load(urllib.request.urlopen(request, timeout=120))
 
 
 if __name__ == "__main__":

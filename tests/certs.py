@@ -21,20 +21,24 @@ class Certs:
     rogue_worker: TlsFiles  # a well-formed certificate from a CA the cluster does not trust
 
 
-def _leaf(ca: trustme.CA, trusted_ca: str, out: Path, name: str) -> TlsFiles:
-    cert = ca.issue_cert(*HOSTS)
+def _leaf(ca: trustme.CA, trusted_ca: str, out: Path, name: str,
+          hosts: tuple[str, ...] = HOSTS) -> TlsFiles:
+    cert = ca.issue_cert(*hosts)
     cert_path, key_path = out / f"{name}.pem", out / f"{name}-key.pem"
     cert_path.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
     cert.private_key_pem.write_to_path(str(key_path))
     return TlsFiles(cert=str(cert_path), key=str(key_path), ca=trusted_ca)
 
 
-def make_certs(out: Path) -> Certs:
-    """ca.pem, scheduler.pem/-key.pem, worker.pem/-key.pem (the names compose's TLS profile uses)."""
+def make_certs(out: Path, scheduler_hosts: tuple[str, ...] = HOSTS,
+               worker_hosts: tuple[str, ...] = HOSTS) -> Certs:
+    """ca.pem, scheduler.pem/-key.pem, worker.pem/-key.pem (the names compose's TLS profile
+    uses), each leaf naming its hosts (compose: the service names the others dial)."""
     out.mkdir(parents=True, exist_ok=True)
     ca, rogue = trustme.CA(), trustme.CA()
     ca_path = out / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_path))
-    return Certs(dir=out, ca=str(ca_path), scheduler=_leaf(ca, str(ca_path), out, "scheduler"),
-                 worker=_leaf(ca, str(ca_path), out, "worker"),
+    return Certs(dir=out, ca=str(ca_path),
+                 scheduler=_leaf(ca, str(ca_path), out, "scheduler", scheduler_hosts),
+                 worker=_leaf(ca, str(ca_path), out, "worker", worker_hosts),
                  rogue_worker=_leaf(rogue, str(ca_path), out, "rogue-worker"))

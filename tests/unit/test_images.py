@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.compose_test import documented_commands
+from devtools.compose_cluster import documented_commands
 from devtools.image_requirements import NEEDED_BY, ROLES, dependency_name, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_each_images_healthcheck_is_composes(target, service):
 
 
 def test_the_readme_builds_the_images_compose_runs():
-    commands = documented_commands()
+    commands = documented_commands("compose-commands")
     built = {c[c.index("-t") + 1]: c[c.index("--target") + 1]
              for c in commands if c[:2] == ["docker", "build"]}
     services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
@@ -113,3 +113,6 @@ def test_the_readme_builds_the_images_compose_runs():
     ups = [c for c in commands if "up" in c]
     assert ups == [["docker", "compose", "-f", "compose.yaml", "-f", "compose.seed.yaml",
                     "--profile", "cpu", "up", "--scale", "worker-cpu=2"]]
+    assert documented_commands("compose-tls-commands") == [
+        ["docker", "compose", "-f", "compose.yaml", "-f", "compose.seed.yaml", "-f", "compose.tls.yaml",
+         "--profile", "cpu", "up"]]
