@@ -71,6 +71,9 @@ LEASE_TTL_S = 10  # compose.yaml's ORTSERVE_SCHEDULER_LEASE_TTL_S
 API_KEY = "generate-compose-test-0123456789"
 FRANCE = "What is the capital of France? Answer in one sentence."
 IMAGE_UID = 10001  # the Dockerfile's service user
+# pip's words for "no connection at all" (never for a wrong pin or a broken Dockerfile)
+NO_NETWORK = ("Failed to establish a new connection", "Temporary failure in name resolution",
+              "Network is unreachable", "ProxyError", "CERTIFICATE_VERIFY_FAILED")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,9 +126,16 @@ def build_images(engine: Engine, summary: dict) -> None:
         tag = argv[argv.index("-t") + 1]
         say(f"building {tag} on {base} (expected: 1-3 min the first time, seconds when cached)")
         t0 = time.monotonic()
-        engine(*argv[1:2], *engine.build_flags, "--build-arg", f"BASE={base}",
-               "--build-arg", f"ORTSERVE_VERSION={version}",
-               "--build-arg", f"ORTSERVE_REVISION={revision}", *argv[2:], timeout_s=1800)
+        try:
+            engine(*argv[1:2], *engine.build_flags, "--build-arg", f"BASE={base}",
+                   "--build-arg", f"ORTSERVE_VERSION={version}",
+                   "--build-arg", f"ORTSERVE_REVISION={revision}", *argv[2:], timeout_s=1800)
+        except RuntimeError as error:
+            # pip inside the build could not connect at all: the machine, not the Dockerfile
+            if any(marker in str(error) for marker in NO_NETWORK):
+                raise EngineUnavailable(f"building {tag}: containers here cannot reach the "
+                                        f"package registry: {error}") from error
+            raise
         labels = engine.inspect(tag, kind="image")["Config"].get("Labels") or {}
         images[tag] = {"build_s": round(time.monotonic() - t0, 1),
                        "size_mb": round(engine.image_size_bytes(tag) / 1e6),
