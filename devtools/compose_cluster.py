@@ -86,6 +86,7 @@ class Cluster:
         # between `docker compose` and `up`: the files and profiles; after it, its options
         at = up_command.index("up")
         self.prefix, self.up_options = up_command[2:at], up_command[at + 1:]
+        self._healthchecks: HealthcheckRunner | None = None
 
     def compose(self, *args: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
         result = subprocess.run([*self.engine.compose, *self.prefix, *args], env=self.env,
@@ -99,7 +100,7 @@ class Cluster:
         containers) holds. A run killed before its `down` left the project behind: it
         is taken down first. Returns the seconds from `up` to healthy."""
         self.compose("down", "-v", "--remove-orphans", timeout_s=300)
-        self._healthchecks = HealthcheckRunner(self.engine, self.project).__enter__()
+        self._healthchecks = HealthcheckRunner(self.engine, self.project).start_if_needed()
         say(f"{' '.join(self.up_command)} -d")
         t0 = time.monotonic()
         self.compose("up", "-d", *self.up_options)
@@ -131,8 +132,8 @@ class Cluster:
 
     def down(self) -> dict[str, list[str]]:
         """`down -v`; what of the project is left (nothing, or it raises)."""
-        if getattr(self, "_healthchecks", None) is not None:
-            self._healthchecks.__exit__(None, None, None)
+        if self._healthchecks is not None:
+            self._healthchecks.stop()
         say(f"down -v ({self.project})")
         self.compose("down", "-v", "--remove-orphans", timeout_s=300)
         def names(kind: str) -> list[str]:  # compose names them <project>_<name>

@@ -33,6 +33,7 @@ which .ci/run reports as a skip rather than a failure of ortserve.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -84,31 +85,32 @@ def main(argv: list[str] | None = None) -> None:
     summary: dict = {"project": PROJECT}
     try:
         engine = open_engine()
+        try:
+            run_all(engine, summary)
+        finally:
+            engine.close()
     except EngineUnavailable as error:
         say(f"SKIPPED: {error}")
         sys.exit(77)
-    summary["engine"] = {"cli": engine.cli, "compose": " ".join(engine.compose),
-                         "healthchecks_run_by": "engine" if engine.runs_healthchecks
-                         else "devtools.container_engine.HealthcheckRunner (no systemd)"}
-    try:
-        build_images(engine, summary)
-        run_cluster(engine, "compose-commands", PROJECT, {}, {"worker-cpu": 2},
-                    check_plain_cluster, summary.setdefault("plain", {}))
-        with tempfile.TemporaryDirectory(prefix="ortserve-secrets-") as secrets:
-            make_secrets(Path(secrets))
-            run_cluster(engine, "compose-tls-commands", f"{PROJECT}-tls",
-                        {"ORTSERVE_SECRETS_DIR": secrets,
-                         "ORTSERVE_WORKER_ADVERTISE_ADDRESS": "worker-cpu:50052"},
-                        {"worker-cpu": 1}, lambda c, p, g, s: check_tls_cluster(c, p, g, s, secrets),
-                        summary.setdefault("tls", {}))
-    except EngineUnavailable as error:
-        say(f"SKIPPED: {error}")
-        sys.exit(77)
-    finally:
-        engine.close()
     summary["total_s"] = round(time.monotonic() - t_start, 1)
     say(f"passed in {summary['total_s']:.0f} s")
     print(json.dumps(summary, indent=2))
+
+
+def run_all(engine: Engine, summary: dict) -> None:
+    summary["engine"] = {"cli": engine.cli, "compose": " ".join(engine.compose),
+                         "healthchecks_run_by": "engine" if engine.runs_healthchecks
+                         else "devtools.container_engine.HealthcheckRunner (no systemd)"}
+    build_images(engine, summary)
+    run_cluster(engine, "compose-commands", PROJECT, {}, {"worker-cpu": 2},
+                check_plain_cluster, summary.setdefault("plain", {}))
+    with tempfile.TemporaryDirectory(prefix="ortserve-secrets-") as secrets:
+        make_secrets(Path(secrets))
+        run_cluster(engine, "compose-tls-commands", f"{PROJECT}-tls",
+                    {"ORTSERVE_SECRETS_DIR": secrets,
+                     "ORTSERVE_WORKER_ADVERTISE_ADDRESS": "worker-cpu:50052"},
+                    {"worker-cpu": 1}, functools.partial(check_tls_cluster, secrets=secrets),
+                    summary.setdefault("tls", {}))
 
 
 def build_images(engine: Engine, summary: dict) -> None:

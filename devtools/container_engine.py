@@ -49,11 +49,11 @@ def say(message: str) -> None:
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, check: bool = True,
-        timeout_s: float = 600, quiet: bool = True) -> subprocess.CompletedProcess:
+        timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Run a command; on failure raise with its output (the part that says why)."""
-    result = subprocess.run(argv, env=env, capture_output=quiet, text=True, timeout=timeout_s)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     if check and result.returncode != 0:
-        detail = (result.stderr or result.stdout or "").strip()[-4000:] if quiet else ""
+        detail = (result.stderr or result.stdout or "").strip()[-4000:]
         raise RuntimeError(f"`{' '.join(argv)}` failed (exit {result.returncode})\n{detail}")
     return result
 
@@ -208,10 +208,10 @@ class HealthcheckRunner(threading.Thread):
             for name in listed.stdout.split():
                 self._engine("healthcheck", "run", name, check=False, timeout_s=60)
 
-    def __enter__(self) -> HealthcheckRunner:
+    def start_if_needed(self) -> HealthcheckRunner:
         if not self._engine.runs_healthchecks:
             self.start()
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
