@@ -86,6 +86,8 @@ LABEL org.opencontainers.image.version="${ORTSERVE_VERSION}" \
 CMD ["ortserve-worker"]
 
 # --- the worker on CUDA (needs the NVIDIA container toolkit to run) ------------
+# Its tail repeats the cpu target's: stages on different bases cannot share
+# instructions (only files, through COPY --from), and the bases differ here.
 FROM ${CUDA_BASE} AS cuda
 LABEL org.opencontainers.image.title="ortserve" \
       org.opencontainers.image.description="LLM serving over gRPC on ONNX Runtime (CUDA worker)" \
