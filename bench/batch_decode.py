@@ -27,9 +27,9 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from devtools.cluster import model_cache
-from worker_service.batch_runner import BatchRunner
-from worker_service.kv_arena import KVArena
-from worker_service.model import ModelSpec, load_model_spec
+from worker_service.runtime.batch_runner import BatchRunner
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.model import ModelSpec, load_model_spec
 
 PROMPTS = ["Write a long story about a dragon who learns to paint.",
            "What is the capital of France? Answer in one sentence.",

@@ -131,7 +131,7 @@ class InProcessEngine:
 
     def decode(self, streams: int, new_tokens: int) -> dict:
         """Decode tokens/s of `streams` sequences submitted at once (the bench's window)."""
-        from worker_service.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta
+        from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta
 
         times: dict[str, list[float]] = {}
         done: list = []

@@ -5,7 +5,7 @@
 REQUEST: {"folders": [DIR, ...], "conversations": [[[role, content], ...], ...]}.
 RENDERED: {DIR: [text or {"error": message}, ...]}: each conversation through
 `AutoTokenizer.from_pretrained(DIR).apply_chat_template(..., tokenize=False,
-add_generation_prompt=True)`, the call worker_service.tokenizer must match byte for byte.
+add_generation_prompt=True)`, the call worker_service.core.tokenizer must match byte for byte.
 """
 
 from __future__ import annotations

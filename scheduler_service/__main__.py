@@ -16,9 +16,8 @@ from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.version import package_version
-
-from .config import SchedulerConfig
-from .server import build_server
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.server import build_server
 
 _ENV = "ORTSERVE_SCHEDULER_"
 

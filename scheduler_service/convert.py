@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from ortserve.v1 import scheduler_pb2, types_pb2
 from ortserve.version import package_version
-
-from .admission_queue import Mode, Place, QueueStats
-from .budget import (
+from scheduler_service.ledger.ledger import (
     Admission,
     AdmissionRequest,
     BudgetCap,
@@ -17,6 +15,7 @@ from .budget import (
     WorkerGeometry,
     WorkerSnapshot,
 )
+from scheduler_service.ledger.queue import Mode, Place, QueueStats
 
 _DECISION = {
     Decision.ADMITTED: types_pb2.ADMITTED,

@@ -13,9 +13,8 @@ from google.protobuf.message import Message
 from ortserve import rich_status
 from ortserve.errors import DomainError, ErrorReason
 from ortserve.units import human_bytes
-
-from .budget import Cause, Rejection
-from .convert import rejection_to_pb
+from scheduler_service.convert import rejection_to_pb
+from scheduler_service.ledger.ledger import Cause, Rejection
 
 STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
     ErrorReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,

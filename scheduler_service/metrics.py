@@ -14,9 +14,8 @@ from ortserve.metrics import (
     RequestLatency,
     callback_gauge,
 )
-
-from .admission_queue import AdmissionQueue
-from .budget import Admission, Decision, Ledger
+from scheduler_service.ledger.ledger import Admission, Decision, Ledger
+from scheduler_service.ledger.queue import AdmissionQueue
 
 
 class SchedulerMetrics:

@@ -19,16 +19,21 @@ from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-
-from . import convert, validate
-from .admission_queue import Ticket
-from .budget import Admission, Decision, Expired, Ledger, no_worker_rejection
-from .config import SchedulerConfig
-from .errors import rejection_error
-from .lease_secrets import LeaseSecrets
-from .queue_waiter import QueueWaiter
-from .session_service import SessionRPCs
-from .worker_clients import WorkerClients
+from scheduler_service import convert, validate
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.errors import rejection_error
+from scheduler_service.lease_secrets import LeaseSecrets
+from scheduler_service.ledger.ledger import (
+    Admission,
+    Decision,
+    Expired,
+    Ledger,
+    no_worker_rejection,
+)
+from scheduler_service.ledger.queue import Ticket
+from scheduler_service.relay import QueueWaiter
+from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
 

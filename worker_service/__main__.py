@@ -20,10 +20,9 @@ from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.units import parse_bytes
 from ortserve.version import package_version
-
-from .config import WorkerConfig
-from .errors import EngineError
-from .server import build_server
+from worker_service.config import WorkerConfig
+from worker_service.core.errors import EngineError
+from worker_service.server import build_server
 
 
 def _env(name: str, default=None):

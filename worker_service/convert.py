@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from ortserve.chat import CHAT_ROLES
 from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
-
-from .errors import InvalidRequest
-from .sampling import SamplingConfig
-from .sequence import Completed, FinishReason, SequenceRequest
-from .tokenizer import Tokenizer
+from worker_service.core.errors import InvalidRequest
+from worker_service.core.sampling import SamplingConfig
+from worker_service.core.sequence import Completed, FinishReason, SequenceRequest
+from worker_service.core.tokenizer import Tokenizer
 
 _FINISH = {
     FinishReason.LENGTH: types_pb2.LENGTH,

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from ortserve.logs import configure_logging
+from worker_service.core.errors import EngineError
+from worker_service.core.sequence import SequenceRequest
 from worker_service.engine import Engine, EngineConfig
-from worker_service.errors import EngineError
-from worker_service.sequence import SequenceRequest
 
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",

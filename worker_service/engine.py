@@ -24,13 +24,8 @@ from pathlib import Path
 import structlog
 
 from ortserve.units import tokens
-from worker_service import device as devices
-from worker_service.errors import ContextWindowFull, EngineError, InvalidRequest, LeaseInUse
-from worker_service.kv_arena import KVArena
-from worker_service.kv_cache import KVPool, StaticSharedKV
-from worker_service.model import ModelSpec, load_model_spec
-from worker_service.model_runner import BatchedModelRunner, ModelRunner, StepOutput
-from worker_service.sequence import (
+from worker_service.core.errors import ContextWindowFull, EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
     Completed,
@@ -40,9 +35,14 @@ from worker_service.sequence import (
     SequenceRequest,
     TokenDelta,
 )
-from worker_service.session_kv import SessionInfo, SessionTable
-from worker_service.step_scheduler import StepPlan, StepScheduler
-from worker_service.tokenizer import Tokenizer
+from worker_service.core.step_scheduler import StepPlan, StepScheduler
+from worker_service.core.tokenizer import Tokenizer
+from worker_service.runtime import device as devices
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
+from worker_service.runtime.model import ModelSpec, load_model_spec
+from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner, StepOutput
+from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
 log = structlog.get_logger(__name__)
 

@@ -20,12 +20,11 @@ import structlog
 from ortserve.error_path import Relayed
 from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
-
-from .engine import Engine
-from .errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
-from .scheduler_link import SchedulerLink
-from .sequence import TERMINAL, Event, SequenceRequest
-from .session_kv import SessionBusy, SessionNotFound
+from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
+from worker_service.core.sequence import TERMINAL, Event, SequenceRequest
+from worker_service.engine import Engine
+from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
+from worker_service.scheduler_link import SchedulerLink
 
 log = structlog.get_logger("worker")
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter
 
 from ortserve.metrics import RequestLatency, callback_gauge
-
-from .engine import Engine
-from .sequence import Completed
+from worker_service.core.sequence import Completed
+from worker_service.engine import Engine
 
 
 class WorkerMetrics:

@@ -19,16 +19,15 @@ from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, worker_pb2
 from ortserve.version import package_version
-
-from . import device as devices
-from .config import WorkerConfig
-from .engine import Engine, EngineConfig
-from .errors import ConfigError, DeviceUnavailable
-from .lease_lifecycle import LeaseLifecycle
-from .metrics import WorkerMetrics
-from .scheduler_link import SchedulerLink
-from .servicer import WorkerServicer
-from .status_map import STATUS_OF_REASON
+from worker_service.config import WorkerConfig
+from worker_service.core.errors import ConfigError, DeviceUnavailable
+from worker_service.engine import Engine, EngineConfig
+from worker_service.lease_lifecycle import LeaseLifecycle
+from worker_service.metrics import WorkerMetrics
+from worker_service.runtime import device as devices
+from worker_service.scheduler_link import SchedulerLink
+from worker_service.servicer import WorkerServicer
+from worker_service.status_map import STATUS_OF_REASON
 
 log = structlog.get_logger("worker")
 

@@ -11,13 +11,12 @@ import time
 
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from ortserve.version import package_version
-
-from . import convert
-from .engine import Engine
-from .errors import NotReady
-from .lease_lifecycle import LeaseLifecycle
-from .sequence import Cancelled, Completed, Failed, TokenDelta
-from .session_lifecycle import WorkerSessions
+from worker_service import convert
+from worker_service.core.errors import NotReady
+from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
+from worker_service.engine import Engine
+from worker_service.lease_lifecycle import LeaseLifecycle
+from worker_service.session_lifecycle import WorkerSessions
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

@@ -17,10 +17,14 @@ import structlog
 
 from ortserve.errors import quoted as clip
 from ortserve.v1 import types_pb2
-
-from .errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
-from .lease_lifecycle import LeaseLifecycle
-from .session_kv import SessionBusy, SessionInfo, SessionNotFound, SessionState
+from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
+from worker_service.lease_lifecycle import LeaseLifecycle
+from worker_service.runtime.session_kv import (
+    SessionBusy,
+    SessionInfo,
+    SessionNotFound,
+    SessionState,
+)
 
 log = structlog.get_logger("worker")
 

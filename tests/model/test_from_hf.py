@@ -16,9 +16,9 @@ import pytest
 from devtools.cluster import model_cache
 from tests.model.test_parity import MANIFEST, TINY_TIMEOUT_S, prepare, sha256_of
 from tests.models import prepared_model_dir
+from worker_service.core.sampling import SamplingConfig
+from worker_service.core.sequence import FinishReason, SequenceRequest
 from worker_service.engine import Engine, EngineConfig
-from worker_service.sampling import SamplingConfig
-from worker_service.sequence import FinishReason, SequenceRequest
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The worker's chat templates render byte for byte as transformers' apply_chat_template.
 
 transformers runs in .venv-tools (model_tools.template_parity, a subprocess); the
-serving side renders the same folders with worker_service.tokenizer.
+serving side renders the same folders with worker_service.core.tokenizer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from tests.model.test_parity import run_tools
 from tests.models import prepared_model_dir
-from worker_service.errors import InvalidRequest
-from worker_service.tokenizer import Tokenizer
+from worker_service.core.errors import InvalidRequest
+from worker_service.core.tokenizer import Tokenizer
 
 CONVERSATIONS = [
     [["user", "What is the capital of France? Answer in one sentence."]],

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_service.admission_queue import AdmissionQueue, Bound, Mode, Ticket
-from scheduler_service.budget import AdmissionRequest, Cause, Decision, Ledger, WorkerGeometry
+from scheduler_service.ledger.ledger import (
+    AdmissionRequest,
+    Cause,
+    Decision,
+    Ledger,
+    WorkerGeometry,
+)
+from scheduler_service.ledger.queue import AdmissionQueue, Bound, Mode, Ticket
 
 BPT = 1_000
 

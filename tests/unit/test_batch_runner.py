@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.models import prepared_model_dir
-from worker_service.batch_runner import BatchRunner
-from worker_service.kv_arena import KVArena
-from worker_service.model import ModelSpec, load_model_spec
+from worker_service.runtime.batch_runner import BatchRunner
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.model import ModelSpec, load_model_spec
 
 CHUNK_TOKENS = 7  # small, so prompts run in several batch-1 chunks
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_service.budget import (
+from scheduler_service.ledger.ledger import (
     AdmissionRequest,
     Cause,
     Decision,

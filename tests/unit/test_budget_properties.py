@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ortserve.errors import DomainError
-from scheduler_service.admission_queue import AdmissionQueue, Mode, Ticket
-from scheduler_service.budget import AdmissionRequest, Decision, Ledger, WorkerGeometry
+from scheduler_service.ledger.ledger import AdmissionRequest, Decision, Ledger, WorkerGeometry
+from scheduler_service.ledger.queue import AdmissionQueue, Mode, Ticket
 
 
 class Clock:

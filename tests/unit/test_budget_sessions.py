@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from scheduler_service.budget import AdmissionRequest, Cause, Decision, Ledger, WorkerGeometry
+from scheduler_service.ledger.ledger import (
+    AdmissionRequest,
+    Cause,
+    Decision,
+    Ledger,
+    WorkerGeometry,
+)
 
 BPT = 10
 

@@ -7,12 +7,12 @@ import onnxruntime as ort
 import pytest
 
 from tests.models import prepared_model_dir
+from worker_service.core.errors import ModelLoadError
+from worker_service.core.sampling import Sampler, SamplingConfig
+from worker_service.core.sequence import FinishReason, SequenceRequest
 from worker_service.engine import Engine, EngineConfig
-from worker_service.errors import ModelLoadError
-from worker_service.kv_cache import StaticSharedKV
-from worker_service.model import ModelSpec, load_model_spec
-from worker_service.sampling import Sampler, SamplingConfig
-from worker_service.sequence import FinishReason, SequenceRequest
+from worker_service.runtime.kv_pool import StaticSharedKV
+from worker_service.runtime.model import ModelSpec, load_model_spec
 
 FRANCE = "What is the capital of France? Answer in one sentence."
 

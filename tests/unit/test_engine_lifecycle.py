@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
-import worker_service.sequence as sequence_module
-from worker_service.engine import Engine, EngineConfig
-from worker_service.errors import (
+import worker_service.core.sequence as sequence_module
+from worker_service.core.errors import (
     CapacityExceeded,
     ContextWindowFull,
     DeviceUnavailable,
     EngineError,
     InvalidRequest,
 )
-from worker_service.sampling import Sampler, SamplingConfig
-from worker_service.sequence import (
+from worker_service.core.sampling import Sampler, SamplingConfig
+from worker_service.core.sequence import (
     Cancelled,
     Completed,
     Failed,
@@ -27,6 +26,7 @@ from worker_service.sequence import (
     SequenceRequest,
     TokenDelta,
 )
+from worker_service.engine import Engine, EngineConfig
 
 TERMINAL = (Completed, Cancelled, Failed)
 

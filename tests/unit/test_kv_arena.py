@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler_service.budget import WorkerGeometry
-from worker_service.errors import CapacityExceeded
-from worker_service.kv_arena import KVArena, block_tokens_for
-from worker_service.model import ModelSpec
+from scheduler_service.ledger.ledger import WorkerGeometry
+from worker_service.core.errors import CapacityExceeded
+from worker_service.runtime.kv_arena import KVArena, block_tokens_for
+from worker_service.runtime.model import ModelSpec
 
 
 def make_spec(layers=2, kv_heads=2, head_dim=64, context_length=1000, dtype=np.float32) -> ModelSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ortserve.kv_math import bytes_for, tokens_within
-from scheduler_service.budget import WorkerGeometry
+from scheduler_service.ledger.ledger import WorkerGeometry
 
 BPT = 46_080
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests.models import prepared_model_dir
-from worker_service.errors import ModelLoadError
-from worker_service.model import read_graph_header
+from worker_service.core.errors import ModelLoadError
+from worker_service.runtime.model import read_graph_header
 
 
 def test_header_of_the_tiny_model_lists_its_inputs_outputs_and_ops():

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from worker_service.errors import InvalidRequest
-from worker_service.sampling import Sampler, SamplingConfig, apply_repetition_penalty
+from worker_service.core.errors import InvalidRequest
+from worker_service.core.sampling import Sampler, SamplingConfig, apply_repetition_penalty
 
 VOCAB = 50
 # A fixed, strictly ordered distribution: token 0 most likely, then 1, ...

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker_service.step_scheduler import StepScheduler
+from worker_service.core.step_scheduler import StepScheduler
 
 
 @dataclass(eq=False)
@@ -45,7 +45,7 @@ def run_step(scheduler: StepScheduler):
 
 
 def test_the_step_scheduler_imports_no_onnxruntime():
-    probe = ("import sys, worker_service.step_scheduler; "
+    probe = ("import sys, worker_service.core.step_scheduler; "
              "sys.exit('onnxruntime' in sys.modules or 'grpc' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe]).returncode == 0
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.models import prepared_model_dir
-from worker_service.errors import InvalidRequest
-from worker_service.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
+from worker_service.core.errors import InvalidRequest
+from worker_service.core.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
 
 MULTIBYTE = "héllo wörld 日本語 🙂 — ça va? 𝄞"
 

@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from .admission_queue import AdmissionQueue, Place, Ticket
-from .budget import Admission
+from scheduler_service.ledger.ledger import Admission
+from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -43,7 +43,7 @@ class QueueWaiter:
 
         Raises the DomainError for the caller's own deadline passing.
         """
-        from . import messages
+        from scheduler_service.ledger import sentences as messages
 
         event = self._events.setdefault(ticket.seq, asyncio.Event())
         while True:

@@ -20,13 +20,17 @@ from ortserve import rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
-
-from . import convert, validate
-from .budget import Admission, AdmissionRequest, Decision, Ledger
-from .config import SchedulerConfig
-from .errors import rejection_error
-from .sessions import Session, SessionRegistry, context_full, worker_lost
-from .worker_clients import WorkerClients
+from scheduler_service import convert, validate
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.errors import rejection_error
+from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.sessions.registry import (
+    Session,
+    SessionRegistry,
+    context_full,
+    worker_lost,
+)
+from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
 

@@ -16,7 +16,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
-from worker_service.errors import InvalidRequest, ModelLoadError
+from worker_service.core.errors import InvalidRequest, ModelLoadError
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), when the tokenizer config sets them.

@@ -34,7 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .budget import Admission, AdmissionRequest, Cause, Decision, Ledger, Rejection
+from scheduler_service.ledger.ledger import (
+    Admission,
+    AdmissionRequest,
+    Cause,
+    Decision,
+    Ledger,
+    Rejection,
+)
 
 # Ledger causes that mean "could start later": the request keeps waiting.
 _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)

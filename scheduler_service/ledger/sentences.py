@@ -12,8 +12,8 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
 from ortserve.units import human_bytes, tokens
 
 if TYPE_CHECKING:
-    from .admission_queue import Ticket
-    from .budget import BudgetCap, Lease, Rejection
+    from scheduler_service.ledger.ledger import BudgetCap, Lease, Rejection
+    from scheduler_service.ledger.queue import Ticket
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
                 "can reach the scheduler")
@@ -47,7 +47,7 @@ def _prompt(r: Rejection) -> str:
 
 def rejection_text(r: Rejection) -> tuple[str, str]:
     """(message, remedy) of a rejection, from its numbers."""
-    from .budget import Cause
+    from scheduler_service.ledger.ledger import Cause
 
     floor = max(r.min_new_tokens, 1)
     if r.cause is Cause.NO_WORKER:
@@ -98,7 +98,7 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
 
 
 def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
-    from .budget import Cause
+    from scheduler_service.ledger.ledger import Cause
 
     need = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {r.requested_max_new_tokens:,}"
             if r.cap_refused else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {floor:,}")

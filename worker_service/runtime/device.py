@@ -22,8 +22,8 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 
-from worker_service.errors import DeviceUnavailable, ModelLoadError
-from worker_service.model import ModelSpec
+from worker_service.core.errors import DeviceUnavailable, ModelLoadError
+from worker_service.runtime.model import ModelSpec
 
 log = structlog.get_logger(__name__)
 

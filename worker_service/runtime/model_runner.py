@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.batch_runner import BatchRunner
-from worker_service.kv_arena import KVArena
-from worker_service.kv_cache import KVPool
-from worker_service.model import ModelSpec
-from worker_service.sequence import Sequence
-from worker_service.session_kv import HeldKV
-from worker_service.step_scheduler import StepPlan
+from worker_service.core.sequence import Sequence
+from worker_service.core.step_scheduler import StepPlan
+from worker_service.runtime.batch_runner import BatchRunner
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.kv_pool import KVPool
+from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.session_kv import HeldKV
 
 
 @dataclass

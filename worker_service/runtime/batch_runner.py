@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.kv_arena import KVArena
-from worker_service.model import ModelSpec
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.model import ModelSpec
 
 
 class BatchRunner:

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ortserve.errors import ErrorReason, quoted
-from worker_service.errors import EngineError
-from worker_service.kv_cache import KVAllocation, KVPool
+from worker_service.core.errors import EngineError
+from worker_service.runtime.kv_pool import KVAllocation, KVPool
 
 
 class SessionState(enum.Enum):

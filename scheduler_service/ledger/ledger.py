@@ -23,8 +23,9 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from . import messages, placement
-from .ledger_types import (  # noqa: F401 - re-exported: budget is the ledger's public face
+from scheduler_service.ledger import placement
+from scheduler_service.ledger import sentences as messages
+from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: budget is the ledger's public face
     Admission,
     AdmissionRequest,
     BatchStats,

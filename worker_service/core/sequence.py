@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from worker_service.errors import EngineError, InvalidRequest
-from worker_service.sampling import Sampler, SamplingConfig
-from worker_service.tokenizer import StopTextStream, Tokenizer
+from worker_service.core.errors import EngineError, InvalidRequest
+from worker_service.core.sampling import Sampler, SamplingConfig
+from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
 log = structlog.get_logger(__name__)
 

@@ -35,8 +35,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ortserve import kv_math
-from worker_service.errors import CapacityExceeded
-from worker_service.model import ModelSpec
+from worker_service.core.errors import CapacityExceeded
+from worker_service.runtime.model import ModelSpec
 
 # Not exported by Python's mmap module; the Linux value on x86_64 and arm64.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)

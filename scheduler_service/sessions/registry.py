@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 from ortserve.errors import DomainError, ErrorReason, quoted
 from ortserve.units import tokens
-
-from .ledger_types import BudgetCap
+from scheduler_service.ledger.types import BudgetCap
 
 LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from worker_service.errors import ModelLoadError
+from worker_service.core.errors import ModelLoadError
 
 # ONNX TensorProto.DataType values the KV cache may have, and their numpy types.
 _ONNX_KV_DTYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16)}

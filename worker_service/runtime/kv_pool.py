@@ -16,8 +16,8 @@ from typing import Protocol
 import onnxruntime as ort
 
 from ortserve import kv_math
-from worker_service.errors import CapacityExceeded
-from worker_service.model import ModelSpec
+from worker_service.core.errors import CapacityExceeded
+from worker_service.runtime.model import ModelSpec
 
 
 class KVBuffer(Protocol):

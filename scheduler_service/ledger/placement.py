@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import messages
-from .ledger_types import (
+from scheduler_service.ledger import sentences as messages
+from scheduler_service.ledger.types import (
     Admission,
     AdmissionRequest,
     BudgetCap,

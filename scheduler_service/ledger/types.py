@@ -11,8 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ortserve import kv_math
 from ortserve.errors import InvalidField
-
-from . import messages
+from scheduler_service.ledger import sentences as messages
 
 
 class Decision(enum.Enum):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker_service.errors import InvalidRequest
+from worker_service.core.errors import InvalidRequest
 
 _GREEDY_HINT = "set temperature > 0 to sample, or drop {name} (greedy decoding has no use for it)"
 

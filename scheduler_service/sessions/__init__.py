@@ -1,0 +1,1 @@
+"""Sessions: the registry (pure) and the session RPCs, composed into the servicer."""
