@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 
 import uvicorn
 
+from ortserve import ports
 from ortserve.logs import configure_logging
 from ortserve.version import package_version
 
@@ -65,10 +65,12 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_json)
-    # Bind first, so --port 0 can announce the port it got before serving.
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    # Bind first, so --port 0 can announce the port it got before serving, and so a
+    # taken port is one line and exit 2 (uvicorn's own bind would be a traceback).
+    try:
+        sock = ports.listening_socket(config.host, config.port, "--port")
+    except ports.PortUnavailable as error:
+        ports.refuse("ortserve-gateway", error)
     port = sock.getsockname()[1]
     # The chosen port on stdout, one line, as the scheduler and workers do.
     print(f"listening {config.host}:{port}", flush=True)

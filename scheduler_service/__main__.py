@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 
+from ortserve import ports
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
@@ -106,7 +107,15 @@ async def _serve(config: SchedulerConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_json)
-    asyncio.run(_serve(config))
+    try:
+        # Before anything starts: a taken port is one line and exit 2, never a second
+        # ledger sharing the port (see ortserve/ports.py).
+        ports.check_all_free(config.host, [("--port", config.port),
+                                           ("--internal-port", config.internal_port),
+                                           ("--metrics-port", config.metrics_port)])
+        asyncio.run(_serve(config))
+    except ports.PortUnavailable as error:
+        ports.refuse("ortserve-scheduler", error)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
-from ortserve import tls
+from ortserve import ports, tls
 from ortserve.auth import ApiKeyInterceptor
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
@@ -105,26 +105,25 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
         log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
                     "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",
                     address=f"{config.host}:{config.port}")
-    server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)])
+    server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
+                             options=ports.GRPC_SERVER_OPTIONS)
     register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter, metrics),
                      STATUS_OF_REASON)
     health = add_health_and_reflection(server, [SERVICE_NAME])
-    port = tls.bind(server, f"{config.host}:{config.port}", files, False, "public")
-    if port == 0:
-        raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
-                      "pick another with --port")
+    port = ports.bind_grpc(
+        lambda: tls.bind(server, f"{config.host}:{config.port}", files, False, "public"),
+        config.host, config.port, "--port")
     # NOTE: a server of its own, not a second port on the same one: a grpc server
     # serves every service on every port, and the point is that the public port
     # has no worker RPCs at all.
-    internal = grpc.aio.server()
+    internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS)
     register_service(internal, INTERNAL_SERVICE,
                      SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics),
                      STATUS_OF_REASON)
-    internal_port = tls.bind(internal, f"{config.host}:{config.internal_port}", files, True,
-                             "internal")
-    if internal_port == 0:
-        raise OSError(f"could not bind {config.host}:{config.internal_port}: is the port in use? "
-                      "pick another with --internal-port")
+    internal_port = ports.bind_grpc(
+        lambda: tls.bind(internal, f"{config.host}:{config.internal_port}", files, True,
+                         "internal"),
+        config.host, config.internal_port, "--internal-port")
     await internal.start()
     await server.start()
     await set_serving(health, [], True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from ortserve import ports
 from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -132,7 +133,13 @@ async def _serve(config: WorkerConfig) -> int:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_json)
-    sys.exit(asyncio.run(_serve(config)))
+    try:
+        ports.check_all_free(config.host, [("--port", config.port),
+                                           ("--metrics-port", config.metrics_port)])
+        code = asyncio.run(_serve(config))
+    except ports.PortUnavailable as error:
+        ports.refuse("ortserve-worker", error)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
-from ortserve import tls
+from ortserve import ports, tls
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
@@ -184,14 +184,13 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:
     """Bind and start; returns the server and the task that loads the model and then
     registers and heartbeats (it raises if the model or device cannot be had)."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS)
     config.tls.check("ortserve-worker", need_ca=True)
     # NOTE: mutual TLS: the worker's port serves leases the scheduler handed out, so
     # only holders of a cluster certificate (the scheduler) may call it.
-    port = tls.bind(server, f"{config.host}:{config.port}", config.tls, True, "worker")
-    if port == 0:
-        raise OSError(f"could not bind {config.host}:{config.port}: is the port in use? "
-                      "pick another with --port")
+    port = ports.bind_grpc(
+        lambda: tls.bind(server, f"{config.host}:{config.port}", config.tls, True, "worker"),
+        config.host, config.port, "--port")
     worker_id = config.worker_id or f"{socket.gethostname()}-{port}"
     config = replace(config, worker_id=worker_id)
     servicer = WorkerServicer(worker_id, advertise_address(config, port), config.device)
