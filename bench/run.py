@@ -276,7 +276,7 @@ def e2e_vs_inprocess(path: Path, threads: int, new_tokens: int, repeats: int, lo
     ours = InProcessEngine(path, threads)
     try:
         with LocalCluster(model_dir=path, workers=1, log_dir=log_dir, threads=threads,
-                          kv_budgets=["1GiB"]) as cluster, \
+                          kv_capacities=["1GiB"]) as cluster, \
                 Client(cluster.address, timeout_s=600) as client:
             ours.decode(1, 8)
             client_decode(client, list(ours.ids), 8)  # warm-ups

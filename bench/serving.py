@@ -108,7 +108,7 @@ def run_rate(client, requests: list[tuple], rate_per_s: float, seed: int, timeou
 
 
 def serving_run(model_dir, threads: int, fractions: list[float], n_requests: int, prompt_lengths,
-                output_lengths, log_dir, kv_budget: str = "2GiB", timeout_s: float = 600,
+                output_lengths, log_dir, kv_capacity: str = "2GiB", timeout_s: float = 600,
                 burst: int = 12) -> dict:
     """Rates are `fractions` of the capacity measured first, on the same processes: `burst`
     requests of the mix sent at once (closed loop), completed requests per second."""
@@ -120,7 +120,7 @@ def serving_run(model_dir, threads: int, fractions: list[float], n_requests: int
                              output_lengths, seed=13)
     results = []
     with LocalCluster(model_dir=model_dir, workers=1, log_dir=log_dir, threads=threads,
-                      kv_budgets=[kv_budget]) as cluster, Client(cluster.address,
+                      kv_capacities=[kv_capacity]) as cluster, Client(cluster.address,
                                                                  timeout_s=timeout_s) as client:
         client.generate(list(requests[0][0]), max_new_tokens=4, min_new_tokens=4)  # warm-up
         saturated = run_rate(client, requests[:burst], 1e6, seed=99, timeout_s=timeout_s)
@@ -128,7 +128,7 @@ def serving_run(model_dir, threads: int, fractions: list[float], n_requests: int
         rates = [round(f * capacity, 3) for f in fractions]
         for i, rate in enumerate(rates):
             results.append(run_rate(client, requests, rate, seed=100 + i, timeout_s=timeout_s))
-    return {"model": str(model_dir), "kv_budget": kv_budget, "requests_per_rate": n_requests,
+    return {"model": str(model_dir), "kv_capacity": kv_capacity, "requests_per_rate": n_requests,
             "capacity_per_s": capacity, "capacity_run": saturated,
             "rate_fractions_of_capacity": list(fractions),
             "prompt_lengths": list(prompt_lengths), "output_lengths": list(output_lengths),

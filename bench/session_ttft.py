@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as logs, LocalCluster(
-            model_dir=default_model_dir(), log_dir=Path(logs), kv_budgets=["512MiB"]) as cluster:
+            model_dir=default_model_dir(), log_dir=Path(logs), kv_capacities=["512MiB"]) as cluster:
         print(json.dumps(measure(cluster.address, a.history_tokens, a.repeats), indent=2))
 
 

@@ -119,7 +119,7 @@ class LocalCluster:
     log_dir: Path = Path("logs")
     scheduler_port: int = 0
     host: str = "127.0.0.1"
-    kv_budgets: list[str | None] = field(default_factory=list)  # per worker; None: the default
+    kv_capacities: list[str | None] = field(default_factory=list)  # per worker; None: the default
     threads: int = 0  # per worker; 0: the cores shared out
     device: str = "cpu"
     scheduler_args: list[str] = field(default_factory=list)
@@ -187,9 +187,9 @@ class LocalCluster:
                 "--scheduler", self.internal_address, "--host", self.host, "--port", "0",
                 *self._tls_args("worker"),
                 "--worker-id", f"worker-{index}", "--device", self.device, "--threads", str(threads)]
-        budget = self.kv_budgets[index] if index < len(self.kv_budgets) else None
-        if budget:
-            argv += ["--kv-budget", budget]
+        capacity = self.kv_capacities[index] if index < len(self.kv_capacities) else None
+        if capacity:
+            argv += ["--kv-capacity", capacity]
         service = start_service(f"worker-{index}", [*argv, *self.worker_args, *extra_args],
                                 self.log_dir)
         self.services.append(service)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model-dir", type=Path, default=default_model_dir())
     p.add_argument("--port", type=port_number, default=int(os.environ.get("ORTSERVE_SCHEDULER_PORT", 50051)))
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--kv-budget", default=os.environ.get("ORTSERVE_WORKER_KV_BUDGET"),
+    p.add_argument("--kv-capacity", default=os.environ.get("ORTSERVE_WORKER_KV_CAPACITY"),
                    help="per worker, e.g. 1GiB")
     p.add_argument("--log-dir", type=Path, default=Path("logs"))
     p.add_argument("--demo", action="store_true", help="stream one demo answer, then keep serving")
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"ortserve: no model at {a.model_dir}: run `make model` (or pass --model-dir)")
     cluster = LocalCluster(model_dir=a.model_dir, workers=a.workers, log_dir=a.log_dir,
                            scheduler_port=a.port, host=a.host,
-                           kv_budgets=[a.kv_budget] * a.workers)
+                           kv_capacities=[a.kv_capacity] * a.workers)
     notice(f"starting the scheduler and {a.workers} worker(s) on {a.model_dir.name}; "
            f"logs in {a.log_dir}/")
     stopping = []

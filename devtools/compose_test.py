@@ -67,7 +67,7 @@ from devtools.container_engine import (
 
 PROJECT = "ortserve-compose-test"
 # Small enough that a long request is capped: 32 MiB is ~700 tokens of SmolLM2-135M fp32.
-WORKER_KV_BUDGET = "32MiB"
+WORKER_KV_CAPACITY = "32MiB"
 LEASE_TTL_S = 10  # compose.yaml's ORTSERVE_SCHEDULER_LEASE_TTL_S
 API_KEY = "generate-compose-test-0123456789"
 FRANCE = "What is the capital of France? Answer in one sentence."
@@ -160,7 +160,7 @@ def run_cluster(engine: Engine, marker: str, project: str, env: dict[str, str],
     port, gateway_port = free_port(), free_port()
     cluster = Cluster(engine, project, ups[0], {
         **env, "ORTSERVE_PORT": str(port), "ORTSERVE_GATEWAY_PORT": str(gateway_port),
-        "ORTSERVE_WORKER_KV_BUDGET": WORKER_KV_BUDGET,
+        "ORTSERVE_WORKER_KV_CAPACITY": WORKER_KV_CAPACITY,
         "ORTSERVE_MODEL_CACHE": os.environ.get("ORTSERVE_MODEL_CACHE",
                                                str(Path.home() / ".cache" / "ortserve"))})
     try:

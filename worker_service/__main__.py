@@ -34,7 +34,22 @@ def _flag(value: str | None) -> bool | None:
     return None if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def parse_config(argv: list[str] | None = None) -> WorkerConfig:
+# Issue 27: one word, "capacity", for what --kv-capacity sets, the ledger charges
+# against and the protos call capacity_bytes. The old "budget" names still work.
+_DEPRECATED = "{old} is deprecated: use {new} (same meaning)"
+
+
+def _first_given(notices: list[str], *candidates: tuple[object, str | None]) -> str | None:
+    """The first given value of (value, deprecation notice or None) pairs, in precedence
+    order; each deprecated name that was given adds its notice."""
+    notices += [notice for value, notice in candidates if value is not None and notice]
+    return next((str(value) for value, _ in candidates if value is not None), None)
+
+
+def parse_config(argv: list[str] | None = None, notices: list[str] | None = None) -> WorkerConfig:
+    """argv and the environment -> WorkerConfig; deprecated names used are appended to
+    `notices` (main logs them once logging is configured)."""
+    notices = [] if notices is None else notices
     d = WorkerConfig(model_dir=Path("."))
     p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,11 +76,15 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     p.add_argument("--device-id", type=int, default=int(_env("ORTSERVE_WORKER_DEVICE_ID", d.device_id)))
     p.add_argument("--threads", type=int, default=int(_env("ORTSERVE_WORKER_THREADS", d.intra_op_threads)),
                    help="ORT intra-op threads; 0 = every usable core")
-    p.add_argument("--kv-budget", default=_env("ORTSERVE_WORKER_KV_BUDGET"),
-                   help="KV-cache bytes this worker lets sequences hold, e.g. 2GiB")
-    p.add_argument("--kv-budget-fraction", type=float,
-                   default=float(_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION", d.kv_capacity_fraction)),
-                   help="without --kv-budget: this fraction of available (device) memory")
+    p.add_argument("--kv-capacity",
+                   help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
+                        "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
+    p.add_argument("--kv-capacity-fraction", type=float,
+                   help="without --kv-capacity: this fraction of available (device) memory "
+                        f"(default {d.kv_capacity_fraction:g}; env "
+                        "ORTSERVE_WORKER_KV_CAPACITY_FRACTION)")
+    p.add_argument("--kv-budget", help=argparse.SUPPRESS)  # deprecated: --kv-capacity
+    p.add_argument("--kv-budget-fraction", help=argparse.SUPPRESS)  # deprecated
     metrics_port = _env("ORTSERVE_WORKER_METRICS_PORT")
     p.add_argument("--metrics-port", type=int,
                    default=int(metrics_port) if metrics_port else None,
@@ -83,10 +102,27 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")
+    kv_capacity = _first_given(
+        notices, (a.kv_capacity, None),
+        (a.kv_budget, _DEPRECATED.format(old="--kv-budget", new="--kv-capacity")),
+        (_env("ORTSERVE_WORKER_KV_CAPACITY"), None),
+        (_env("ORTSERVE_WORKER_KV_BUDGET"), _DEPRECATED.format(
+            old="ORTSERVE_WORKER_KV_BUDGET", new="ORTSERVE_WORKER_KV_CAPACITY")))
+    fraction = _first_given(
+        notices, (a.kv_capacity_fraction, None),
+        (a.kv_budget_fraction, _DEPRECATED.format(old="--kv-budget-fraction",
+                                                  new="--kv-capacity-fraction")),
+        (_env("ORTSERVE_WORKER_KV_CAPACITY_FRACTION"), None),
+        (_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION"), _DEPRECATED.format(
+            old="ORTSERVE_WORKER_KV_BUDGET_FRACTION", new="ORTSERVE_WORKER_KV_CAPACITY_FRACTION")))
     try:
-        kv_budget = parse_bytes(a.kv_budget) if a.kv_budget else None
+        kv_capacity_bytes = parse_bytes(kv_capacity) if kv_capacity else None
     except ValueError as error:
-        p.error(f"--kv-budget: {error}")
+        p.error(f"--kv-capacity: {error}")
+    try:
+        fraction = d.kv_capacity_fraction if fraction is None else float(fraction)
+    except ValueError:
+        p.error(f"--kv-capacity-fraction {fraction!r} is not a number")
     try:
         swap = parse_bytes(a.session_swap_bytes) if a.session_swap_bytes else d.session_swap_bytes
     except ValueError as error:
@@ -99,8 +135,8 @@ def parse_config(argv: list[str] | None = None) -> WorkerConfig:
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
-        device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_budget,
-        kv_capacity_fraction=a.kv_budget_fraction, drain_timeout_s=a.drain_timeout_s,
+        device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_capacity_bytes,
+        kv_capacity_fraction=fraction, drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, log_level=a.log_level,
         log_json=a.log_json, tls=tls,
     )
@@ -131,8 +167,11 @@ async def _serve(config: WorkerConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_config(argv)
+    notices: list[str] = []
+    config = parse_config(argv, notices)
     configure_logging(config.log_level, config.log_json)
+    for notice in notices:  # a log line: with JSON logs, stderr stays JSON
+        structlog.get_logger("worker").warning(notice)
     try:
         ports.check_all_free(config.host, [("--port", config.port),
                                            ("--metrics-port", config.metrics_port)])

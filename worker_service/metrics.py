@@ -16,7 +16,7 @@ from worker_service.engine import Engine
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, engine: Engine) -> None:
         callback_gauge(registry, "ortserve_worker_kv_capacity_bytes",
-                       "KV-cache bytes this worker lets sequences hold (its --kv-budget)",
+                       "KV-cache bytes this worker lets sequences hold (its --kv-capacity)",
                        lambda: engine.capacity_bytes)
         callback_gauge(registry, "ortserve_worker_kv_held_bytes",
                        "KV-cache bytes charged to live sequences now (queued ones included)",

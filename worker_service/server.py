@@ -35,7 +35,7 @@ SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
 SERVICE_NAME = SERVICE.full_name
 
 
-def resolve_kv_budget(config: WorkerConfig, device: str) -> int:
+def resolve_kv_capacity(config: WorkerConfig, device: str) -> int:
     if config.kv_capacity_bytes is not None:
         return config.kv_capacity_bytes
     base = (devices.free_cuda_memory_bytes(config.device_id) if device == "cuda"
@@ -43,20 +43,20 @@ def resolve_kv_budget(config: WorkerConfig, device: str) -> int:
     return int(base * config.kv_capacity_fraction)
 
 
-def check_kv_budget(engine: Engine) -> None:
+def check_kv_capacity(engine: Engine) -> None:
     """Refuse a capacity that cannot serve one request (issue 12 #9); warn below one context."""
     spec = engine.spec
     smallest = engine.kv.bytes_for(2)  # one prompt token and one new token
     full_context = engine.kv.bytes_for(spec.context_length)
     if engine.capacity_bytes < smallest:
         raise ConfigError(
-            f"--kv-budget {engine.capacity_bytes:,} bytes cannot hold a single request: the "
+            f"--kv-capacity {engine.capacity_bytes:,} bytes cannot hold a single request: the "
             f"smallest (1 prompt + 1 new token) needs {smallest:,} bytes and one full context of "
             f"{spec.context_length:,} tokens needs {human_bytes(full_context)} at "
-            f"{spec.bytes_per_token:,} B/token; raise --kv-budget to at least "
+            f"{spec.bytes_per_token:,} B/token; raise --kv-capacity to at least "
             f"{human_bytes(full_context)}")
     if engine.capacity_bytes < full_context:
-        log.warning("kv budget below one full context: long requests will be capped",
+        log.warning("kv capacity below one full context: long requests will be capped",
                     capacity_bytes=engine.capacity_bytes, full_context_bytes=full_context)
 
 
@@ -118,7 +118,7 @@ class WorkerServer:
 
 async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, health, port: int) -> None:
     device = devices.resolve_device(config.device)
-    capacity_bytes = resolve_kv_budget(config, device)
+    capacity_bytes = resolve_kv_capacity(config, device)
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
@@ -134,12 +134,12 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         log.warning("device auto: CUDA is not usable, resolving to cpu", reason=str(error))
         device = "cpu"
         engine_config = replace(engine_config, device="cpu",
-                                kv_capacity_bytes=resolve_kv_budget(config, "cpu"))
+                                kv_capacity_bytes=resolve_kv_capacity(config, "cpu"))
         engine = await asyncio.to_thread(Engine, engine_config)
     log.info("device resolved", requested=config.device, device=engine.device,
              provider=engine.provider)
     try:
-        check_kv_budget(engine)
+        check_kv_capacity(engine)
     except ConfigError:
         engine.close()
         raise

@@ -26,7 +26,7 @@ def cap_reason(cap: BudgetCap) -> str:
              if cap.requested_was_unset else f"max_new_tokens {requested:,}")
     if cap.requested_bytes > cap.capacity_bytes:
         why = (f"worker {cap.worker_id}'s whole KV capacity is {human_bytes(cap.capacity_bytes)}; "
-               f"raise its --kv-budget to at least {human_bytes(cap.requested_bytes)} "
+               f"raise its --kv-capacity to at least {human_bytes(cap.requested_bytes)} "
                f"or ask for max_new_tokens <= {n_new:,}")
     else:
         why = (f"other requests hold {human_bytes(cap.capacity_bytes - cap.available_bytes)} of "
@@ -83,7 +83,7 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         message = (f"{what} need {human_bytes(r.needed_bytes)} of KV at {r.bytes_per_token:,} "
                    f"B/token, more than any worker's whole capacity (largest: "
                    f"{human_bytes(r.capacity_bytes)} on {r.largest_worker_id})")
-        remedy = (f"raise the worker's --kv-budget to at least {human_bytes(r.needed_bytes)}"
+        remedy = (f"raise the worker's --kv-capacity to at least {human_bytes(r.needed_bytes)}"
                   + (f", or ask for max_new_tokens <= {r.max_fit_new_tokens:,}"
                      if r.max_fit_new_tokens >= floor else ", or shorten the prompt"))
         return message, remedy
@@ -195,5 +195,5 @@ def capacity_below_one_block(capacity_bytes: int, block_bytes: int, block_tokens
         "capacity_bytes",
         f"{human_bytes(capacity_bytes)} ({capacity_bytes:,} bytes) is less than one KV block "
         f"({block_tokens:,} tokens = {human_bytes(block_bytes)}): such a worker can never serve; "
-        f"start it with --kv-budget of at least {human_bytes(block_bytes)} (better: one full "
+        f"start it with --kv-capacity of at least {human_bytes(block_bytes)} (better: one full "
         "context window)", capacity_bytes=capacity_bytes, block_bytes=block_bytes)

@@ -44,7 +44,7 @@ def start_cluster(tmp_path_factory, name: str, **kw) -> LocalCluster:
 @pytest.fixture(scope="module")
 def roomy(tmp_path_factory):
     """A scheduler and one CPU worker with a 512 MiB KV budget."""
-    cluster = start_cluster(tmp_path_factory, "roomy", kv_budgets=["512MiB"])
+    cluster = start_cluster(tmp_path_factory, "roomy", kv_capacities=["512MiB"])
     yield cluster
     cluster.stop()
 

@@ -112,7 +112,7 @@ def test_services_started_as_compose_says_serve_a_generation_over_two_workers(tm
                 "ORTSERVE_SCHEDULER_ADDRESS": scheduler.banner.split()[-1],
                 "ORTSERVE_WORKER_MODEL_DIR": str(model_dir),
                 "ORTSERVE_WORKER_HOST": "127.0.0.1", "ORTSERVE_WORKER_PORT": "0",
-                "ORTSERVE_WORKER_KV_BUDGET": "256MiB"})
+                "ORTSERVE_WORKER_KV_CAPACITY": "256MiB"})
             env["ORTSERVE_WORKER_THREADS"] = "1"  # two workers share this machine's two cores
             worker = start_service(f"worker-{i}", command, tmp_path, env)
             started.append(worker)

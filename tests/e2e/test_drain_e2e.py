@@ -16,7 +16,7 @@ FRANCE = "What is the capital of France? Answer in one sentence."
 
 
 def test_sigterm_lets_the_live_stream_finish_and_the_next_request_goes_elsewhere(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, "drain", workers=2, kv_budgets=["256MiB", "256MiB"])
+    cluster = start_cluster(tmp_path_factory, "drain", workers=2, kv_capacities=["256MiB", "256MiB"])
     try:
         with Client(cluster.address, timeout_s=120) as client:
             stream = client.stream(chat=[("user", "Tell me a long story about a dragon.")],

@@ -59,7 +59,7 @@ def roomy_gateway(roomy, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory):
     """A worker whose budget holds one short chat and its answer, capped."""
-    cluster = start_cluster(tmp_path_factory, "tight", kv_budgets=[str(TIGHT_BUDGET_TOKENS * BPT)])
+    cluster = start_cluster(tmp_path_factory, "tight", kv_capacities=[str(TIGHT_BUDGET_TOKENS * BPT)])
     service = start_gateway(tmp_path_factory, cluster.address)
     yield cluster, service
     stop_service(service)

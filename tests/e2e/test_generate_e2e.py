@@ -55,7 +55,7 @@ def test_a_request_that_fits_is_admitted_streams_and_answers(roomy):
 def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_path_factory):
     n_prompt = prompt_tokens(ESSAY)
     budget = (n_prompt + CAP_ROOM_TOKENS) * BPT
-    cluster = start_cluster(tmp_path_factory, "incident", kv_budgets=[str(budget)])
+    cluster = start_cluster(tmp_path_factory, "incident", kv_capacities=[str(budget)])
     try:
         block = worker_stub(cluster.worker_services[0].address).Info(
             worker_pb2.InfoRequest(), timeout=5).block_tokens
@@ -99,7 +99,7 @@ def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_
         assert err.value.capacity_bytes == budget
         strict = run_cli(cluster.address, "generate", ESSAY, "--strict")
         assert strict.returncode == 3 and strict.stdout == ""
-        assert "--kv-budget" in strict.stderr
+        assert "--kv-capacity" in strict.stderr
         assert reserved_bytes(cluster.address) == 0
     finally:
         cluster.stop()
@@ -107,7 +107,7 @@ def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_
 
 def test_two_concurrent_requests_never_exceed_one_budget_and_end_at_zero(tmp_path_factory):
     budget = 600 * BPT
-    cluster = start_cluster(tmp_path_factory, "pair", kv_budgets=[str(budget)])
+    cluster = start_cluster(tmp_path_factory, "pair", kv_capacities=[str(budget)])
     try:
         peaks: list[int] = []
         stop = threading.Event()

@@ -26,7 +26,7 @@ def scrape(port: int) -> dict[str, float]:
 
 def test_worker_and_scheduler_metrics_follow_a_request(tmp_path_factory):
     scheduler_port, worker_port = free_port(), free_port()
-    cluster = start_cluster(tmp_path_factory, "metrics", kv_budgets=["128MiB"],
+    cluster = start_cluster(tmp_path_factory, "metrics", kv_capacities=["128MiB"],
                             scheduler_args=["--metrics-port", str(scheduler_port)],
                             worker_args=["--metrics-port", str(worker_port)])
     try:

@@ -33,7 +33,7 @@ def prompt_ids() -> list[int]:
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
     per_request = kv_math.bytes_for(len(prompt_ids()) + NEW, BPT, BLOCK)
-    cluster = start_cluster(tmp_path_factory, "queue", kv_budgets=[str(3 * per_request + per_request // 2)],
+    cluster = start_cluster(tmp_path_factory, "queue", kv_capacities=[str(3 * per_request + per_request // 2)],
                             scheduler_args=["--max-queue-length", str(MAX_QUEUE)])
     worker = scheduler_stub(cluster.address).GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).workers[0]
     assert (worker.bytes_per_token, worker.block_tokens) == (BPT, BLOCK), "the model's geometry changed"

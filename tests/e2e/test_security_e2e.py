@@ -39,7 +39,7 @@ def secure(tmp_path_factory):
     keys.write_text(f"generate:{GENERATE_KEY}\nadmin:{ADMIN_KEY}\n")
     keys.chmod(0o600)
     cluster = LocalCluster(model_dir=require_model(), log_dir=tmp_path_factory.mktemp("logs-tls"),
-                           kv_budgets=["256MiB"], tls_dir=certs.dir, api_key=GENERATE_KEY,
+                           kv_capacities=["256MiB"], tls_dir=certs.dir, api_key=GENERATE_KEY,
                            scheduler_args=["--api-keys-file", str(keys)]).start()
     yield cluster, certs
     cluster.stop()

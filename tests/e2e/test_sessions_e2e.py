@@ -65,7 +65,7 @@ def open_session(stub) -> types_pb2.SessionInfo:
 
 @pytest.fixture(scope="module")
 def roomy(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, "sessions", kv_budgets=["512MiB"])
+    cluster = start_cluster(tmp_path_factory, "sessions", kv_capacities=["512MiB"])
     yield cluster
     cluster.stop()
 
@@ -73,7 +73,7 @@ def roomy(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory):
     """16 MiB of KV: 352 tokens of the default model (46,080 bytes/token, 16-token blocks)."""
-    cluster = start_cluster(tmp_path_factory, "sessions-tight", kv_budgets=["16MiB"],
+    cluster = start_cluster(tmp_path_factory, "sessions-tight", kv_capacities=["16MiB"],
                             scheduler_args=["--session-ttl-s", "8", "--heartbeat-interval-s",
                                             "0.5", "--lease-ttl-s", "3"])
     yield cluster

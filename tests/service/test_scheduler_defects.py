@@ -138,7 +138,7 @@ def test_registration_below_one_block_is_invalid_argument_naming_capacity_bytes(
         worker_id="w2", address="x:1", model="m", context_length=64, bytes_per_token=BPT,
         block_tokens=16, capacity_bytes=15 * BPT))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and field(error) == "capacity_bytes"
-    assert "--kv-budget" in error.details()
+    assert "--kv-capacity" in error.details()
 
 
 @pytest.mark.parametrize("request_id", ["", "same"])

@@ -112,7 +112,7 @@ def test_admit_answers_a_rejection_as_a_normal_reply(cluster):
     adm = stub.Admit(scheduler_pb2.AdmitRequest(request=prompt(200)), timeout=5)
     assert adm.decision == types_pb2.REJECTED
     assert adm.rejection.cause == types_pb2.EXCEEDS_CAPACITY
-    assert adm.rejection.needed_bytes == 201 * BPT and "--kv-budget" in adm.rejection.remedy
+    assert adm.rejection.needed_bytes == 201 * BPT and "--kv-capacity" in adm.rejection.remedy
 
 
 def generate_error(stub, request) -> grpc.RpcError:

@@ -56,7 +56,7 @@ def test_incident_unset_max_new_tokens_is_capped_at_what_fits_with_every_field()
     assert cap.bytes_per_token == BPT
     assert cap.prompt_tokens == prompt
     assert cap.worker_id == "w1"
-    assert "500" in cap.reason and "--kv-budget" in cap.reason
+    assert "500" in cap.reason and "--kv-capacity" in cap.reason
     assert adm.lease.budget_cap == cap
     assert ledger.reserved_bytes() == (prompt + 500) * BPT
 
@@ -109,7 +109,7 @@ def test_strict_policy_rejects_what_would_be_capped_with_the_numbers():
     assert rej.admissible_max_new_tokens == 500
     assert rej.requested_max_new_tokens == CTX - prompt
     assert rej.needed_bytes == CTX * BPT
-    assert "--kv-budget" in rej.remedy and "500" in rej.remedy
+    assert "--kv-capacity" in rej.remedy and "500" in rej.remedy
     assert ledger.reserved_bytes() == 0
 
 
@@ -143,7 +143,7 @@ def test_beyond_whole_capacity_is_exceeds_capacity_naming_the_flag():
     rej = adm.rejection
     assert rej.cause is Cause.EXCEEDS_CAPACITY
     assert rej.needed_bytes == 151 * BPT and rej.capacity_bytes == 100 * BPT
-    assert "--kv-budget" in rej.remedy
+    assert "--kv-capacity" in rej.remedy
 
 
 def test_min_new_tokens_sets_the_floor_of_a_cap():

@@ -137,7 +137,7 @@ def test_held_bytes_equal_the_reservation_and_overflow_raises_with_numbers(tiny_
             eng.submit(SequenceRequest("b", prompt, max_new), Recorder())
         err = info.value
         assert (err.needed_bytes, err.held_bytes, err.capacity_bytes) == (per_seq, per_seq, capacity)
-        assert f"{per_seq:,} bytes" in str(err) and "--kv-budget" in str(err)
+        assert f"{per_seq:,} bytes" in str(err) and "--kv-capacity" in str(err)
         # A smaller one still fits beside it.
         small = eng.generate(SequenceRequest("c", prompt[:4], 4))
         assert small.generated_tokens == 4

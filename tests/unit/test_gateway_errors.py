@@ -65,10 +65,10 @@ def test_context_length_exceeded_is_400_naming_the_prompt_with_the_numbers():
 def test_exceeds_capacity_is_400_naming_the_remedy():
     err = from_grpc(FakeRpcError(S.FAILED_PRECONDITION, "needs 9 MiB of 5 MiB", [
         rich_status.error_info("EXCEEDS_CAPACITY", {}),
-        rejection(types_pb2.EXCEEDS_CAPACITY, remedy="raise --kv-budget", cap_refused=True)]),
+        rejection(types_pb2.EXCEEDS_CAPACITY, remedy="raise --kv-capacity", cap_refused=True)]),
         "prompt")
     assert (err.status, err.code) == (400, "exceeds_capacity")
-    assert "--kv-budget" in err.message and err.ortserve["rejection"]["cap_refused"] is True
+    assert "--kv-capacity" in err.message and err.ortserve["rejection"]["cap_refused"] is True
 
 
 def test_no_worker_is_503_and_an_invalid_field_is_400_with_its_openai_name():

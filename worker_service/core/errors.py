@@ -72,7 +72,7 @@ class CapacityExceeded(EngineError):
             f"the sequence needs {human_bytes(needed_bytes)} of KV cache ({needed_bytes:,} bytes)"
             f"{' for ' + detail if detail else ''}; this worker holds {human_bytes(held_bytes)} "
             f"of {human_bytes(capacity_bytes)} ({human_bytes(free_bytes)} free); retry when "
-            "running sequences finish, lower max_new_tokens, or raise --kv-budget"
+            "running sequences finish, lower max_new_tokens, or raise --kv-capacity"
         )
         super().__init__(message, needed_bytes=needed_bytes, held_bytes=held_bytes,
                          capacity_bytes=capacity_bytes)

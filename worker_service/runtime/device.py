@@ -48,24 +48,24 @@ def usable_cores() -> int:
 
 
 def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (the CPU path's budget base)."""
+    """MemAvailable from /proc/meminfo (the CPU path's capacity base)."""
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    raise OSError("MemAvailable not found in /proc/meminfo: pass --kv-budget explicitly")
+    raise OSError("MemAvailable not found in /proc/meminfo: pass --kv-capacity explicitly")
 
 
 def free_cuda_memory_bytes(device_id: int) -> int:
-    """Free memory on GPU `device_id`, from nvidia-smi: the CUDA path's budget base when
-    no --kv-budget is given. Without a driver in sight that is a device error."""
+    """Free memory on GPU `device_id`, from nvidia-smi: the CUDA path's capacity base when
+    no --kv-capacity is given. Without a driver in sight that is a device error."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         raise DeviceUnavailable(
-            "--device cuda without --kv-budget sizes the KV budget from the GPU's free memory, "
+            "--device cuda without --kv-capacity sizes the KV capacity from the GPU's free memory, "
             "read with nvidia-smi, which is not on PATH: no NVIDIA driver is visible here (in a "
             "container, attach the GPU: docker run --gpus all, compose's device reservation, "
-            "the NVIDIA container toolkit); or give --kv-budget, or use --device cpu")
+            "the NVIDIA container toolkit); or give --kv-capacity, or use --device cpu")
     command = [tool, f"--id={device_id}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
     out = subprocess.run(command, capture_output=True, text=True, timeout=30)
     lines = out.stdout.strip().splitlines()
@@ -74,7 +74,7 @@ def free_cuda_memory_bytes(device_id: int) -> int:
         raise DeviceUnavailable(
             f"nvidia-smi could not report the free memory of GPU {device_id} (exit "
             f"{out.returncode}: {said}); check the GPUs with `nvidia-smi -L` and --device-id, "
-            f"or give --kv-budget")
+            f"or give --kv-capacity")
     return int(lines[0]) * 2**20
 
 
