@@ -156,7 +156,7 @@ cluster: setup $(if $(MODEL_NAME),,model)
 	@$(BIN)/python -m devtools.cluster --workers $(WORKERS) $(RUN_MODEL_DIR)
 
 ## compose-test: compose.yaml in real containers (Docker, or podman here), checked from outside
-## (README "Local clusters"; stdout: a JSON summary)
+## (docs/compose.md; stdout: a JSON summary)
 compose-test: setup model
 	@$(BIN)/python -m devtools.compose_test
 

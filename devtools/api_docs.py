@@ -160,7 +160,13 @@ class _Renderer:
                   "protos/ortserve/v1/*.proto; do not edit by hand. -->", "",
                   f"Package `{PACKAGE}`. Every RPC, message, field and enum value below "
                   "carries the comment it has in the proto. Servers also offer gRPC health "
-                  "and server reflection (`grpcurl -plaintext localhost:50051 list`).", "")
+                  "and server reflection (`grpcurl -plaintext localhost:50051 list`).", "",
+                  # NOTE: this page is the generated half of the API's docs; the hand-written
+                  # half (how to call it, what each failure means) lives beside it in docs/.
+                  "How to call it (CLI, Python, grpcurl, any language): [clients.md](clients.md); "
+                  "what each failure code means and what to do: [errors.md](errors.md); "
+                  "sessions: [sessions.md](sessions.md); OpenAI-compatible HTTP: "
+                  "[gateway.md](gateway.md).", "")
         for f in self.files:
             self.emit(f"- [{f.name}](#{_anchor(f.name)})")
         self.emit("")

@@ -1,4 +1,4 @@
-"""One compose project seen from outside: the README's commands, grpcurl, health, `down`.
+"""One compose project seen from outside: the documented commands, grpcurl, health, `down`.
 
 The pieces devtools/compose_test.py drives its scenarios with; nothing here
 knows what a scenario checks.
@@ -21,12 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 
 
+# Where each tested block is written: the README keeps the one compose example a
+# newcomer runs; the TLS variant lives with the rest of the compose reference.
+DOCUMENTED_IN = {"compose-commands": "README.md", "compose-tls-commands": "docs/compose.md"}
+
+
 def documented_commands(marker: str) -> list[list[str]]:
-    """The README block after `<!-- marker -->`: its `docker ...` lines as argv lists."""
-    text = (ROOT / "README.md").read_text()
+    """The block after `<!-- marker -->` in its page (DOCUMENTED_IN): its `docker ...`
+    lines as argv lists."""
+    page = DOCUMENTED_IN[marker]
+    text = (ROOT / page).read_text()
     block = re.search(rf"<!-- {marker} -->\s*```(?:bash|sh)?\n(.*?)```", text, re.S)
     if block is None:
-        raise RuntimeError(f"README.md lost its {marker} block")
+        raise RuntimeError(f"{page} lost its {marker} block")
     return [shlex.split(line.split("#", 1)[0]) for line in block.group(1).splitlines()
             if line.startswith("docker ")]
 

@@ -2,8 +2,8 @@
 
   .venv/bin/python -m devtools.compose_test   (make compose-test)
 
-Runs the README's "Local clusters" commands (its compose-commands and
-compose-tls-commands blocks; `docker` becomes this machine's engine, see
+Runs the documented compose commands (the README's compose-commands block and
+docs/compose.md's compose-tls-commands block; `docker` becomes this machine's engine, see
 devtools/container_engine.py) and checks the clusters only through their
 published ports:
 
@@ -153,10 +153,10 @@ def build_images(engine: Engine, summary: dict) -> None:
 
 def run_cluster(engine: Engine, marker: str, project: str, env: dict[str, str],
                 workers: dict[str, int], check, summary: dict) -> None:
-    """Bring up the README block's one `compose ... up` command, run `check` through the
+    """Bring up the documented block's one `compose ... up` command, run `check` through the
     published ports, then `down -v` (always), which must leave nothing."""
     ups = [c for c in documented_commands(marker) if c[:2] == ["docker", "compose"] and "up" in c]
-    expect(len(ups) == 1, f"README {marker}: want one docker compose ... up line, got {ups}")
+    expect(len(ups) == 1, f"{marker}: want one docker compose ... up line, got {ups}")
     port, gateway_port = free_port(), free_port()
     cluster = Cluster(engine, project, ups[0], {
         **env, "ORTSERVE_PORT": str(port), "ORTSERVE_GATEWAY_PORT": str(gateway_port),
@@ -179,7 +179,7 @@ def make_secrets(folder: Path) -> None:
     """compose.tls.yaml's files: a CA, the scheduler's certificate (the names it is dialed
     by: `scheduler`, and 127.0.0.1 for its health check and the published port), the
     worker's (`worker-cpu`, its advertised name, and 127.0.0.1), and keys.txt. Readable by
-    the images' user, as the README asks of a real secrets folder."""
+    the images' user, as docs/compose.md asks of a real secrets folder."""
     from tests.certs import make_certs  # trustme: a dev dependency, like this whole module
 
     make_certs(folder, scheduler_hosts=("scheduler", "127.0.0.1", "localhost"),

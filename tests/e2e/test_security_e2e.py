@@ -1,6 +1,6 @@
 """A cluster with TLS on every channel and API keys, as processes: grpcurl, Python and Node generate.
 
-The README's "Running it securely" grpcurl lines run as written (only the port
+docs/security.md's grpcurl lines run as written (only the port
 is changed), in the folder that holds ca.pem, with ORTSERVE_API_KEY set.
 """
 
@@ -45,17 +45,17 @@ def secure(tmp_path_factory):
     cluster.stop()
 
 
-def readme_secure_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+def documented_secure_commands() -> list[str]:
+    text = (ROOT / "docs" / "security.md").read_text()
     block = re.search(r"<!-- grpcurl-secure-examples -->\s*```(?:bash|sh)?\n(.*?)```", text, re.S)
-    assert block, "README.md lost its grpcurl-secure-examples block"
+    assert block, "docs/security.md lost its grpcurl-secure-examples block"
     return [line for line in block.group(1).splitlines() if line.startswith("grpcurl ")]
 
 
-def test_the_readme_secure_grpcurl_lines_work_as_written(secure):
+def test_the_documented_secure_grpcurl_lines_work_as_written(secure):
     cluster, certs = secure
     port = cluster.address.rsplit(":", 1)[1]
-    commands = readme_secure_commands()
+    commands = documented_secure_commands()
     assert len(commands) == 4
     env = {**os.environ, "ORTSERVE_API_KEY": GENERATE_KEY,
            "PATH": f"{os.path.dirname(grpcurl())}:{os.environ['PATH']}"}
