@@ -11,7 +11,7 @@ from ortserve.tls import TlsFiles
 @dataclass(frozen=True)
 class WorkerConfig:
     model_dir: Path
-    scheduler_address: str = "127.0.0.1:50051"
+    scheduler_address: str = "127.0.0.1:50061"  # the scheduler's --internal-port
     host: str = "127.0.0.1"
     port: int = 50052  # 0: any free port
     advertise_address: str = ""  # what the scheduler dials; "" -> host:port (or this host's IP)
