@@ -11,8 +11,7 @@ admitted ceiling needs.
 
 Running out of budget is a returned value (an `Admission` with a `Rejection`),
 not an exception; misuse (bad geometry, negative counts, releasing a lease a
-worker is serving, a second live worker under one id) raises a DomainError.
-The sentences are rendered from the numbers in `messages`.
+worker is serving, a second live worker under one id) raises a DomainError (errors.py).
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from scheduler_service.ledger import placement
-from scheduler_service.ledger import sentences as messages
-from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: budget is the ledger's public face
+from scheduler_service.ledger import errors, placement
+from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
+from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
     AdmissionRequest,
     BatchStats,
@@ -37,7 +36,6 @@ from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: budget
     Rejection,
     WorkerGeometry,
     WorkerSnapshot,
-    no_worker_rejection,
 )
 
 
@@ -99,8 +97,8 @@ class Ledger:
             if old is not None and old.geometry.address != geometry.address:
                 age = now - old.last_heartbeat
                 if age <= self.lease_ttl_s:
-                    raise messages.worker_id_in_use(geometry.worker_id, old.geometry.address,
-                                                    geometry.address, age, self.lease_ttl_s)
+                    raise errors.worker_id_in_use(geometry.worker_id, old.geometry.address,
+                                                  geometry.address, age, self.lease_ttl_s)
             self._workers.pop(geometry.worker_id, None)
             worker = _Worker(geometry=geometry, last_heartbeat=now)
             candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
@@ -199,7 +197,7 @@ class Ledger:
             worker = self._workers[owner]
             held = worker.leases[lease_id]
             if held.claimed and worker_id != owner:
-                raise messages.lease_claimed(lease_id, owner, held.reserved_bytes)
+                raise errors.lease_claimed(lease_id, owner, held.reserved_bytes)
             del self._lease_owner[lease_id]
             lease = worker.leases.pop(lease_id)
             worker.reserved_bytes -= lease.reserved_bytes

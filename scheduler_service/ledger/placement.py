@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scheduler_service.ledger import sentences as messages
+from scheduler_service.ledger import sentences
 from scheduler_service.ledger.types import (
     Admission,
     AdmissionRequest,
@@ -20,7 +20,6 @@ from scheduler_service.ledger.types import (
     Decision,
     Rejection,
     WorkerGeometry,
-    no_worker_rejection,
 )
 
 
@@ -101,7 +100,7 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
         capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
         prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
     )
-    cap = replace(cap, reason=messages.cap_reason(cap))
+    cap = replace(cap, reason=sentences.cap_reason(cap))
     return Admission(
         decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
         max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
@@ -110,13 +109,13 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
 def reject_context(req: AdmissionRequest, widest) -> Admission:
     g = widest.geometry
     ctx = g.context_length
-    rejection = Rejection(
+    rejection = sentences.rendered(Rejection(
         cause=Cause.CONTEXT_LENGTH_EXCEEDED,
         prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
         requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
         context_length=ctx, bytes_per_token=g.bytes_per_token,
         capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
-    ).rendered()
+    ))
     return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 
@@ -130,7 +129,7 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
     biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
     g = best.worker.geometry
     n_new = best.requested_max_new_tokens if cap_refused else req.floor_new_tokens
-    rejection = Rejection(
+    rejection = sentences.rendered(Rejection(
         cause=cause, cap_refused=cap_refused,
         prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
         requested_max_new_tokens=best.requested_max_new_tokens,
@@ -141,6 +140,22 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
         retry_after_s=retry_after_s if cause is Cause.BUDGET_BUSY else 0.0,
         largest_worker_id=biggest.worker_id,
         max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
-    ).rendered()
+    ))
     return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
+
+
+def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
+                        retry_after_s: float, registered_workers: int = 0,
+                        worker_error: str = "") -> Admission:
+    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize".
+
+    prompt_tokens 0 means unknown (a text prompt nobody could count): reported so, never guessed.
+    """
+    rejection = sentences.rendered(Rejection(
+        cause=Cause.NO_WORKER, prompt_tokens=prompt_tokens, min_new_tokens=min_new_tokens,
+        retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
+        registered_workers=registered_workers, worker_error=worker_error,
+    ))
+    return Admission(decision=Decision.REJECTED, request_id=request_id,
+                     prompt_tokens=prompt_tokens, rejection=rejection)
