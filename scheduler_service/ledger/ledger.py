@@ -12,6 +12,8 @@ admitted ceiling needs.
 Running out of budget is a returned value (an `Admission` with a `Rejection`),
 not an exception; misuse (bad geometry, negative counts, releasing a lease a
 worker is serving, a second live worker under one id) raises a DomainError (errors.py).
+Every change of a worker's reserved bytes goes through `_hold` or `_release`,
+which assert the invariant after each.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class _Worker:
     @property
     def available_bytes(self) -> int:
         return self.geometry.capacity_bytes - self.reserved_bytes
+
+    def without(self, lease: Lease) -> _Worker:
+        """This worker as if `lease` held nothing: a what-if view for a decision, never stored."""
+        return replace(self, reserved_bytes=self.reserved_bytes - lease.reserved_bytes)
 
 
 def _new_lease_id() -> str:
@@ -99,7 +105,8 @@ class Ledger:
                 if age <= self.lease_ttl_s:
                     raise errors.worker_id_in_use(geometry.worker_id, old.geometry.address,
                                                   geometry.address, age, self.lease_ttl_s)
-            self._workers.pop(geometry.worker_id, None)
+            if old is not None:
+                self._forget(old)
             worker = _Worker(geometry=geometry, last_heartbeat=now)
             candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
                                   claimed_at=lease.claimed_at or now)
@@ -112,8 +119,6 @@ class Ledger:
                                           now - lease.created_at)
                                   for lease in old.leases.values()
                                   if lease.claimed and lease.lease_id not in reported]
-                for lease_id in old.leases:
-                    self._lease_owner.pop(lease_id, None)
             for lease in candidates:
                 owner = self._lease_owner.get(lease.lease_id)
                 if owner is not None or worker.reserved_bytes + lease.reserved_bytes > geometry.capacity_bytes:
@@ -143,11 +148,10 @@ class Ledger:
     def remove_worker(self, worker_id: str) -> int:
         """Forget a worker; its leases' bytes return. Returns the bytes freed."""
         with self._lock:
-            worker = self._workers.pop(worker_id, None)
+            worker = self._workers.get(worker_id)
             if worker is None:
                 return 0
-            for lease_id in worker.leases:
-                self._lease_owner.pop(lease_id, None)
+            self._forget(worker)
             return worker.reserved_bytes
 
     def geometry(self, worker_id: str) -> WorkerGeometry | None:
@@ -198,10 +202,7 @@ class Ledger:
             held = worker.leases[lease_id]
             if held.claimed and worker_id != owner:
                 raise errors.lease_claimed(lease_id, owner, held.reserved_bytes)
-            del self._lease_owner[lease_id]
-            lease = worker.leases.pop(lease_id)
-            worker.reserved_bytes -= lease.reserved_bytes
-            return lease.reserved_bytes
+            return self._release(worker, lease_id).reserved_bytes
 
     def release_unclaimed(self, lease_id: str) -> int:
         """Release a lease only if no worker has claimed it (then the worker owns the release).
@@ -214,11 +215,7 @@ class Ledger:
             worker_id = self._lease_owner.get(lease_id)
             if worker_id is None or self._workers[worker_id].leases[lease_id].claimed:
                 return 0
-            worker = self._workers[worker_id]
-            del self._lease_owner[lease_id]
-            lease = worker.leases.pop(lease_id)
-            worker.reserved_bytes -= lease.reserved_bytes
-            return lease.reserved_bytes
+            return self._release(self._workers[worker_id], lease_id).reserved_bytes
 
     def reconcile(self, worker_id: str, live_lease_ids: Iterable[str], grace_s: float) -> list[Lease]:
         """Release claimed leases the worker no longer reports (claimed > grace_s ago)."""
@@ -232,9 +229,7 @@ class Ledger:
                     if lease.claimed and lease.lease_id not in live
                     and now - lease.claimed_at > grace_s]
             for lease in lost:
-                del worker.leases[lease.lease_id]
-                del self._lease_owner[lease.lease_id]
-                worker.reserved_bytes -= lease.reserved_bytes
+                self._release(worker, lease.lease_id)
             return lost
 
     def claim(self, lease_id: str, worker_id: str,
@@ -303,11 +298,27 @@ class Ledger:
     # -- internals (lock held) ---------------------------------------------------
 
     def _hold(self, worker: _Worker, lease: Lease) -> None:
-        worker.leases[lease.lease_id] = lease
-        worker.reserved_bytes += lease.reserved_bytes
+        """`lease` now holds its reserved_bytes on `worker`: a new lease, or a held one resized."""
+        before = worker.leases.get(lease.lease_id)
+        worker.leases[lease.lease_id] = lease  # a resized lease keeps its place in the snapshot
+        worker.reserved_bytes += lease.reserved_bytes - (before.reserved_bytes if before else 0)
         self._lease_owner[lease.lease_id] = worker.geometry.worker_id
-        # NOTE: the invariant this whole module exists for.
-        assert worker.reserved_bytes <= worker.geometry.capacity_bytes
+        _check(worker)
+
+    def _release(self, worker: _Worker, lease_id: str) -> Lease:
+        """Drop a held lease and its bytes: the one way a lease's bytes return (`_forget` drops
+        a whole worker, whose sum goes with it)."""
+        lease = worker.leases.pop(lease_id)
+        del self._lease_owner[lease_id]
+        worker.reserved_bytes -= lease.reserved_bytes
+        _check(worker)
+        return lease
+
+    def _forget(self, worker: _Worker) -> None:
+        """Drop a whole worker: its leases' bytes go with it, nothing is left to sum."""
+        del self._workers[worker.geometry.worker_id]
+        for lease_id in worker.leases:
+            self._lease_owner.pop(lease_id, None)
 
     def _expire_locked(self, now: float) -> None:
         expired = self._expired
@@ -316,15 +327,11 @@ class Ledger:
             if now - worker.last_heartbeat > self.lease_ttl_s:
                 expired += [Expired(lease, "worker silent", now - lease.created_at)
                             for lease in worker.leases.values()]
-                for lease_id in worker.leases:
-                    self._lease_owner.pop(lease_id, None)
-                del self._workers[worker_id]
+                self._forget(worker)
                 continue
             for lease in list(worker.leases.values()):
                 if not lease.claimed and now - lease.created_at > self.claim_ttl_s:
-                    del worker.leases[lease.lease_id]
-                    del self._lease_owner[lease.lease_id]
-                    worker.reserved_bytes -= lease.reserved_bytes
+                    self._release(worker, lease.lease_id)
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
     # -- sessions (one lease per session, resized per turn) ----------------------
@@ -364,36 +371,14 @@ class Ledger:
             lease = worker.leases[lease_id]
             if not placement.fits_context(request, worker.geometry):
                 return placement.reject_context(request, worker)
-            worker.reserved_bytes -= lease.reserved_bytes  # its own bytes are its to reuse
-            try:
-                option = placement.option(request, worker)
-                if option.fits_whole:
-                    decision = Admission(
-                        decision=Decision.ADMITTED, request_id=request.request_id,
-                        prompt_tokens=request.prompt_tokens,
-                        max_new_tokens=option.requested_max_new_tokens,
-                        reserved_bytes=worker.geometry.bytes_for(
-                            request.prompt_tokens + option.requested_max_new_tokens),
-                        worker=worker.geometry)
-                elif option.admissible_max_new_tokens >= request.floor_new_tokens and not request.strict:
-                    decision = placement.capped(request, option)
-                else:
-                    whole = worker.geometry.bytes_for(request.prompt_tokens + request.floor_new_tokens)
-                    cause = (Cause.BUDGET_BUSY if whole <= worker.geometry.capacity_bytes
-                             else Cause.EXCEEDS_CAPACITY)
-                    return placement.reject(request, cause, [option],
-                                            cap_refused=request.strict and
-                                            option.admissible_max_new_tokens >= request.floor_new_tokens,
-                                            retry_after_s=self.retry_after_s)
-            finally:
-                worker.reserved_bytes += lease.reserved_bytes
+            decision = placement.decide_on(worker.without(lease), request, self.retry_after_s)
+            if decision.decision is Decision.REJECTED:
+                return decision
             grown = replace(lease, prompt_tokens=request.prompt_tokens,
                             max_new_tokens=decision.max_new_tokens,
                             reserved_bytes=decision.reserved_bytes,
                             budget_cap=decision.budget_cap, request_id=request.request_id)
-            worker.reserved_bytes += grown.reserved_bytes - lease.reserved_bytes
-            worker.leases[lease_id] = grown
-            assert worker.reserved_bytes <= worker.geometry.capacity_bytes
+            self._hold(worker, grown)
             return replace(decision, lease=grown)
 
     def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
@@ -410,7 +395,12 @@ class Ledger:
             worker = self._workers[worker_id]
             lease = worker.leases[lease_id]
             new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
-            worker.reserved_bytes -= lease.reserved_bytes - new_bytes
             lease = replace(lease, reserved_bytes=new_bytes)
-            worker.leases[lease_id] = lease
+            self._hold(worker, lease)
             return lease
+
+
+def _check(worker: _Worker) -> None:
+    # NOTE: the invariant this whole module exists for, after every change of reserved bytes.
+    assert 0 <= worker.reserved_bytes <= worker.geometry.capacity_bytes, worker
+    assert worker.reserved_bytes == sum(lease.reserved_bytes for lease in worker.leases.values()), worker

@@ -74,6 +74,29 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
     return reject(req, cause, options, retry_after_s=retry_after_s)
 
+def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
+    """ADMITTED, CAPPED or REJECTED for `req` on this one worker, whose context it fits.
+
+    A session turn's decision on its own lease's worker: the ledger passes the
+    worker as if that lease held nothing, since its bytes are its own to reuse.
+    """
+    o = option(req, worker)
+    g = worker.geometry
+    if o.fits_whole:
+        n_new = o.requested_max_new_tokens
+        return Admission(
+            decision=Decision.ADMITTED, request_id=req.request_id,
+            prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
+            reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
+        )
+    fits_floor = o.admissible_max_new_tokens >= req.floor_new_tokens
+    if fits_floor and not req.strict:
+        return capped(req, o)
+    whole = g.bytes_for(req.prompt_tokens + req.floor_new_tokens)
+    cause = Cause.BUDGET_BUSY if whole <= g.capacity_bytes else Cause.EXCEEDS_CAPACITY
+    return reject(req, cause, [o], cap_refused=req.strict and fits_floor,
+                  retry_after_s=retry_after_s)
+
 def fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
     if req.prompt_tokens + req.floor_new_tokens > g.context_length:
         return False
