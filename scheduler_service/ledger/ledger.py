@@ -90,11 +90,9 @@ class Ledger:
     def register(self, geometry: WorkerGeometry, live_leases: Iterable[Lease] = ()) -> list[str]:
         """Add or re-register a worker; returns the ids of leases it could not restore.
 
-        The worker's lease set becomes what it reports live plus leases admitted
-        for it that it has not claimed yet (their requests may still arrive).
-        Claimed leases it no longer reports are gone with it. A lease that would
-        push reserved past capacity is refused, so the invariant holds even if
-        the worker comes back smaller.
+        Which leases it takes back is placement.restored's rule. A lease that
+        would push reserved past capacity is refused, so the invariant holds
+        even if the worker comes back smaller.
         """
         now = self._clock()
         refused: list[str] = []
@@ -108,17 +106,9 @@ class Ledger:
             if old is not None:
                 self._forget(old)
             worker = _Worker(geometry=geometry, last_heartbeat=now)
-            candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
-                                  claimed_at=lease.claimed_at or now)
-                          for lease in live_leases]
-            if old is not None:
-                reported = {lease.lease_id for lease in candidates}
-                candidates += [lease for lease in old.leases.values()
-                               if not lease.claimed and lease.lease_id not in reported]
-                self._expired += [Expired(lease, "worker re-registered without it",
-                                          now - lease.created_at)
-                                  for lease in old.leases.values()
-                                  if lease.claimed and lease.lease_id not in reported]
+            candidates, gone = placement.restored(
+                geometry.worker_id, live_leases, list(old.leases.values()) if old else [], now)
+            self._expired += gone
             for lease in candidates:
                 owner = self._lease_owner.get(lease.lease_id)
                 if owner is not None or worker.reserved_bytes + lease.reserved_bytes > geometry.capacity_bytes:
@@ -334,9 +324,7 @@ class Ledger:
                     self._release(worker, lease.lease_id)
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
-    # -- sessions (one lease per session, resized per turn) ----------------------
-    # NOTE: kept at the end and additive: the session registry (sessions.py)
-    # drives these; every other path above is unchanged.
+    # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
 
     def open_session_lease(self, request_id: str) -> Lease | None:
         """A 0-byte lease for a new session on the worker with the most free bytes; None

@@ -1,8 +1,9 @@
 """Placement and the decision: which worker, and ADMITTED / CAPPED / REJECTED (pure).
 
-The ledger calls these under its lock with its workers' state; nothing here
-reserves anything. Balance over packing: a request that fits whole goes to the
-worker with the most free bytes; otherwise to the one where the cap is largest.
+Also which leases a re-registering worker takes back. The ledger calls these
+under its lock with its workers' state; nothing here reserves anything.
+Balance over packing: a request that fits whole goes to the worker with the
+most free bytes; otherwise to the one where the cap is largest.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from scheduler_service.ledger.types import (
     BudgetCap,
     Cause,
     Decision,
+    Expired,
+    Lease,
     Rejection,
     WorkerGeometry,
 )
@@ -96,6 +99,22 @@ def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
     cause = Cause.BUDGET_BUSY if whole <= g.capacity_bytes else Cause.EXCEEDS_CAPACITY
     return reject(req, cause, [o], cap_refused=req.strict and fits_floor,
                   retry_after_s=retry_after_s)
+
+def restored(worker_id: str, live: Iterable[Lease], held: list[Lease],
+             now: float) -> tuple[list[Lease], list[Expired]]:
+    """The leases a (re-)registering worker takes back, and those gone with it.
+
+    It takes what it reports `live` (claimed by it now) plus the leases `held`
+    for it that it has not claimed yet (their requests may still arrive).
+    Claimed leases it no longer reports are gone with it.
+    """
+    candidates = [replace(lease, worker_id=worker_id, claimed=True,
+                          claimed_at=lease.claimed_at or now) for lease in live]
+    reported = {lease.lease_id for lease in candidates}
+    candidates += [lease for lease in held if not lease.claimed and lease.lease_id not in reported]
+    gone = [Expired(lease, "worker re-registered without it", now - lease.created_at)
+            for lease in held if lease.claimed and lease.lease_id not in reported]
+    return candidates, gone
 
 def fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
     if req.prompt_tokens + req.floor_new_tokens > g.context_length:
