@@ -18,7 +18,7 @@ from ortserve.errors import DomainError, ErrorReason, clip
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
 from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.ledger import sentences as messages
+from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger
 from scheduler_service.servicer import log_expired
 from scheduler_service.worker_clients import WorkerClients
@@ -76,11 +76,11 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
         lease = self._ledger.claim(
             request.lease_id, request.worker_id,
-            check=lambda lease: messages.check_claim(lease, request.prompt_tokens,
-                                                     request.max_new_tokens))
+            check=lambda lease: ledger_errors.check_claim(lease, request.prompt_tokens,
+                                                          request.max_new_tokens))
         if lease is None:
-            raise messages.lease_not_live(request.lease_id, request.worker_id,
-                                          self._config.claim_ttl_s)
+            raise ledger_errors.lease_not_live(request.lease_id, request.worker_id,
+                                               self._config.claim_ttl_s)
         log.info("lease claimed", lease_id=lease.lease_id, worker_id=lease.worker_id)
         return convert.lease_to_pb(lease, time.monotonic())
 

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 
 from scheduler_service.ledger.ledger import Admission
-from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket
+from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -43,14 +43,12 @@ class QueueWaiter:
 
         Raises the DomainError for the caller's own deadline passing.
         """
-        from scheduler_service.ledger import sentences as messages
-
         event = self._events.setdefault(ticket.seq, asyncio.Event())
         while True:
             if ticket.outcome is not None:
                 return ticket.outcome
             if ticket.deadline_exceeded:
-                raise messages.queue_deadline_exceeded(ticket)
+                raise queue_deadline_exceeded(ticket)
             now = self._clock()
             if now >= ticket.deadline:
                 self.kick()  # pump ends the wait: an outcome or deadline_exceeded, never neither

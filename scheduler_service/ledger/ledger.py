@@ -11,8 +11,9 @@ admitted ceiling needs.
 
 Running out of budget is a returned value (an `Admission` with a `Rejection`),
 not an exception; misuse (bad geometry, negative counts, releasing a lease a
-worker is serving, a second live worker under one id) raises a DomainError.
-The sentences are rendered from the numbers in `messages`.
+worker is serving, a second live worker under one id) raises a DomainError (errors.py).
+Every change of a worker's reserved bytes goes through `_hold` or `_release`,
+which assert the invariant after each.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from scheduler_service.ledger import placement
-from scheduler_service.ledger import sentences as messages
-from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: budget is the ledger's public face
+from scheduler_service.ledger import errors, placement
+from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
+from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
     AdmissionRequest,
     BatchStats,
@@ -37,7 +38,6 @@ from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: budget
     Rejection,
     WorkerGeometry,
     WorkerSnapshot,
-    no_worker_rejection,
 )
 
 
@@ -53,6 +53,10 @@ class _Worker:
     @property
     def available_bytes(self) -> int:
         return self.geometry.capacity_bytes - self.reserved_bytes
+
+    def without(self, lease: Lease) -> _Worker:
+        """This worker as if `lease` held nothing: a what-if view for a decision, never stored."""
+        return replace(self, reserved_bytes=self.reserved_bytes - lease.reserved_bytes)
 
 
 def _new_lease_id() -> str:
@@ -86,11 +90,9 @@ class Ledger:
     def register(self, geometry: WorkerGeometry, live_leases: Iterable[Lease] = ()) -> list[str]:
         """Add or re-register a worker; returns the ids of leases it could not restore.
 
-        The worker's lease set becomes what it reports live plus leases admitted
-        for it that it has not claimed yet (their requests may still arrive).
-        Claimed leases it no longer reports are gone with it. A lease that would
-        push reserved past capacity is refused, so the invariant holds even if
-        the worker comes back smaller.
+        Which leases it takes back is placement.restored's rule. A lease that
+        would push reserved past capacity is refused, so the invariant holds
+        even if the worker comes back smaller.
         """
         now = self._clock()
         refused: list[str] = []
@@ -99,23 +101,14 @@ class Ledger:
             if old is not None and old.geometry.address != geometry.address:
                 age = now - old.last_heartbeat
                 if age <= self.lease_ttl_s:
-                    raise messages.worker_id_in_use(geometry.worker_id, old.geometry.address,
-                                                    geometry.address, age, self.lease_ttl_s)
-            self._workers.pop(geometry.worker_id, None)
-            worker = _Worker(geometry=geometry, last_heartbeat=now)
-            candidates = [replace(lease, worker_id=geometry.worker_id, claimed=True,
-                                  claimed_at=lease.claimed_at or now)
-                          for lease in live_leases]
+                    raise errors.worker_id_in_use(geometry.worker_id, old.geometry.address,
+                                                  geometry.address, age, self.lease_ttl_s)
             if old is not None:
-                reported = {lease.lease_id for lease in candidates}
-                candidates += [lease for lease in old.leases.values()
-                               if not lease.claimed and lease.lease_id not in reported]
-                self._expired += [Expired(lease, "worker re-registered without it",
-                                          now - lease.created_at)
-                                  for lease in old.leases.values()
-                                  if lease.claimed and lease.lease_id not in reported]
-                for lease_id in old.leases:
-                    self._lease_owner.pop(lease_id, None)
+                self._forget(old)
+            worker = _Worker(geometry=geometry, last_heartbeat=now)
+            candidates, gone = placement.restored(
+                geometry.worker_id, live_leases, list(old.leases.values()) if old else [], now)
+            self._expired += gone
             for lease in candidates:
                 owner = self._lease_owner.get(lease.lease_id)
                 if owner is not None or worker.reserved_bytes + lease.reserved_bytes > geometry.capacity_bytes:
@@ -145,11 +138,10 @@ class Ledger:
     def remove_worker(self, worker_id: str) -> int:
         """Forget a worker; its leases' bytes return. Returns the bytes freed."""
         with self._lock:
-            worker = self._workers.pop(worker_id, None)
+            worker = self._workers.get(worker_id)
             if worker is None:
                 return 0
-            for lease_id in worker.leases:
-                self._lease_owner.pop(lease_id, None)
+            self._forget(worker)
             return worker.reserved_bytes
 
     def geometry(self, worker_id: str) -> WorkerGeometry | None:
@@ -199,11 +191,8 @@ class Ledger:
             worker = self._workers[owner]
             held = worker.leases[lease_id]
             if held.claimed and worker_id != owner:
-                raise messages.lease_claimed(lease_id, owner, held.reserved_bytes)
-            del self._lease_owner[lease_id]
-            lease = worker.leases.pop(lease_id)
-            worker.reserved_bytes -= lease.reserved_bytes
-            return lease.reserved_bytes
+                raise errors.lease_claimed(lease_id, owner, held.reserved_bytes)
+            return self._release(worker, lease_id).reserved_bytes
 
     def release_unclaimed(self, lease_id: str) -> int:
         """Release a lease only if no worker has claimed it (then the worker owns the release).
@@ -216,11 +205,7 @@ class Ledger:
             worker_id = self._lease_owner.get(lease_id)
             if worker_id is None or self._workers[worker_id].leases[lease_id].claimed:
                 return 0
-            worker = self._workers[worker_id]
-            del self._lease_owner[lease_id]
-            lease = worker.leases.pop(lease_id)
-            worker.reserved_bytes -= lease.reserved_bytes
-            return lease.reserved_bytes
+            return self._release(self._workers[worker_id], lease_id).reserved_bytes
 
     def reconcile(self, worker_id: str, live_lease_ids: Iterable[str], grace_s: float) -> list[Lease]:
         """Release claimed leases the worker no longer reports (claimed > grace_s ago)."""
@@ -234,9 +219,7 @@ class Ledger:
                     if lease.claimed and lease.lease_id not in live
                     and now - lease.claimed_at > grace_s]
             for lease in lost:
-                del worker.leases[lease.lease_id]
-                del self._lease_owner[lease.lease_id]
-                worker.reserved_bytes -= lease.reserved_bytes
+                self._release(worker, lease.lease_id)
             return lost
 
     def claim(self, lease_id: str, worker_id: str,
@@ -305,11 +288,27 @@ class Ledger:
     # -- internals (lock held) ---------------------------------------------------
 
     def _hold(self, worker: _Worker, lease: Lease) -> None:
-        worker.leases[lease.lease_id] = lease
-        worker.reserved_bytes += lease.reserved_bytes
+        """`lease` now holds its reserved_bytes on `worker`: a new lease, or a held one resized."""
+        before = worker.leases.get(lease.lease_id)
+        worker.leases[lease.lease_id] = lease  # a resized lease keeps its place in the snapshot
+        worker.reserved_bytes += lease.reserved_bytes - (before.reserved_bytes if before else 0)
         self._lease_owner[lease.lease_id] = worker.geometry.worker_id
-        # NOTE: the invariant this whole module exists for.
-        assert worker.reserved_bytes <= worker.geometry.capacity_bytes
+        _check(worker)
+
+    def _release(self, worker: _Worker, lease_id: str) -> Lease:
+        """Drop a held lease and its bytes: the one way a lease's bytes return (`_forget` drops
+        a whole worker, whose sum goes with it)."""
+        lease = worker.leases.pop(lease_id)
+        del self._lease_owner[lease_id]
+        worker.reserved_bytes -= lease.reserved_bytes
+        _check(worker)
+        return lease
+
+    def _forget(self, worker: _Worker) -> None:
+        """Drop a whole worker: its leases' bytes go with it, nothing is left to sum."""
+        del self._workers[worker.geometry.worker_id]
+        for lease_id in worker.leases:
+            self._lease_owner.pop(lease_id, None)
 
     def _expire_locked(self, now: float) -> None:
         expired = self._expired
@@ -318,20 +317,14 @@ class Ledger:
             if now - worker.last_heartbeat > self.lease_ttl_s:
                 expired += [Expired(lease, "worker silent", now - lease.created_at)
                             for lease in worker.leases.values()]
-                for lease_id in worker.leases:
-                    self._lease_owner.pop(lease_id, None)
-                del self._workers[worker_id]
+                self._forget(worker)
                 continue
             for lease in list(worker.leases.values()):
                 if not lease.claimed and now - lease.created_at > self.claim_ttl_s:
-                    del worker.leases[lease.lease_id]
-                    del self._lease_owner[lease.lease_id]
-                    worker.reserved_bytes -= lease.reserved_bytes
+                    self._release(worker, lease.lease_id)
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
 
-    # -- sessions (one lease per session, resized per turn) ----------------------
-    # NOTE: kept at the end and additive: the session registry (sessions.py)
-    # drives these; every other path above is unchanged.
+    # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
 
     def open_session_lease(self, request_id: str) -> Lease | None:
         """A 0-byte lease for a new session on the worker with the most free bytes; None
@@ -366,36 +359,14 @@ class Ledger:
             lease = worker.leases[lease_id]
             if not placement.fits_context(request, worker.geometry):
                 return placement.reject_context(request, worker)
-            worker.reserved_bytes -= lease.reserved_bytes  # its own bytes are its to reuse
-            try:
-                option = placement.option(request, worker)
-                if option.fits_whole:
-                    decision = Admission(
-                        decision=Decision.ADMITTED, request_id=request.request_id,
-                        prompt_tokens=request.prompt_tokens,
-                        max_new_tokens=option.requested_max_new_tokens,
-                        reserved_bytes=worker.geometry.bytes_for(
-                            request.prompt_tokens + option.requested_max_new_tokens),
-                        worker=worker.geometry)
-                elif option.admissible_max_new_tokens >= request.floor_new_tokens and not request.strict:
-                    decision = placement.capped(request, option)
-                else:
-                    whole = worker.geometry.bytes_for(request.prompt_tokens + request.floor_new_tokens)
-                    cause = (Cause.BUDGET_BUSY if whole <= worker.geometry.capacity_bytes
-                             else Cause.EXCEEDS_CAPACITY)
-                    return placement.reject(request, cause, [option],
-                                            cap_refused=request.strict and
-                                            option.admissible_max_new_tokens >= request.floor_new_tokens,
-                                            retry_after_s=self.retry_after_s)
-            finally:
-                worker.reserved_bytes += lease.reserved_bytes
+            decision = placement.decide_on(worker.without(lease), request, self.retry_after_s)
+            if decision.decision is Decision.REJECTED:
+                return decision
             grown = replace(lease, prompt_tokens=request.prompt_tokens,
                             max_new_tokens=decision.max_new_tokens,
                             reserved_bytes=decision.reserved_bytes,
                             budget_cap=decision.budget_cap, request_id=request.request_id)
-            worker.reserved_bytes += grown.reserved_bytes - lease.reserved_bytes
-            worker.leases[lease_id] = grown
-            assert worker.reserved_bytes <= worker.geometry.capacity_bytes
+            self._hold(worker, grown)
             return replace(decision, lease=grown)
 
     def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
@@ -412,7 +383,12 @@ class Ledger:
             worker = self._workers[worker_id]
             lease = worker.leases[lease_id]
             new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
-            worker.reserved_bytes -= lease.reserved_bytes - new_bytes
             lease = replace(lease, reserved_bytes=new_bytes)
-            worker.leases[lease_id] = lease
+            self._hold(worker, lease)
             return lease
+
+
+def _check(worker: _Worker) -> None:
+    # NOTE: the invariant this whole module exists for, after every change of reserved bytes.
+    assert 0 <= worker.reserved_bytes <= worker.geometry.capacity_bytes, worker
+    assert worker.reserved_bytes == sum(lease.reserved_bytes for lease in worker.leases.values()), worker

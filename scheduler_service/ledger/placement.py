@@ -1,8 +1,9 @@
 """Placement and the decision: which worker, and ADMITTED / CAPPED / REJECTED (pure).
 
-The ledger calls these under its lock with its workers' state; nothing here
-reserves anything. Balance over packing: a request that fits whole goes to the
-worker with the most free bytes; otherwise to the one where the cap is largest.
+Also which leases a re-registering worker takes back. The ledger calls these
+under its lock with its workers' state; nothing here reserves anything.
+Balance over packing: a request that fits whole goes to the worker with the
+most free bytes; otherwise to the one where the cap is largest.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scheduler_service.ledger import sentences as messages
+from scheduler_service.ledger import sentences
 from scheduler_service.ledger.types import (
     Admission,
     AdmissionRequest,
     BudgetCap,
     Cause,
     Decision,
+    Expired,
+    Lease,
     Rejection,
     WorkerGeometry,
-    no_worker_rejection,
 )
 
 
@@ -75,6 +77,45 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
     return reject(req, cause, options, retry_after_s=retry_after_s)
 
+def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
+    """ADMITTED, CAPPED or REJECTED for `req` on this one worker, whose context it fits.
+
+    A session turn's decision on its own lease's worker: the ledger passes the
+    worker as if that lease held nothing, since its bytes are its own to reuse.
+    """
+    o = option(req, worker)
+    g = worker.geometry
+    if o.fits_whole:
+        n_new = o.requested_max_new_tokens
+        return Admission(
+            decision=Decision.ADMITTED, request_id=req.request_id,
+            prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
+            reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
+        )
+    fits_floor = o.admissible_max_new_tokens >= req.floor_new_tokens
+    if fits_floor and not req.strict:
+        return capped(req, o)
+    whole = g.bytes_for(req.prompt_tokens + req.floor_new_tokens)
+    cause = Cause.BUDGET_BUSY if whole <= g.capacity_bytes else Cause.EXCEEDS_CAPACITY
+    return reject(req, cause, [o], cap_refused=req.strict and fits_floor,
+                  retry_after_s=retry_after_s)
+
+def restored(worker_id: str, live: Iterable[Lease], held: list[Lease],
+             now: float) -> tuple[list[Lease], list[Expired]]:
+    """The leases a (re-)registering worker takes back, and those gone with it.
+
+    It takes what it reports `live` (claimed by it now) plus the leases `held`
+    for it that it has not claimed yet (their requests may still arrive).
+    Claimed leases it no longer reports are gone with it.
+    """
+    candidates = [replace(lease, worker_id=worker_id, claimed=True,
+                          claimed_at=lease.claimed_at or now) for lease in live]
+    reported = {lease.lease_id for lease in candidates}
+    candidates += [lease for lease in held if not lease.claimed and lease.lease_id not in reported]
+    gone = [Expired(lease, "worker re-registered without it", now - lease.created_at)
+            for lease in held if lease.claimed and lease.lease_id not in reported]
+    return candidates, gone
+
 def fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
     if req.prompt_tokens + req.floor_new_tokens > g.context_length:
         return False
@@ -101,7 +142,7 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
         capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
         prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
     )
-    cap = replace(cap, reason=messages.cap_reason(cap))
+    cap = replace(cap, reason=sentences.cap_reason(cap))
     return Admission(
         decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
         max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
@@ -110,13 +151,13 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
 def reject_context(req: AdmissionRequest, widest) -> Admission:
     g = widest.geometry
     ctx = g.context_length
-    rejection = Rejection(
+    rejection = sentences.rendered(Rejection(
         cause=Cause.CONTEXT_LENGTH_EXCEEDED,
         prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
         requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
         context_length=ctx, bytes_per_token=g.bytes_per_token,
         capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
-    ).rendered()
+    ))
     return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 
@@ -130,7 +171,7 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
     biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
     g = best.worker.geometry
     n_new = best.requested_max_new_tokens if cap_refused else req.floor_new_tokens
-    rejection = Rejection(
+    rejection = sentences.rendered(Rejection(
         cause=cause, cap_refused=cap_refused,
         prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
         requested_max_new_tokens=best.requested_max_new_tokens,
@@ -141,6 +182,22 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
         retry_after_s=retry_after_s if cause is Cause.BUDGET_BUSY else 0.0,
         largest_worker_id=biggest.worker_id,
         max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
-    ).rendered()
+    ))
     return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
+
+
+def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
+                        retry_after_s: float, registered_workers: int = 0,
+                        worker_error: str = "") -> Admission:
+    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize".
+
+    prompt_tokens 0 means unknown (a text prompt nobody could count): reported so, never guessed.
+    """
+    rejection = sentences.rendered(Rejection(
+        cause=Cause.NO_WORKER, prompt_tokens=prompt_tokens, min_new_tokens=min_new_tokens,
+        retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
+        registered_workers=registered_workers, worker_error=worker_error,
+    ))
+    return Admission(decision=Decision.REJECTED, request_id=request_id,
+                     prompt_tokens=prompt_tokens, rejection=rejection)

@@ -34,14 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from scheduler_service.ledger.ledger import (
-    Admission,
-    AdmissionRequest,
-    Cause,
-    Decision,
-    Ledger,
-    Rejection,
-)
+from ortserve.errors import DomainError, ErrorReason
+from ortserve.units import human_bytes, tokens
+from scheduler_service.ledger import sentences
+from scheduler_service.ledger.ledger import Ledger
+from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, Decision, Rejection
 
 # Ledger causes that mean "could start later": the request keeps waiting.
 _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
@@ -84,6 +81,19 @@ class Ticket:
     @property
     def max_wait_s(self) -> float:
         return self.deadline - self.enqueued_at
+
+
+def queue_deadline_exceeded(ticket: Ticket) -> DomainError:
+    """The call's own deadline ended the wait (`ticket.deadline_exceeded`): nothing is held."""
+    waited = ticket.max_wait_s
+    return DomainError(
+        ErrorReason.DEADLINE_EXCEEDED,
+        f"the call's deadline passed after {waited:.1f} s in the admission queue: "
+        f"{human_bytes(ticket.needed_bytes)} of KV (prompt {tokens(ticket.request.prompt_tokens)}) "
+        "did not free up in time; nothing is held; retry with a later deadline, or allow a cap "
+        "(cap policy ALLOW), or add workers",
+        metadata={"waited_ms": round(waited * 1e3, 1), "needed_bytes": ticket.needed_bytes,
+                  "prompt_tokens": ticket.request.prompt_tokens})
 
 
 @dataclass(frozen=True)
@@ -274,7 +284,7 @@ class AdmissionQueue:
                  bytes_ahead: int | None = None) -> Admission:
         workers = self.ledger.snapshot()
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
-        rejection = Rejection(
+        rejection = sentences.rendered(Rejection(
             cause=cause, prompt_tokens=request.prompt_tokens, min_new_tokens=request.min_new_tokens,
             requested_max_new_tokens=(request.max_new_tokens if request.max_new_tokens is not None
                                       else max((widest.geometry.context_length if widest else 0)
@@ -289,6 +299,6 @@ class AdmissionQueue:
             bytes_ahead=(sum(t.needed_bytes for t in self._entries) if bytes_ahead is None
                          else bytes_ahead),
             waited_s=waited_s, max_queue_wait_s=max_wait_s,
-        ).rendered()
+        ))
         return Admission(decision=Decision.REJECTED, request_id=request.request_id,
                          prompt_tokens=request.prompt_tokens, rejection=rejection)

@@ -1,19 +1,16 @@
 """The scheduler's sentences, rendered from the numbers (the ledger keeps the arithmetic).
 
-Every message names the cause, the numbers and a next step. Caller strings
-(lease ids, worker ids, addresses) are echoed clipped, never whole.
+Every message names the cause, the numbers and a next step. Text only, from
+the value types' numbers: the DomainErrors the wing raises are built in
+errors.py (the queue's own in queue.py), never here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
 from ortserve.units import human_bytes, tokens
-
-if TYPE_CHECKING:
-    from scheduler_service.ledger.ledger import BudgetCap, Lease, Rejection
-    from scheduler_service.ledger.queue import Ticket
+from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
                 "can reach the scheduler")
@@ -45,10 +42,14 @@ def _prompt(r: Rejection) -> str:
     return f"the prompt is {tokens(r.prompt_tokens)}"
 
 
+def rendered(r: Rejection) -> Rejection:
+    """The rejection with its message and remedy written from its numbers."""
+    message, remedy = rejection_text(r)
+    return replace(r, message=message, remedy=remedy)
+
+
 def rejection_text(r: Rejection) -> tuple[str, str]:
     """(message, remedy) of a rejection, from its numbers."""
-    from scheduler_service.ledger.ledger import Cause
-
     floor = max(r.min_new_tokens, 1)
     if r.cause is Cause.NO_WORKER:
         if r.registered_workers:
@@ -98,8 +99,6 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
 
 
 def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
-    from scheduler_service.ledger.ledger import Cause
-
     need = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {r.requested_max_new_tokens:,}"
             if r.cap_refused else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {floor:,}")
     if r.cause is Cause.QUEUE_FULL:
@@ -122,78 +121,3 @@ def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
               + (", or accept a cap (cap policy ALLOW)" if r.cap_refused else "")
               + ", or add workers")
     return message, remedy
-
-
-# -- errors the ledger and the servicer raise -----------------------------------------------
-
-
-def lease_claimed(lease_id: str, worker_id: str, reserved_bytes: int) -> DomainError:
-    return DomainError(
-        ErrorReason.LEASE_CLAIMED,
-        f"lease {quoted(lease_id)} is being served by worker {quoted(worker_id)}, which holds its "
-        f"{human_bytes(reserved_bytes)} of KV; only that worker releases it, once the buffer is "
-        "freed: to stop the request, cancel its Generate stream (the worker then frees and "
-        "releases the lease)",
-        metadata={"lease_id": lease_id, "worker_id": worker_id, "reserved_bytes": reserved_bytes})
-
-
-def lease_not_live(lease_id: str, worker_id: str, claim_ttl_s: float) -> DomainError:
-    return DomainError(
-        ErrorReason.LEASE_NOT_FOUND,
-        f"lease {quoted(lease_id)} is not live for worker {quoted(worker_id)}: it was released, "
-        f"expired (unclaimed for {claim_ttl_s:g} s, or its worker stopped heartbeating) or "
-        "belongs to another worker; get a new lease from Scheduler.Admit, or call "
-        "Scheduler.Generate", metadata={"lease_id": lease_id, "worker_id": worker_id})
-
-
-def queue_deadline_exceeded(ticket: Ticket) -> DomainError:
-    waited = ticket.max_wait_s
-    return DomainError(
-        ErrorReason.DEADLINE_EXCEEDED,
-        f"the call's deadline passed after {waited:.1f} s in the admission queue: "
-        f"{human_bytes(ticket.needed_bytes)} of KV (prompt {tokens(ticket.request.prompt_tokens)}) "
-        "did not free up in time; nothing is held; retry with a later deadline, or allow a cap "
-        "(cap policy ALLOW), or add workers",
-        metadata={"waited_ms": round(waited * 1e3, 1), "needed_bytes": ticket.needed_bytes,
-                  "prompt_tokens": ticket.request.prompt_tokens})
-
-
-def check_claim(lease: Lease, prompt_tokens: int, max_new_tokens: int) -> None:
-    """Raise LEASE_MISMATCH when the request a worker is about to serve is not the admitted one."""
-    if prompt_tokens and prompt_tokens != lease.prompt_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"prompt: the prompt is {tokens(prompt_tokens)} but lease {quoted(lease.lease_id)} "
-            f"was admitted for {tokens(lease.prompt_tokens)}; send the request you admitted "
-            "(the lease is still usable)", field="prompt",
-            metadata={"lease_id": lease.lease_id, "prompt_tokens": prompt_tokens,
-                      "lease_prompt_tokens": lease.prompt_tokens})
-    if max_new_tokens > lease.max_new_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"max_new_tokens: {max_new_tokens:,} exceeds lease {quoted(lease.lease_id)}'s "
-            f"admitted {lease.max_new_tokens:,}; ask for at most that, or admit again (the "
-            "lease is still usable)", field="max_new_tokens",
-            metadata={"lease_id": lease.lease_id, "max_new_tokens": max_new_tokens,
-                      "lease_max_new_tokens": lease.max_new_tokens})
-
-
-def worker_id_in_use(worker_id: str, live_address: str, new_address: str,
-                     heartbeat_age_s: float, lease_ttl_s: float) -> DomainError:
-    return DomainError(
-        ErrorReason.WORKER_ID_IN_USE,
-        f"worker id {quoted(worker_id)} is in use by a live worker at {quoted(live_address)} "
-        f"(last heartbeat {heartbeat_age_s:.1f} s ago); refusing the registration from "
-        f"{quoted(new_address)}: start it with another --worker-id, or stop the other one "
-        f"(its id frees {lease_ttl_s:g} s after its last heartbeat)",
-        metadata={"worker_id": worker_id, "live_address": live_address,
-                  "new_address": new_address, "heartbeat_age_s": round(heartbeat_age_s, 3)})
-
-
-def capacity_below_one_block(capacity_bytes: int, block_bytes: int, block_tokens: int) -> InvalidField:
-    return InvalidField(
-        "capacity_bytes",
-        f"{human_bytes(capacity_bytes)} ({capacity_bytes:,} bytes) is less than one KV block "
-        f"({block_tokens:,} tokens = {human_bytes(block_bytes)}): such a worker can never serve; "
-        f"start it with --kv-capacity of at least {human_bytes(block_bytes)} (better: one full "
-        "context window)", capacity_bytes=capacity_bytes, block_bytes=block_bytes)

@@ -1,17 +1,18 @@
 """The ledger's value types: what workers report, what requests ask, what admission answers.
 
 Pure data with the checks that keep it sane; the arithmetic over it is in
-budget.py, the sentences in messages.py.
+placement.py and ledger.py, the sentences in sentences.py. The lowest floor of
+the wing: it imports nothing from it.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ortserve import kv_math
 from ortserve.errors import InvalidField
-from scheduler_service.ledger import sentences as messages
+from ortserve.units import human_bytes
 
 
 class Decision(enum.Enum):
@@ -54,8 +55,13 @@ class WorkerGeometry:
             if getattr(self, name) < 1:
                 raise InvalidField(name, f"must be >= 1, got {getattr(self, name)}")
         if self.capacity_bytes < self.block_bytes:
-            raise messages.capacity_below_one_block(self.capacity_bytes, self.block_bytes,
-                                                    self.block_tokens)
+            raise InvalidField(
+                "capacity_bytes",
+                f"{human_bytes(self.capacity_bytes)} ({self.capacity_bytes:,} bytes) is less than "
+                f"one KV block ({self.block_tokens:,} tokens = {human_bytes(self.block_bytes)}): "
+                "such a worker can never serve; start it with --kv-capacity of at least "
+                f"{human_bytes(self.block_bytes)} (better: one full context window)",
+                capacity_bytes=self.capacity_bytes, block_bytes=self.block_bytes)
 
     @property
     def block_bytes(self) -> int:
@@ -116,7 +122,7 @@ class BudgetCap:
     bytes_per_token: int
     prompt_tokens: int
     worker_id: str
-    reason: str = ""  # rendered by messages.cap_reason from the numbers above
+    reason: str = ""  # rendered by sentences.cap_reason from the numbers above
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class Rejection:
     cause: Cause
     prompt_tokens: int
     min_new_tokens: int
-    message: str = ""  # message and remedy: rendered by messages.rejection_text
+    message: str = ""  # message and remedy: filled by sentences.rendered
     remedy: str = ""
     requested_max_new_tokens: int = 0
     admissible_max_new_tokens: int = 0
@@ -162,26 +168,6 @@ class Rejection:
     bytes_ahead: int = 0  # QUEUE_*: bytes the requests ahead wait for
     waited_s: float = 0.0  # QUEUE_TIMEOUT: how long it waited
     max_queue_wait_s: float = 0.0  # QUEUE_TIMEOUT: the wait it was allowed
-
-    def rendered(self) -> Rejection:
-        message, remedy = messages.rejection_text(self)
-        return replace(self, message=message, remedy=remedy)
-
-
-def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
-                        retry_after_s: float, registered_workers: int = 0,
-                        worker_error: str = "") -> Admission:
-    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize".
-
-    prompt_tokens 0 means unknown (a text prompt nobody could count): reported so, never guessed.
-    """
-    rejection = Rejection(
-        cause=Cause.NO_WORKER, prompt_tokens=prompt_tokens, min_new_tokens=min_new_tokens,
-        retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
-        registered_workers=registered_workers, worker_error=worker_error,
-    ).rendered()
-    return Admission(decision=Decision.REJECTED, request_id=request_id,
-                     prompt_tokens=prompt_tokens, rejection=rejection)
 
 
 @dataclass(frozen=True)

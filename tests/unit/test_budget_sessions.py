@@ -55,3 +55,16 @@ def test_a_turn_that_cannot_fit_its_floor_is_rejected_and_changes_nothing():
     assert window.rejection.cause is Cause.CONTEXT_LENGTH_EXCEEDED
     assert book.lease(lease.lease_id).reserved_bytes == 30 * BPT
     assert book.release(lease.lease_id) == 30 * BPT
+
+
+def test_a_resized_lease_keeps_its_place_among_its_workers_leases():
+    # Resizing is one _hold of the new size, not a release and a new hold: GetBudget's
+    # lease list does not reorder because a session took a turn.
+    book = ledger()
+    session = book.open_session_lease("s")
+    other = book.admit(AdmissionRequest("o", 10, 10)).lease
+    book.resize(session.lease_id, AdmissionRequest("t1", 20, 10))
+    book.shrink(session.lease_id, "w", 25)
+    (worker,) = book.snapshot()
+    assert [lease.lease_id for lease in worker.leases] == [session.lease_id, other.lease_id]
+    assert worker.reserved_bytes == (20 + 25) * BPT
