@@ -52,7 +52,7 @@ def run_checks(model_dir: Path, device_id: int, new_tokens: int, dry_run: bool =
         return summary
     try:
         checks["cuda_provider_active"] = {"ok": cuda.provider == provider,
-                                          "providers": cuda.runner.session.get_providers()}
+                                          "providers": list(cuda.providers)}
         # Every node on the asked-for provider (ORT's own placement, profiled at start).
         placement = cuda.nodes_by_provider
         checks["every_node_on_the_provider"] = {"ok": set(placement) == {provider},

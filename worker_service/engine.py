@@ -6,8 +6,11 @@ and receive events on a callback from the engine thread. The engine thread
 repeats one step, in the shape of nano-vllm's `LLMEngine.step`:
 
     plan = scheduler.schedule()      # which sequences, how many tokens each
-    output = runner.run(plan)        # the ORT runs
-    postprocess(plan, output)        # sample, stop, emit, free what finished
+    output = runner.run(plan)        # the ORT runs; what changed, per sequence
+    postprocess(plan, output)        # apply it: count, sample, stop, emit, free what finished
+
+Runners change no sequence state (runtime/runner.py): the postprocess is the
+one place a step's results reach the sequences.
 
 Every exit (finish, cancel, error, close) frees the KV once and sends one
 terminal event.
@@ -41,7 +44,8 @@ from worker_service.runtime import device as devices
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec, load_model_spec
-from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner, StepOutput
+from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
 log = structlog.get_logger(__name__)
@@ -93,7 +97,8 @@ class Engine:
         self.intra_op_threads = config.intra_op_threads or devices.usable_cores()
         session = devices.create_session(self.spec, config.device, config.device_id,
                                          self.intra_op_threads, config.inter_op_threads)
-        self.provider = session.get_providers()[0]
+        self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
+        self.provider = self.providers[0]
         self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
         self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
         chunk_tokens = max(config.prefill_chunk_tokens, 1)
@@ -106,7 +111,7 @@ class Engine:
             self._arena: KVArena | None = KVArena(self.spec, config.max_batch_rows,
                                                   config.kv_capacity_bytes)
             self.kv = KVPool(self._arena, config.kv_capacity_bytes)
-            self.runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens)
+            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens)
         elif layout == "static":
             self._arena = None
             self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),
@@ -192,11 +197,10 @@ class Engine:
             if session_id:
                 start = self._sessions().begin_turn(session_id, req.prompt_ids, req.max_tokens,
                                                     detail)
-                seq.kv, seq.session_id = start.allocation, session_id
-                seq.reused_tokens = seq.num_computed_tokens = start.reused_tokens
-                seq.resume = start.resume
+                seq.continue_session(session_id, start.allocation, start.reused_tokens,
+                                     start.resume)
             else:
-                seq.kv = self.kv.allocate(req.max_tokens, detail=detail)
+                seq.charged(self.kv.allocate(req.max_tokens, detail=detail))
             self._live[req.sequence_id] = seq
             self._inbox.append(seq)
             self._cond.notify()
@@ -267,7 +271,7 @@ class Engine:
 
     def _cancel(self, seq: Sequence) -> None:
         with self._cond:
-            seq.cancel_requested = True
+            seq.request_cancel()
             self._cond.notify()
 
     # --- the engine thread ---------------------------------------------------
@@ -309,17 +313,18 @@ class Engine:
         self._postprocess(plan, output)
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
-        for seq in output.ran:
-            error = output.errors.get(seq.sequence_id)
-            if error is not None:
-                self._fail(seq, error)
+        for step in output.steps.values():
+            seq = step.seq
+            if step.prefix_restored:
+                seq.prefix_restored()
+            if step.error is not None:
+                self._fail(seq, step.error)
                 continue
-            seq.computed(output.computed_tokens[seq.sequence_id])
-            logits = output.logits.get(seq.sequence_id)
-            if logits is None:
+            seq.computed(step.computed_tokens)
+            if step.logits is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason = seq.accept(logits)
+                token, text, finish_reason = seq.accept(step.logits)
             except Exception as exc:
                 self._fail(seq, exc)
                 continue
@@ -344,14 +349,17 @@ class Engine:
 
     def _finish(self, seq: Sequence, event: Event) -> None:
         """Free the sequence's KV once, then send its one terminal event."""
-        if seq.done:
+        if not seq.end():
             return
-        seq.done = True
         self.scheduler.remove(seq)
         if seq.session_id:
             # A failed turn's K/V may be partial: dropped. A finished or cancelled
             # one holds exactly its computed tokens: kept for the next turn.
-            held = None if isinstance(event, Failed) else self.runner.park(seq)
+            held = None
+            if not isinstance(event, Failed):
+                held = self.runner.park(seq)
+                if held is None:  # it never got a row: what it holds is the reused prefix
+                    held = seq.take_unused_prefix()
             if held is None:
                 self.runner.forget(seq)
             with self._cond:

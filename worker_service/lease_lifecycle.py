@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 from ortserve.error_path import Relayed
-from ortserve.errors import quoted as clip
+from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
 from worker_service.core.sequence import TERMINAL, Event, SequenceRequest
@@ -36,13 +36,13 @@ def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
     """The request with the lease's ceiling; raises LeaseMismatch when it is not the one admitted."""
     if req.prompt_tokens != lease.prompt_tokens:
         raise LeaseMismatch("prompt", f"the prompt is {req.prompt_tokens:,} tokens but lease "
-                            f"{clip(lease.lease_id)} was admitted for {lease.prompt_tokens:,}; "
+                            f"{quoted(lease.lease_id)} was admitted for {lease.prompt_tokens:,}; "
                             "send the request you admitted", lease.lease_id)
     if not max_new_was_set:
         return dataclasses.replace(req, max_new_tokens=lease.max_new_tokens)
     if req.max_new_tokens > lease.max_new_tokens:
         raise LeaseMismatch("max_new_tokens", f"max_new_tokens {req.max_new_tokens:,} exceeds "
-                            f"lease {clip(lease.lease_id)}'s admitted {lease.max_new_tokens:,}; "
+                            f"lease {quoted(lease.lease_id)}'s admitted {lease.max_new_tokens:,}; "
                             "ask for at most that, or admit again", lease.lease_id)
     return req
 
@@ -153,8 +153,8 @@ class LeaseLifecycle:
             if session_lease is None:
                 raise SessionNotFound(session_id)
             if session_lease.lease_id != lease_id:
-                raise LeaseMismatch("lease_id", f"lease {clip(lease_id)} is not session "
-                                    f"{clip(session_id)}'s lease", lease_id)
+                raise LeaseMismatch("lease_id", f"lease {quoted(lease_id)} is not session "
+                                    f"{quoted(session_id)}'s lease", lease_id)
             if lease_id in self._busy:
                 raise SessionBusy(session_id)
         if lease_id in self._busy:
@@ -199,6 +199,6 @@ class LeaseLifecycle:
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 raise NoLiveLease(lease_id, self.worker_id, error.details() or "") from error
             raise SchedulerUnreachable(
-                f"worker {self.worker_id} could not check lease {clip(lease_id)} with the "
+                f"worker {self.worker_id} could not check lease {quoted(lease_id)} with the "
                 f"scheduler at {self.link.address} ({error.code().name}: {error.details()}); "
                 "retry shortly") from error

@@ -15,7 +15,7 @@ import time
 import grpc
 import structlog
 
-from ortserve.errors import quoted as clip
+from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
 from worker_service.lease_lifecycle import LeaseLifecycle
@@ -88,7 +88,7 @@ class WorkerSessions:
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 raise NoLiveLease(lease_id, self.leases.worker_id, error.details() or "") from error
             raise SchedulerUnreachable(f"worker {self.leases.worker_id} could not claim session "
-                                       f"lease {clip(lease_id)}: {error.details()}") from error
+                                       f"lease {quoted(lease_id)}: {error.details()}") from error
         self.leases.session_leases[session_id] = lease
         self._opened_at[session_id] = time.monotonic()
         log.info("session opened", session_id=session_id, lease_id=lease_id,

@@ -12,6 +12,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import structlog
@@ -148,12 +149,13 @@ class Sequence:
         self.stream = StopTextStream(tokenizer, req.prompt_ids, req.stop)
         self.token_ids = list(req.prompt_ids)  # prompt + output; the repetition penalty reads it
         self.num_computed_tokens = 0  # tokens whose K/V the cache holds
-        self.kv = None  # the KV pool's allocation, set at submit
-        # A session turn: its session, the prompt prefix whose K/V it reuses (the
-        # engine sets num_computed_tokens to it) and that K/V until its row takes it.
+        # The runtime's objects, typed Any so the pure core imports nothing above it.
+        self.kv: Any = None  # the KV pool's allocation (charged / continue_session)
+        # A session turn: its session, the prompt prefix whose K/V it reuses (counted
+        # as computed) and that K/V (HeldKV) until its row takes it.
         self.session_id = ""
         self.reused_tokens = 0
-        self.resume = None
+        self.resume: Any = None
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
@@ -181,6 +183,43 @@ class Sequence:
             # A broken callback must not take the engine thread down.
             log.exception("event_callback_failed", sequence_id=self.sequence_id,
                           event=type(event).__name__)
+
+    def charged(self, kv: Any) -> None:
+        """The KV pool charged `kv` for this sequence's prompt + max_new_tokens (at submit)."""
+        self.kv = kv
+
+    def continue_session(self, session_id: str, kv: Any, reused_tokens: int,
+                         resume: Any) -> None:
+        """This sequence is a turn of session `session_id`, charged `kv` (at submit).
+
+        The session already holds the K/V of the first `reused_tokens` prompt
+        tokens (`resume`, None when nothing is reused): they count as computed,
+        so only the rest is prefilled; `resume` stays here until a row takes it.
+        """
+        self.charged(kv)
+        self.session_id = session_id
+        self.reused_tokens = self.num_computed_tokens = reused_tokens
+        self.resume = resume
+
+    def prefix_restored(self) -> None:
+        """The reused prefix's K/V is in this sequence's row now: the copy here can go."""
+        self.resume = None
+
+    def take_unused_prefix(self) -> Any:
+        """The reused prefix's K/V when no row took it yet (the turn ended first), else None."""
+        resume, self.resume = self.resume, None
+        return resume
+
+    def request_cancel(self) -> None:
+        """Ask the engine to end this sequence at its next step (under the engine's lock)."""
+        self.cancel_requested = True
+
+    def end(self) -> bool:
+        """Mark the sequence ended; False when it already was, so every exit ends it once."""
+        if self.done:
+            return False
+        self.done = True
+        return True
 
     def computed(self, num_tokens: int) -> None:
         """The model ran `num_tokens` more of this sequence's tokens into the cache."""

@@ -1,28 +1,22 @@
-"""The model folder's tokenizer and chat template, and streaming detokenization."""
+"""The model folder's tokenizer, and streaming detokenization (stop sequences included).
+
+The chat template's rendering lives in chat_template.py; `Tokenizer` only
+tokenizes what it renders.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
 from pathlib import Path
 
-import jinja2.ext
-import jinja2.nodes
-import jinja2.parser
-import jinja2.utils
 import tokenizers
-from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers.decoders import DecodeStream
 
+from worker_service.core.chat_template import ChatTemplate, read_special_tokens
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
-# The named special tokens transformers passes to every chat template (its
-# SPECIAL_TOKENS_ATTRIBUTES), when the tokenizer config sets them.
 _REPLACEMENT_CHAR = "\ufffd"
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                       "cls_token", "mask_token")
 
 
 class Tokenizer:
@@ -42,16 +36,10 @@ class Tokenizer:
         self._tok = tokenizers.Tokenizer.from_file(str(path))
         config_path = model_dir / "tokenizer_config.json"
         self._config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.special_tokens = _special_tokens(model_dir, self._config)
+        self.special_tokens = read_special_tokens(model_dir, self._config)
         self.bos_token = self.special_tokens.get("bos_token", "")
         self.eos_token = self.special_tokens.get("eos_token", "")
-        self._template_source = _chat_template_source(model_dir, self._config)
-        self._template = None
-        if self._template_source is not None:
-            try:
-                self._template = chat_template_environment().from_string(self._template_source)
-            except TemplateError as exc:
-                raise ModelLoadError(f"the chat template of {model_dir} does not parse: {exc}") from exc
+        self.chat_template = ChatTemplate.load(model_dir, self._config, self.special_tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -60,7 +48,7 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return self._template is not None
+        return self.chat_template is not None
 
     def encode(self, text: str) -> list[int]:
         """Plain text -> token ids (no chat template)."""
@@ -68,17 +56,10 @@ class Tokenizer:
 
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
         """(role, content) turns -> the prompt text, with the generation prompt appended."""
-        if self._template is None:
+        if self.chat_template is None:
             raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
-        try:
-            # The variables transformers' apply_chat_template passes (no tools, no documents).
-            return self._template.render(
-                messages=[{"role": role, "content": content} for role, content in messages],
-                tools=None, documents=None, add_generation_prompt=True, **self.special_tokens,
-            )
-        except TemplateError as exc:
-            raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
+        return self.chat_template.render(messages)
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """(role, content) turns -> token ids of the templated prompt."""
@@ -160,120 +141,6 @@ class IncrementalDetokenizer:
         self._held = []
         self._step = self._tok.decode_stream(self._context)
         return after[len(before):]
-
-
-def _token_text(value: object) -> str:
-    # tokenizer_config.json writes special tokens as "text" or {"content": "text", ...}.
-    if isinstance(value, dict):
-        return str(value.get("content", ""))
-    return "" if value is None else str(value)
-
-
-def _chat_template_source(model_dir: Path, config: dict) -> str | None:
-    path = model_dir / "chat_template.jinja"
-    if path.is_file():
-        return path.read_text()
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: take "default"
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) else None
-
-
-def _special_tokens(model_dir: Path, config: dict) -> dict[str, str]:
-    """The named special tokens, as transformers reads them (tokenizer_config.json, then
-    special_tokens_map.json for those it lacks)."""
-    sources = [config]
-    map_path = model_dir / "special_tokens_map.json"
-    if map_path.is_file():
-        sources.append(json.loads(map_path.read_text()))
-    tokens: dict[str, str] = {}
-    for name in SPECIAL_TOKEN_NAMES:
-        value = next((src[name] for src in sources if src.get(name) is not None), None)
-        if value is not None:
-            tokens[name] = _token_text(value)
-    return tokens
-
-
-# --- the chat-template environment -------------------------------------------
-# NOTE: a copy of transformers' (utils/chat_template_utils.py, _compile_jinja_template,
-# 5.x): the same extensions (loopcontrols for {% break %} / {% continue %}, the
-# {% generation %} tag), filters and globals, so a template renders here byte for
-# byte as apply_chat_template renders it (tests/model/test_template_parity.py).
-
-
-def _raise_template_exception(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Not jinja's own tojson: that one escapes HTML characters.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _TemplateDict:
-    """`dict(...)` in a template, without the attributes of the real type."""
-
-    def __call__(self, *args: object, **kwargs: object) -> dict:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: object, **kwargs: object) -> dict:
-        return dict.fromkeys(*args, **kwargs)
-
-
-class _TemplateNamespace(jinja2.utils.Namespace):
-    """`namespace(...)` that refuses underscore-prefixed attributes (CPython internals)."""
-
-    def __init__(*args: object, **kwargs: object) -> None:
-        # jinja's own signature trick, so that `namespace(self=...)` still works.
-        self, args = args[0], args[1:]
-        attrs = dict(*args, **kwargs)
-        for name in attrs:
-            _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: object) -> None:
-        _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check_name(name: object) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise SecurityError("chat templates cannot store underscore-prefixed attributes "
-                                f"on a namespace, but got {name!r}")
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}`: transformers uses it to mark assistant
-    tokens for training masks; rendering, it is the body unchanged."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller: Callable[[], str]) -> str:
-        return caller()
-
-
-def chat_template_environment() -> ImmutableSandboxedEnvironment:
-    """A sandboxed jinja environment configured as transformers configures its own."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_template_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _TemplateDict()
-    env.globals["namespace"] = _TemplateNamespace
-    return env
 
 
 class StopTextStream:

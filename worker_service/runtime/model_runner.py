@@ -1,7 +1,8 @@
-"""The model runners: run one step plan through the ORT session; return logits rows.
+"""The model runners: run one step plan through the ORT session; hand back a StepOutput.
 
-A runner reads a sequence's tokens and its computed-token count but changes
-no sequence state: the engine's postprocess does that, once the step is over.
+Both implement `runner.Runner`: they read a sequence's tokens, its
+computed-token count and its KV but change no sequence state; the engine's
+postprocess applies the step output once the step is over.
 
 - `BatchedModelRunner` (CPU): every running sequence is one row of a KV
   arena, and one session run advances all of them by one token; prompt
@@ -12,8 +13,6 @@ no sequence state: the engine's postprocess does that, once the step is over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnxruntime as ort
 
@@ -23,18 +22,8 @@ from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.runner import StepOutput
 from worker_service.runtime.session_kv import HeldKV
-
-
-@dataclass
-class StepOutput:
-    """What one step computed: the sequences it ran (in order), tokens run per sequence,
-    last-position logits of those that sample next, and the failed ones (they fail alone)."""
-
-    ran: list[Sequence] = field(default_factory=list)
-    computed_tokens: dict[str, int] = field(default_factory=dict)
-    logits: dict[str, np.ndarray] = field(default_factory=dict)
-    errors: dict[str, Exception] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -53,7 +42,6 @@ class ModelRunner:
         self._decode_logits_value = ort.OrtValue.ortvalue_from_numpy(self._decode_logits)
         self._bindings: dict[str, ort.IOBinding] = {}
 
-    batched = False
     largest_batch = 1
 
     def can_start(self, seq: Sequence) -> bool:
@@ -67,6 +55,10 @@ class ModelRunner:
             self._run_guarded(out, chunk.seq, chunk.num_tokens)
         return out
 
+    def park(self, seq: Sequence) -> HeldKV | None:
+        """Nothing to keep: sessions need the arena layout (the engine refuses them here)."""
+        return None
+
     def forget(self, seq: Sequence) -> None:
         """Drop the sequence's binding (before its KV buffer is freed)."""
         binding = self._bindings.pop(seq.sequence_id, None)
@@ -75,16 +67,15 @@ class ModelRunner:
             binding.clear_binding_outputs()
 
     def _run_guarded(self, out: StepOutput, seq: Sequence, n: int) -> None:
+        step = out.step_of(seq)
         try:
             logits = self._run(seq, n)
         except Exception as exc:  # one sequence's failure is that sequence's alone
-            out.ran.append(seq)
-            out.errors[seq.sequence_id] = exc
+            step.error = exc
             return
-        out.ran.append(seq)
-        out.computed_tokens[seq.sequence_id] = n
+        step.computed_tokens = n
         if seq.num_computed_tokens + n == len(seq.token_ids):
-            out.logits[seq.sequence_id] = logits  # a middle prompt chunk's logits are not needed
+            step.logits = logits  # a middle prompt chunk's logits are not needed
 
     def _binding(self, seq: Sequence) -> ort.IOBinding:
         binding = self._bindings.get(seq.sequence_id)
@@ -130,8 +121,6 @@ class BatchedModelRunner:
     in steps whose chunk budget went to another.
     """
 
-    batched = True
-
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
                  max_chunk_tokens: int) -> None:
         self.session = session
@@ -149,6 +138,7 @@ class BatchedModelRunner:
 
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()
+        restored: list[Sequence] = []
         for chunk in plan.prefills:
             seq = chunk.seq
             if seq not in self._by_row:
@@ -157,8 +147,9 @@ class BatchedModelRunner:
                 self._by_row.append(seq)
                 if seq.resume is not None:
                     # A session turn: its reused prefix goes back into the new row.
-                    resume, seq.resume = seq.resume, None
+                    resume = seq.resume
                     self.arena.import_row(row, resume.keys, resume.values, len(resume.tokens))
+                    restored.append(seq)
         rows = list(self._by_row)
         if not rows:
             return out
@@ -168,42 +159,43 @@ class BatchedModelRunner:
                                        [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)])
         except Exception as exc:  # the run was shared: every row in it failed
             for seq in rows:
-                out.ran.append(seq)
-                out.errors[seq.sequence_id] = exc
-            return out
-        for b, seq in enumerate(rows):
-            out.ran.append(seq)
-            out.computed_tokens[seq.sequence_id] = 1
-            if past[b] + 1 == len(seq.token_ids):
-                # A view: the decode buffer is rewritten only by the next step's run,
-                # after this step's postprocess has sampled from it.
-                out.logits[seq.sequence_id] = logits[b]
-        for chunk in plan.prefills:
-            self._prefill(out, chunk.seq, chunk.num_tokens)
+                out.step_of(seq).error = exc
+        else:
+            for b, seq in enumerate(rows):
+                step = out.step_of(seq)
+                step.computed_tokens = 1
+                if past[b] + 1 == len(seq.token_ids):
+                    # A view: the decode buffer is rewritten only by the next step's run,
+                    # after this step's postprocess has sampled from it.
+                    step.logits = logits[b]
+            for chunk in plan.prefills:
+                self._prefill(out, chunk.seq, chunk.num_tokens)
+        for seq in restored:  # in its row now, whatever the run did
+            out.step_of(seq).prefix_restored = True
         return out
 
     def _prefill(self, out: StepOutput, seq: Sequence, num_tokens: int) -> None:
-        start = seq.num_computed_tokens + out.computed_tokens[seq.sequence_id]
+        step = out.step_of(seq)
+        start = seq.num_computed_tokens + step.computed_tokens
         n = min(num_tokens, len(seq.token_ids) - start)  # the batched run took one already
-        if n <= 0 or seq.sequence_id in out.errors:
+        if n <= 0 or step.error is not None:
             return
         try:
             logits = self.batch.prefill(self._by_row.index(seq), start, seq.token_ids[start:start + n])
         except Exception as exc:
-            out.errors[seq.sequence_id] = exc
+            step.error = exc
             return
-        out.computed_tokens[seq.sequence_id] += n
+        step.computed_tokens += n
         if start + n == len(seq.token_ids):
-            out.logits[seq.sequence_id] = logits.copy()
+            step.logits = logits.copy()
 
     def park(self, seq: Sequence) -> HeldKV | None:
         """A session turn is over: copy its row's K/V to host arrays, then free the row.
 
-        A turn that never got a row still holds the prefix it was to reuse.
+        None when the turn never got a row: it still holds the prefix it was to reuse.
         """
         if seq not in self._by_row:
-            resume, seq.resume = seq.resume, None
-            return resume
+            return None
         keys, values = self.arena.export_row(self._by_row.index(seq))
         n = keys[0].shape[1] if keys else 0
         self.forget(seq)

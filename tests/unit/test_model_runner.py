@@ -1,0 +1,98 @@
+"""The runners hand back what a step changed and leave the sequences as they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from worker_service.core.sequence import Sequence, SequenceRequest
+from worker_service.core.step_scheduler import PrefillChunk, StepPlan
+from worker_service.core.tokenizer import Tokenizer
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
+from worker_service.runtime.model import load_model_spec
+from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.runner import Runner
+
+PROMPT = tuple(range(3, 15))
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_dir):
+    spec = load_model_spec(tiny_dir)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(str(spec.model_file), options,
+                                   providers=["CPUExecutionProvider"])
+    return spec, session, Tokenizer(tiny_dir)
+
+
+def sequence(spec, tokenizer, name: str, prompt=PROMPT) -> Sequence:
+    return Sequence(SequenceRequest(name, prompt, 4), lambda event: None, tokenizer,
+                    spec.vocab_size, spec.eos_token_ids)
+
+
+def state(seq: Sequence) -> tuple:
+    return (seq.num_computed_tokens, list(seq.token_ids), seq.resume, seq.kv, seq.done)
+
+
+def test_the_static_runner_reports_the_tokens_it_wrote_and_changes_no_sequence(parts):
+    spec, session, tokenizer = parts
+    pool = KVPool(StaticSharedKV(spec), 2**24)
+    runner: Runner = ModelRunner(session, spec, pool)
+    seq = sequence(spec, tokenizer, "s")
+    seq.charged(pool.allocate(seq.req.max_tokens))
+    before = state(seq)
+    out = runner.run(StepPlan(prefills=(PrefillChunk(seq, 5),)))
+    assert state(seq) == before
+    step = out.steps["s"]
+    assert (step.computed_tokens, step.logits, step.error) == (5, None, None)  # more prompt to go
+    seq.computed(step.computed_tokens)
+    out = runner.run(StepPlan(prefills=(PrefillChunk(seq, len(PROMPT) - 5),)))
+    assert out.steps["s"].logits.shape == (spec.vocab_size,)
+    runner.forget(seq)
+    pool.free(seq.kv)
+
+
+def test_the_batched_runner_restores_a_session_prefix_without_touching_the_sequence(parts):
+    spec, session, tokenizer = parts
+    arena = KVArena(spec, max_rows=2, capacity_bytes=2**24)
+    pool = KVPool(arena, 2**24)
+    runner: Runner = BatchedModelRunner(session, spec, arena, max_chunk_tokens=64)
+    try:
+        # A first turn computes the prompt; parking it hands back its K/V.
+        first = sequence(spec, tokenizer, "t1")
+        first.charged(pool.allocate(first.req.max_tokens))
+        out = runner.run(StepPlan(prefills=(PrefillChunk(first, len(PROMPT)),)))
+        assert out.steps["t1"].computed_tokens == len(PROMPT)
+        assert not out.steps["t1"].prefix_restored
+        first.computed(out.steps["t1"].computed_tokens)
+        held = runner.park(first)
+        assert held is not None and held.tokens == PROMPT
+        assert runner.park(first) is None  # no row any more
+        pool.free(first.kv)
+
+        # The next turn reuses that prefix: its row takes the K/V; the sequence keeps
+        # its copy until the engine applies the step output.
+        prompt = (*PROMPT, 20, 21, 22)
+        second = sequence(spec, tokenizer, "t2", prompt)
+        second.continue_session("sess", pool.allocate(len(prompt) + 4), len(PROMPT), held)
+        before = state(second)
+        out = runner.run(StepPlan(prefills=(PrefillChunk(second, 3),)))
+        assert state(second) == before and second.resume is held
+        step = out.steps["t2"]
+        assert step.prefix_restored and step.error is None
+        assert step.computed_tokens == 3 and step.logits.shape == (spec.vocab_size,)
+        second.prefix_restored()
+        assert second.resume is None and second.take_unused_prefix() is None
+
+        # The restored prefix gives the logits of computing everything in one row.
+        fresh = sequence(spec, tokenizer, "t3", prompt)
+        fresh.charged(pool.allocate(len(prompt) + 4))
+        runner.forget(second)
+        reference = runner.run(StepPlan(prefills=(PrefillChunk(fresh, len(prompt)),)))
+        np.testing.assert_allclose(reference.steps["t3"].logits, step.logits, atol=1e-4)
+        runner.forget(fresh)
+    finally:
+        arena.close()

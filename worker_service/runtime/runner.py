@@ -1,0 +1,74 @@
+"""The runner contract: what the engine asks of a model runner, and what one step hands back.
+
+A runner reads a sequence's tokens, its computed-token count, its KV charge
+and the session prefix it is to resume, and changes none of them: it returns
+a `StepOutput` that says, per sequence, what the step changed (tokens written
+into the cache, the logits to sample from, a prefix restored into its row, an
+error), and the engine's postprocess applies that to the sequences once the
+step is over. Both runners in `model_runner.py` implement `Runner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from worker_service.core.sequence import Sequence
+from worker_service.core.step_scheduler import StepPlan
+from worker_service.runtime.session_kv import HeldKV
+
+
+@dataclass
+class SequenceStep:
+    """What one step did for one sequence."""
+
+    seq: Sequence
+    computed_tokens: int = 0  # tokens written into its KV this step
+    # The last position's logits when its pending tokens are all computed (it samples
+    # next); None after a middle prompt chunk. May be a view, valid until the next run.
+    logits: np.ndarray | None = None
+    # Its session prefix went into its row this step: the sequence may let go of it.
+    prefix_restored: bool = False
+    error: Exception | None = None  # this sequence failed (alone, or with its shared run)
+
+
+@dataclass
+class StepOutput:
+    """What one step computed, per sequence in the order they ran."""
+
+    steps: dict[str, SequenceStep] = field(default_factory=dict)  # by sequence_id
+
+    def step_of(self, seq: Sequence) -> SequenceStep:
+        """The sequence's record, made empty on its first mention this step."""
+        step = self.steps.get(seq.sequence_id)
+        if step is None:
+            step = self.steps[seq.sequence_id] = SequenceStep(seq)
+        return step
+
+
+class Runner(Protocol):
+    """A model runner as the engine drives it (engine thread only)."""
+
+    @property
+    def largest_batch(self) -> int:
+        """The most sequences one session run has advanced so far (for reports)."""
+        ...
+
+    def can_start(self, seq: Sequence) -> bool:
+        """Whether the sequence can join the running ones now (e.g. a free KV row)."""
+        ...
+
+    def run(self, plan: StepPlan) -> StepOutput:
+        """Run the plan's decodes and prompt chunks; sequence state is left as it was."""
+        ...
+
+    def park(self, seq: Sequence) -> HeldKV | None:
+        """A session turn is over: its written K/V as host arrays, its row freed; None when it
+        never got a row (the engine keeps the prefix it was to resume)."""
+        ...
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop what the runner holds for the sequence (before its KV charge is freed)."""
+        ...
