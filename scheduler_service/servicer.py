@@ -1,7 +1,7 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate relays a worker's stream.
 
 Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
-through errors.STATUS_OF_REASON in one place.
+through the one table (ortserve.status_table) in one place.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.errors import rejection_error
 from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.ledger.ledger import (
     Admission,
@@ -31,6 +30,7 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Ticket
+from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import QueueWaiter
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients

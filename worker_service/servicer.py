@@ -1,5 +1,5 @@
-"""WorkerServicer: protobuf in, domain calls, protobuf out. Handlers raise; the error
-table (errors.py / status_map.py) turns what they raise into a status, in one place.
+"""WorkerServicer: protobuf in, domain calls, protobuf out. Handlers raise; the one
+status table (ortserve.status_table) turns what they raise into a status, in one place.
 
 Async handlers never block on ORT: the engine runs on its own thread and its
 events hop onto the event loop (lease_lifecycle).

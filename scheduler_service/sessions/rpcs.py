@@ -22,8 +22,8 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.errors import rejection_error
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.rejections import rejection_error
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,

@@ -1,8 +1,8 @@
 """Domain errors of the worker: each a reason (ortserve.errors.ErrorReason), a message
 naming the cause, the numbers and a next step, and the numbers for programs.
 
-Pure (no grpc): the engine raises these; the servicer's one error path maps
-the reasons to status codes through STATUS_OF_REASON (status_map.py).
+Pure (no grpc): the engine raises these; the one error path maps the reasons
+to status codes through the one table (ortserve.status_table).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class LeaseMismatch(EngineError):
 
 
 class NoLiveLease(EngineError):
-    """Generate without a lease that is live for this worker (FAILED_PRECONDITION)."""
+    """Generate without a lease that is live for this worker (NOT_FOUND)."""
 
     reason = ErrorReason.LEASE_NOT_FOUND
 
