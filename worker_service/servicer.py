@@ -105,7 +105,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         req = convert.prepare(inner, engine.tokenizer, sequence_id=request.lease_id,
                               forwarded_ids=request.prompt_token_ids, arrived_at=arrived,
                               context_length=engine.spec.context_length)
-        engine.check(req)
         session_id = request.session_id
         if session_id:
             self._session_rpcs()._lease(session_id)  # NOT_FOUND before the lease is touched

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
+from ortserve.errors import ContextWindowFull, DomainError, ErrorReason, InvalidField, quoted
 from ortserve.units import human_bytes, tokens
 
 if TYPE_CHECKING:
-    from scheduler_service.ledger.ledger import BudgetCap, Lease, Rejection
+    from scheduler_service.ledger.ledger import BudgetCap, Rejection
     from scheduler_service.ledger.queue import Ticket
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
@@ -58,21 +58,10 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
             what = "no worker is registered and heartbeating with the scheduler"
         return f"{what}; {_prompt(r)}", f"retry in {r.retry_after_s:g} s; {START_WORKER}"
     if r.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
-        ctx = r.context_length
-        if r.prompt_tokens + floor > ctx:
-            message = (f"prompt is {tokens(r.prompt_tokens)} and min_new_tokens {r.min_new_tokens:,} "
-                       f"(at least 1 new token) need {r.prompt_tokens + floor:,} positions, but the "
-                       f"model's context window is {tokens(ctx)}")
-            remedy = (f"shorten the prompt to at most {max(ctx - floor, 0):,} tokens"
-                      + (" or lower min_new_tokens" if r.min_new_tokens > 1 else ""))
-        else:
-            message = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens "
-                       f"{r.requested_max_new_tokens:,} = "
-                       f"{r.prompt_tokens + r.requested_max_new_tokens:,} positions exceed the "
-                       f"model's context window of {tokens(ctx)}")
-            remedy = (f"lower max_new_tokens to at most {ctx - r.prompt_tokens:,}, "
-                      "or leave it unset to use the remaining context window")
-        return message, remedy
+        # The worker's sentence, so a caller reads one wording whichever service refused.
+        full = ContextWindowFull(r.prompt_tokens, r.requested_max_new_tokens, r.context_length,
+                                 r.min_new_tokens)
+        return full.cause, full.remedy
     if r.cause in (Cause.QUEUE_FULL, Cause.QUEUE_TIMEOUT):
         return _queue_text(r, floor)
     n_new = r.requested_max_new_tokens if r.cap_refused else floor
@@ -156,26 +145,6 @@ def queue_deadline_exceeded(ticket: Ticket) -> DomainError:
         "(cap policy ALLOW), or add workers",
         metadata={"waited_ms": round(waited * 1e3, 1), "needed_bytes": ticket.needed_bytes,
                   "prompt_tokens": ticket.request.prompt_tokens})
-
-
-def check_claim(lease: Lease, prompt_tokens: int, max_new_tokens: int) -> None:
-    """Raise LEASE_MISMATCH when the request a worker is about to serve is not the admitted one."""
-    if prompt_tokens and prompt_tokens != lease.prompt_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"prompt: the prompt is {tokens(prompt_tokens)} but lease {quoted(lease.lease_id)} "
-            f"was admitted for {tokens(lease.prompt_tokens)}; send the request you admitted "
-            "(the lease is still usable)", field="prompt",
-            metadata={"lease_id": lease.lease_id, "prompt_tokens": prompt_tokens,
-                      "lease_prompt_tokens": lease.prompt_tokens})
-    if max_new_tokens > lease.max_new_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"max_new_tokens: {max_new_tokens:,} exceeds lease {quoted(lease.lease_id)}'s "
-            f"admitted {lease.max_new_tokens:,}; ask for at most that, or admit again (the "
-            "lease is still usable)", field="max_new_tokens",
-            metadata={"lease_id": lease.lease_id, "max_new_tokens": max_new_tokens,
-                      "lease_max_new_tokens": lease.max_new_tokens})
 
 
 def worker_id_in_use(worker_id: str, live_address: str, new_address: str,

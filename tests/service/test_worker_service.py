@@ -166,7 +166,7 @@ def test_a_huge_lease_id_gets_a_bounded_precise_error(worker):
     stub, _, _, _ = worker
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(_request("L" * 5_000), timeout=10))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND  # LEASE_NOT_FOUND, the one table
     assert len(err.value.details()) < 2_000
 
 
@@ -217,3 +217,14 @@ def test_a_second_stream_on_a_running_lease_is_refused_and_the_first_goes_on(wor
         list(stub.Generate(_request("L-twice", max_new=300), timeout=10))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert list(first)[-1].finished.usage.generated_tokens == 300
+
+
+def test_the_model_rules_run_once_per_generate(worker, monkeypatch):
+    stub, link, engine, _ = worker
+    calls = []
+    check = engine.check
+    monkeypatch.setattr(engine, "check", lambda req: (calls.append(req), check(req)))
+    link.grant("L-once", _prompt_tokens(engine), 3)
+    events = list(stub.Generate(_request("L-once", max_new=None), timeout=30))
+    assert events[-1].WhichOneof("event") == "finished"
+    assert len(calls) == 1  # before the lease was claimed; submit does not run them again
