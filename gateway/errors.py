@@ -23,6 +23,8 @@ from .translate import ParamError
 S = grpc.StatusCode
 
 # (gRPC code, ErrorInfo reason or None for "any") -> (HTTP status, OpenAI error type).
+# A reason arrives with the code of the one table (ortserve.status_table), the same
+# from the scheduler and the workers; every code that table uses has a row here.
 # A reason row wins over its code's catch-all row. RESOURCE_EXHAUSTED is 429
 # whatever the reason (budget busy now, a full queue): the openai clients
 # retry a 429 after Retry-After.
@@ -36,6 +38,8 @@ STATUS_TABLE: dict[tuple[grpc.StatusCode, str | None], tuple[int, str]] = {
     (S.UNAUTHENTICATED, None): (401, "authentication_error"),
     (S.PERMISSION_DENIED, None): (403, "permission_error"),
     (S.NOT_FOUND, None): (404, "not_found_error"),
+    # Only a worker's registration meets it today; a conflict, not a server fault.
+    (S.ALREADY_EXISTS, None): (409, "conflict_error"),
     (S.UNAVAILABLE, None): (503, "service_unavailable"),
     (S.DEADLINE_EXCEEDED, None): (504, "timeout"),
     (S.UNIMPLEMENTED, None): (501, "server_error"),

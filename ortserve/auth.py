@@ -49,12 +49,6 @@ METHOD_ROLES: dict[str, Role] = {
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")
 
-AUTH_STATUS: dict[ErrorReason, grpc.StatusCode] = {
-    ErrorReason.API_KEY_MISSING: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorReason.API_KEY_UNKNOWN: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorReason.ROLE_REQUIRED: grpc.StatusCode.PERMISSION_DENIED,
-}
-
 # The calling key's roles, set by the interceptor around each handler (the one
 # place a handler learns who called: GetBudget's include_leases asks it).
 _caller_roles: contextvars.ContextVar[frozenset[Role]] = contextvars.ContextVar(
@@ -152,7 +146,7 @@ def _bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
 
 def _refusal(handler: grpc.RpcMethodHandler, error: DomainError) -> grpc.RpcMethodHandler:
     """A handler of the same shape that only ends the call with `error`'s status."""
-    code, message, trailers = domain_status(error, AUTH_STATUS)
+    code, message, trailers = domain_status(error)  # the one table (status_table.py)
 
     async def refuse(request, context):
         context.set_trailing_metadata(trailers)

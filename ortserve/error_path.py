@@ -7,8 +7,9 @@ deserializer would turn it into UNKNOWN (issue 12 #6). Every method, unary and
 server-streaming, is wrapped so that:
 
 - a request that does not parse is INVALID_ARGUMENT naming the field;
-- a raised `DomainError` is mapped through the service's STATUS_OF_REASON
-  table to a code with rich details (ErrorInfo, BadRequest, RetryInfo, extras);
+- a raised `DomainError` is mapped through the one table
+  (`ortserve.status_table.STATUS_OF_REASON`, the same for every service) to a
+  code with rich details (ErrorInfo, BadRequest, RetryInfo, extras);
 - an upstream status (`Relayed`, or an uncaught grpc.aio.AioRpcError) is
   passed through with its details;
 - anything else is INTERNAL with the traceback logged, never UNKNOWN.
@@ -19,7 +20,6 @@ Handlers raise; none calls context.abort by hand.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping
 
 import grpc
 import structlog
@@ -29,6 +29,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from . import rich_status
 from .errors import ECHO_LIMIT, MESSAGE_LIMIT, DomainError, ErrorReason, clip
+from .status_table import STATUS_OF_REASON
 
 log = structlog.get_logger("error_path")
 
@@ -68,13 +69,12 @@ def _metadata(code: grpc.StatusCode, message: str, details: list[Message],
     return ((STATUS_DETAILS_KEY, status.SerializeToString()),)
 
 
-def domain_status(error: DomainError, status_of_reason: Mapping[ErrorReason, grpc.StatusCode],
-                  ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
-    """(code, message, trailing metadata) for a domain error, through `status_of_reason`.
+def domain_status(error: DomainError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(code, message, trailing metadata) for a domain error, through the one table.
 
-    Public so a worker can also end a stream it relays through a queue the same way.
+    Public so the auth interceptor ends a refused call the same way.
     """
-    code = status_of_reason.get(error.reason)
+    code = STATUS_OF_REASON.get(error.reason)
     if code is None:
         log.error("reason missing from STATUS_OF_REASON; answering INTERNAL", reason=error.reason)
         code = grpc.StatusCode.INTERNAL
@@ -89,14 +89,14 @@ def domain_status(error: DomainError, status_of_reason: Mapping[ErrorReason, grp
     return code, message, _metadata(code, message, details)
 
 
-def _status_of(error: BaseException, status_of_reason, method: str):
+def _status_of(error: BaseException, method: str):
     if isinstance(error, DomainError):
-        return domain_status(error, status_of_reason)
+        return domain_status(error)
     if isinstance(error, Relayed):
         message = clip(error.message, MESSAGE_LIMIT)
         return error.code, message, _metadata(error.code, message, [], error.status_bin)
     if isinstance(error, grpc.aio.AioRpcError):
-        return _status_of(Relayed(error), status_of_reason, method)
+        return _status_of(Relayed(error), method)
     log.error("unexpected error; answering INTERNAL", method=method,
               error=f"{type(error).__name__}: {clip(error, 200)}", traceback=traceback.format_exc())
     message = (f"internal error in {method}: {type(error).__name__}: {clip(error, 200)}; this is "
@@ -186,9 +186,12 @@ def parse_request(request_class: type[Message], raw: bytes) -> Message:
 # -- registration ---------------------------------------------------------------------
 
 
-def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor, servicer: object,
-                     status_of_reason: Mapping[ErrorReason, grpc.StatusCode]) -> None:
-    """Serve `servicer`'s methods for `service` on `server`, every one through the error path."""
+def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescriptor,
+                     servicer: object) -> None:
+    """Serve `servicer`'s methods for `service` on `server`, every one through the error path.
+
+    No table is passed: every service maps reasons through the one STATUS_OF_REASON.
+    """
     handlers = {}
     for method in service.methods:
         request_class = message_factory.GetMessageClass(method.input_type)
@@ -199,27 +202,27 @@ def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescrip
             raise NotImplementedError(f"{full}: client streaming is not supported by the error path")
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _streaming(impl, request_class, status_of_reason, full),
+                _streaming(impl, request_class, full),
                 request_deserializer=None, response_serializer=response_class.SerializeToString)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(impl, request_class, status_of_reason, full),
+                _unary(impl, request_class, full),
                 request_deserializer=None, response_serializer=response_class.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 
-def _unary(impl, request_class, status_of_reason, full):
+def _unary(impl, request_class, full):
     async def handler(raw: bytes, context: grpc.aio.ServicerContext):
         try:
             return await impl(parse_request(request_class, raw), context)
         except grpc.aio.AbortError:
             raise
         except Exception as error:  # noqa: BLE001 - this is the one place errors are mapped
-            await context.abort(*_status_of(error, status_of_reason, full))
+            await context.abort(*_status_of(error, full))
     return handler
 
 
-def _streaming(impl, request_class, status_of_reason, full):
+def _streaming(impl, request_class, full):
     async def handler(raw: bytes, context: grpc.aio.ServicerContext):
         try:
             async for item in impl(parse_request(request_class, raw), context):
@@ -227,7 +230,7 @@ def _streaming(impl, request_class, status_of_reason, full):
         except grpc.aio.AbortError:
             raise
         except Exception as error:  # noqa: BLE001 - this is the one place errors are mapped
-            await context.abort(*_status_of(error, status_of_reason, full))
+            await context.abort(*_status_of(error, full))
     return handler
 
 

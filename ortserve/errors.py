@@ -12,6 +12,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .units import tokens
+
 # An echoed caller string (a lease id, a role) is clipped to this: a 5,000-char
 # id echoed into a status once overflowed the metadata limit (issue 12 #7).
 ECHO_LIMIT = 64
@@ -89,3 +91,53 @@ class InvalidField(DomainError, ValueError):
     def __init__(self, field: str, message: str, **numbers: Any) -> None:
         super().__init__(ErrorReason.INVALID_REQUEST, f"{field}: {message}",
                          metadata={"field": field, **numbers}, field=field)
+
+
+class ContextWindowFull(DomainError):
+    """Prompt (+ new tokens) does not fit the model's context window (CONTEXT_LENGTH_EXCEEDED).
+
+    One sentence for both services: `cause` and `remedy` apart (the scheduler's
+    Rejection carries them apart), `message` the two joined. `min_new_tokens`
+    counts when the prompt leaves less room than it asks for.
+    """
+
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, context_length: int,
+                 min_new_tokens: int = 0) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.context_length = context_length
+        self.min_new_tokens = min_new_tokens
+        p, c, floor = prompt_tokens, context_length, max(min_new_tokens, 1)
+        if p + floor > c:
+            field = "prompt"
+            if p >= c:
+                self.cause = (f"the prompt is {tokens(p)} and fills the model's context window "
+                              f"of {tokens(c)}: a full context window is an error, not an empty turn")
+            else:
+                self.cause = (f"the prompt is {tokens(p)} and min_new_tokens {min_new_tokens:,} "
+                              f"need {tokens(p + min_new_tokens)}, beyond the model's context "
+                              f"window of {tokens(c)}")
+            self.remedy = (f"shorten the prompt to at most {tokens(max(c - floor, 0))}"
+                           + (" or lower min_new_tokens" if min_new_tokens > 1 else ""))
+        else:
+            field = "max_new_tokens"
+            self.cause = (f"the prompt is {tokens(p)} and max_new_tokens {max_new_tokens:,} need "
+                          f"{tokens(p + max_new_tokens)}, beyond the model's context window of "
+                          f"{tokens(c)}")
+            self.remedy = (f"lower max_new_tokens to {c - p:,} (or leave it unset for the "
+                           "remaining window) or shorten the prompt")
+        super().__init__(ErrorReason.CONTEXT_LENGTH_EXCEEDED, f"{self.cause}; {self.remedy}",
+                         field=field, metadata={
+                             "prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens,
+                             "min_new_tokens": min_new_tokens, "context_length": context_length})
+
+
+class LeaseMismatch(DomainError):
+    """The request is not the one its lease was admitted for (LEASE_MISMATCH).
+
+    A refused request leaves the lease as it was: a corrected retry can use it.
+    """
+
+    def __init__(self, field: str, message: str, lease_id: str, **numbers: Any) -> None:
+        super().__init__(ErrorReason.LEASE_MISMATCH, f"{field}: {message}", field=field,
+                         metadata={"lease_id": lease_id, **numbers})

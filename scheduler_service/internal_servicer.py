@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import structlog
 
+from ortserve import request_rules
 from ortserve.errors import DomainError, ErrorReason, clip
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
-from scheduler_service import convert, validate
+from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger
@@ -36,8 +37,8 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         self._metrics = metrics
 
     async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest, context):
-        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
-        validate.bounded("address", request.address, validate.MAX_ADDRESS_CHARS)
+        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        request_rules.bounded("address", request.address, request_rules.MAX_ADDRESS_CHARS)
         geometry = convert.geometry_from_pb(request)
         now = time.monotonic()
         leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
@@ -76,8 +77,9 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     async def ClaimLease(self, request: scheduler_pb2.ClaimLeaseRequest, context):
         lease = self._ledger.claim(
             request.lease_id, request.worker_id,
-            check=lambda lease: ledger_errors.check_claim(lease, request.prompt_tokens,
-                                                          request.max_new_tokens))
+            check=lambda lease: request_rules.lease_match(
+                lease.lease_id, request.prompt_tokens, request.max_new_tokens,
+                lease.prompt_tokens, lease.max_new_tokens))
         if lease is None:
             raise ledger_errors.lease_not_live(request.lease_id, request.worker_id,
                                                self._config.claim_ttl_s)
@@ -85,8 +87,8 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         return convert.lease_to_pb(lease, time.monotonic())
 
     async def ReleaseClaimed(self, request: scheduler_pb2.ReleaseRequest, context):
-        validate.bounded("lease_id", request.lease_id, validate.MAX_LEASE_ID_CHARS)
-        validate.bounded("worker_id", request.worker_id, validate.MAX_WORKER_ID_CHARS)
+        request_rules.bounded("lease_id", request.lease_id, request_rules.MAX_LEASE_ID_CHARS)
+        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
         freed = self._ledger.release(request.lease_id, request.worker_id)
         log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
                  freed_bytes=freed)

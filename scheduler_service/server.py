@@ -19,7 +19,6 @@ from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.v1 import internal_pb2, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.errors import STATUS_OF_REASON
 from scheduler_service.internal_servicer import SchedulerInternalServicer
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
@@ -107,8 +106,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                     address=f"{config.host}:{config.port}")
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
                              options=ports.GRPC_SERVER_OPTIONS)
-    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter, metrics),
-                     STATUS_OF_REASON)
+    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter, metrics))
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = ports.bind_grpc(
         lambda: tls.bind(server, f"{config.host}:{config.port}", files, False, "public"),
@@ -118,8 +116,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     # has no worker RPCs at all.
     internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS)
     register_service(internal, INTERNAL_SERVICE,
-                     SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics),
-                     STATUS_OF_REASON)
+                     SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics))
     internal_port = ports.bind_grpc(
         lambda: tls.bind(internal, f"{config.host}:{config.internal_port}", files, True,
                          "internal"),

@@ -1,7 +1,7 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate relays a worker's stream.
 
 Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
-through errors.STATUS_OF_REASON in one place.
+through the one table (ortserve.status_table) in one place.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from ortserve import request_rules
 from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert, validate
+from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.errors import rejection_error
 from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.ledger.ledger import (
     Admission,
@@ -31,6 +31,7 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Ticket
+from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import QueueWaiter
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
@@ -105,7 +106,7 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
             vocab = max((w.geometry.vocab_size for w in snapshot), default=0)
             if vocab or not snapshot:
                 if vocab:
-                    validate.token_ids(ids, vocab)
+                    request_rules.token_ids_in_vocab(ids, vocab)
                 return _Prompt(ids, known=True)
         if not snapshot:
             return "no worker registered"
@@ -126,7 +127,9 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
                      wait_s: float | None = None, deadline_s: float | None = None,
                      ) -> tuple[Admission | Ticket, list[int]]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue."""
-        validate.generate_request(request)
+        # Every rule the request alone is held to (sampling ranges included), before a
+        # worker is asked to count it and before any byte is reserved.
+        request_rules.generate_request(request)
         prompt = await self._prompt(request)
         if isinstance(prompt, str):
             n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
@@ -187,7 +190,7 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
         return answer
 
     async def Release(self, request: scheduler_pb2.ReleaseRequest, context):
-        validate.bounded("lease_id", request.lease_id, validate.MAX_LEASE_ID_CHARS)
+        request_rules.bounded("lease_id", request.lease_id, request_rules.MAX_LEASE_ID_CHARS)
         if request.worker_id:
             raise InvalidField("worker_id", "set only by a worker, on SchedulerInternal."
                                "ReleaseClaimed (the scheduler's internal port); a caller releases "

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ortserve.chat import CHAT_ROLES
-from ortserve.errors import quoted as clip
+from ortserve import request_rules
 from ortserve.v1 import types_pb2
-from worker_service.core.errors import InvalidRequest
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import Completed, FinishReason, SequenceRequest
 from worker_service.core.tokenizer import Tokenizer
@@ -38,23 +36,12 @@ def sampling_to_pb(config: SamplingConfig, seed: int | None) -> types_pb2.Sampli
     return pb
 
 
-
-
 def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
                forwarded_ids: Sequence[int] = ()) -> list[int]:
     """The request's prompt as token ids: the scheduler's forwarded ids when it sent them
-    (it tokenized already; the lease check catches a mismatch), else tokenized here."""
+    (it tokenized already; the lease check catches a mismatch), else tokenized here.
+    The request's shape was checked (`prepare`)."""
     kind = request.WhichOneof("prompt")
-    if kind is None:
-        raise InvalidRequest("prompt", "request has no prompt: set one of text, token_ids or chat")
-    if kind == "chat":
-        messages = request.chat.messages
-        if not messages:
-            raise InvalidRequest("chat.messages", "chat has no messages: add at least one turn")
-        for i, message in enumerate(messages):
-            if message.role not in CHAT_ROLES:
-                raise InvalidRequest(f"chat.messages[{i}].role", f"role {clip(message.role)} is "
-                                     f"not one of {', '.join(CHAT_ROLES)}")
     if forwarded_ids:
         return list(forwarded_ids)
     if kind == "text":
@@ -69,9 +56,12 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
             context_length: int = 0) -> SequenceRequest:
     """Validate every field once and build the engine's request (field names are proto paths).
 
+    The rules are the scheduler's (ortserve.request_rules): the shape here, the rest
+    (stop list, new tokens, sampling) in SequenceRequest, the model's in Engine.check.
     Without max_new_tokens the ceiling is provisionally the remaining context
     window; the lease check sets the admitted one.
     """
+    request_rules.request_shape(request)
     ids = prompt_ids(request, tokenizer, forwarded_ids)
     if request.HasField("max_new_tokens"):
         max_new = request.max_new_tokens

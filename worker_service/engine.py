@@ -26,8 +26,9 @@ from pathlib import Path
 
 import structlog
 
+from ortserve import request_rules
 from ortserve.units import tokens
-from worker_service.core.errors import ContextWindowFull, EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -161,22 +162,18 @@ class Engine:
             return len(self._live)
 
     def check(self, req: SequenceRequest) -> None:
-        """Raise InvalidRequest or ContextWindowFull when this model cannot serve `req` as asked."""
-        vocab = self.spec.vocab_size
-        ids = req.prompt_ids
-        # min/max run in C: the per-id scan only happens to name a bad one.
-        if ids and (min(ids) < 0 or max(ids) >= vocab):
-            i, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab)
-            raise InvalidRequest(f"token_ids.ids[{i}]", f"token id {token} is outside the "
-                                 f"vocabulary [0, {vocab:,}) of {self.spec.name}; tokenize "
-                                 "with this model's tokenizer")
-        context = self.spec.context_length
-        if req.prompt_tokens >= context or req.max_tokens > context:
-            raise ContextWindowFull(req.prompt_tokens, req.max_new_tokens, context)
+        """Raise InvalidField or ContextWindowFull when this model cannot serve `req` as asked
+        (the request rules that need the model: ortserve.request_rules)."""
+        request_rules.token_ids_in_vocab(req.prompt_ids, self.spec.vocab_size)
+        request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
+                                     self.spec.context_length)
 
     def submit(self, req: SequenceRequest, on_event: Callable[[Event], None],
-               session_id: str = "") -> SequenceHandle:
+               session_id: str = "", checked: bool = False) -> SequenceHandle:
         """Check, charge KV for prompt + max_new_tokens and queue; raises synchronously.
+
+        `checked`: the caller already ran `check(req)` (the servicer does, before it
+        claims a lease, so a refused request leaves the lease alone): not run twice.
 
         With `session_id`, a turn of that open session: `req.prompt_ids` is the
         whole rendered conversation; the longest common token prefix with what
@@ -184,7 +181,8 @@ class Engine:
         When the turn ends, the session keeps its K/V, charged for what it holds.
         `on_event` runs on the engine thread and must be cheap and non-blocking.
         """
-        self.check(req)
+        if not checked:
+            self.check(req)
         seq = Sequence(req, on_event, self.tokenizer, self.spec.vocab_size,
                        self.spec.eos_token_ids)
         detail = (f"{tokens(req.prompt_tokens)} of prompt + max_new_tokens {req.max_new_tokens:,} "

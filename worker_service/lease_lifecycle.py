@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 import structlog
 
+from ortserve import request_rules
 from ortserve.error_path import Relayed
 from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
@@ -33,18 +33,12 @@ CANCEL_WAIT_S = 30.0  # a cancelled sequence leaves within one step; this bounds
 
 def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
                         lease: types_pb2.Lease) -> SequenceRequest:
-    """The request with the lease's ceiling; raises LeaseMismatch when it is not the one admitted."""
-    if req.prompt_tokens != lease.prompt_tokens:
-        raise LeaseMismatch("prompt", f"the prompt is {req.prompt_tokens:,} tokens but lease "
-                            f"{quoted(lease.lease_id)} was admitted for {lease.prompt_tokens:,}; "
-                            "send the request you admitted", lease.lease_id)
-    if not max_new_was_set:
-        return dataclasses.replace(req, max_new_tokens=lease.max_new_tokens)
-    if req.max_new_tokens > lease.max_new_tokens:
-        raise LeaseMismatch("max_new_tokens", f"max_new_tokens {req.max_new_tokens:,} exceeds "
-                            f"lease {quoted(lease.lease_id)}'s admitted {lease.max_new_tokens:,}; "
-                            "ask for at most that, or admit again", lease.lease_id)
-    return req
+    """The request with the lease's ceiling; raises LeaseMismatch when it is not the one
+    admitted (the rule the scheduler's ClaimLease applies too: ortserve.request_rules)."""
+    request_rules.lease_match(lease.lease_id, req.prompt_tokens,
+                              req.max_new_tokens if max_new_was_set else 0,
+                              lease.prompt_tokens, lease.max_new_tokens)
+    return req if max_new_was_set else req.with_max_new_tokens(lease.max_new_tokens)
 
 
 class LeaseStream:
@@ -68,7 +62,7 @@ class LeaseStream:
         loop = asyncio.get_running_loop()
         self._handle = engine.submit(
             self.request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event),
-            session_id=self.session_id)
+            session_id=self.session_id, checked=True)  # LeaseLifecycle.open checked it
 
     async def events(self) -> AsyncIterator[Event]:
         """The engine's events, up to and including the terminal one."""
@@ -144,8 +138,9 @@ class LeaseLifecycle:
                    session_id: str = "") -> AsyncIterator[LeaseStream]:
         """Claim the lease, check the request against it and start the sequence.
 
-        Raises before anything is held when the lease is not live (NoLiveLease)
-        or the request does not match it (LeaseMismatch; the lease stays usable).
+        Raises before anything is held when the model cannot serve the request
+        (Engine.check), the lease is not live (NoLiveLease) or the request does not
+        match it (LeaseMismatch; the lease stays usable).
         With `session_id`, a turn of that open session under its lease.
         """
         if session_id:
@@ -159,6 +154,10 @@ class LeaseLifecycle:
                 raise SessionBusy(session_id)
         if lease_id in self._busy:
             raise LeaseInUse(lease_id)
+        # The model's rules (vocabulary, context window), once, before the lease is
+        # touched: a refused request leaves it usable. The lease's ceiling below only
+        # lowers max_new_tokens or sets the one admitted within this model's window.
+        self.engine.check(req)
         self._busy.add(lease_id)  # before any await: a second call on this lease is refused
         try:
             lease = await self._claim(lease_id, req, max_new_was_set)

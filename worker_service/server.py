@@ -27,7 +27,6 @@ from worker_service.metrics import WorkerMetrics
 from worker_service.runtime import device as devices
 from worker_service.scheduler_link import SchedulerLink
 from worker_service.servicer import WorkerServicer
-from worker_service.status_map import STATUS_OF_REASON
 
 log = structlog.get_logger("worker")
 
@@ -194,7 +193,7 @@ async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task
     worker_id = config.worker_id or f"{socket.gethostname()}-{port}"
     config = replace(config, worker_id=worker_id)
     servicer = WorkerServicer(worker_id, advertise_address(config, port), config.device)
-    register_service(server, SERVICE, servicer, STATUS_OF_REASON)
+    register_service(server, SERVICE, servicer)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], False)
     await server.start()

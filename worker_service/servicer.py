@@ -1,5 +1,5 @@
-"""WorkerServicer: protobuf in, domain calls, protobuf out. Handlers raise; the error
-table (errors.py / status_map.py) turns what they raise into a status, in one place.
+"""WorkerServicer: protobuf in, domain calls, protobuf out. Handlers raise; the one
+status table (ortserve.status_table) turns what they raise into a status, in one place.
 
 Async handlers never block on ORT: the engine runs on its own thread and its
 events hop onto the event loop (lease_lifecycle).
@@ -105,7 +105,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         req = convert.prepare(inner, engine.tokenizer, sequence_id=request.lease_id,
                               forwarded_ids=request.prompt_token_ids, arrived_at=arrived,
                               context_length=engine.spec.context_length)
-        engine.check(req)
         session_id = request.session_id
         if session_id:
             self._session_rpcs()._lease(session_id)  # NOT_FOUND before the lease is touched

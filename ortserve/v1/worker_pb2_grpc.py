@@ -80,7 +80,7 @@ class WorkerServicer:
     def Generate(self, request, context):
         """Serve a request under a lease from the scheduler. The worker claims the
         lease from the scheduler first. A request without a live lease is
-        FAILED_PRECONDITION (reason LEASE_NOT_FOUND). A request that does not match its
+        NOT_FOUND (reason LEASE_NOT_FOUND). A request that does not match its
         lease (prompt length or token ids differ from the admitted ones,
         max_new_tokens above the lease's) is FAILED_PRECONDITION (reason
         LEASE_MISMATCH), and the refused call leaves the lease live and usable:

@@ -10,8 +10,7 @@ its Ticket in queue.py.
 from __future__ import annotations
 
 from ortserve.errors import DomainError, ErrorReason, quoted
-from ortserve.units import human_bytes, tokens
-from scheduler_service.ledger.types import Lease
+from ortserve.units import human_bytes
 
 
 def lease_claimed(lease_id: str, worker_id: str, reserved_bytes: int) -> DomainError:
@@ -31,26 +30,6 @@ def lease_not_live(lease_id: str, worker_id: str, claim_ttl_s: float) -> DomainE
         f"expired (unclaimed for {claim_ttl_s:g} s, or its worker stopped heartbeating) or "
         "belongs to another worker; get a new lease from Scheduler.Admit, or call "
         "Scheduler.Generate", metadata={"lease_id": lease_id, "worker_id": worker_id})
-
-
-def check_claim(lease: Lease, prompt_tokens: int, max_new_tokens: int) -> None:
-    """Raise LEASE_MISMATCH when the request a worker is about to serve is not the admitted one."""
-    if prompt_tokens and prompt_tokens != lease.prompt_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"prompt: the prompt is {tokens(prompt_tokens)} but lease {quoted(lease.lease_id)} "
-            f"was admitted for {tokens(lease.prompt_tokens)}; send the request you admitted "
-            "(the lease is still usable)", field="prompt",
-            metadata={"lease_id": lease.lease_id, "prompt_tokens": prompt_tokens,
-                      "lease_prompt_tokens": lease.prompt_tokens})
-    if max_new_tokens > lease.max_new_tokens:
-        raise DomainError(
-            ErrorReason.LEASE_MISMATCH,
-            f"max_new_tokens: {max_new_tokens:,} exceeds lease {quoted(lease.lease_id)}'s "
-            f"admitted {lease.max_new_tokens:,}; ask for at most that, or admit again (the "
-            "lease is still usable)", field="max_new_tokens",
-            metadata={"lease_id": lease.lease_id, "max_new_tokens": max_new_tokens,
-                      "lease_max_new_tokens": lease.max_new_tokens})
 
 
 def worker_id_in_use(worker_id: str, live_address: str, new_address: str,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ortserve.errors import ContextWindowFull
 from ortserve.units import human_bytes, tokens
 from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
 
@@ -59,21 +60,10 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
             what = "no worker is registered and heartbeating with the scheduler"
         return f"{what}; {_prompt(r)}", f"retry in {r.retry_after_s:g} s; {START_WORKER}"
     if r.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
-        ctx = r.context_length
-        if r.prompt_tokens + floor > ctx:
-            message = (f"prompt is {tokens(r.prompt_tokens)} and min_new_tokens {r.min_new_tokens:,} "
-                       f"(at least 1 new token) need {r.prompt_tokens + floor:,} positions, but the "
-                       f"model's context window is {tokens(ctx)}")
-            remedy = (f"shorten the prompt to at most {max(ctx - floor, 0):,} tokens"
-                      + (" or lower min_new_tokens" if r.min_new_tokens > 1 else ""))
-        else:
-            message = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens "
-                       f"{r.requested_max_new_tokens:,} = "
-                       f"{r.prompt_tokens + r.requested_max_new_tokens:,} positions exceed the "
-                       f"model's context window of {tokens(ctx)}")
-            remedy = (f"lower max_new_tokens to at most {ctx - r.prompt_tokens:,}, "
-                      "or leave it unset to use the remaining context window")
-        return message, remedy
+        # The worker's sentence, so a caller reads one wording whichever service refused.
+        full = ContextWindowFull(r.prompt_tokens, r.requested_max_new_tokens, r.context_length,
+                                 r.min_new_tokens)
+        return full.cause, full.remedy
     if r.cause in (Cause.QUEUE_FULL, Cause.QUEUE_TIMEOUT):
         return _queue_text(r, floor)
     n_new = r.requested_max_new_tokens if r.cap_refused else floor

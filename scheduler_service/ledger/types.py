@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ortserve import kv_math
+from ortserve import kv_math, request_rules
 from ortserve.errors import InvalidField
 from ortserve.units import human_bytes
 
@@ -88,19 +88,8 @@ class AdmissionRequest:
 
     def __post_init__(self) -> None:
         # Field names are the proto's, so the servicer can pass them on as BadRequest.
-        if self.prompt_tokens < 1:
-            raise InvalidField("prompt", f"is empty ({self.prompt_tokens} tokens); send at least "
-                               "one token", prompt_tokens=self.prompt_tokens)
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise InvalidField("max_new_tokens", f"must be >= 1 when set, got {self.max_new_tokens}; "
-                               "leave it unset for the remaining context window")
-        if self.min_new_tokens < 0:
-            raise InvalidField("min_new_tokens", f"must be >= 0, got {self.min_new_tokens}")
-        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise InvalidField(
-                "min_new_tokens", f"({self.min_new_tokens:,}) must not exceed max_new_tokens "
-                f"({self.max_new_tokens:,}); lower min_new_tokens or raise max_new_tokens",
-                min_new_tokens=self.min_new_tokens, max_new_tokens=self.max_new_tokens)
+        request_rules.prompt_tokens(self.prompt_tokens)
+        request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
 
     @property
     def floor_new_tokens(self) -> int:

@@ -16,14 +16,14 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
+from ortserve import request_rules, rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
-from scheduler_service import convert, validate
+from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
-from scheduler_service.errors import rejection_error
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.rejections import rejection_error
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -90,7 +90,7 @@ class SessionRPCs:
     # -- RPCs --------------------------------------------------------------------
 
     async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
-        validate.bounded("request_id", request.request_id, validate.MAX_LEASE_ID_CHARS)
+        request_rules.bounded("request_id", request.request_id, request_rules.MAX_LEASE_ID_CHARS)
         lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16])
         if lease is None:
             raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to hold a session; "
@@ -163,7 +163,8 @@ class SessionRPCs:
             ids = [*session.token_ids, *inner.token_ids.ids]
             geometry = self._ledger.geometry(session.worker_id)
             if geometry is not None and geometry.vocab_size:
-                validate.token_ids(list(inner.token_ids.ids), geometry.vocab_size, "request.")
+                request_rules.token_ids_in_vocab(list(inner.token_ids.ids), geometry.vocab_size,
+                                                 "request.")
             full.token_ids.ids[:] = ids
             return full, ids
         full.chat.ClearField("messages")
@@ -207,7 +208,7 @@ class SessionRPCs:
             inner = types_pb2.GenerateRequest()
             inner.CopyFrom(request.request)
             inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
-            validate.generate_request(inner, prefix="request.")
+            request_rules.generate_request(inner, prefix="request.")
             full, ids = await self._render(session, inner)
             geometry = self._ledger.geometry(session.worker_id)
             context_length = geometry.context_length if geometry else 0

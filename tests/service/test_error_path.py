@@ -12,11 +12,6 @@ from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from tests.aio_thread import LoopThread
 
 WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
-STATUS_OF_REASON = {
-    ErrorReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorReason.BUDGET_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorReason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-}
 
 
 class Upstream(worker_pb2_grpc.WorkerServicer):
@@ -56,13 +51,12 @@ def stub():
 
     async def start():
         up = grpc.aio.server()
-        error_path.register_service(up, WORKER, Upstream(), STATUS_OF_REASON)
+        error_path.register_service(up, WORKER, Upstream())
         up_port = up.add_insecure_port("127.0.0.1:0")
         await up.start()
         up_channel = grpc.aio.insecure_channel(f"127.0.0.1:{up_port}")
         server = grpc.aio.server()
-        error_path.register_service(server, WORKER, Faulty(worker_pb2_grpc.WorkerStub(up_channel)),
-                                    STATUS_OF_REASON)
+        error_path.register_service(server, WORKER, Faulty(worker_pb2_grpc.WorkerStub(up_channel)))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return up, server, port, up_channel

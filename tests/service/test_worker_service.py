@@ -19,7 +19,6 @@ from worker_service.engine import Engine, EngineConfig
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.server import SERVICE
 from worker_service.servicer import WorkerServicer
-from worker_service.status_map import STATUS_OF_REASON
 
 
 class FakeLink:
@@ -63,7 +62,7 @@ def worker(tiny_dir):
         server = grpc.aio.server()
         servicer = WorkerServicer("w-test", "127.0.0.1:0", "cpu")
         servicer.leases = LeaseLifecycle("w-test", engine, link)
-        register_service(server, SERVICE, servicer, STATUS_OF_REASON)
+        register_service(server, SERVICE, servicer)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         return server, port
@@ -99,11 +98,12 @@ def test_generate_streams_admission_tokens_finished_and_releases_after_the_buffe
     assert ("L-ok", 0) in link.released
 
 
-def test_no_live_lease_is_failed_precondition_and_holds_nothing(worker):
+def test_no_live_lease_is_not_found_as_on_the_scheduler_and_holds_nothing(worker):
     stub, link, engine, _ = worker
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(_request("nobody-granted-this"), timeout=10))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # The one status table: LEASE_NOT_FOUND is NOT_FOUND whichever service answers.
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
     info = rich_status.unpack(rich_status.details_of(err.value), error_details_pb2.ErrorInfo)
     assert info.reason == "LEASE_NOT_FOUND"
     assert engine.held_bytes() == 0
@@ -166,7 +166,7 @@ def test_a_huge_lease_id_gets_a_bounded_precise_error(worker):
     stub, _, _, _ = worker
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(_request("L" * 5_000), timeout=10))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND  # LEASE_NOT_FOUND, the one table
     assert len(err.value.details()) < 2_000
 
 
@@ -217,3 +217,14 @@ def test_a_second_stream_on_a_running_lease_is_refused_and_the_first_goes_on(wor
         list(stub.Generate(_request("L-twice", max_new=300), timeout=10))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert list(first)[-1].finished.usage.generated_tokens == 300
+
+
+def test_the_model_rules_run_once_per_generate(worker, monkeypatch):
+    stub, link, engine, _ = worker
+    calls = []
+    check = engine.check
+    monkeypatch.setattr(engine, "check", lambda req: (calls.append(req), check(req)))
+    link.grant("L-once", _prompt_tokens(engine), 3)
+    events = list(stub.Generate(_request("L-once", max_new=None), timeout=30))
+    assert events[-1].WhichOneof("event") == "finished"
+    assert len(calls) == 1  # before the lease was claimed; submit does not run them again

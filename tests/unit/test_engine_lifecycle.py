@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import worker_service.core.sequence as sequence_module
+from ortserve.errors import InvalidField
 from worker_service.core.errors import (
     CapacityExceeded,
     ContextWindowFull,
     DeviceUnavailable,
     EngineError,
-    InvalidRequest,
 )
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.sequence import (
@@ -98,7 +98,8 @@ SAMPLED = SamplingConfig(temperature=1.0, seed=21)
     ],
 )
 def test_bad_request_is_rejected_naming_the_field_and_holds_nothing(engine, change, field):
-    with pytest.raises(InvalidRequest) as info:
+    # The rules' one invalid-field error (ortserve.request_rules), whichever rule refused.
+    with pytest.raises(InvalidField) as info:
         engine.submit(dataclasses.replace(SequenceRequest("bad", (1, 2, 3), 8), **change),
                       Recorder())
     assert info.value.field == field

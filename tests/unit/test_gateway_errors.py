@@ -8,6 +8,7 @@ from google.protobuf import duration_pb2
 
 from gateway.errors import STATUS_TABLE, from_grpc
 from ortserve import rich_status
+from ortserve.status_table import STATUS_OF_REASON
 from ortserve.v1 import types_pb2
 
 S = grpc.StatusCode
@@ -97,3 +98,11 @@ def test_a_status_without_details_maps_by_its_code(code, status):
 
 def test_every_table_row_is_an_http_error_status():
     assert all(400 <= status < 600 for status, _ in STATUS_TABLE.values())
+
+
+@pytest.mark.parametrize("reason", sorted(STATUS_OF_REASON, key=str))
+def test_every_reason_of_the_one_status_table_has_a_deliberate_http_status(reason):
+    code = STATUS_OF_REASON[reason]
+    error = from_grpc(FakeRpcError(code, "m", [rich_status.error_info(reason.value, {})]), "messages")
+    assert (error.status == 500) == (code == S.INTERNAL), (reason, code, error.status)
+    assert error.code == reason.value.lower()

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from worker_service.core.errors import InvalidRequest
+from ortserve.errors import InvalidField
 from worker_service.core.sampling import Sampler, SamplingConfig, apply_repetition_penalty
 
 VOCAB = 50
@@ -48,14 +48,14 @@ def entropy_bits(tokens: list[int]) -> float:
     ],
 )
 def test_bad_sampling_field_is_rejected_naming_the_field(config, field):
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidField) as info:
         config.validate()
     assert info.value.field == field
     assert field in str(info.value)
 
 
 def test_greedy_rejection_says_how_to_sample():
-    with pytest.raises(InvalidRequest, match="set temperature > 0 to sample, or drop top_k"):
+    with pytest.raises(InvalidField, match="set temperature > 0 to sample, or drop top_k"):
         SamplingConfig(top_k=3).validate()
 
 

@@ -1,14 +1,21 @@
 """Domain errors of the worker: each a reason (ortserve.errors.ErrorReason), a message
 naming the cause, the numbers and a next step, and the numbers for programs.
 
-Pure (no grpc): the engine raises these; the servicer's one error path maps
-the reasons to status codes through STATUS_OF_REASON (status_map.py).
+Pure (no grpc): the engine raises these; the one error path maps the reasons
+to status codes through the one table (ortserve.status_table).
 """
 
 from __future__ import annotations
 
-from ortserve.errors import DomainError, ErrorReason, quoted
-from ortserve.units import human_bytes, tokens
+from ortserve.errors import (  # noqa: F401 - ContextWindowFull, LeaseMismatch: the rules' own
+    ContextWindowFull,
+    DomainError,
+    ErrorReason,
+    InvalidField,
+    LeaseMismatch,
+    quoted,
+)
+from ortserve.units import human_bytes
 
 
 class EngineError(DomainError):
@@ -20,41 +27,17 @@ class EngineError(DomainError):
         super().__init__(type(self).reason, message, metadata=metadata, field=field)
 
 
-class InvalidRequest(EngineError):
-    """A request field is malformed (INVALID_ARGUMENT); `.field` names it, e.g. "sampling.top_p"."""
+class InvalidRequest(EngineError, InvalidField):
+    """A worker-only field is malformed (INVALID_ARGUMENT): the chat template, a session
+    on a layout without sessions. An InvalidField like every request rule's error
+    (ortserve.request_rules), and an EngineError like the worker's other errors."""
 
     reason = ErrorReason.INVALID_REQUEST
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}", field=field)
-
-
-class ContextWindowFull(EngineError):
-    """Prompt (+ max_new_tokens) does not fit the model's context window (INVALID_ARGUMENT)."""
-
-    reason = ErrorReason.CONTEXT_LENGTH_EXCEEDED
-
-    def __init__(self, prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.max_new_tokens = max_new_tokens
-        self.context_length = context_length
-        if prompt_tokens >= context_length:
-            field = "prompt"
-            message = (
-                f"the prompt is {tokens(prompt_tokens)} and fills the model's context window of "
-                f"{tokens(context_length)}: a full context window is an error, not an empty turn; "
-                f"shorten the prompt to at most {tokens(context_length - 1)}"
-            )
-        else:
-            field = "max_new_tokens"
-            room = context_length - prompt_tokens
-            message = (
-                f"the prompt is {tokens(prompt_tokens)} and max_new_tokens {max_new_tokens:,} "
-                f"need {tokens(prompt_tokens + max_new_tokens)}, beyond the model's context window "
-                f"of {tokens(context_length)}; lower max_new_tokens to {room:,} or shorten the prompt"
-            )
-        super().__init__(message, field=field, prompt_tokens=prompt_tokens,
-                         max_new_tokens=max_new_tokens, context_length=context_length)
+        # NOTE: DomainError's own init: InvalidField's takes other arguments.
+        DomainError.__init__(self, ErrorReason.INVALID_REQUEST, f"{field}: {message}",
+                             metadata={"field": field}, field=field)
 
 
 class CapacityExceeded(EngineError):
@@ -101,20 +84,8 @@ class LeaseInUse(EngineError):
                          lease_id=lease_id)
 
 
-class LeaseMismatch(EngineError):
-    """The request is not the one the lease was admitted for (FAILED_PRECONDITION).
-
-    The refused call leaves the lease as it was: a corrected retry can use it.
-    """
-
-    reason = ErrorReason.LEASE_MISMATCH
-
-    def __init__(self, field: str, message: str, lease_id: str) -> None:
-        super().__init__(f"{field}: {message}", field=field, lease_id=lease_id)
-
-
 class NoLiveLease(EngineError):
-    """Generate without a lease that is live for this worker (FAILED_PRECONDITION)."""
+    """Generate without a lease that is live for this worker (NOT_FOUND)."""
 
     reason = ErrorReason.LEASE_NOT_FOUND
 

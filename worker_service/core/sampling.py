@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from worker_service.core.errors import InvalidRequest
-
-_GREEDY_HINT = "set temperature > 0 to sample, or drop {name} (greedy decoding has no use for it)"
+from ortserve import request_rules
 
 
 @dataclass(frozen=True)
@@ -29,36 +26,10 @@ class SamplingConfig:
         return self.temperature is None or self.temperature == 0
 
     def validate(self) -> None:
-        """Raise InvalidRequest(field="sampling.<name>") for a value that would be ignored or is bad."""
-        t = self.temperature
-        if t is not None and (not math.isfinite(t) or t < 0):
-            raise InvalidRequest("sampling.temperature",
-                                 f"temperature must be a finite number >= 0, got {t}; "
-                                 "use 0 (or leave it unset) for greedy decoding")
-        if self.top_k is not None and self.top_k < 0:
-            raise InvalidRequest("sampling.top_k", f"top_k must be >= 0 (0: no limit), got {self.top_k}")
-        p = self.top_p
-        if p is not None and not (math.isfinite(p) and 0 < p <= 1):
-            raise InvalidRequest("sampling.top_p", f"top_p must be in (0, 1], got {p}; "
-                                 "use 1 (or leave it unset) for no nucleus limit")
-        if self.seed is not None and self.seed < 0:
-            raise InvalidRequest("sampling.seed", f"seed must be >= 0, got {self.seed}")
-        r = self.repetition_penalty
-        if r is not None and not (math.isfinite(r) and r > 0):
-            raise InvalidRequest("sampling.repetition_penalty",
-                                 f"repetition_penalty must be a finite number > 0, got {r}; "
-                                 "use 1 (or leave it unset) for no penalty")
-        if self.greedy:
-            # Honoured or rejected, never ignored: these only mean something when sampling.
-            if self.top_k:
-                raise InvalidRequest("sampling.top_k", f"top_k={self.top_k} with greedy decoding; "
-                                     + _GREEDY_HINT.format(name="top_k"))
-            if p is not None and p < 1:
-                raise InvalidRequest("sampling.top_p", f"top_p={p} with greedy decoding; "
-                                     + _GREEDY_HINT.format(name="top_p"))
-            if self.seed is not None:
-                raise InvalidRequest("sampling.seed", f"seed={self.seed} with greedy decoding; "
-                                     + _GREEDY_HINT.format(name="seed"))
+        """Raise InvalidField(field="sampling.<name>") for a value that would be ignored or is
+        bad: the one rule (ortserve.request_rules.sampling), which the scheduler also applies."""
+        request_rules.sampling(self.temperature, self.top_k, self.top_p, self.seed,
+                               self.repetition_penalty)
 
 
 class Sampler:
@@ -70,7 +41,7 @@ class Sampler:
     """
 
     def __init__(self, config: SamplingConfig, vocab_size: int) -> None:
-        config.validate()
+        # NOTE: not validated again here: the config is a SequenceRequest's, which was.
         self.config = config
         self.vocab_size = vocab_size
         # The resolved seed is reported back so a sampled answer can be reproduced.

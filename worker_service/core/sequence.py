@@ -8,6 +8,7 @@ differs. The engine reads events; the servicer turns them into protobuf.
 
 from __future__ import annotations
 
+import copy
 import enum
 import time
 from collections.abc import Callable
@@ -17,14 +18,12 @@ from typing import Any
 import numpy as np
 import structlog
 
-from worker_service.core.errors import EngineError, InvalidRequest
+from ortserve import request_rules
+from worker_service.core.errors import EngineError
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
 log = structlog.get_logger(__name__)
-
-MAX_STOP_SEQUENCES = 16
-
 
 class FinishReason(enum.Enum):
     """Why a sequence ended normally."""
@@ -38,9 +37,9 @@ class FinishReason(enum.Enum):
 class SequenceRequest:
     """One generation: prompt ids in, at most max_new_tokens out.
 
-    Construction validates what the request alone can tell (field names are the
-    proto paths); the model-dependent checks (vocabulary, context window) are
-    the engine's. `sequence_id` identifies the sequence on this worker (the
+    Construction applies the rules the request alone can be held to (field
+    names are the proto paths); the model-dependent ones (vocabulary, context
+    window) are the engine's `check`. `sequence_id` identifies the sequence on this worker (the
     lease id); `request_id` is only a label for logs.
     """
 
@@ -56,24 +55,19 @@ class SequenceRequest:
     arrived_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise InvalidRequest("prompt", "the prompt is empty (0 tokens): send some text or "
-                                 "token ids")
-        if self.max_new_tokens < 1:
-            raise InvalidRequest("max_new_tokens", f"max_new_tokens must be >= 1, got "
-                                 f"{self.max_new_tokens:,} (or leave it unset for the remaining "
-                                 "context window)")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise InvalidRequest("min_new_tokens", f"min_new_tokens {self.min_new_tokens:,} must "
-                                 f"be between 0 and max_new_tokens {self.max_new_tokens:,}")
-        if len(self.stop) > MAX_STOP_SEQUENCES:
-            raise InvalidRequest("stop", f"{len(self.stop)} stop sequences; at most "
-                                 f"{MAX_STOP_SEQUENCES} are allowed")
-        for i, stop in enumerate(self.stop):
-            if not isinstance(stop, str) or not stop:
-                raise InvalidRequest(f"stop[{i}]", "stop sequences must not be empty strings; "
-                                     "drop it or give text")
+        # The request rules (ortserve.request_rules), the scheduler's too, with one wording.
+        request_rules.prompt_tokens(len(self.prompt_ids))
+        request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
+        request_rules.stop_sequences(self.stop)
         self.sampling.validate()
+
+    def with_max_new_tokens(self, max_new_tokens: int) -> SequenceRequest:
+        """This request with another ceiling (the lease's), without validating the rest
+        again: `dataclasses.replace` would run every rule a second time."""
+        request_rules.new_tokens(max_new_tokens, self.min_new_tokens)
+        changed = copy.copy(self)
+        object.__setattr__(changed, "max_new_tokens", max_new_tokens)  # frozen: set once, here
+        return changed
 
     @property
     def prompt_tokens(self) -> int:

@@ -1,13 +1,11 @@
-"""One table: a domain error's reason -> its gRPC status code (applied by ortserve.error_path).
+"""A REJECTED admission as the error a stream ends with (Generate, SessionTurn).
 
-The worker's errors module has a table of the same name; the reasons come from
-one enum (ortserve.errors.ErrorReason), so a client keys on the same strings
-whichever service answered.
+Its status code comes from the one table (ortserve.status_table), like every
+other domain error's.
 """
 
 from __future__ import annotations
 
-import grpc
 from google.protobuf.message import Message
 
 from ortserve import rich_status
@@ -15,28 +13,6 @@ from ortserve.errors import DomainError, ErrorReason
 from ortserve.units import human_bytes
 from scheduler_service.convert import rejection_to_pb
 from scheduler_service.ledger.ledger import Cause, Rejection
-
-STATUS_OF_REASON: dict[ErrorReason, grpc.StatusCode] = {
-    ErrorReason.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorReason.CONTEXT_LENGTH_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorReason.EXCEEDS_CAPACITY: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorReason.BUDGET_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorReason.NO_WORKER: grpc.StatusCode.UNAVAILABLE,
-    ErrorReason.LEASE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorReason.LEASE_CLAIMED: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorReason.LEASE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorReason.WORKER_ID_IN_USE: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorReason.WORKER_FAILED: grpc.StatusCode.UNAVAILABLE,
-    ErrorReason.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorReason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorReason.QUEUE_TIMEOUT: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorReason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorReason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorReason.SESSION_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorReason.SESSION_WORKER_LOST: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorReason.ROLE_REQUIRED: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorReason.LEASE_SECRET_MISMATCH: grpc.StatusCode.PERMISSION_DENIED,
-}
 
 
 def rejection_error(rejection: Rejection) -> DomainError:

@@ -1,0 +1,210 @@
+"""Every rule about a request, written once; both edges call them with one wording.
+
+The scheduler and the worker are each a wall a caller reaches (a worker's port
+serves anyone holding a lease), so each checks what it is sent. A rule raises
+`InvalidField` (INVALID_REQUEST) naming the proto path under `prefix` (e.g.
+"request." inside an AdmitRequest), or the error of its own reason
+(`ContextWindowFull`, `LeaseMismatch`).
+
+Pure: no grpc or protobuf import, so the worker's core uses the same rules.
+`generate_request` reads a GenerateRequest through its own methods
+(WhichOneof, HasField, its descriptor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .chat import CHAT_ROLES
+from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
+from .units import tokens
+
+MAX_REQUEST_ID_CHARS = 256
+MAX_LEASE_ID_CHARS = 128
+MAX_WORKER_ID_CHARS = 128
+MAX_ADDRESS_CHARS = 256
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_CHAT_MESSAGES = 1_024
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty")
+
+_GREEDY_HINT = "set temperature > 0 to sample, or drop {name} (greedy decoding has no use for it)"
+
+
+def bounded(field: str, value: str, limit: int) -> None:
+    """A caller string at most `limit` characters (no message or log line echoes more)."""
+    if len(value) > limit:
+        raise InvalidField(field, f"is {len(value):,} characters, more than the {limit:,} allowed; "
+                           "send a shorter value", length=len(value), limit=limit)
+
+
+# -- the whole request, as it arrives -------------------------------------------------
+
+
+def generate_request(request: Any, prefix: str = "") -> None:
+    """Every rule a GenerateRequest alone is held to, before anything is counted or
+    reserved: its shape, the stop list, the new-token bounds and the sampling ranges.
+
+    The scheduler calls this; the worker calls `request_shape` and leaves the rest to
+    its SequenceRequest, which holds the same rules for direct callers of its engine.
+    """
+    request_shape(request, prefix)
+    stop_sequences(request.stop, prefix)
+    new_tokens(request.max_new_tokens if request.HasField("max_new_tokens") else None,
+               request.min_new_tokens, prefix)
+    sampling(**sampling_values(request.sampling), prefix=prefix)
+
+
+def request_shape(request: Any, prefix: str = "") -> None:
+    """The request id's length, the prompt's shape (chat roles included), the cap policy."""
+    bounded(prefix + "request_id", request.request_id, MAX_REQUEST_ID_CHARS)
+    prompt(request, prefix)
+    policies = request.DESCRIPTOR.fields_by_name["cap_policy"].enum_type.values_by_number
+    if request.cap_policy not in policies:
+        names = [value.name for n, value in sorted(policies.items()) if n]  # 0: unspecified
+        raise InvalidField(prefix + "cap_policy", f"{request.cap_policy} is not a CapPolicy: use "
+                           f"{', '.join(names[:-1])} or {names[-1]}")
+
+
+def sampling_values(params: Any) -> dict[str, Any]:
+    """A SamplingParams message's set fields as keyword arguments (None: unset)."""
+    return {name: getattr(params, name) if params.HasField(name) else None
+            for name in SAMPLING_FIELDS}
+
+
+def prompt(request: Any, prefix: str = "") -> None:
+    """One prompt is set; token ids and chat turns are not empty; every chat role is known."""
+    kind = request.WhichOneof("prompt")
+    if kind is None:
+        raise InvalidField(prefix + "prompt", "is missing: set one of text, token_ids or chat")
+    if kind == "token_ids" and not request.token_ids.ids:
+        raise InvalidField(prefix + "token_ids.ids", "is empty: send at least one token id")
+    if kind == "chat":
+        chat_roles([turn.role for turn in request.chat.messages], prefix)
+
+
+# -- one rule each ---------------------------------------------------------------------
+
+
+def chat_roles(roles: Sequence[str], prefix: str = "") -> None:
+    """At least one turn, at most MAX_CHAT_MESSAGES, each with a role the template knows."""
+    if not roles:
+        raise InvalidField(prefix + "chat.messages", "is empty: send at least one turn")
+    if len(roles) > MAX_CHAT_MESSAGES:
+        raise InvalidField(prefix + "chat.messages", f"has {len(roles):,} turns, more than "
+                           f"{MAX_CHAT_MESSAGES:,}; send fewer", count=len(roles))
+    for i, role in enumerate(roles):
+        if role not in CHAT_ROLES:
+            raise InvalidField(prefix + f"chat.messages[{i}].role",
+                               f"{quoted(role)} is not a role: use one of {', '.join(CHAT_ROLES)}")
+
+
+def stop_sequences(stop: Sequence[str], prefix: str = "") -> None:
+    """At most MAX_STOP_SEQUENCES, none empty (it would stop at once), none too long."""
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise InvalidField(prefix + "stop", f"has {len(stop):,} sequences, more than "
+                           f"{MAX_STOP_SEQUENCES}; send fewer", count=len(stop))
+    for i, text in enumerate(stop):
+        if not text:
+            raise InvalidField(prefix + f"stop[{i}]", "is empty: an empty stop sequence would "
+                               "stop at once; remove it")
+        bounded(prefix + f"stop[{i}]", text, MAX_STOP_CHARS)
+
+
+def prompt_tokens(count: int, prefix: str = "") -> None:
+    """A counted prompt has at least one token (a text can tokenize to none)."""
+    if count < 1:
+        raise InvalidField(prefix + "prompt", f"is empty ({count} tokens): send some text or "
+                           "token ids", prompt_tokens=count)
+
+
+def new_tokens(max_new_tokens: int | None, min_new_tokens: int, prefix: str = "") -> None:
+    """max_new_tokens >= 1 when set (None: unset); 0 <= min_new_tokens <= max_new_tokens."""
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise InvalidField(prefix + "max_new_tokens", f"must be >= 1 when set, got "
+                           f"{max_new_tokens}; leave it unset for the remaining context window")
+    if min_new_tokens < 0:
+        raise InvalidField(prefix + "min_new_tokens", f"must be >= 0, got {min_new_tokens}")
+    if max_new_tokens is not None and min_new_tokens > max_new_tokens:
+        raise InvalidField(
+            prefix + "min_new_tokens", f"({min_new_tokens:,}) must not exceed max_new_tokens "
+            f"({max_new_tokens:,}); lower min_new_tokens or raise max_new_tokens",
+            min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens)
+
+
+def sampling(temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None,
+             repetition_penalty: float | None = None, prefix: str = "") -> None:
+    """Every sampling parameter is honoured or refused, never ignored (None: unset).
+
+    Ranges first, then what greedy decoding (temperature unset or 0) has no use for.
+    """
+    def bad(name: str, message: str) -> InvalidField:
+        return InvalidField(prefix + "sampling." + name, message)
+
+    t = temperature
+    if t is not None and (not math.isfinite(t) or t < 0):
+        raise bad("temperature", f"temperature must be a finite number >= 0, got {t}; "
+                  "use 0 (or leave it unset) for greedy decoding")
+    if top_k is not None and top_k < 0:
+        raise bad("top_k", f"top_k must be >= 0 (0: no limit), got {top_k}")
+    p = top_p
+    if p is not None and not (math.isfinite(p) and 0 < p <= 1):
+        raise bad("top_p", f"top_p must be in (0, 1], got {p}; "
+                  "use 1 (or leave it unset) for no nucleus limit")
+    if seed is not None and seed < 0:
+        raise bad("seed", f"seed must be >= 0, got {seed}")
+    r = repetition_penalty
+    if r is not None and not (math.isfinite(r) and r > 0):
+        raise bad("repetition_penalty", f"repetition_penalty must be a finite number > 0, "
+                  f"got {r}; use 1 (or leave it unset) for no penalty")
+    if t is None or t == 0:
+        if top_k:
+            raise bad("top_k", f"top_k={top_k} with greedy decoding; "
+                      + _GREEDY_HINT.format(name="top_k"))
+        if p is not None and p < 1:
+            raise bad("top_p", f"top_p={p} with greedy decoding; " + _GREEDY_HINT.format(name="top_p"))
+        if seed is not None:
+            raise bad("seed", f"seed={seed} with greedy decoding; " + _GREEDY_HINT.format(name="seed"))
+
+
+# -- rules that need the model ---------------------------------------------------------
+
+
+def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "") -> None:
+    """Every id in [0, vocab_size), naming the first that is not (`token_ids.ids[i]`)."""
+    # min/max run in C: the per-id scan only happens to name a bad one.
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
+        return
+    i, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+    raise InvalidField(prefix + f"token_ids.ids[{i}]",
+                       f"token id {token:,} is outside the model's vocabulary [0, {vocab_size:,}); "
+                       "send ids from this model's tokenizer", token_id=token,
+                       vocab_size=vocab_size)
+
+
+def context_window(prompt_count: int, max_new_tokens: int, context_length: int) -> None:
+    """The prompt and max_new_tokens fit the model's context window (the prompt alone
+    filling it is an error too, never an empty turn)."""
+    if prompt_count >= context_length or prompt_count + max_new_tokens > context_length:
+        raise ContextWindowFull(prompt_count, max_new_tokens, context_length)
+
+
+def lease_match(lease_id: str, prompt_count: int, max_new_tokens: int,
+                lease_prompt_tokens: int, lease_max_new_tokens: int) -> None:
+    """The request is the one its lease was admitted for: the same prompt length (0: not
+    checked) and no more new tokens. The refused request leaves the lease usable."""
+    if prompt_count and prompt_count != lease_prompt_tokens:
+        raise LeaseMismatch(
+            "prompt", f"the prompt is {tokens(prompt_count)} but lease {quoted(lease_id)} was "
+            f"admitted for {tokens(lease_prompt_tokens)}; send the request you admitted (the "
+            "lease is still usable)", lease_id,
+            prompt_tokens=prompt_count, lease_prompt_tokens=lease_prompt_tokens)
+    if max_new_tokens > lease_max_new_tokens:
+        raise LeaseMismatch(
+            "max_new_tokens", f"{max_new_tokens:,} exceeds lease {quoted(lease_id)}'s admitted "
+            f"{lease_max_new_tokens:,}; ask for at most that, or admit again (the lease is "
+            "still usable)", lease_id,
+            max_new_tokens=max_new_tokens, lease_max_new_tokens=lease_max_new_tokens)
