@@ -19,13 +19,14 @@ from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.v1 import internal_pb2, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_decided, log_expired
 from scheduler_service.errors import STATUS_OF_REASON
 from scheduler_service.internal_servicer import SchedulerInternalServicer
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.relay import QueueWaiter
-from scheduler_service.servicer import SchedulerServicer, log_decided, log_expired
+from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")

@@ -21,12 +21,12 @@ from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_expired
 from scheduler_service.errors import rejection_error
 from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.ledger.ledger import (
     Admission,
     Decision,
-    Expired,
     Ledger,
     no_worker_rejection,
 )
@@ -36,31 +36,6 @@ from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
-
-
-def log_expired(expired: list[Expired], metrics=None) -> None:
-    """The one place a dropped lease is logged (and counted), with its numbers."""
-    if metrics is not None:
-        metrics.expired(expired)
-    for gone in expired:
-        lease = gone.lease
-        log.warning("lease expired", why=gone.why, lease_id=lease.lease_id,
-                    worker_id=lease.worker_id, request_id=clip(lease.request_id),
-                    claimed=lease.claimed, age_s=round(gone.age_s, 3),
-                    prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens,
-                    freed_bytes=lease.reserved_bytes)
-
-
-def log_decided(done: list[Ticket]) -> None:
-    """The one place a queued request's leaving the queue is logged."""
-    for ticket in done:
-        outcome = ticket.outcome
-        log.info("left the queue", request_id=clip(ticket.request.request_id),
-                 decision=outcome.decision.value if outcome else "deadline_exceeded",
-                 cause=outcome.rejection.cause.value if outcome and outcome.rejection else None,
-                 lease_id=outcome.lease.lease_id if outcome and outcome.lease else None,
-                 waited_ms=round((outcome.queue_wait_s if outcome else ticket.max_wait_s) * 1e3, 1),
-                 needed_bytes=ticket.needed_bytes)
 
 
 @contextmanager
