@@ -1,5 +1,7 @@
-"""The Scheduler's session RPCs (a mixin of SchedulerServicer): protobuf <-> registry, ledger
-and the session's worker. The policy (who swaps out, what is kept) is in sessions.py.
+"""The Scheduler's session RPCs: protobuf <-> registry, ledger and the session's worker.
+
+A mixin of SchedulerServicer; a turn's stream goes through relay.py like a
+Generate. The policy (who swaps out, what is kept) is in registry.py.
 
 Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
 the session's own lease), so a turn is ADMITTED, CAPPED or REJECTED like any
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from contextlib import aclosing
 
 import grpc
 import structlog
@@ -24,6 +27,7 @@ from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.errors import rejection_error
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.relay import Leg, relay
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -200,8 +204,6 @@ class SessionRPCs:
         session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
         bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                          worker_id=session.worker_id)
-        call = None
-        finished = None
         try:
             self._alive(session)
             inner = types_pb2.GenerateRequest()
@@ -223,53 +225,42 @@ class SessionRPCs:
                        max_new_tokens=admission.max_new_tokens,
                        reserved_bytes=admission.reserved_bytes)
             full.max_new_tokens = admission.max_new_tokens
-            yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
-            call = self._worker(session).Generate(
-                worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
-                                                 prompt_token_ids=ids,
-                                                 session_id=session.session_id),
-                timeout=context.time_remaining())
-            relay_offset_ms = (time.perf_counter() - arrived) * 1e3
-            text, generated = [], []
-            async for event in call:
-                kind = event.WhichOneof("event")
-                if kind == "admission":
-                    continue
-                if kind == "chunk":
-                    text.append(event.chunk.text)
-                    generated.extend(event.chunk.token_ids)
-                if kind == "finished":
-                    finished = event.finished
-                    t = finished.timings
-                    t.queue_ms += relay_offset_ms
-                    t.ttft_ms += relay_offset_ms
-                    t.total_ms = (time.perf_counter() - arrived) * 1e3
-                    self._remember_turn(session, inner, ids, "".join(text), generated)
-                    finished.session.CopyFrom(self._info_pb(session, finished.session))
-                    finished.session.turn_in_flight = False
-                    bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
-                               reused_prompt_tokens=finished.usage.reused_prompt_tokens)
-                yield event
-        except grpc.aio.AioRpcError as error:
-            raise Relayed(error, f"worker {session.worker_id}: {clip(error.details(), 600)}") from None
+            leg = self._turn_leg(session, inner, full, ids, bound)
+            async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+                async for event in events:
+                    yield event
         finally:
-            if call is not None and not call.done():
-                call.cancel()
-            if call is not None and finished is None:
-                await self._wait_turn_over(session)
             self._registry.end_turn(session)
 
-    def _remember_turn(self, session: Session, inner: types_pb2.GenerateRequest, ids: list[int],
-                       text: str, generated: list[int]) -> None:
-        """The conversation grows by the turn's input and its reply (what the next turn renders)."""
-        session.kind = inner.WhichOneof("prompt")
-        if session.kind == "chat":
-            session.messages += [(m.role, m.content) for m in inner.chat.messages]
-            session.messages.append(("assistant", text))
-        else:
-            session.token_ids = [*ids, *generated]
-        session.history_tokens = len(ids) + len(generated)
-        session.turns += 1
+    def _turn_leg(self, session: Session, inner: types_pb2.GenerateRequest,
+                  full: types_pb2.GenerateRequest, ids: list[int], bound) -> Leg:
+        """The turn's worker side for the relay: the reply is gathered as it streams and
+        remembered at Finished; a turn that ends early waits for the worker's own end."""
+        text, generated = [], []
+
+        def on_chunk(chunk: types_pb2.TokenChunk) -> None:
+            text.append(chunk.text)
+            generated.extend(chunk.token_ids)
+
+        def on_finished(finished: types_pb2.Finished) -> None:
+            session.remember_turn(inner.WhichOneof("prompt"),
+                                  [(m.role, m.content) for m in inner.chat.messages], ids,
+                                  "".join(text), generated)
+            finished.session.CopyFrom(self._info_pb(session, finished.session))
+            finished.session.turn_in_flight = False
+            bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
+                       reused_prompt_tokens=finished.usage.reused_prompt_tokens)
+
+        async def on_exit(ended_early: bool) -> None:
+            if ended_early:
+                await self._wait_turn_over(session)
+
+        return Leg(worker_id=session.worker_id, address=session.address,
+                   stub=self._worker(session),
+                   request=worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
+                                                            prompt_token_ids=ids,
+                                                            session_id=session.session_id),
+                   bound=bound, on_finished=on_finished, on_chunk=on_chunk, on_exit=on_exit)
 
     async def _wait_turn_over(self, session: Session) -> None:
         """A turn that ended early (cancel, error): the worker frees and shrinks the lease on
