@@ -1,6 +1,7 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
-The worker's stream and the queue wait are relay.py's (shared with SessionTurn).
+The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
+the session RPCs are sessions/rpcs.py's, composed in and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
 through errors.STATUS_OF_REASON in one place.
 """
@@ -56,14 +57,16 @@ class _Prompt:
     known: bool
 
 
-class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, metrics=None, secrets: LeaseSecrets | None = None) -> None:
+                 waiter: QueueWaiter, sessions: SessionRPCs, metrics=None,
+                 secrets: LeaseSecrets | None = None) -> None:
         self._config = config
         self._secrets = secrets or LeaseSecrets()
         self._ledger = ledger
         self._workers = workers
         self._waiter = waiter
+        self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
     # -- admission -------------------------------------------------------------
@@ -115,7 +118,7 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
-            await self._make_room(domain)  # idle sessions' bytes before a cap (session_service)
+            await self._sessions.make_room(domain)  # idle sessions' bytes before a cap
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
@@ -244,3 +247,20 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
                    bound=bound, on_finished=on_finished, on_exit=release_unclaimed,
                    if_worker_dies=f"its lease returns to the budget within "
                                   f"{self._config.lease_ttl_s:g} s; retry the request")
+
+    # -- sessions (sessions/rpcs.py), delegated --------------------------------------
+
+    async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
+        return await self._sessions.OpenSession(request, context)
+
+    def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
+        return self._sessions.SessionTurn(request, context)
+
+    async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.GetSession(request, context)
+
+    async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.SwapOutSession(request, context)
+
+    async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.CloseSession(request, context)

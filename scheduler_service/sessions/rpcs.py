@@ -1,7 +1,8 @@
 """The Scheduler's session RPCs: protobuf <-> registry, ledger and the session's worker.
 
-A mixin of SchedulerServicer; a turn's stream goes through relay.py like a
-Generate. The policy (who swaps out, what is kept) is in registry.py.
+SchedulerServicer holds one SessionRPCs (built in server.py) and delegates the
+session RPCs to it; a turn's stream goes through relay.py like a Generate. The
+policy (who swaps out, what is kept) is in registry.py.
 
 Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
 the session's own lease), so a turn is ADMITTED, CAPPED or REJECTED like any
@@ -25,6 +26,7 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from scheduler_service import convert, validate
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_expired
 from scheduler_service.errors import rejection_error
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
 from scheduler_service.relay import Leg, relay
@@ -42,26 +44,23 @@ TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a s
 
 
 class SessionRPCs:
-    """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession, ShrinkLease."""
+    """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession (the servicer
+    delegates them here), and make_room: idle sessions' bytes for a plain admission."""
 
-    _ledger: Ledger
-    _workers: WorkerClients
-    _config: SchedulerConfig
-
-    @property
-    def _registry(self) -> SessionRegistry:
-        registry = getattr(self, "_session_registry", None)
-        if registry is None:
-            registry = self._session_registry = SessionRegistry()
-            self._session_sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return registry
+    def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
+                 registry: SessionRegistry | None = None, metrics=None) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._workers = workers
+        self._registry = registry or SessionRegistry()
+        self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
     def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
         return self._workers.stub(session.address)
 
     def _alive(self, session: Session) -> None:
         """The session's lease lives only while its worker does: gone means the worker died."""
-        self._ledger.expire()
+        log_expired(self._ledger.expire(), self._metrics)  # expire() hands each lease once
         if self._ledger.lease(session.lease_id) is None:
             raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
 
@@ -281,9 +280,7 @@ class SessionRPCs:
 
     async def _reclaim(self, worker_id: str, exclude: str = "") -> bool:
         """Swap out the least recently used idle session holding bytes on `worker_id`."""
-        registry = getattr(self, "_session_registry", None)
-        if registry is None:
-            return False
+        registry = self._registry
         for session in registry.idle_on(worker_id, exclude):
             lease = self._ledger.lease(session.lease_id)
             if lease is None or lease.reserved_bytes == 0:
@@ -303,11 +300,10 @@ class SessionRPCs:
                 registry.end_turn(session)
         return False
 
-    async def _make_room(self, request: AdmissionRequest) -> None:
+    async def make_room(self, request: AdmissionRequest) -> None:
         """Before a plain admission: while it would not be ADMITTED whole, swap idle sessions
         out of the worker it would land on (a dry run decides; the real admit is atomic)."""
-        registry = getattr(self, "_session_registry", None)
-        if registry is None or not registry.idle_on_any():
+        if not self._registry.idle_on_any():
             return  # nothing to reclaim: spare every plain admission the dry run
         for _ in range(8):
             probe = self._ledger.admit(request, dry_run=True)
@@ -318,12 +314,16 @@ class SessionRPCs:
             if not any([await self._reclaim(w) for w in workers]):
                 return
 
-    async def _sweep(self) -> None:
-        """Close sessions idle past the TTL; forget those whose worker died (nothing held)."""
+    async def sweep_forever(self) -> None:
+        """Close sessions idle past the TTL; forget those whose worker died (nothing held).
+
+        A task of the server's (server.py starts it and cancels it on stop)."""
         while True:
             await asyncio.sleep(max(min(self._config.session_ttl_s / 4, 1.0), 0.05))
-            registry = self._session_registry
-            self._ledger.expire()
+            registry = self._registry
+            if not len(registry):
+                continue  # no session: the ledger's expiry stays the maintenance loop's alone
+            log_expired(self._ledger.expire(), self._metrics)
             for session in registry.idle_on_any():
                 if self._ledger.lease(session.lease_id) is None:  # its worker died: nothing held
                     registry.mark_lost(session, "stopped heartbeating (its leases expired)")
