@@ -19,9 +19,9 @@ from ortserve.errors import DomainError, ErrorReason, clip
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger
-from scheduler_service.servicer import log_expired
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")

@@ -1,17 +1,30 @@
-"""The servicer's side of the admission queue: await a ticket, report its place, leave cleanly.
+"""One relay for Scheduler.Generate and SessionTurn: the admission-queue wait, the
+worker's stream passed on to the caller, the timings composed once, every exit clean.
 
-asyncio only (no grpc). Everything runs on the server's event loop; the pure
-policy is in admission_queue.
+Generate (servicer.py) and SessionTurn (sessions/rpcs.py) differ only in what
+they do around a stream (a one-shot lease released if no worker claimed it; a
+session's conversation remembered at Finished): they hand that in as a Leg's
+callbacks, and this module does the rest, once. Everything runs on the
+server's event loop; the queue's pure policy is in ledger/queue.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from scheduler_service.ledger.ledger import Admission
+import grpc
+
+from ortserve.error_path import Relayed
+from ortserve.errors import clip
+from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from scheduler_service import convert
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
+from scheduler_service.ledger.types import Admission
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -62,6 +75,25 @@ class QueueWaiter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=min(PLACE_INTERVAL_S, ticket.deadline - now))
 
+    async def news(self, ticket: Ticket, bound: Any) -> AsyncIterator[Place | Admission]:
+        """A queued request's news: each changed Place, then its Admission, last.
+
+        Generate sends the Places on as Queued events, Admit skips them. An exit
+        before the Admission (cancelled, deadline, an error) leaves the queue
+        holding nothing: iterate under contextlib.aclosing, so that happens at once.
+        """
+        admission = None
+        try:
+            while not isinstance(item := await self.next(ticket), Admission):
+                yield item
+            admission = item
+        finally:
+            if admission is None:
+                bound.info("left the queue unserved", freed_bytes=self.leave(ticket))
+            else:
+                self.forget(ticket)
+        yield admission
+
     def leave(self, ticket: Ticket) -> int:
         """The caller will not take the outcome (cancelled, deadline, error): hold nothing.
 
@@ -81,3 +113,84 @@ class QueueWaiter:
         """The caller took the outcome: drop the bookkeeping."""
         self._events.pop(ticket.seq, None)
         self._sent.pop(ticket.seq, None)
+
+
+# -- the worker's stream ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One admitted stream's worker side, and what its caller adds around the relay."""
+
+    worker_id: str
+    address: str
+    stub: worker_pb2_grpc.WorkerStub
+    request: worker_pb2.WorkerGenerateRequest
+    bound: Any  # the structlog logger bound to the request, lease and worker
+    # The caller's bookkeeping on the worker's Finished, after the timings are
+    # composed and before it is sent on (it may fill in more of it).
+    on_finished: Callable[[types_pb2.Finished], None]
+    on_chunk: Callable[[types_pb2.TokenChunk], None] | None = None
+    # Run last on every exit, after the worker call is cancelled; its argument
+    # says the worker was called and sent no Finished (the stream ended early).
+    on_exit: Callable[[bool], Awaitable[None]] | None = None
+    # The next step for a caller whose worker died mid-stream (UNAVAILABLE);
+    # None: the worker's failure passes on named by the worker only.
+    if_worker_dies: str | None = None
+
+
+async def relay(admission: Admission, leg: Leg, arrived_s: float,
+                time_remaining: Callable[[], float | None],
+                ) -> AsyncIterator[types_pb2.GenerateEvent]:
+    """Our Admission first (its BudgetCap before any token), then the worker's stream.
+
+    The worker's own Admission is dropped (the caller has ours), its Finished
+    gets the timings from `arrived_s` (perf_counter) and the caller's
+    bookkeeping, its failure our message. The worker call is cancelled on every
+    exit, so a client's cancel reaches the worker at once.
+    """
+    call = None
+    finished = False
+    relayed_tokens = 0
+    try:
+        yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
+        call = leg.stub.Generate(leg.request, timeout=time_remaining())
+        relay_offset_ms = (time.perf_counter() - arrived_s) * 1e3
+        async for event in call:
+            kind = event.WhichOneof("event")
+            if kind == "admission":
+                continue  # the client already has ours, first
+            if kind == "chunk":
+                relayed_tokens += len(event.chunk.token_ids)
+                if leg.on_chunk is not None:
+                    leg.on_chunk(event.chunk)
+            elif kind == "finished":
+                _compose(event.finished.timings, arrived_s, relay_offset_ms)
+                leg.on_finished(event.finished)
+                finished = True
+            yield event
+    except grpc.aio.AioRpcError as error:
+        leg.bound.warning("worker call failed", code=error.code().name,
+                          details=clip(error.details(), 300))
+        raise Relayed(error, _relabelled(error, leg, relayed_tokens)) from None
+    finally:
+        if call is not None and not call.done():
+            call.cancel()  # propagates a client cancel to the worker
+        if leg.on_exit is not None:
+            await leg.on_exit(call is not None and not finished)
+
+
+def _compose(timings: types_pb2.Timings, arrived_s: float, relay_offset_ms: float) -> None:
+    """The worker timed from its own start; the caller waited `relay_offset_ms` before it
+    (admission, queue, the call's setup), which belongs to queue and ttft; total is ours."""
+    timings.queue_ms += relay_offset_ms
+    timings.ttft_ms += relay_offset_ms
+    timings.total_ms = (time.perf_counter() - arrived_s) * 1e3
+
+
+def _relabelled(error: grpc.aio.AioRpcError, leg: Leg, relayed_tokens: int) -> str:
+    """Our caller's message for the worker call's failure (the code and details pass on)."""
+    if error.code() == grpc.StatusCode.UNAVAILABLE and leg.if_worker_dies is not None:
+        return (f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} tokens: "
+                f"{clip(error.details(), 300)}; {leg.if_worker_dies}")
+    return f"worker {leg.worker_id}: {clip(error.details(), 600)}"

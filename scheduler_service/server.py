@@ -19,12 +19,14 @@ from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, set_serving
 from ortserve.v1 import internal_pb2, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_decided, log_expired
 from scheduler_service.internal_servicer import SchedulerInternalServicer
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.relay import QueueWaiter
-from scheduler_service.servicer import SchedulerServicer, log_decided, log_expired
+from scheduler_service.servicer import SchedulerServicer
+from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -45,6 +47,7 @@ class SchedulerServer:
     queue: AdmissionQueue
     _expiry: asyncio.Task
     _workers: WorkerClients
+    _session_sweep: asyncio.Task | None = None
     internal_server: grpc.aio.Server | None = None
     internal_port: int = 0
     health: object = None
@@ -53,9 +56,11 @@ class SchedulerServer:
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """NOT_SERVING, refuse new calls, let relayed streams finish within grace_s."""
-        self._expiry.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._expiry
+        for task in (self._expiry, self._session_sweep):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.health is not None:
             await set_serving(self.health, [SERVICE_NAME], False)
         await self.server.stop(grace_s)
@@ -106,7 +111,9 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                     address=f"{config.host}:{config.port}")
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
                              options=ports.GRPC_SERVER_OPTIONS)
-    register_service(server, SERVICE, SchedulerServicer(config, ledger, workers, waiter, metrics))
+    sessions = SessionRPCs(config, ledger, workers, metrics=metrics)
+    register_service(server, SERVICE,
+                     SchedulerServicer(config, ledger, workers, waiter, sessions, metrics))
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = ports.bind_grpc(
         lambda: tls.bind(server, f"{config.host}:{config.port}", files, False, "public"),
@@ -127,11 +134,12 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     await health.set(SERVICE_NAME, NOT_SERVING)
     expiry = asyncio.create_task(_maintain_forever(ledger, waiter, health, metrics,
                                                    config.expiry_interval_s))
+    session_sweep = asyncio.create_task(sessions.sweep_forever())
     log.info("scheduler serving", address=f"{config.host}:{port}",
              internal_address=f"{config.host}:{internal_port}", tls=files.enabled,
              api_keys=len(config.api_keys), lease_ttl_s=config.lease_ttl_s,
              max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s)
     return SchedulerServer(server=server, port=port, ledger=ledger, queue=queue, _expiry=expiry,
-                           _workers=workers, internal_server=internal,
+                           _workers=workers, _session_sweep=session_sweep, internal_server=internal,
                            internal_port=internal_port, health=health, metrics_port=metrics_port,
                            _stop_metrics=stop_metrics)

@@ -1,5 +1,7 @@
-"""SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate relays a worker's stream.
+"""SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
+The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
+the session RPCs are sessions/rpcs.py's, composed in and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
 through the one table (ortserve.status_table) in one place.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -22,46 +24,21 @@ from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.ledger.ledger import (
     Admission,
     Decision,
-    Expired,
     Ledger,
     no_worker_rejection,
 )
-from scheduler_service.ledger.queue import Ticket
+from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import QueueWaiter
+from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
-
-
-def log_expired(expired: list[Expired], metrics=None) -> None:
-    """The one place a dropped lease is logged (and counted), with its numbers."""
-    if metrics is not None:
-        metrics.expired(expired)
-    for gone in expired:
-        lease = gone.lease
-        log.warning("lease expired", why=gone.why, lease_id=lease.lease_id,
-                    worker_id=lease.worker_id, request_id=clip(lease.request_id),
-                    claimed=lease.claimed, age_s=round(gone.age_s, 3),
-                    prompt_tokens=lease.prompt_tokens, max_new_tokens=lease.max_new_tokens,
-                    freed_bytes=lease.reserved_bytes)
-
-
-def log_decided(done: list[Ticket]) -> None:
-    """The one place a queued request's leaving the queue is logged."""
-    for ticket in done:
-        outcome = ticket.outcome
-        log.info("left the queue", request_id=clip(ticket.request.request_id),
-                 decision=outcome.decision.value if outcome else "deadline_exceeded",
-                 cause=outcome.rejection.cause.value if outcome and outcome.rejection else None,
-                 lease_id=outcome.lease.lease_id if outcome and outcome.lease else None,
-                 waited_ms=round((outcome.queue_wait_s if outcome else ticket.max_wait_s) * 1e3, 1),
-                 needed_bytes=ticket.needed_bytes)
 
 
 @contextmanager
@@ -81,14 +58,16 @@ class _Prompt:
     known: bool
 
 
-class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, metrics=None, secrets: LeaseSecrets | None = None) -> None:
+                 waiter: QueueWaiter, sessions: SessionRPCs, metrics=None,
+                 secrets: LeaseSecrets | None = None) -> None:
         self._config = config
         self._secrets = secrets or LeaseSecrets()
         self._ledger = ledger
         self._workers = workers
         self._waiter = waiter
+        self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
     # -- admission -------------------------------------------------------------
@@ -142,7 +121,7 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
-            await self._make_room(domain)  # idle sessions' bytes before a cap (session_service)
+            await self._sessions.make_room(domain)  # idle sessions' bytes before a cap
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
@@ -150,16 +129,10 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
-        admission = None
-        try:
-            while not isinstance(admission := await self._waiter.next(ticket), Admission):
-                pass
-            return admission
-        finally:
-            if admission is None:
-                bound.info("left the queue unserved", freed_bytes=self._waiter.leave(ticket))
-            else:
-                self._waiter.forget(ticket)
+        async with aclosing(self._waiter.news(ticket, bound)) as news:
+            async for item in news:
+                admission = item  # the Places go by unsent; the last news is the Admission
+        return admission
 
     def _kick(self) -> None:
         self._waiter.kick()
@@ -224,18 +197,15 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
                                                   deadline_s=context.time_remaining())
         bound = log.bind(request_id=inner.request_id)
         if isinstance(admission, Ticket):
-            ticket, admission = admission, None
+            ticket = admission
             bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
                        max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
-            try:
-                while not isinstance(item := await self._waiter.next(ticket), Admission):
-                    yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
-                admission = item
-            finally:
-                if admission is None:  # cancelled, deadline, or an error while waiting
-                    bound.info("left the queue unserved", freed_bytes=self._waiter.leave(ticket))
-                else:
-                    self._waiter.forget(ticket)
+            async with aclosing(self._waiter.news(ticket, bound)) as news:
+                async for item in news:
+                    if isinstance(item, Place):
+                        yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
+                    else:
+                        admission = item
         self._count(admission)
         if admission.decision is Decision.REJECTED:
             bound.info("rejected", cause=admission.rejection.cause.value)
@@ -247,46 +217,53 @@ class SchedulerServicer(SessionRPCs, scheduler_pb2_grpc.SchedulerServicer):
         # The worker gets the admitted ceiling and the counted prompt: no second resolution.
         inner.max_new_tokens = admission.max_new_tokens
         inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
-        call = None
-        relayed_tokens = 0
-        try:
-            yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
-            call = self._workers.stub(worker.address).Generate(
-                worker_pb2.WorkerGenerateRequest(lease_id=lease.lease_id, request=inner,
-                                                 prompt_token_ids=prompt_ids),
-                timeout=context.time_remaining())
-            relay_offset_ms = (time.perf_counter() - arrived) * 1e3
-            async for event in call:
-                kind = event.WhichOneof("event")
-                if kind == "admission":
-                    continue  # the client already has ours, first
-                if kind == "chunk":
-                    relayed_tokens += len(event.chunk.token_ids)
-                if kind == "finished":
-                    t = event.finished.timings
-                    t.queue_ms += relay_offset_ms
-                    t.ttft_ms += relay_offset_ms
-                    t.total_ms = (time.perf_counter() - arrived) * 1e3
-                    if self._metrics is not None:
-                        self._metrics.finished(event.finished.usage.generated_tokens, t.ttft_ms,
-                                               t.decode_ms, t.total_ms)
-                    bound.info("finished", finish_reason=types_pb2.FinishReason.Name(
-                        event.finished.finish_reason), generated_tokens=event.finished.usage.generated_tokens)
+        leg = self._generate_leg(admission, inner, prompt_ids, bound)
+        async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+            async for event in events:
                 yield event
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                message = (f"worker {worker.worker_id} at {worker.address} failed after "
-                           f"{relayed_tokens} tokens: {clip(error.details(), 300)}; its lease "
-                           f"returns to the budget within {self._config.lease_ttl_s:g} s; retry the request")
-            else:
-                message = f"worker {worker.worker_id}: {clip(error.details(), 600)}"
-            bound.warning("worker call failed", code=error.code().name, details=clip(error.details(), 300))
-            raise Relayed(error, message) from None
-        finally:
-            if call is not None and not call.done():
-                call.cancel()  # propagates a client cancel to the worker
+
+    def _generate_leg(self, admission: Admission, inner: types_pb2.GenerateRequest,
+                      prompt_ids: list[int], bound) -> Leg:
+        """The request's worker side for the relay: metrics and a log line at Finished; on
+        every exit, the lease released if no worker ever claimed it."""
+        lease, worker = admission.lease, admission.worker
+
+        def on_finished(finished: types_pb2.Finished) -> None:
+            t = finished.timings
+            if self._metrics is not None:
+                self._metrics.finished(finished.usage.generated_tokens, t.ttft_ms, t.decode_ms,
+                                       t.total_ms)
+            bound.info("finished", finish_reason=types_pb2.FinishReason.Name(finished.finish_reason),
+                       generated_tokens=finished.usage.generated_tokens)
+
+        async def release_unclaimed(_ended_early: bool) -> None:
             # A claimed lease is the worker's to release once its KV is freed;
             # one never claimed (the worker was never reached) is ours.
             if self._ledger.release_unclaimed(lease.lease_id):
                 bound.info("released unclaimed lease")
                 self._kick()
+
+        return Leg(worker_id=worker.worker_id, address=worker.address,
+                   stub=self._workers.stub(worker.address),
+                   request=worker_pb2.WorkerGenerateRequest(lease_id=lease.lease_id, request=inner,
+                                                            prompt_token_ids=prompt_ids),
+                   bound=bound, on_finished=on_finished, on_exit=release_unclaimed,
+                   if_worker_dies=f"its lease returns to the budget within "
+                                  f"{self._config.lease_ttl_s:g} s; retry the request")
+
+    # -- sessions (sessions/rpcs.py), delegated --------------------------------------
+
+    async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
+        return await self._sessions.OpenSession(request, context)
+
+    def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
+        return self._sessions.SessionTurn(request, context)
+
+    async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.GetSession(request, context)
+
+    async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.SwapOutSession(request, context)
+
+    async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
+        return await self._sessions.CloseSession(request, context)

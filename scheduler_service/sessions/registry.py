@@ -44,6 +44,20 @@ class Session:
     last_budget_cap: BudgetCap | None = None  # the last turn's cap: across swap and turns
     last_used: float = 0.0
 
+    def remember_turn(self, kind: str, new_messages: list[tuple[str, str]], prompt_ids: list[int],
+                      reply_text: str, reply_ids: list[int]) -> None:
+        """The conversation grows by the turn's input and its reply (what the next turn renders).
+
+        `kind` is the turn's prompt ("chat" or "token_ids"), `prompt_ids` its whole prompt.
+        """
+        self.kind = kind
+        if kind == "chat":
+            self.messages += [*new_messages, ("assistant", reply_text)]
+        else:
+            self.token_ids = [*prompt_ids, *reply_ids]
+        self.history_tokens = len(prompt_ids) + len(reply_ids)
+        self.turns += 1
+
 
 def not_found(session_id: str) -> DomainError:
     return DomainError(ErrorReason.SESSION_NOT_FOUND,

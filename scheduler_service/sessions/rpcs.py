@@ -1,5 +1,8 @@
-"""The Scheduler's session RPCs (a mixin of SchedulerServicer): protobuf <-> registry, ledger
-and the session's worker. The policy (who swaps out, what is kept) is in sessions.py.
+"""The Scheduler's session RPCs: protobuf <-> registry, ledger and the session's worker.
+
+SchedulerServicer holds one SessionRPCs (built in server.py) and delegates the
+session RPCs to it; a turn's stream goes through relay.py like a Generate. The
+policy (who swaps out, what is kept) is in registry.py.
 
 Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
 the session's own lease), so a turn is ADMITTED, CAPPED or REJECTED like any
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from contextlib import aclosing
 
 import grpc
 import structlog
@@ -22,8 +26,10 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
 from scheduler_service.rejections import rejection_error
+from scheduler_service.relay import Leg, relay
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -38,26 +44,23 @@ TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a s
 
 
 class SessionRPCs:
-    """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession, ShrinkLease."""
+    """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession (the servicer
+    delegates them here), and make_room: idle sessions' bytes for a plain admission."""
 
-    _ledger: Ledger
-    _workers: WorkerClients
-    _config: SchedulerConfig
-
-    @property
-    def _registry(self) -> SessionRegistry:
-        registry = getattr(self, "_session_registry", None)
-        if registry is None:
-            registry = self._session_registry = SessionRegistry()
-            self._session_sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return registry
+    def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
+                 registry: SessionRegistry | None = None, metrics=None) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._workers = workers
+        self._registry = registry or SessionRegistry()
+        self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
     def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
         return self._workers.stub(session.address)
 
     def _alive(self, session: Session) -> None:
         """The session's lease lives only while its worker does: gone means the worker died."""
-        self._ledger.expire()
+        log_expired(self._ledger.expire(), self._metrics)  # expire() hands each lease once
         if self._ledger.lease(session.lease_id) is None:
             raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
 
@@ -201,8 +204,6 @@ class SessionRPCs:
         session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
         bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                          worker_id=session.worker_id)
-        call = None
-        finished = None
         try:
             self._alive(session)
             inner = types_pb2.GenerateRequest()
@@ -224,53 +225,42 @@ class SessionRPCs:
                        max_new_tokens=admission.max_new_tokens,
                        reserved_bytes=admission.reserved_bytes)
             full.max_new_tokens = admission.max_new_tokens
-            yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
-            call = self._worker(session).Generate(
-                worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
-                                                 prompt_token_ids=ids,
-                                                 session_id=session.session_id),
-                timeout=context.time_remaining())
-            relay_offset_ms = (time.perf_counter() - arrived) * 1e3
-            text, generated = [], []
-            async for event in call:
-                kind = event.WhichOneof("event")
-                if kind == "admission":
-                    continue
-                if kind == "chunk":
-                    text.append(event.chunk.text)
-                    generated.extend(event.chunk.token_ids)
-                if kind == "finished":
-                    finished = event.finished
-                    t = finished.timings
-                    t.queue_ms += relay_offset_ms
-                    t.ttft_ms += relay_offset_ms
-                    t.total_ms = (time.perf_counter() - arrived) * 1e3
-                    self._remember_turn(session, inner, ids, "".join(text), generated)
-                    finished.session.CopyFrom(self._info_pb(session, finished.session))
-                    finished.session.turn_in_flight = False
-                    bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
-                               reused_prompt_tokens=finished.usage.reused_prompt_tokens)
-                yield event
-        except grpc.aio.AioRpcError as error:
-            raise Relayed(error, f"worker {session.worker_id}: {clip(error.details(), 600)}") from None
+            leg = self._turn_leg(session, inner, full, ids, bound)
+            async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+                async for event in events:
+                    yield event
         finally:
-            if call is not None and not call.done():
-                call.cancel()
-            if call is not None and finished is None:
-                await self._wait_turn_over(session)
             self._registry.end_turn(session)
 
-    def _remember_turn(self, session: Session, inner: types_pb2.GenerateRequest, ids: list[int],
-                       text: str, generated: list[int]) -> None:
-        """The conversation grows by the turn's input and its reply (what the next turn renders)."""
-        session.kind = inner.WhichOneof("prompt")
-        if session.kind == "chat":
-            session.messages += [(m.role, m.content) for m in inner.chat.messages]
-            session.messages.append(("assistant", text))
-        else:
-            session.token_ids = [*ids, *generated]
-        session.history_tokens = len(ids) + len(generated)
-        session.turns += 1
+    def _turn_leg(self, session: Session, inner: types_pb2.GenerateRequest,
+                  full: types_pb2.GenerateRequest, ids: list[int], bound) -> Leg:
+        """The turn's worker side for the relay: the reply is gathered as it streams and
+        remembered at Finished; a turn that ends early waits for the worker's own end."""
+        text, generated = [], []
+
+        def on_chunk(chunk: types_pb2.TokenChunk) -> None:
+            text.append(chunk.text)
+            generated.extend(chunk.token_ids)
+
+        def on_finished(finished: types_pb2.Finished) -> None:
+            session.remember_turn(inner.WhichOneof("prompt"),
+                                  [(m.role, m.content) for m in inner.chat.messages], ids,
+                                  "".join(text), generated)
+            finished.session.CopyFrom(self._info_pb(session, finished.session))
+            finished.session.turn_in_flight = False
+            bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
+                       reused_prompt_tokens=finished.usage.reused_prompt_tokens)
+
+        async def on_exit(ended_early: bool) -> None:
+            if ended_early:
+                await self._wait_turn_over(session)
+
+        return Leg(worker_id=session.worker_id, address=session.address,
+                   stub=self._worker(session),
+                   request=worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
+                                                            prompt_token_ids=ids,
+                                                            session_id=session.session_id),
+                   bound=bound, on_finished=on_finished, on_chunk=on_chunk, on_exit=on_exit)
 
     async def _wait_turn_over(self, session: Session) -> None:
         """A turn that ended early (cancel, error): the worker frees and shrinks the lease on
@@ -291,9 +281,7 @@ class SessionRPCs:
 
     async def _reclaim(self, worker_id: str, exclude: str = "") -> bool:
         """Swap out the least recently used idle session holding bytes on `worker_id`."""
-        registry = getattr(self, "_session_registry", None)
-        if registry is None:
-            return False
+        registry = self._registry
         for session in registry.idle_on(worker_id, exclude):
             lease = self._ledger.lease(session.lease_id)
             if lease is None or lease.reserved_bytes == 0:
@@ -313,11 +301,10 @@ class SessionRPCs:
                 registry.end_turn(session)
         return False
 
-    async def _make_room(self, request: AdmissionRequest) -> None:
+    async def make_room(self, request: AdmissionRequest) -> None:
         """Before a plain admission: while it would not be ADMITTED whole, swap idle sessions
         out of the worker it would land on (a dry run decides; the real admit is atomic)."""
-        registry = getattr(self, "_session_registry", None)
-        if registry is None or not registry.idle_on_any():
+        if not self._registry.idle_on_any():
             return  # nothing to reclaim: spare every plain admission the dry run
         for _ in range(8):
             probe = self._ledger.admit(request, dry_run=True)
@@ -328,12 +315,16 @@ class SessionRPCs:
             if not any([await self._reclaim(w) for w in workers]):
                 return
 
-    async def _sweep(self) -> None:
-        """Close sessions idle past the TTL; forget those whose worker died (nothing held)."""
+    async def sweep_forever(self) -> None:
+        """Close sessions idle past the TTL; forget those whose worker died (nothing held).
+
+        A task of the server's (server.py starts it and cancels it on stop)."""
         while True:
             await asyncio.sleep(max(min(self._config.session_ttl_s / 4, 1.0), 0.05))
-            registry = self._session_registry
-            self._ledger.expire()
+            registry = self._registry
+            if not len(registry):
+                continue  # no session: the ledger's expiry stays the maintenance loop's alone
+            log_expired(self._ledger.expire(), self._metrics)
             for session in registry.idle_on_any():
                 if self._ledger.lease(session.lease_id) is None:  # its worker died: nothing held
                     registry.mark_lost(session, "stopped heartbeating (its leases expired)")

@@ -203,3 +203,21 @@ def test_reregistration_restores_live_leases_and_heartbeat_tells_unknown_workers
     restored = budget.workers[0].leases[0]
     assert restored.lease_id == adm.lease_id and restored.budget_cap == lease.budget_cap
     assert budget.total_reserved_bytes == 537 * BPT
+
+
+def test_every_session_rpc_reaches_the_session_rpcs_through_the_servicer(cluster):
+    # The servicer delegates the session RPCs to its SessionRPCs (composed, not mixed in):
+    # each one answers its own domain error, none an INTERNAL for a missing method.
+    stub, _ = cluster
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # NO_WORKER: none registered
+    unknown = scheduler_pb2.SessionRequest(session_id="nope")
+    calls = [stub.GetSession, stub.SwapOutSession, stub.CloseSession,
+             lambda request, timeout: list(stub.SessionTurn(
+                 scheduler_pb2.SessionTurnRequest(session_id=request.session_id), timeout=timeout))]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as caught:
+            call(unknown, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND, caught.value.details()
+        assert "is not open" in caught.value.details()
