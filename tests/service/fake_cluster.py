@@ -55,7 +55,7 @@ class Cluster:
             worker_pb2_grpc.add_WorkerServicer_to_server(self.worker, server)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
-            return server, port, await build_server(SchedulerConfig(port=0, retry_after_s=2.5))
+            return server, port, await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5))
 
         self._worker_server, worker_port, self.scheduler = self.loop.run(start())
         self.worker_address = f"127.0.0.1:{worker_port}"

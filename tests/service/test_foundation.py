@@ -59,7 +59,7 @@ def test_every_rpc_and_field_in_the_protos_has_a_comment(tmp_path):
 @pytest.fixture()
 def scheduler():
     loop = LoopThread()
-    running = loop.run(build_server(SchedulerConfig(port=0)))
+    running = loop.run(build_server(SchedulerConfig(port=0, internal_port=0)))
     yield running
     loop.run(running.stop(0))
     loop.close()

@@ -19,7 +19,7 @@ BPT = 1_024
 @pytest.fixture()
 def scheduler():
     loop = LoopThread()
-    running = loop.run(build_server(SchedulerConfig(port=0, metrics_port=0)))
+    running = loop.run(build_server(SchedulerConfig(port=0, internal_port=0, metrics_port=0)))
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     internal_channel = grpc.insecure_channel(f"127.0.0.1:{running.internal_port}")

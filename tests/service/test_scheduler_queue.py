@@ -32,7 +32,7 @@ class QueueCluster:
             worker_pb2_grpc.add_WorkerServicer_to_server(StandInWorker(), server)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
-            return server, port, await build_server(SchedulerConfig(port=0, retry_after_s=2.5, **config))
+            return server, port, await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5, **config))
 
         self._worker, port, self.scheduler = self.loop.run(start())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler.port}")

@@ -44,7 +44,7 @@ def cluster():
         worker_pb2_grpc.add_WorkerServicer_to_server(TokenizeOnlyWorker(), worker)
         worker_port = worker.add_insecure_port("127.0.0.1:0")
         await worker.start()
-        scheduler = await build_server(SchedulerConfig(port=0, retry_after_s=2.5))
+        scheduler = await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5))
         return worker, worker_port, scheduler
 
     worker, worker_port, scheduler = loop.run(start())
