@@ -23,6 +23,7 @@ from typing import TextIO
 from ortserve_client import Client, cap_notice, notice, print_stats
 from ortserve_client.flags import int_range
 
+from ortserve.banner import parse as parse_banner
 from ortserve.probe import check
 
 __all__ = ["DEFAULT_MODEL", "ClusterError", "LocalCluster", "Service", "default_model_dir",
@@ -55,7 +56,7 @@ class Service:
     process: subprocess.Popen
     address: str
     log_path: Path
-    banner: str = ""  # the whole 'listening ...' line (the scheduler adds 'internal HOST:PORT')
+    banner: str = ""  # the banner as 'listening HOST:PORT' (the scheduler adds 'internal HOST:PORT'), whichever form was printed
 
     def log_tail(self, n_lines: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()
@@ -69,7 +70,8 @@ def _bin(name: str) -> str:
 
 def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
                   timeout_s: float = 60.0) -> Service:
-    """Start a process that prints 'listening HOST:PORT' first on stdout; return once it has."""
+    """Start a process that prints its banner first on stdout (ortserve.banner: plain or
+    JSON); return once it has."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log_file = open(log_path, "wb")  # noqa: SIM115 (the child owns it for its lifetime)
@@ -78,11 +80,12 @@ def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str]
     log_file.close()
     deadline = time.monotonic() + timeout_s
     line = process.stdout.readline().decode().strip()
-    if not line.startswith("listening ") or time.monotonic() > deadline:
+    announced = parse_banner(line)
+    if announced is None or time.monotonic() > deadline:
         process.kill()
         raise ClusterError(f"{name} did not start ({line!r}); see {log_path}:\n"
                            + log_path.read_text(errors="replace")[-3000:])
-    return Service(name, process, line.split()[1], log_path, banner=line)
+    return Service(name, process, announced.address, log_path, banner=announced.plain())
 
 
 def wait_serving(service: Service, health_service: str = "", timeout_s: float = 120.0,

@@ -13,7 +13,7 @@ import os
 
 import uvicorn
 
-from ortserve import ports
+from ortserve import banner, ports
 from ortserve.logs import configure_logging
 from ortserve.version import package_version
 
@@ -64,7 +64,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
-    configure_logging(config.log_level, config.log_json)
+    configure_logging(config.log_level, config.log_json, capture_native=True)
     # Bind first, so --port 0 can announce the port it got before serving, and so a
     # taken port is one line and exit 2 (uvicorn's own bind would be a traceback).
     try:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         ports.refuse("ortserve-gateway", error)
     port = sock.getsockname()[1]
     # The chosen port on stdout, one line, as the scheduler and workers do.
-    print(f"listening {config.host}:{port}", flush=True)
+    banner.announce(banner.Banner(f"{config.host}:{port}"), "gateway")
     # NOTE: without a graceful-shutdown bound uvicorn waits for every open SSE stream
     # on SIGTERM, however long it runs; streams get 30 s, then they are cut.
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,

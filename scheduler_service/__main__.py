@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 
-from ortserve import ports
+from ortserve import banner, ports
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
@@ -93,9 +93,10 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
 
 async def _serve(config: SchedulerConfig) -> None:
     running = await build_server(config)
-    # The chosen ports on stdout, one line, for scripts that started us with --port 0.
-    print(f"listening {config.host}:{running.port} internal {config.host}:{running.internal_port}",
-          flush=True)
+    # The chosen ports on stdout, one line (JSON with JSON logs), for scripts that
+    # started us with --port 0: ortserve.banner.parse reads it.
+    banner.announce(banner.Banner(f"{config.host}:{running.port}",
+                                  f"{config.host}:{running.internal_port}"), "scheduler")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,7 +107,7 @@ async def _serve(config: SchedulerConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
-    configure_logging(config.log_level, config.log_json)
+    configure_logging(config.log_level, config.log_json, capture_native=True)
     try:
         # Before anything starts: a taken port is one line and exit 2, never a second
         # ledger sharing the port (see ortserve/ports.py).

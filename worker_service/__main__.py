@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from ortserve import ports
+from ortserve import banner, ports
 from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -144,7 +144,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
 
 async def _serve(config: WorkerConfig) -> int:
     running, lifecycle = await build_server(config)
-    print(f"listening {config.host}:{running.port}", flush=True)
+    banner.announce(banner.Banner(f"{config.host}:{running.port}"), "worker")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -169,7 +169,7 @@ async def _serve(config: WorkerConfig) -> int:
 def main(argv: list[str] | None = None) -> None:
     notices: list[str] = []
     config = parse_config(argv, notices)
-    configure_logging(config.log_level, config.log_json)
+    configure_logging(config.log_level, config.log_json, capture_native=True)
     for notice in notices:  # a log line: with JSON logs, stderr stays JSON
         structlog.get_logger("worker").warning(notice)
     try:

@@ -21,6 +21,40 @@ log = structlog.get_logger("worker")
 _REFUSALS = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
              grpc.StatusCode.FAILED_PRECONDITION)
 
+_TLS_FLAGS = "--tls-cert, --tls-key and --tls-ca (env ORTSERVE_WORKER_TLS_CERT, ..._KEY, ..._CA)"
+
+
+def likely_cause(details: str, tls: bool, address: str) -> str:
+    """What an UNAVAILABLE from the scheduler most likely means, and the next step.
+
+    gRPC says only UNAVAILABLE; its details hold the transport's words (measured
+    with grpcio 1.85 against a real scheduler, issue 30 #9): a TLS port closes a
+    plaintext connection at once ("Socket closed"), and a plaintext port answers
+    a TLS ClientHello with bytes OpenSSL reads as WRONG_VERSION_NUMBER.
+    """
+    if "Connection refused" in details:
+        return (f"nothing listens at {address}: start the scheduler, or point --scheduler "
+                "(env ORTSERVE_SCHEDULER_ADDRESS) at its --internal-port (default 50061)")
+    if "WRONG_VERSION_NUMBER" in details or "HTTP_REQUEST" in details:
+        return (f"{address} does not speak TLS and this worker does: start the scheduler "
+                "with --tls-cert, --tls-key and --tls-ca, or drop this worker's --tls-* "
+                "flags on a trusted network")
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return ("the scheduler's certificate does not chain to this worker's --tls-ca: "
+                "give the CA that signed it")
+    if "Hostname Verification" in details or "Peer name" in details:
+        return (f"the scheduler's certificate does not name the host in --scheduler "
+                f"{address}: dial a name (or IP) the certificate carries")
+    if "Socket closed" in details or "Connection reset" in details:
+        if not tls:
+            return (f"{address} closed the connection at once: the scheduler most likely "
+                    f"requires TLS (its internal port is mutual TLS); give this worker "
+                    f"{_TLS_FLAGS}")
+        return (f"{address} closed the connection during the TLS handshake: the scheduler "
+                "most likely refused this worker's certificate; it must chain to the "
+                "scheduler's --tls-ca")
+    return ""
+
 
 class SchedulerLink:
     def __init__(self, address: str, registration: scheduler_pb2.RegisterWorkerRequest,
@@ -30,6 +64,7 @@ class SchedulerLink:
         self.address = address
         self._registration = registration
         self._live_leases = live_leases
+        self._tls = credentials is not None
         self._batch_stats = batch_stats  # (running sequences, batch rows, largest batch)
         self._channel = secure_or_insecure_channel(address, credentials)
         self._stub = internal_pb2_grpc.SchedulerInternalStub(self._channel)
@@ -84,8 +119,12 @@ class SchedulerLink:
                               code=error.code().name, details=error.details(),
                               retry_in_s=backoff_s)
                 else:
+                    # The details and a likely cause: UNAVAILABLE alone hid a TLS mismatch.
+                    details = error.details() or ""
+                    cause = likely_cause(details, self._tls, self.address)
                     log.warning("scheduler unreachable; retrying", scheduler=self.address,
-                                code=error.code().name, retry_in_s=backoff_s)
+                                code=error.code().name, details=details, retry_in_s=backoff_s,
+                                **({"likely_cause": cause} if cause else {}))
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
 

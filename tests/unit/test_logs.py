@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from ortserve import banner
+from ortserve.native_stderr import as_record
 
 BIN = Path(sys.executable).parent
 
@@ -49,8 +53,68 @@ def test_every_stderr_line_is_json_including_the_standard_librarys():
 def test_a_scheduler_process_with_json_logs_writes_only_json_to_stderr():
     process = subprocess.Popen([str(BIN / "ortserve-scheduler"), "--port", "0", "--log-json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().startswith("listening ")
+    # With JSON logs the banner on stdout is JSON too (issue 30 #8); ortserve.banner reads it.
+    line = process.stdout.readline()
+    assert json.loads(line)["event"] == "listening"
+    assert banner.parse(line).address.startswith("127.0.0.1:")
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=30)
     records = _json_lines(stderr)
     assert any(r["event"] == "scheduler serving" for r in records)
+
+
+NATIVE = """
+import os, sys
+from ortserve.logs import configure_logging
+configure_logging("info", json=True, capture_native=True)
+# What gRPC's C core (absl), onnxruntime's C++ logger and plain prints write to fd 2.
+os.write(2, b"I1203 20:59:39.612219   26395 ssl_transport_security.cc:2563] Handshake failed\\n")
+os.write(2, b"E1203 20:59:39.7   26395 chttp2_transport.cc:10] an error\\npartial line, ")
+os.write(2, b"then its end\\n")
+os.write(2, b"2025-01-01 10:00:00.1 [W:onnxruntime:ort, graph.cc:12 Fn] an ORT warning\\n")
+os.write(2, b'{"event": "already json", "level": "info"}\\n')
+print("plain text on sys.stderr", file=sys.stderr)
+raise RuntimeError("uncaught, with a traceback")
+"""
+
+
+def test_with_json_logs_native_writes_to_fd_2_and_uncaught_errors_are_json_too():
+    out = subprocess.run([sys.executable, "-c", NATIVE], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    records = _json_lines(out.stderr)
+    by_event = {r["event"]: r for r in records}
+    handshake = by_event["Handshake failed"]
+    assert (handshake["logger"], handshake["level"], handshake["source"]) == (
+        "grpc-core", "info", "ssl_transport_security.cc:2563")
+    assert by_event["an error"]["level"] == "error"
+    assert by_event["partial line, then its end"]["logger"] == "stderr"
+    assert by_event["an ORT warning"]["logger"] == "onnxruntime"
+    assert by_event["already json"] == {"event": "already json", "level": "info"}
+    assert by_event["plain text on sys.stderr"]["level"] == "warning"
+    uncaught = by_event["uncaught exception"]
+    assert uncaught["level"] == "critical" and "RuntimeError: uncaught" in uncaught["exception"]
+
+
+def test_captured_native_lines_obey_the_log_level():
+    program = NATIVE.replace('configure_logging("info"', 'configure_logging("warning"')
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=60)
+    events = [r["event"] for r in _json_lines(out.stderr)]
+    assert "Handshake failed" not in events and "an error" in events
+
+
+def test_absl_and_onnxruntime_prefixes_name_their_logger_and_level():
+    assert as_record("W0102 03:04:05.000006 7 tcp_posix.cc:1] slow") == (
+        "grpc-core", logging.WARNING, "slow", {"source": "tcp_posix.cc:1", "thread_id": "7"})
+    assert as_record("whatever") == ("stderr", logging.WARNING, "whatever", {})
+
+
+def test_the_banner_reads_back_in_both_forms():
+    both = banner.Banner("127.0.0.1:5", "127.0.0.1:6")
+    for as_json in (False, True):
+        assert banner.parse(banner.line(both, "scheduler", as_json)) == both
+    assert banner.parse("listening 0.0.0.0:8000") == banner.Banner("0.0.0.0:8000")
+    assert banner.parse(banner.line(banner.Banner("h:1"), "gateway", True)) == banner.Banner("h:1")
+    assert banner.parse('{"event": "scheduler serving"}') is None
+    assert banner.parse("Traceback (most recent call last):") is None
