@@ -13,16 +13,15 @@ import pytest
 
 from gateway.errors import _FALLBACK, STATUS_TABLE, from_grpc
 from ortserve import rich_status
-from ortserve.auth import AUTH_STATUS
-from scheduler_service.errors import STATUS_OF_REASON
+from ortserve.status_table import STATUS_OF_REASON
 from tests.unit.test_gateway_errors import FakeRpcError
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
 MARKER = "<!-- gateway-error-table -->"
 ELSE = "anything else"
-# Every ErrorInfo reason the scheduler sends, with its status: what the gateway relays.
-SCHEDULER_REASONS = {str(reason): status for reason, status in
-                     {**STATUS_OF_REASON, **AUTH_STATUS}.items()}
+# Every ErrorInfo reason, with its one status (ortserve/status_table.py): the scheduler
+# sends its own and relays its workers', so the gateway may see any of them.
+SCHEDULER_REASONS = {str(reason): status for reason, status in STATUS_OF_REASON.items()}
 
 
 def documented_rows() -> dict[tuple[str, str | None], tuple[int, str, set[str]]]:
