@@ -97,8 +97,11 @@ class ContextWindowFull(DomainError):
     """Prompt (+ new tokens) does not fit the model's context window (CONTEXT_LENGTH_EXCEEDED).
 
     One sentence for both services: `cause` and `remedy` apart (the scheduler's
-    Rejection carries them apart), `message` the two joined. `min_new_tokens`
-    counts when the prompt leaves less room than it asks for.
+    Rejection carries them apart), `message` the two joined. `field` names what
+    overflows, a field the caller set: the prompt when it alone fills the window,
+    else min_new_tokens when the prompt and that floor do not fit, else
+    max_new_tokens (a provisional ceiling, when unset, always fits: only a floor
+    can push it past the window, and then the floor is named).
     """
 
     def __init__(self, prompt_tokens: int, max_new_tokens: int, context_length: int,
@@ -107,27 +110,31 @@ class ContextWindowFull(DomainError):
         self.max_new_tokens = max_new_tokens
         self.context_length = context_length
         self.min_new_tokens = min_new_tokens
-        p, c, floor = prompt_tokens, context_length, max(min_new_tokens, 1)
-        if p + floor > c:
-            field = "prompt"
-            if p >= c:
-                self.cause = (f"the prompt is {tokens(p)} and fills the model's context window "
-                              f"of {tokens(c)}: a full context window is an error, not an empty turn")
-            else:
-                self.cause = (f"the prompt is {tokens(p)} and min_new_tokens {min_new_tokens:,} "
-                              f"need {tokens(p + min_new_tokens)}, beyond the model's context "
-                              f"window of {tokens(c)}")
-            self.remedy = (f"shorten the prompt to at most {tokens(max(c - floor, 0))}"
-                           + (" or lower min_new_tokens" if min_new_tokens > 1 else ""))
+        p, c, m = prompt_tokens, context_length, min_new_tokens
+        floor = max(m, 1)
+        if p >= c:
+            self.field = "prompt"
+            self.cause = (f"the prompt is {tokens(p)} and fills the model's context window "
+                          f"of {tokens(c)}: a full context window is an error, not an empty turn")
+            self.remedy = (f"shorten the prompt to at most {tokens(c - floor)}"
+                           + (" or lower min_new_tokens" if m > 1 else "") if c - floor >= 1
+                           else f"shorten the prompt, and lower min_new_tokens below {c:,}")
+        elif p + m > c:
+            self.field = "min_new_tokens"
+            self.cause = (f"the prompt is {tokens(p)} and min_new_tokens {m:,} need "
+                          f"{tokens(p + m)}, beyond the model's context window of {tokens(c)}")
+            self.remedy = (f"lower min_new_tokens to at most {c - p:,}"
+                           + (f" or shorten the prompt to at most {tokens(c - m)}" if c - m >= 1
+                              else ""))
         else:
-            field = "max_new_tokens"
+            self.field = "max_new_tokens"
             self.cause = (f"the prompt is {tokens(p)} and max_new_tokens {max_new_tokens:,} need "
                           f"{tokens(p + max_new_tokens)}, beyond the model's context window of "
                           f"{tokens(c)}")
             self.remedy = (f"lower max_new_tokens to {c - p:,} (or leave it unset for the "
                            "remaining window) or shorten the prompt")
         super().__init__(ErrorReason.CONTEXT_LENGTH_EXCEEDED, f"{self.cause}; {self.remedy}",
-                         field=field, metadata={
+                         field=self.field, metadata={
                              "prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens,
                              "min_new_tokens": min_new_tokens, "context_length": context_length})
 

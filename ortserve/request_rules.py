@@ -185,11 +185,17 @@ def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "") ->
                        vocab_size=vocab_size)
 
 
-def context_window(prompt_count: int, max_new_tokens: int, context_length: int) -> None:
+def context_window(prompt_count: int, max_new_tokens: int, context_length: int,
+                   min_new_tokens: int = 0) -> None:
     """The prompt and max_new_tokens fit the model's context window (the prompt alone
-    filling it is an error too, never an empty turn)."""
+    filling it is an error too, never an empty turn).
+
+    `min_new_tokens` lets the error name the caller's own field: an unset
+    max_new_tokens is resolved to at least min_new_tokens, and a refusal must
+    name the floor the caller set, not a ceiling it never sent.
+    """
     if prompt_count >= context_length or prompt_count + max_new_tokens > context_length:
-        raise ContextWindowFull(prompt_count, max_new_tokens, context_length)
+        raise ContextWindowFull(prompt_count, max_new_tokens, context_length, min_new_tokens)
 
 
 def lease_match(lease_id: str, prompt_count: int, max_new_tokens: int,

@@ -6,10 +6,12 @@ other domain error's.
 
 from __future__ import annotations
 
+import grpc
 from google.protobuf.message import Message
+from google.rpc import error_details_pb2
 
 from ortserve import rich_status
-from ortserve.errors import DomainError, ErrorReason
+from ortserve.errors import ContextWindowFull, DomainError, ErrorReason
 from ortserve.units import human_bytes
 from scheduler_service.convert import rejection_to_pb
 from scheduler_service.ledger.ledger import Cause, Rejection
@@ -42,7 +44,9 @@ def rejection_error(rejection: Rejection) -> DomainError:
     details: list[Message] = [rejection_to_pb(rejection)]
     field = ""
     if rejection.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
-        field = "max_new_tokens" if rejection.prompt_tokens < rejection.context_length else "prompt"
+        # The worker's choice of field too: the one the caller set that overflows.
+        field = ContextWindowFull(rejection.prompt_tokens, rejection.requested_max_new_tokens,
+                                  rejection.context_length, rejection.min_new_tokens).field
     if rejection.cause in (Cause.BUDGET_BUSY, Cause.EXCEEDS_CAPACITY, Cause.QUEUE_FULL,
                            Cause.QUEUE_TIMEOUT):
         details.append(rich_status.quota_failure(
@@ -53,3 +57,19 @@ def rejection_error(rejection: Rejection) -> DomainError:
         ErrorReason(rejection.cause.name),
         f"rejected ({rejection.cause.value}): {rejection.message}; {rejection.remedy}",
         metadata=numbers, field=field, retry_after_s=rejection.retry_after_s, details=details)
+
+
+def window_refused_prompt_tokens(error: grpc.aio.AioRpcError) -> int | None:
+    """The prompt's length when a worker's Tokenize refused it for the context window
+    (CONTEXT_LENGTH_EXCEEDED, its ErrorInfo carrying prompt_tokens); None for any other error.
+
+    The scheduler then lets the ledger decide on that length, so the refusal is a
+    REJECTED like any other: the Rejection in the details, counted in the metrics.
+    """
+    info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+    if info is None or info.reason != ErrorReason.CONTEXT_LENGTH_EXCEEDED:
+        return None
+    try:
+        return int(info.metadata["prompt_tokens"])
+    except (KeyError, ValueError):
+        return None

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import structlog
@@ -28,12 +28,13 @@ from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.ledger.ledger import (
     Admission,
+    Cause,
     Decision,
     Ledger,
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Place, Ticket
-from scheduler_service.rejections import rejection_error
+from scheduler_service.rejections import rejection_error, window_refused_prompt_tokens
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
@@ -56,6 +57,10 @@ def _under(prefix: str) -> Iterator[None]:
 class _Prompt:
     token_ids: list[int]  # empty when no worker could count it
     known: bool
+    # A worker's Tokenize refused it for the context window (token_ids then empty): the
+    # refusal, and the prompt's length it counted, for the ledger to decide on.
+    window_refusal: grpc.aio.AioRpcError | None = None
+    window_refused_tokens: int = 0
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -98,6 +103,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 return _Prompt(list(answer.token_ids), known=True)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    counted = window_refused_prompt_tokens(error)
+                    if counted is not None:
+                        return _Prompt([], known=True, window_refusal=error,
+                                       window_refused_tokens=counted)
                     raise Relayed(error) from None  # the worker judged the request: pass it on
                 last_error = f"{worker.geometry.worker_id}: {clip(error.details(), 120)}"
         return last_error
@@ -117,6 +126,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
                 registered_workers=len(self._ledger.snapshot()),
                 worker_error="" if prompt == "no worker registered" else prompt), []
+        if prompt.window_refusal is not None:
+            # The ledger decides this refusal too (never reserving), so it is a REJECTED with
+            # its Rejection, counted, and Admit's answer, exactly as for a token-id prompt.
+            domain = convert.admission_request(request, prompt.window_refused_tokens)
+            admission = self._ledger.admit(domain, dry_run=True)
+            rejection = admission.rejection
+            if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
+                raise Relayed(prompt.window_refusal) from None  # the worker's window stands
+            return replace(admission, dry_run=dry_run), []
         domain = convert.admission_request(request, len(prompt.token_ids))
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)

@@ -166,7 +166,7 @@ class Engine:
         (the request rules that need the model: ortserve.request_rules)."""
         request_rules.token_ids_in_vocab(req.prompt_ids, self.spec.vocab_size)
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
-                                     self.spec.context_length)
+                                     self.spec.context_length, req.min_new_tokens)
 
     def submit(self, req: SequenceRequest, on_event: Callable[[Event], None],
                session_id: str = "", checked: bool = False) -> SequenceHandle:

@@ -271,13 +271,25 @@ class AdmissionQueue:
         wait, bound = min(bounds, key=lambda b: b[0])
         return max(wait, 0.0), bound
 
-    @staticmethod
-    def _needed_bytes(request: AdmissionRequest, mode: Mode, attempt: Admission) -> int:
-        if attempt.decision is Decision.REJECTED:
-            return attempt.rejection.needed_bytes
-        if mode is Mode.ALLOW:
-            return attempt.worker.bytes_for(request.prompt_tokens + request.floor_new_tokens)
-        return attempt.reserved_bytes
+    def _needed_bytes(self, request: AdmissionRequest, mode: Mode, attempt: Admission) -> int:
+        """What the ticket waits for: ALLOW its floor; STRICT and WAIT_FULL the whole reservation."""
+        if attempt.decision is not Decision.REJECTED:
+            if mode is Mode.ALLOW:
+                return attempt.worker.bytes_for(request.prompt_tokens + request.floor_new_tokens)
+            return attempt.reserved_bytes
+        rejection = attempt.rejection
+        if mode is Mode.ALLOW or rejection.cap_refused:
+            return rejection.needed_bytes  # the floor; or, cap refused, already the whole
+        # Not even the floor fits now, so the ledger's BUDGET_BUSY names the floor's bytes;
+        # this ticket waits for the whole. The whole is the floor of the same request asked
+        # whole (min_new_tokens = the resolved ceiling): the ledger's own arithmetic, on the
+        # worker it would choose.
+        whole_new = rejection.requested_max_new_tokens
+        whole = self.ledger.admit(replace(request, max_new_tokens=whole_new, min_new_tokens=whole_new,
+                                          strict=True), dry_run=True)
+        if whole.decision is not Decision.REJECTED:
+            return whole.reserved_bytes  # bytes freed since the first look: the whole fits now
+        return max(whole.rejection.needed_bytes, rejection.needed_bytes)
 
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,

@@ -6,6 +6,8 @@ import asyncio
 
 import grpc
 
+from ortserve import request_rules
+from ortserve.error_path import register_service
 from ortserve.v1 import (
     internal_pb2_grpc,
     scheduler_pb2,
@@ -35,6 +37,10 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
         req = request.request
         ids = (list(req.token_ids.ids) if req.HasField("token_ids")
                else list(range(max(len(req.text.split()), 1))))
+        # The real worker's Tokenize validates as its Generate would, the window included.
+        max_new = (req.max_new_tokens if req.HasField("max_new_tokens")
+                   else max(CTX - len(ids), req.min_new_tokens, 1))
+        request_rules.context_window(len(ids), max_new, CTX, req.min_new_tokens)
         return worker_pb2.TokenizeResponse(token_ids=ids, context_length=CTX)
 
     async def Generate(self, request, context):
@@ -52,7 +58,8 @@ class Cluster:
 
         async def start():
             server = grpc.aio.server()
-            worker_pb2_grpc.add_WorkerServicer_to_server(self.worker, server)
+            # Through the one error path, as the real worker: its refusals carry ErrorInfo.
+            register_service(server, worker_pb2.DESCRIPTOR.services_by_name["Worker"], self.worker)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
             return server, port, await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5))

@@ -187,6 +187,24 @@ def test_wait_full_gets_its_full_reservation_after_a_release():
     assert ticket.outcome.decision is Decision.ADMITTED and ticket.outcome.max_new_tokens == 150
 
 
+@pytest.mark.parametrize("mode", [Mode.WAIT_FULL, Mode.STRICT])
+def test_a_whole_waiter_whose_floor_does_not_fit_either_reports_the_whole(mode):
+    # Issue 30 #6: with not even the floor free, the ledger's BUDGET_BUSY names the
+    # floor's bytes; the ticket waits for, and so reports, the whole reservation.
+    queue, clock = setup()
+    held = [queue.submit(req(f"h{i}")) for i in range(3)]  # 3 x 100 tokens: nothing free
+    ticket = queue.submit(req("full", max_new=150, min_new=1), mode)
+    assert isinstance(ticket, Ticket) and ticket.needed_bytes == 200 * BPT  # not the floor's 51
+    assert queue.place(ticket).needed_bytes == 200 * BPT
+    assert queue.stats().waiting_bytes == 200 * BPT
+    behind = queue.submit(req("behind", max_new=150, min_new=1), mode)  # decided as a dry run
+    assert behind.needed_bytes == 200 * BPT and queue.place(behind).bytes_ahead == 200 * BPT
+    for h in held[:2]:
+        release(queue, h)
+    assert queue.pump() == [ticket]  # 200 free: the whole, never a cap
+    assert ticket.outcome.decision is Decision.ADMITTED and ticket.outcome.max_new_tokens == 150
+
+
 def test_wait_full_is_capped_when_the_wait_runs_out_first():
     queue, clock = setup(max_wait_s=4.0)
     queue.submit(req("h", prompt=50, max_new=150, min_new=0))

@@ -52,7 +52,10 @@ def test_a_token_id_outside_the_vocabulary_is_named():
 
 @pytest.mark.parametrize(("prompt", "max_new", "min_new", "field", "says"), [
     (100, 1, 0, "prompt", "a full context window is an error, not an empty turn"),
-    (90, 4, 20, "prompt", "shorten the prompt to at most 80 tokens or lower min_new_tokens"),
+    (100, 1, 20, "prompt", "shorten the prompt to at most 80 tokens or lower min_new_tokens"),
+    # The floor overflows with a prompt that fits alone: the caller's min_new_tokens is named.
+    (90, 30, 20, "min_new_tokens", "lower min_new_tokens to at most 10 or shorten the prompt "
+                                   "to at most 80 tokens"),
     (50, 80, 0, "max_new_tokens", "lower max_new_tokens to 50"),
 ])
 def test_the_context_window_has_one_sentence(prompt, max_new, min_new, field, says):
@@ -60,6 +63,19 @@ def test_the_context_window_has_one_sentence(prompt, max_new, min_new, field, sa
     assert error.reason is ErrorReason.CONTEXT_LENGTH_EXCEEDED and error.field == field
     assert says in error.message and error.message == f"{error.cause}; {error.remedy}"
     assert "context window of 100 tokens" in error.cause
+
+
+def test_an_unset_ceiling_raised_to_min_new_tokens_names_min_new_tokens():
+    # Issue 30 #5: {"text": "Hi", "min_new_tokens": 8197} on an 8,192-token window. The
+    # worker resolves the unset max_new_tokens to max(window - prompt, min_new_tokens).
+    with pytest.raises(ContextWindowFull) as info:
+        request_rules.context_window(1, 8_197, 8_192, min_new_tokens=8_197)
+    error = info.value
+    assert error.field == "min_new_tokens" and "max_new_tokens" not in error.message
+    assert error.cause == ("the prompt is 1 token and min_new_tokens 8,197 need 8,198 tokens, "
+                           "beyond the model's context window of 8,192 tokens")
+    assert error.remedy == "lower min_new_tokens to at most 8,191"
+    request_rules.context_window(1, 8_191, 8_192, min_new_tokens=8_191)
 
 
 def test_the_lease_match_names_the_field_and_keeps_the_lease_usable():
