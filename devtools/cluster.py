@@ -123,6 +123,9 @@ class LocalCluster:
     scheduler_port: int = 0
     host: str = "127.0.0.1"
     kv_capacities: list[str | None] = field(default_factory=list)  # per worker; None: the default
+    # Per worker, the model folder it serves (None or missing: model_dir): several models
+    # behind one scheduler, each request placed on its own model's workers.
+    model_dirs: list[Path | None] = field(default_factory=list)
     threads: int = 0  # per worker; 0: the cores shared out
     device: str = "cpu"
     scheduler_args: list[str] = field(default_factory=list)
@@ -186,7 +189,8 @@ class LocalCluster:
 
     def start_worker(self, index: int, extra_args: list[str] = ()) -> Service:
         threads = self.threads or max(1, usable_cores() // max(self.workers, 1))
-        argv = [_bin("ortserve-worker"), "--model-dir", str(self.model_dir),
+        model_dir = (self.model_dirs[index] if index < len(self.model_dirs) else None) or self.model_dir
+        argv = [_bin("ortserve-worker"), "--model-dir", str(model_dir),
                 "--scheduler", self.internal_address, "--host", self.host, "--port", "0",
                 *self._tls_args("worker"),
                 "--worker-id", f"worker-{index}", "--device", self.device, "--threads", str(threads)]

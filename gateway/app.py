@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -18,7 +19,7 @@ from ortserve.tls import channel_credentials
 
 from . import responses
 from .config import GatewayConfig
-from .errors import HttpError, from_grpc, from_param_error, model_not_found
+from .errors import HttpError, from_grpc, from_param_error
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -58,13 +59,14 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
+        # Every model the scheduler's workers serve: the names a request's `model` takes.
         served = await _call(upstream.models(_passed_through(request)))
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "ortserve",
-             "ortserve": {"workers": len(workers),
-                          "context_length": max(w.context_length for w in workers),
-                          "capacity_bytes": sum(w.capacity_bytes for w in workers)}}
-            for name, workers in sorted(served.items())]}
+            {"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
+             "ortserve": {"workers": m.workers, "context_length": m.context_length,
+                          "capacity_bytes": m.capacity_bytes,
+                          "available_bytes": m.available_bytes}}
+            for m in served]}
 
     @app.get("/health")
     async def health():
@@ -89,11 +91,9 @@ async def _call(awaitable):
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream):
     parsed = _parse(kind, await _json_body(request))
-    served = await _call(upstream.models(_passed_through(request)))
-    # With no worker there is nothing to check against: the scheduler's
-    # NO_WORKER (503) is the honest answer.
-    if served and parsed.model not in served:
-        raise model_not_found(parsed.model, sorted(served))
+    # NOTE: no local check of `model`: the scheduler resolves it against what its
+    # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
+    # the request only on that model's workers.
     meta = responses.ResponseMeta.new(kind, parsed.model)
     parsed.generate.request_id = meta.id
     metadata = _passed_through(request)
@@ -104,7 +104,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream):
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     adm = stream.admission
+    meta = replace(meta, model=adm.model or meta.model)  # the model that answers, as resolved
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
+             model=meta.model,
              decision=responses.admission_headers(adm)[responses.DECISION_HEADER],
              stream=parsed.stream)
     headers = {**responses.admission_headers(adm), "x-request-id": meta.id}

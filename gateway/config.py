@@ -16,8 +16,8 @@ class GatewayConfig:
     # Bounds one whole generation on the gRPC side; a client that waits
     # longer than this gets a 504, never a stream that silently hangs.
     request_timeout_s: float = 600.0
-    # /v1/models and the `model` check read GetBudget; cached this long so a
-    # request does not pay one extra round trip to the scheduler.
+    # /v1/models reads GetBudget; cached this long so a burst of listings costs
+    # one round trip to the scheduler (requests pass `model` through, unchecked here).
     models_cache_s: float = 2.0
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal

@@ -37,6 +37,8 @@ STATUS_TABLE: dict[tuple[grpc.StatusCode, str | None], tuple[int, str]] = {
     (S.RESOURCE_EXHAUSTED, None): (429, "rate_limit_error"),
     (S.UNAUTHENTICATED, None): (401, "authentication_error"),
     (S.PERMISSION_DENIED, None): (403, "permission_error"),
+    # OpenAI's own shape for an unknown model: 404, invalid_request_error, model_not_found.
+    (S.NOT_FOUND, "MODEL_NOT_FOUND"): (404, "invalid_request_error"),
     (S.NOT_FOUND, None): (404, "not_found_error"),
     # Only a worker's registration meets it today; a conflict, not a server fault.
     (S.ALREADY_EXISTS, None): (409, "conflict_error"),
@@ -59,6 +61,7 @@ _PARAM_OF_FIELD = {
     "sampling.seed": "seed",
     "sampling.repetition_penalty": "repetition_penalty",
     "cap_policy": "cap_policy",
+    "model": "model",
 }
 
 
@@ -94,12 +97,6 @@ def from_param_error(error: ParamError) -> HttpError:
     return HttpError(400, error.message, "invalid_request_error", error.code, error.param)
 
 
-def model_not_found(model: str, served: list[str]) -> HttpError:
-    return HttpError(404, f"the model {model!r} is not served here; this gateway serves "
-                     f"{', '.join(served)} (see /v1/models)", "invalid_request_error",
-                     "model_not_found", "model")
-
-
 def from_grpc(error: grpc.RpcError, prompt_param: str) -> HttpError:
     """Map a failed Generate call; `prompt_param` is "messages" or "prompt"."""
     decoded = from_rpc_error(error)
@@ -122,6 +119,8 @@ def from_grpc(error: grpc.RpcError, prompt_param: str) -> HttpError:
 def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str | None:
     if reason in ("CONTEXT_LENGTH_EXCEEDED", "EXCEEDS_CAPACITY"):
         return prompt_param
+    if reason == "MODEL_NOT_FOUND":
+        return "model"
     bad = rich_status.unpack(decoded.details, error_details_pb2.BadRequest)
     if not bad or not bad.field_violations:
         return None

@@ -58,6 +58,7 @@ def admission_extension(adm: types_pb2.Admission) -> dict:
         "decision": types_pb2.Decision.Name(adm.decision),
         "request_id": adm.request_id,
         "worker_id": adm.worker_id,
+        "model": adm.model,  # the model that answers, as the scheduler resolved it
         "prompt_tokens": adm.prompt_tokens,
         "max_new_tokens": adm.max_new_tokens,
         "reserved_bytes": adm.reserved_bytes,

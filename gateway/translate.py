@@ -83,7 +83,9 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     model = params.get("model")
     if not isinstance(model, str) or not model:
         raise ParamError("model", "required: the name of a model from /v1/models")
-    req = types_pb2.GenerateRequest()
+    # The scheduler resolves it (one source of truth: it knows what its workers serve)
+    # and places the request only on that model's workers; an unknown name is its 404.
+    req = types_pb2.GenerateRequest(model=model)
     if kind == "chat":
         _set_chat(req, params.get("messages"))
     else:

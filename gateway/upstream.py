@@ -91,9 +91,9 @@ class Upstream:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def models(self, metadata: Sequence[tuple[str, str]] = ()
-                     ) -> dict[str, list[scheduler_pb2.WorkerBudget]]:
-        """Served model name -> its workers, from GetBudget with the caller's key (cached
-        briefly, per key)."""
+                     ) -> list[scheduler_pb2.ModelBudget]:
+        """The served models (Budget.models, sorted by name), from GetBudget with the
+        caller's key (cached briefly, per key)."""
         now_s = time.monotonic()
         key = tuple(metadata)
         cached = self._budgets.get(key)
@@ -101,10 +101,7 @@ class Upstream:
             if len(self._budgets) > 1024:  # many keys: forget them all rather than grow
                 self._budgets.clear()
             cached = self._budgets[key] = (now_s, await self.budget(metadata=metadata))
-        served: dict[str, list[scheduler_pb2.WorkerBudget]] = {}
-        for worker in cached[1].workers:
-            served.setdefault(worker.model, []).append(worker)
-        return served
+        return list(cached[1].models)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -49,6 +49,7 @@ class ErrorReason(enum.StrEnum):
     API_KEY_UNKNOWN = "API_KEY_UNKNOWN"  # the call's key is not one the server knows
     ROLE_REQUIRED = "ROLE_REQUIRED"  # the key is known but lacks the role the RPC needs
     LEASE_SECRET_MISMATCH = "LEASE_SECRET_MISMATCH"  # Release without the secret Admit gave
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # no registered worker serves the request's model
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

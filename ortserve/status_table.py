@@ -38,6 +38,8 @@ STATUS_OF_REASON: Mapping[ErrorReason, grpc.StatusCode] = MappingProxyType({
     # as SESSION_NOT_FOUND already was. Neither is retryable as is: admit again.
     ErrorReason.LEASE_NOT_FOUND: S.NOT_FOUND,
     ErrorReason.SESSION_NOT_FOUND: S.NOT_FOUND,
+    # The request names a model no worker serves: the caller must name a served one.
+    ErrorReason.MODEL_NOT_FOUND: S.NOT_FOUND,
     # The thing exists but is in the wrong state for this call.
     ErrorReason.LEASE_MISMATCH: S.FAILED_PRECONDITION,
     ErrorReason.LEASE_CLAIMED: S.FAILED_PRECONDITION,

@@ -25,14 +25,19 @@ _DECISION = {
 _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 
-def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int) -> AdmissionRequest:
-    """The ledger's view of a request; raises InvalidField naming the proto field."""
+def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
+                      model: str = "") -> AdmissionRequest:
+    """The ledger's view of a request; raises InvalidField naming the proto field.
+
+    `model`: the request's model as resolved (placement.resolve_model), not as sent.
+    """
     return AdmissionRequest(
         request_id=request.request_id,
         prompt_tokens=prompt_tokens,
         max_new_tokens=request.max_new_tokens if request.HasField("max_new_tokens") else None,
         min_new_tokens=request.min_new_tokens,
         strict=request.cap_policy == types_pb2.CAP_POLICY_STRICT,
+        model=model,
     )
 
 
@@ -92,6 +97,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
     if admission.worker is not None:
         pb.worker_id = admission.worker.worker_id
         pb.worker_address = admission.worker.address
+        pb.model = admission.worker.model  # what answers: the resolved model
     if admission.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(admission.budget_cap))
     if admission.rejection is not None:
@@ -190,6 +196,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         ))
     return scheduler_pb2.Budget(
         workers=workers,
+        models=_models(workers),
         total_capacity_bytes=sum(w.capacity_bytes for w in workers),
         total_reserved_bytes=sum(w.reserved_bytes for w in workers),
         total_available_bytes=sum(w.available_bytes for w in workers),
@@ -201,3 +208,16 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         max_queue_wait_s=queue.max_wait_s if queue else 0.0,
         scheduler_version=package_version(),
     )
+
+
+def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.ModelBudget]:
+    """Per served model, the sums over its workers (Budget.models), sorted by name."""
+    models: dict[str, scheduler_pb2.ModelBudget] = {}
+    for w in workers:
+        m = models.setdefault(w.model, scheduler_pb2.ModelBudget(model=w.model))
+        m.workers += 1
+        m.capacity_bytes += w.capacity_bytes
+        m.reserved_bytes += w.reserved_bytes
+        m.available_bytes += w.available_bytes
+        m.context_length = max(m.context_length, w.context_length)
+    return [models[name] for name in sorted(models)]

@@ -26,6 +26,7 @@ from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
+from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (
     Admission,
     Cause,
@@ -77,14 +78,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     # -- admission -------------------------------------------------------------
 
-    async def _prompt(self, request: types_pb2.GenerateRequest) -> _Prompt | str:
-        """The prompt's token ids, or why no worker could count them (-> NO_WORKER).
+    def _model(self, requested: str) -> str:
+        """The request's model as resolved against the models workers serve now (raises
+        MODEL_NOT_FOUND, or INVALID_REQUEST on `model`: placement.resolve_model)."""
+        return placement.resolve_model(requested, {w.geometry.model for w in self._ledger.snapshot()})
 
-        A token-id prompt is checked against a registered vocabulary here, with
-        no round trip; text and chat go through a worker's Tokenize, which also
-        validates the request as Generate would.
+    async def _prompt(self, request: types_pb2.GenerateRequest, model: str) -> _Prompt | str:
+        """The prompt's token ids, or why no worker of `model` could count them (-> NO_WORKER).
+
+        A token-id prompt is checked against the model's registered vocabulary
+        here, with no round trip; text and chat go through Tokenize on a worker
+        of the model (its tokenizer, its template), which also validates the
+        request as Generate would.
         """
-        snapshot = self._ledger.snapshot()
+        snapshot = placement.serving(self._ledger.snapshot(), model)
         if request.WhichOneof("prompt") == "token_ids":
             ids = list(request.token_ids.ids)
             vocab = max((w.geometry.vocab_size for w in snapshot), default=0)
@@ -95,7 +102,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not snapshot:
             return "no worker registered"
         last_error = "none"
-        # NOTE: any worker will do: a cluster serves one model, so one tokenizer.
+        # NOTE: any worker of the model will do: one model, one tokenizer.
         for worker in sorted(snapshot, key=lambda w: len(w.leases)):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
@@ -118,24 +125,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # Every rule the request alone is held to (sampling ranges included), before a
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
-        prompt = await self._prompt(request)
+        model = self._model(request.model)  # before any worker is asked anything
+        prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
             n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
             domain = convert.admission_request(request, max(n_known, 1))  # validates the numbers
             return no_worker_rejection(
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
-                registered_workers=len(self._ledger.snapshot()),
-                worker_error="" if prompt == "no worker registered" else prompt), []
+                registered_workers=len(placement.serving(self._ledger.snapshot(), model)),
+                worker_error="" if prompt == "no worker registered" else prompt, model=model), []
         if prompt.window_refusal is not None:
             # The ledger decides this refusal too (never reserving), so it is a REJECTED with
             # its Rejection, counted, and Admit's answer, exactly as for a token-id prompt.
-            domain = convert.admission_request(request, prompt.window_refused_tokens)
+            domain = convert.admission_request(request, prompt.window_refused_tokens, model)
             admission = self._ledger.admit(domain, dry_run=True)
             rejection = admission.rejection
             if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
             return replace(admission, dry_run=dry_run), []
-        domain = convert.admission_request(request, len(prompt.token_ids))
+        domain = convert.admission_request(request, len(prompt.token_ids), model)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
@@ -174,6 +182,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
                  worker_id=admission.worker.worker_id if admission.worker else None,
+                 model=admission.worker.model if admission.worker else inner.model,
                  max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
         answer = convert.admission_to_pb(admission)
         if lease is not None:
@@ -230,10 +239,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise rejection_error(admission.rejection)
         lease, worker = admission.lease, admission.worker
         bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
-        bound.info("admitted", decision=admission.decision.value,
+        bound.info("admitted", decision=admission.decision.value, model=worker.model,
                    max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
-        # The worker gets the admitted ceiling and the counted prompt: no second resolution.
+        # The worker gets the admitted ceiling, the counted prompt and the resolved model:
+        # no second resolution.
         inner.max_new_tokens = admission.max_new_tokens
+        inner.model = worker.model
         inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
         leg = self._generate_leg(admission, inner, prompt_ids, bound)
         async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:

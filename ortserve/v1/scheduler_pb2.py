@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ortserve.v1 import types_pb2 as ortserve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bortserve/v1/scheduler.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"(\n\x12OpenSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"W\n\x12SessionTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x07request\x18\x02 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\"$\n\x0eSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\";\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63losed\x18\x02 \x01(\x08\"N\n\x12ShrinkLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bheld_tokens\x18\x03 \x01(\r\"i\n\x0c\x41\x64mitRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x19\n\x11max_queue_wait_ms\x18\x03 \x01(\r\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x14\n\x0clease_secret\x18\x03 \x01(\t\"8\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x08\"*\n\x10GetBudgetRequest\x12\x16\n\x0einclude_leases\x18\x01 \x01(\x08\"\xb8\x03\n\x0cWorkerBudget\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x05 \x01(\x04\x12\x17\n\x0f\x61vailable_bytes\x18\x06 \x01(\x04\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\t \x01(\r\x12\x13\n\x0blease_count\x18\n \x01(\r\x12\x17\n\x0fheartbeat_age_s\x18\x0b \x01(\x01\x12\"\n\x06leases\x18\x0c \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\r \x01(\t\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x19\n\x11running_sequences\x18\x0f \x01(\r\x12\x12\n\nbatch_rows\x18\x10 \x01(\r\x12\x15\n\rlargest_batch\x18\x11 \x01(\r\x12\x0f\n\x07version\x18\x12 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x13 \x01(\t\"\xc4\x02\n\x06\x42udget\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.ortserve.v1.WorkerBudget\x12\x1c\n\x14total_capacity_bytes\x18\x02 \x01(\x04\x12\x1c\n\x14total_reserved_bytes\x18\x03 \x01(\x04\x12\x1d\n\x15total_available_bytes\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_leases\x18\x05 \x01(\r\x12\x14\n\x0cqueue_length\x18\x06 \x01(\r\x12\x1b\n\x13queue_oldest_wait_s\x18\x07 \x01(\x01\x12\x1b\n\x13queue_waiting_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_queue_length\x18\t \x01(\r\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\x12\x19\n\x11scheduler_version\x18\x0b \x01(\t\"\xa3\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x07 \x01(\r\x12\'\n\x0blive_leases\x18\x08 \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\t \x01(\t\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"f\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x19\n\x11refused_lease_ids\x18\x03 \x03(\t\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0elive_lease_ids\x18\x02 \x03(\t\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x19\n\x11running_sequences\x18\x04 \x01(\r\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x15\n\rlargest_batch\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"g\n\x11\x43laimLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r2\x8c\x05\n\tScheduler\x12\x46\n\x08Generate\x12\x1c.ortserve.v1.GenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12:\n\x05\x41\x64mit\x12\x19.ortserve.v1.AdmitRequest\x1a\x16.ortserve.v1.Admission\x12\x44\n\x07Release\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12?\n\tGetBudget\x12\x1d.ortserve.v1.GetBudgetRequest\x1a\x13.ortserve.v1.Budget\x12H\n\x0bOpenSession\x12\x1f.ortserve.v1.OpenSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12L\n\x0bSessionTurn\x12\x1f.ortserve.v1.SessionTurnRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12\x43\n\nGetSession\x12\x1b.ortserve.v1.SessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12G\n\x0eSwapOutSession\x12\x1b.ortserve.v1.SessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12N\n\x0c\x43loseSession\x12\x1b.ortserve.v1.SessionRequest\x1a!.ortserve.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bortserve/v1/scheduler.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"7\n\x12OpenSessionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"W\n\x12SessionTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x07request\x18\x02 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\"$\n\x0eSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\";\n\x14\x43loseSessionResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x63losed\x18\x02 \x01(\x08\"N\n\x12ShrinkLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0bheld_tokens\x18\x03 \x01(\r\"i\n\x0c\x41\x64mitRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x19\n\x11max_queue_wait_ms\x18\x03 \x01(\r\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x14\n\x0clease_secret\x18\x03 \x01(\t\"8\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\x12\x10\n\x08released\x18\x02 \x01(\x08\"*\n\x10GetBudgetRequest\x12\x16\n\x0einclude_leases\x18\x01 \x01(\x08\"\xb8\x03\n\x0cWorkerBudget\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x05 \x01(\x04\x12\x17\n\x0f\x61vailable_bytes\x18\x06 \x01(\x04\x12\x17\n\x0f\x62ytes_per_token\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\t \x01(\r\x12\x13\n\x0blease_count\x18\n \x01(\r\x12\x17\n\x0fheartbeat_age_s\x18\x0b \x01(\x01\x12\"\n\x06leases\x18\x0c \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\r \x01(\t\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12\x19\n\x11running_sequences\x18\x0f \x01(\r\x12\x12\n\nbatch_rows\x18\x10 \x01(\r\x12\x15\n\rlargest_batch\x18\x11 \x01(\r\x12\x0f\n\x07version\x18\x12 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x13 \x01(\t\"\xee\x02\n\x06\x42udget\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.ortserve.v1.WorkerBudget\x12\x1c\n\x14total_capacity_bytes\x18\x02 \x01(\x04\x12\x1c\n\x14total_reserved_bytes\x18\x03 \x01(\x04\x12\x1d\n\x15total_available_bytes\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_leases\x18\x05 \x01(\r\x12\x14\n\x0cqueue_length\x18\x06 \x01(\r\x12\x1b\n\x13queue_oldest_wait_s\x18\x07 \x01(\x01\x12\x1b\n\x13queue_waiting_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_queue_length\x18\t \x01(\r\x12\x18\n\x10max_queue_wait_s\x18\n \x01(\x01\x12\x19\n\x11scheduler_version\x18\x0b \x01(\t\x12(\n\x06models\x18\x0c \x03(\x0b\x32\x18.ortserve.v1.ModelBudget\"\x8e\x01\n\x0bModelBudget\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x03 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x04 \x01(\x04\x12\x17\n\x0f\x61vailable_bytes\x18\x05 \x01(\x04\x12\x16\n\x0e\x63ontext_length\x18\x06 \x01(\r\"\xa3\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x07 \x01(\r\x12\'\n\x0blive_leases\x18\x08 \x03(\x0b\x32\x12.ortserve.v1.Lease\x12\x1a\n\x12\x65xecution_provider\x18\t \x01(\t\x12\x12\n\nvocab_size\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0c \x01(\t\"f\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\x12\x19\n\x11refused_lease_ids\x18\x03 \x03(\t\"\x95\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0elive_lease_ids\x18\x02 \x03(\t\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x19\n\x11running_sequences\x18\x04 \x01(\r\x12\x12\n\nbatch_rows\x18\x05 \x01(\r\x12\x15\n\rlargest_batch\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"g\n\x11\x43laimLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r2\x8c\x05\n\tScheduler\x12\x46\n\x08Generate\x12\x1c.ortserve.v1.GenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12:\n\x05\x41\x64mit\x12\x19.ortserve.v1.AdmitRequest\x1a\x16.ortserve.v1.Admission\x12\x44\n\x07Release\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12?\n\tGetBudget\x12\x1d.ortserve.v1.GetBudgetRequest\x1a\x13.ortserve.v1.Budget\x12H\n\x0bOpenSession\x12\x1f.ortserve.v1.OpenSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12L\n\x0bSessionTurn\x12\x1f.ortserve.v1.SessionTurnRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12\x43\n\nGetSession\x12\x1b.ortserve.v1.SessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12G\n\x0eSwapOutSession\x12\x1b.ortserve.v1.SessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12N\n\x0c\x43loseSession\x12\x1b.ortserve.v1.SessionRequest\x1a!.ortserve.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,37 +33,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ortserve.v1.scheduler_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPENSESSIONREQUEST']._serialized_start=69
-  _globals['_OPENSESSIONREQUEST']._serialized_end=109
-  _globals['_SESSIONTURNREQUEST']._serialized_start=111
-  _globals['_SESSIONTURNREQUEST']._serialized_end=198
-  _globals['_SESSIONREQUEST']._serialized_start=200
-  _globals['_SESSIONREQUEST']._serialized_end=236
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=238
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=297
-  _globals['_SHRINKLEASEREQUEST']._serialized_start=299
-  _globals['_SHRINKLEASEREQUEST']._serialized_end=377
-  _globals['_ADMITREQUEST']._serialized_start=379
-  _globals['_ADMITREQUEST']._serialized_end=484
-  _globals['_RELEASEREQUEST']._serialized_start=486
-  _globals['_RELEASEREQUEST']._serialized_end=561
-  _globals['_RELEASERESPONSE']._serialized_start=563
-  _globals['_RELEASERESPONSE']._serialized_end=619
-  _globals['_GETBUDGETREQUEST']._serialized_start=621
-  _globals['_GETBUDGETREQUEST']._serialized_end=663
-  _globals['_WORKERBUDGET']._serialized_start=666
-  _globals['_WORKERBUDGET']._serialized_end=1106
-  _globals['_BUDGET']._serialized_start=1109
-  _globals['_BUDGET']._serialized_end=1433
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1436
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1727
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1729
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1831
-  _globals['_HEARTBEATREQUEST']._serialized_start=1834
-  _globals['_HEARTBEATREQUEST']._serialized_end=1983
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1985
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2019
-  _globals['_CLAIMLEASEREQUEST']._serialized_start=2021
-  _globals['_CLAIMLEASEREQUEST']._serialized_end=2124
-  _globals['_SCHEDULER']._serialized_start=2127
-  _globals['_SCHEDULER']._serialized_end=2779
+  _globals['_OPENSESSIONREQUEST']._serialized_end=124
+  _globals['_SESSIONTURNREQUEST']._serialized_start=126
+  _globals['_SESSIONTURNREQUEST']._serialized_end=213
+  _globals['_SESSIONREQUEST']._serialized_start=215
+  _globals['_SESSIONREQUEST']._serialized_end=251
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=253
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=312
+  _globals['_SHRINKLEASEREQUEST']._serialized_start=314
+  _globals['_SHRINKLEASEREQUEST']._serialized_end=392
+  _globals['_ADMITREQUEST']._serialized_start=394
+  _globals['_ADMITREQUEST']._serialized_end=499
+  _globals['_RELEASEREQUEST']._serialized_start=501
+  _globals['_RELEASEREQUEST']._serialized_end=576
+  _globals['_RELEASERESPONSE']._serialized_start=578
+  _globals['_RELEASERESPONSE']._serialized_end=634
+  _globals['_GETBUDGETREQUEST']._serialized_start=636
+  _globals['_GETBUDGETREQUEST']._serialized_end=678
+  _globals['_WORKERBUDGET']._serialized_start=681
+  _globals['_WORKERBUDGET']._serialized_end=1121
+  _globals['_BUDGET']._serialized_start=1124
+  _globals['_BUDGET']._serialized_end=1490
+  _globals['_MODELBUDGET']._serialized_start=1493
+  _globals['_MODELBUDGET']._serialized_end=1635
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1638
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1929
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1931
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2033
+  _globals['_HEARTBEATREQUEST']._serialized_start=2036
+  _globals['_HEARTBEATREQUEST']._serialized_end=2185
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2187
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2221
+  _globals['_CLAIMLEASEREQUEST']._serialized_start=2223
+  _globals['_CLAIMLEASEREQUEST']._serialized_end=2326
+  _globals['_SCHEDULER']._serialized_start=2329
+  _globals['_SCHEDULER']._serialized_end=2981
 # @@protoc_insertion_point(module_scope)

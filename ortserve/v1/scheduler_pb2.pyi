@@ -8,10 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class SessionTurnRequest(_message.Message):
     __slots__ = ("session_id", "request")
@@ -122,7 +124,7 @@ class WorkerBudget(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version")
+    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +136,7 @@ class Budget(_message.Message):
     MAX_QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerBudget]
     total_capacity_bytes: int
     total_reserved_bytes: int
@@ -145,7 +148,24 @@ class Budget(_message.Message):
     max_queue_length: int
     max_queue_wait_s: float
     scheduler_version: str
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ...) -> None: ...
+    models: _containers.RepeatedCompositeFieldContainer[ModelBudget]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ...) -> None: ...
+
+class ModelBudget(_message.Message):
+    __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    workers: int
+    capacity_bytes: int
+    reserved_bytes: int
+    available_bytes: int
+    context_length: int
+    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device")

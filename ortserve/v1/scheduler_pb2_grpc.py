@@ -133,15 +133,16 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetBudget(self, request, context):
-        """The ledger: per worker capacity, reserved, available and leases.
+        """The ledger: per worker capacity, reserved, available and leases, and
+        per served model the same sums.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def OpenSession(self, request, context):
-        """Open a multi-turn session on the worker with the most free KV bytes.
-        The session holds one lease (0 bytes until its first turn); its KV stays
+        """Open a multi-turn session on the worker with the most free KV bytes
+        among those serving the request's model. The session holds one lease (0 bytes until its first turn); its KV stays
         on that worker between turns. Idle sessions expire after the
         scheduler's --session-ttl-s.
         """

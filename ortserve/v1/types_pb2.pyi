@@ -108,7 +108,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     CAP_POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -129,7 +130,8 @@ class GenerateRequest(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     cap_policy: CapPolicy
     max_queue_wait_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
     __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason")
@@ -204,7 +206,7 @@ class Rejection(_message.Message):
     def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ...) -> None: ...
 
 class Admission(_message.Message):
-    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret")
+    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +220,7 @@ class Admission(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     request_id: str
     lease_id: str
@@ -231,7 +234,8 @@ class Admission(_message.Message):
     dry_run: bool
     queue_wait_ms: float
     lease_secret: str
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s")
@@ -344,7 +348,7 @@ class GenerateEvent(_message.Message):
     def __init__(self, admission: _Optional[_Union[Admission, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "worker_id", "worker_address", "state", "held_tokens", "held_bytes", "swapped_bytes", "turns", "last_budget_cap", "lease_id", "reserved_bytes", "turn_in_flight", "idle_s")
+    __slots__ = ("session_id", "worker_id", "worker_address", "state", "held_tokens", "held_bytes", "swapped_bytes", "turns", "last_budget_cap", "lease_id", "reserved_bytes", "turn_in_flight", "idle_s", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +362,7 @@ class SessionInfo(_message.Message):
     RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TURN_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     worker_id: str
     worker_address: str
@@ -371,4 +376,5 @@ class SessionInfo(_message.Message):
     reserved_bytes: int
     turn_in_flight: bool
     idle_s: float
-    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., state: _Optional[_Union[SessionKVState, str]] = ..., held_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., turns: _Optional[int] = ..., last_budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., lease_id: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., turn_in_flight: _Optional[bool] = ..., idle_s: _Optional[float] = ...) -> None: ...
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., state: _Optional[_Union[SessionKVState, str]] = ..., held_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., turns: _Optional[int] = ..., last_budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., lease_id: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., turn_in_flight: _Optional[bool] = ..., idle_s: _Optional[float] = ..., model: _Optional[str] = ...) -> None: ...

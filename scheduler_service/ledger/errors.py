@@ -3,13 +3,13 @@
 Running out of budget is a returned Rejection (its text in sentences.py);
 these are the refusals of a wrong call. Each names the cause, the numbers and a
 next step; caller strings (lease ids, worker ids, addresses) are echoed
-clipped, never whole. The queue's one error (its deadline passing) is beside
+clipped, never whole (a model name too). The queue's one error (its deadline passing) is beside
 its Ticket in queue.py.
 """
 
 from __future__ import annotations
 
-from ortserve.errors import DomainError, ErrorReason, quoted
+from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
 from ortserve.units import human_bytes
 
 
@@ -42,3 +42,28 @@ def worker_id_in_use(worker_id: str, live_address: str, new_address: str,
         f"(its id frees {lease_ttl_s:g} s after its last heartbeat)",
         metadata={"worker_id": worker_id, "live_address": live_address,
                   "new_address": new_address, "heartbeat_age_s": round(heartbeat_age_s, 3)})
+
+
+def _names(served: list[str]) -> str:
+    return ", ".join(quoted(name) for name in served)
+
+
+def model_not_found(requested: str, served: list[str]) -> DomainError:
+    """The request names a model no registered worker serves (NOT_FOUND)."""
+    return DomainError(
+        ErrorReason.MODEL_NOT_FOUND,
+        f"model {quoted(requested)} is not served here: the {len(served)} model(s) the "
+        f"registered workers serve are {_names(served)}; set model to one of them (GetBudget's "
+        "models, the gateway's /v1/models), or start a worker with that model's folder "
+        "(ortserve-worker --model-dir .../NAME: a worker serves its folder's name)",
+        metadata={"model": requested, "served_models": ",".join(served),
+                  "served_model_count": len(served)})
+
+
+def model_unnamed(served: list[str]) -> InvalidField:
+    """The request names no model and the workers serve several (INVALID_ARGUMENT, `model`)."""
+    return InvalidField(
+        "model", f"empty, but the registered workers serve {len(served)} models: "
+        f"{_names(served)}; set model to one of them (an empty model is accepted only while "
+        "the workers serve exactly one)",
+        served_models=",".join(served), served_model_count=len(served))

@@ -326,15 +326,16 @@ class Ledger:
 
     # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
 
-    def open_session_lease(self, request_id: str) -> Lease | None:
-        """A 0-byte lease for a new session on the worker with the most free bytes; None
-        when no worker is registered. Its worker claims it when it opens the session."""
+    def open_session_lease(self, request_id: str, model: str = "") -> Lease | None:
+        """A 0-byte lease for a new session on the worker of `model` ("": any) with the most
+        free bytes; None when none is registered. Its worker claims it when it opens the session."""
         with self._lock:
             self._expire_locked(self._clock())
-            if not self._workers:
+            candidates = placement.serving(self._workers.values(), model)
+            if not candidates:
                 return None
-            worker = max(self._workers.values(), key=lambda w: (w.available_bytes,
-                                                                -len(w.leases), w.geometry.worker_id))
+            worker = max(candidates, key=lambda w: (w.available_bytes, -len(w.leases),
+                                                    w.geometry.worker_id))
             lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
                           request_id=request_id, prompt_tokens=0, max_new_tokens=0,
                           reserved_bytes=0, created_at=self._clock())

@@ -3,16 +3,17 @@
 Also which leases a re-registering worker takes back. The ledger calls these
 under its lock with its workers' state; nothing here reserves anything.
 Balance over packing: a request that fits whole goes to the worker with the
-most free bytes; otherwise to the one where the cap is largest.
+most free bytes; otherwise to the one where the cap is largest. Only workers
+serving the request's model are ever considered (resolve_model names it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scheduler_service.ledger import sentences
+from scheduler_service.ledger import errors, sentences
 from scheduler_service.ledger.types import (
     Admission,
     AdmissionRequest,
@@ -36,8 +37,38 @@ class Option:
     fits_whole: bool
 
 
+def resolve_model(requested: str, served: Collection[str]) -> str:
+    """The model a request is answered by, from its `model` and the models workers serve.
+
+    Its own name when served; the one served model when it names none. Raises
+    MODEL_NOT_FOUND for a name no worker serves and INVALID_REQUEST (field
+    `model`) for no name while several are served. With no worker at all the
+    name is kept: admission answers NO_WORKER, which a retry can cure.
+    """
+    if not served:
+        return requested
+    names = sorted(served)
+    if requested:
+        if requested in served:
+            return requested
+        raise errors.model_not_found(requested, names)
+    if len(names) == 1:
+        return names[0]
+    raise errors.model_unnamed(names)
+
+
+def serving(workers: Iterable, model: str) -> list:
+    """The workers (ledger state or snapshots) serving `model`; every worker when it is empty."""
+    return [w for w in workers if not model or w.geometry.model == model]
+
+
 def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admission:
-    """ADMITTED, CAPPED or REJECTED for `req` over the (non-draining) workers' state now."""
+    """ADMITTED, CAPPED or REJECTED for `req` over the (non-draining) workers' state now.
+
+    NOTE: only the request's model's workers: another model's free bytes would
+    serve it with the wrong weights (issue 30 #2).
+    """
+    workers = serving(workers, req.model)
     if not workers:
         return reject(req, Cause.NO_WORKER, retry_after_s=retry_after_s)
     floor = req.floor_new_tokens
@@ -165,7 +196,7 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
            cap_refused: bool = False, retry_after_s: float = 0.0) -> Admission:
     if cause is Cause.NO_WORKER:
         return no_worker_rejection(req.request_id, req.prompt_tokens, req.min_new_tokens,
-                                   retry_after_s)
+                                   retry_after_s, model=req.model)
     options = list(options)
     best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes))
     biggest = max(options, key=lambda o: o.worker.geometry.capacity_bytes).worker.geometry
@@ -189,15 +220,16 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
 
 def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
                         retry_after_s: float, registered_workers: int = 0,
-                        worker_error: str = "") -> Admission:
-    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize".
+                        worker_error: str = "", model: str = "") -> Admission:
+    """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize"
+    (`model`: the request's, when no worker of it is left).
 
     prompt_tokens 0 means unknown (a text prompt nobody could count): reported so, never guessed.
     """
     rejection = sentences.rendered(Rejection(
         cause=Cause.NO_WORKER, prompt_tokens=prompt_tokens, min_new_tokens=min_new_tokens,
         retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
-        registered_workers=registered_workers, worker_error=worker_error,
+        registered_workers=registered_workers, worker_error=worker_error, model=model,
     ))
     return Admission(decision=Decision.REJECTED, request_id=request_id,
                      prompt_tokens=prompt_tokens, rejection=rejection)

@@ -12,12 +12,14 @@ The policy, in order:
 2. A request the ledger calls BUDGET_BUSY (its floor, or under STRICT and
    WAIT_FULL its whole reservation, fits a worker's whole capacity but not
    the free bytes now) waits, unless the queue is full (QUEUE_FULL).
-3. While anyone waits, a newcomer never goes ahead of them, even if it would
-   fit: it joins the back. Strict FIFO, so a large head is never starved by
-   small requests behind it.
+3. While anyone waits for the same model, a newcomer never goes ahead of
+   them, even if it would fit: it joins the back. Strict FIFO per model, so a
+   large head is never starved by small requests behind it; a request for
+   another model waits only for its own model's workers (their bytes are the
+   only ones it can use).
 4. When bytes free up (release, expiry, a worker registering) `pump` serves
-   from the head with the ledger's one atomic decision, until the head does
-   not fit.
+   each model's line from its head with the ledger's one atomic decision,
+   until that head does not fit.
 5. When a request's wait runs out it gets one last attempt, wherever it
    stands (WAIT_FULL now accepts a cap): the one bounded exception to FIFO,
    at most once per request and only with bytes the head could not use.
@@ -36,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from ortserve.errors import DomainError, ErrorReason
 from ortserve.units import human_bytes, tokens
-from scheduler_service.ledger import sentences
+from scheduler_service.ledger import placement, sentences
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, Decision, Rejection
 
@@ -145,7 +147,8 @@ class AdmissionQueue:
         """
         now = self._clock()
         with self._lock:
-            waiting = bool(self._entries)
+            line = self._line(request.model)
+            waiting = bool(line)
             attempt = self.ledger.admit(self._effective(request, mode), dry_run=waiting)
             if (mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                     and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
@@ -162,7 +165,7 @@ class AdmissionQueue:
                 if attempt.decision is Decision.REJECTED:
                     return attempt
                 return self._refusal(request, Cause.QUEUE_TIMEOUT, needed, mode,
-                                     requests_ahead=len(self._entries), waited_s=0.0, max_wait_s=0.0)
+                                     requests_ahead=len(line), waited_s=0.0, max_wait_s=0.0)
             if len(self._entries) >= self.max_length:
                 return self._refusal(request, Cause.QUEUE_FULL, needed, mode)
             ticket = Ticket(seq=next(self._seq), request=request, mode=mode, needed_bytes=needed,
@@ -173,7 +176,8 @@ class AdmissionQueue:
     # -- serving -------------------------------------------------------------------
 
     def pump(self) -> list[Ticket]:
-        """Serve from the head while it fits, and end waits that ran out. Returns the tickets decided."""
+        """Serve each model's line from its head while it fits, and end waits that ran out.
+        Returns the tickets decided."""
         now = self._clock()
         done: list[Ticket] = []
         with self._lock:
@@ -181,12 +185,15 @@ class AdmissionQueue:
                 self._entries.remove(ticket)
                 self._time_out(ticket, now)
                 done.append(ticket)
-            while self._entries:
-                head = self._entries[0]
+            blocked: set[str] = set()  # models whose head does not fit: their lines wait
+            for head in list(self._entries):
+                if head.request.model in blocked:
+                    continue
                 attempt = self._attempt(head, final=False)
                 if attempt.decision is Decision.REJECTED and attempt.rejection.cause in _WAITABLE:
-                    break  # the head blocks: strict FIFO
-                self._entries.pop(0)
+                    blocked.add(head.request.model)  # the head blocks its line: strict FIFO
+                    continue
+                self._entries.remove(head)
                 head.outcome = replace(attempt, queue_wait_s=now - head.enqueued_at)
                 done.append(head)
         return done
@@ -206,9 +213,10 @@ class AdmissionQueue:
         with self._lock:
             if ticket not in self._entries:
                 return None
-            index = self._entries.index(ticket)
+            line = self._line(ticket.request.model)
+            index = line.index(ticket)  # its place in its model's line
             return Place(position=index + 1, requests_ahead=index,
-                         bytes_ahead=sum(t.needed_bytes for t in self._entries[:index]),
+                         bytes_ahead=sum(t.needed_bytes for t in line[:index]),
                          needed_bytes=ticket.needed_bytes, waited_s=now - ticket.enqueued_at,
                          max_wait_s=ticket.max_wait_s, queue_length=len(self._entries))
 
@@ -226,6 +234,10 @@ class AdmissionQueue:
             return len(self._entries)
 
     # -- internals (lock held) -----------------------------------------------------
+
+    def _line(self, model: str) -> list[Ticket]:
+        """The waiting tickets for `model`, in arrival order: the line a request of it joins."""
+        return [t for t in self._entries if t.request.model == model]
 
     @staticmethod
     def _effective(request: AdmissionRequest, mode: Mode, final: bool = False) -> AdmissionRequest:
@@ -253,11 +265,11 @@ class AdmissionQueue:
         if attempt.rejection.cause not in _WAITABLE:
             ticket.outcome = replace(attempt, queue_wait_s=waited)
             return
-        index = sum(1 for t in self._entries if t.seq < ticket.seq)
+        ahead = [t for t in self._line(ticket.request.model) if t.seq < ticket.seq]
         ticket.outcome = replace(self._refusal(
             ticket.request, Cause.QUEUE_TIMEOUT, ticket.needed_bytes, ticket.mode,
-            requests_ahead=index, waited_s=waited, max_wait_s=ticket.max_wait_s,
-            bytes_ahead=sum(t.needed_bytes for t in self._entries if t.seq < ticket.seq)),
+            requests_ahead=len(ahead), waited_s=waited, max_wait_s=ticket.max_wait_s,
+            bytes_ahead=sum(t.needed_bytes for t in ahead)),
             queue_wait_s=waited)
 
     def _bound(self, mode: Mode, wait_s: float | None, deadline_s: float | None) -> tuple[float, Bound]:
@@ -294,7 +306,7 @@ class AdmissionQueue:
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,
                  bytes_ahead: int | None = None) -> Admission:
-        workers = self.ledger.snapshot()
+        workers = placement.serving(self.ledger.snapshot(), request.model)
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
         rejection = sentences.rendered(Rejection(
             cause=cause, prompt_tokens=request.prompt_tokens, min_new_tokens=request.min_new_tokens,

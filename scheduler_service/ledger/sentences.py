@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ortserve.errors import ContextWindowFull
+from ortserve.errors import ContextWindowFull, quoted
 from ortserve.units import human_bytes, tokens
 from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
 
@@ -53,11 +53,12 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     """(message, remedy) of a rejection, from its numbers."""
     floor = max(r.min_new_tokens, 1)
     if r.cause is Cause.NO_WORKER:
+        of = f" for model {quoted(r.model)}" if r.model else ""
         if r.registered_workers:
-            what = (f"none of the {r.registered_workers} registered workers answered Tokenize "
-                    f"(last error: {r.worker_error})")
+            what = (f"none of the {r.registered_workers} registered workers answered Tokenize"
+                    f"{of} (last error: {r.worker_error})")
         else:
-            what = "no worker is registered and heartbeating with the scheduler"
+            what = f"no worker is registered and heartbeating with the scheduler{of}"
         return f"{what}; {_prompt(r)}", f"retry in {r.retry_after_s:g} s; {START_WORKER}"
     if r.cause is Cause.CONTEXT_LENGTH_EXCEEDED:
         # The worker's sentence, so a caller reads one wording whichever service refused.

@@ -85,6 +85,9 @@ class AdmissionRequest:
     max_new_tokens: int | None = None  # None: the remaining context window
     min_new_tokens: int = 0
     strict: bool = False  # cap policy STRICT: reject rather than cap
+    # Placed only on workers serving this model (the servicer resolves the request's
+    # name first: placement.resolve_model). Empty: any worker, as in a one-model pool.
+    model: str = ""
 
     def __post_init__(self) -> None:
         # Field names are the proto's, so the servicer can pass them on as BadRequest.
@@ -151,6 +154,7 @@ class Rejection:
     max_fit_new_tokens: int = 0  # new tokens that fit that worker's whole capacity
     registered_workers: int = 0  # NO_WORKER: registered but none answered
     worker_error: str = ""  # NO_WORKER: the last worker error, clipped
+    model: str = ""  # NO_WORKER: the model no worker serves now ("": any model)
     queue_length: int = 0  # QUEUE_*: requests waiting when it was decided
     max_queue_length: int = 0  # QUEUE_*: the queue's bound
     requests_ahead: int = 0  # QUEUE_TIMEOUT: still ahead of this one

@@ -22,11 +22,12 @@ from google.rpc import error_details_pb2
 
 from ortserve import request_rules, rich_status
 from ortserve.error_path import Relayed
-from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
+from ortserve.errors import DomainError, ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
+from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, relay
@@ -71,6 +72,8 @@ class SessionRPCs:
         lease = self._ledger.lease(session.lease_id)
         pb.session_id, pb.worker_id, pb.worker_address = (session.session_id, session.worker_id,
                                                           session.address)
+        geometry = self._ledger.geometry(session.worker_id)
+        pb.model = geometry.model if geometry else pb.model  # its worker's: the one it is bound to
         pb.lease_id, pb.reserved_bytes = session.lease_id, lease.reserved_bytes if lease else 0
         pb.turns, pb.turn_in_flight = session.turns, session.turn_in_flight
         pb.idle_s = 0.0 if session.turn_in_flight else self._registry.idle_s(session)
@@ -94,10 +97,15 @@ class SessionRPCs:
 
     async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
         request_rules.bounded("request_id", request.request_id, request_rules.MAX_LEASE_ID_CHARS)
-        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16])
+        # The session is bound to its model here: it opens on a worker serving it.
+        model = placement.resolve_model(request.model,
+                                        {w.geometry.model for w in self._ledger.snapshot()})
+        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model)
         if lease is None:
-            raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to hold a session; "
-                              "start a worker and retry", retry_after_s=self._config.retry_after_s)
+            of = f" serving model {quoted(model)}" if model else ""
+            raise DomainError(ErrorReason.NO_WORKER, f"no worker{of} is registered to hold a "
+                              "session; start a worker and retry",
+                              retry_after_s=self._config.retry_after_s, metadata={"model": model})
         geometry = self._ledger.geometry(lease.worker_id)
         session = Session(session_id=uuid.uuid4().hex, worker_id=lease.worker_id,
                           address=geometry.address, lease_id=lease.lease_id)
@@ -108,7 +116,7 @@ class SessionRPCs:
                 log.info("session lease released unclaimed", lease_id=lease.lease_id)
         self._registry.add(session)
         log.info("session opened", session_id=session.session_id, worker_id=session.worker_id,
-                 lease_id=session.lease_id)
+                 lease_id=session.lease_id, model=geometry.model)
         return self._info_pb(session, info)
 
     async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
@@ -191,6 +199,18 @@ class SessionRPCs:
             raise Relayed(error) from None
         return full, list(answer.token_ids)
 
+    def _same_model(self, session: Session, inner: types_pb2.GenerateRequest) -> None:
+        """A turn names no model or the session's own: its KV and template are that model's."""
+        geometry = self._ledger.geometry(session.worker_id)
+        if inner.model and geometry is not None and inner.model != geometry.model:
+            raise InvalidField("request.model", f"{quoted(inner.model)} differs from the model "
+                               f"this session is bound to, {quoted(geometry.model)} (chosen at "
+                               "OpenSession); leave model empty, or open a session with "
+                               "OpenSessionRequest.model set to the other model",
+                               session_model=geometry.model)
+        if geometry is not None:
+            inner.model = geometry.model
+
     async def _admit_turn(self, session: Session, request: AdmissionRequest) -> Admission:
         admission = self._ledger.resize(session.lease_id, request)
         # Not whole: idle sessions on this worker give their bytes back first.
@@ -210,13 +230,15 @@ class SessionRPCs:
             inner.CopyFrom(request.request)
             inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
             request_rules.generate_request(inner, prefix="request.")
+            self._same_model(session, inner)
             full, ids = await self._render(session, inner)
             geometry = self._ledger.geometry(session.worker_id)
             context_length = geometry.context_length if geometry else 0
             if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
                 raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
                                    inner.min_new_tokens, context_length)
-            admission = await self._admit_turn(session, convert.admission_request(full, len(ids)))
+            admission = await self._admit_turn(session, convert.admission_request(full, len(ids),
+                                                                                   full.model))
             if admission.decision is Decision.REJECTED:
                 bound.info("turn rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
@@ -311,7 +333,8 @@ class SessionRPCs:
             if probe.decision is Decision.ADMITTED:
                 return
             workers = [probe.worker.worker_id] if probe.worker else [
-                w.geometry.worker_id for w in self._ledger.snapshot()]
+                w.geometry.worker_id for w in placement.serving(self._ledger.snapshot(),
+                                                                request.model)]
             if not any([await self._reclaim(w) for w in workers]):
                 return
 

@@ -106,3 +106,13 @@ def test_every_reason_of_the_one_status_table_has_a_deliberate_http_status(reaso
     error = from_grpc(FakeRpcError(code, "m", [rich_status.error_info(reason.value, {})]), "messages")
     assert (error.status == 500) == (code == S.INTERNAL), (reason, code, error.status)
     assert error.code == reason.value.lower()
+
+
+def test_an_unknown_model_from_the_scheduler_is_openais_404_naming_param_model():
+    info = rich_status.error_info("MODEL_NOT_FOUND", {"model": "gpt-4o",
+                                                      "served_models": "a,b"})
+    error = from_grpc(FakeRpcError(S.NOT_FOUND, "model 'gpt-4o' is not served here: a, b",
+                                   [info]), "messages")
+    assert (error.status, error.type, error.code, error.param) == (
+        404, "invalid_request_error", "model_not_found", "model")
+    assert error.ortserve["metadata"]["served_models"] == "a,b"

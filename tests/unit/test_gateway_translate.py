@@ -22,6 +22,7 @@ def test_chat_messages_become_chat_turns_with_developer_as_system():
     turns = [(m.role, m.content) for m in parsed.generate.chat.messages]
     assert turns == [("system", "Be brief."), ("user", "Hello"), ("assistant", "Hi")]
     assert parsed.model == MODEL and parsed.kind == "chat" and not parsed.stream
+    assert parsed.generate.model == MODEL  # passed through: the scheduler resolves and places it
 
 
 def test_sampling_parameters_are_carried_exactly():

@@ -31,11 +31,12 @@ _STATE = {types_pb2.SESSION_EMPTY: "empty", types_pb2.SESSION_BUSY: "busy",
 class ChatSession:
     """A session over a Client: open, turns (each a GenerationStream), state, close."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, model: str = "") -> None:
+        """`model`: the served model the session is bound to; empty: the cluster's one model."""
         self._client = client
         self._stub = client._stub
         try:
-            self.info = self._stub.OpenSession(scheduler_pb2.OpenSessionRequest(),
+            self.info = self._stub.OpenSession(scheduler_pb2.OpenSessionRequest(model=model),
                                                timeout=client.timeout_s)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -97,9 +98,10 @@ def _lines(a: argparse.Namespace) -> Iterator[str]:
 
 
 def cmd_chat(client: Client, a: argparse.Namespace) -> int:
-    session = ChatSession(client)
+    session = ChatSession(client, a.model)
     notice(f"session {session.session_id} on worker {session.info.worker_id} "
-           f"({session.info.worker_address}); one line per turn, EOF to end")
+           f"({session.info.worker_address}), model {session.info.model}; one line per turn, "
+           "EOF to end")
     kw = {name: getattr(a, name) for name in ("max_new_tokens", "min_new_tokens", "temperature",
                                               "seed") if getattr(a, name) is not None}
     try:
@@ -136,4 +138,6 @@ def add_parser(sub) -> None:
     c.add_argument("--seed", type=flags.uint64)
     c.add_argument("--stats", action="store_true",
                    help="per turn on stderr: prompt tokens reused vs prefilled, session state, timings")
+    c.add_argument("--model", default="",
+                   help="the served model the session is bound to; unset: the cluster's one model")
     c.set_defaults(func=cmd_chat)

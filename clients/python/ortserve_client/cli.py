@@ -39,7 +39,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what the shell reports for `cat` i
 def _request_kwargs(a: argparse.Namespace) -> dict:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
     kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict,
-              wait_full=a.wait_full)
+              wait_full=a.wait_full, model=a.model)
     if a.chat:
         turns = ([("system", a.system)] if a.system else []) + [("user", prompt)]
         kw["chat"] = turns
@@ -84,7 +84,8 @@ def _admission_text(adm: Admission) -> str:
     if adm.decision == "REJECTED":
         r = adm.rejection
         return f"REJECTED ({r['cause']}): {r['message']}; {r['remedy']}"
-    line = (f"{adm.decision}: worker {adm.worker_id}, prompt {adm.prompt_tokens:,} tokens, "
+    line = (f"{adm.decision}: worker {adm.worker_id} (model {adm.model}), "
+            f"prompt {adm.prompt_tokens:,} tokens, "
             f"max_new_tokens {adm.max_new_tokens:,}, {human_bytes(adm.reserved_bytes)} of KV")
     if adm.budget_cap:
         line += f"\n{cap_notice(adm.budget_cap)}"
@@ -141,6 +142,10 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
               f"device {w.device or '?'}  {w.execution_provider}  capacity "
               f"{human_bytes(w.capacity_bytes)}  context {w.context_length:,}"
               f"{'  DRAINING' if w.draining else ''}")
+    for m in budget.models:
+        print(f"model      {m.model}  {m.workers} worker(s)  capacity "
+              f"{human_bytes(m.capacity_bytes)}  available {human_bytes(m.available_bytes)}  "
+              f"context {m.context_length:,}")
     if not budget.workers:
         notice("no worker is registered")
     return EXIT_OK
@@ -160,6 +165,9 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
                         help="wait in the queue for the full max_new_tokens; cap only when the "
                              "wait runs out (cap policy WAIT_FULL)")
     p.add_argument("--request-id")
+    p.add_argument("--model", default="",
+                   help="the served model to answer with (`ortserve info` lists them); unset: "
+                        "the cluster's one model (refused, listing them, when it serves several)")
 
 
 def build_parser() -> argparse.ArgumentParser:

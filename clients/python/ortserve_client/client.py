@@ -63,10 +63,15 @@ def build_request(
     wait_full: bool = False,
     max_queue_wait_ms: int | None = None,
     request_id: str = "",
+    model: str = "",
 ) -> types_pb2.GenerateRequest:
-    """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns."""
+    """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
+
+    `model`: the served model to answer with (`Client.budget().models` lists them); empty:
+    the cluster's one model (refused, listing them, while its workers serve several).
+    """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
-                                    stop=list(stop))
+                                    stop=list(stop), model=model)
     if chat is not None:
         req.chat.messages.extend(types_pb2.ChatMessage(role=r, content=c) for r, c in chat)
     elif isinstance(prompt, str):

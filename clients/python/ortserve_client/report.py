@@ -51,7 +51,8 @@ def stats_lines(result: GenerateResult) -> list[str]:
         f"stats: ttft_ms={t.ttft_ms:.1f} prefill_ms={t.prefill_ms:.1f} queue_ms={t.queue_ms:.1f} "
         f"decode_ms={t.decode_ms:.1f} decode_tokens_per_s={t.decode_tokens_per_s:.1f} "
         f"total_ms={t.total_ms:.1f} queue_wait_ms={result.queue_wait_ms:.1f}",
-        f"stats: worker={result.worker_id} provider={result.execution_provider} "
+        f"stats: worker={result.worker_id} model={result.model or '?'} "
+        f"provider={result.execution_provider} "
         f"sampling={json.dumps(result.sampling) if result.sampling else 'greedy'}",
     ]
     if cap:

@@ -42,6 +42,7 @@ class Admission:
     queue_wait_ms: float = 0.0  # time waited in the scheduler's admission queue
     # Admit's proof of holding the lease (Client.release needs it); kept out of repr and logs.
     lease_secret: str = field(default="", repr=False)
+    model: str = ""  # the model that answers (the request's, resolved); empty when REJECTED
 
     @classmethod
     def from_pb(cls, pb: types_pb2.Admission) -> Admission:
@@ -54,7 +55,7 @@ class Admission:
             reserved_bytes=pb.reserved_bytes, dry_run=pb.dry_run,
             budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
             rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
-            queue_wait_ms=pb.queue_wait_ms, lease_secret=pb.lease_secret,
+            queue_wait_ms=pb.queue_wait_ms, lease_secret=pb.lease_secret, model=pb.model,
         )
 
 
@@ -119,6 +120,11 @@ class GenerateResult:
         return self.admission.queue_wait_ms
 
     @property
+    def model(self) -> str:
+        """The model that answered (resolved by the scheduler)."""
+        return self.admission.model
+
+    @property
     def capped(self) -> bool:
         return self.budget_cap is not None
 
@@ -126,6 +132,7 @@ class GenerateResult:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
         out["queue_wait_ms"] = self.queue_wait_ms
+        out["model"] = self.model
         return out
 
 
