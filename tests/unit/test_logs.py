@@ -51,7 +51,8 @@ def test_every_stderr_line_is_json_including_the_standard_librarys():
 
 
 def test_a_scheduler_process_with_json_logs_writes_only_json_to_stderr():
-    process = subprocess.Popen([str(BIN / "ortserve-scheduler"), "--port", "0", "--log-json"],
+    process = subprocess.Popen([str(BIN / "ortserve-scheduler"), "--port", "0",
+                                "--internal-port", "0", "--log-json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # With JSON logs the banner on stdout is JSON too (issue 30 #8); ortserve.banner reads it.
     line = process.stdout.readline()
