@@ -111,7 +111,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                     address=f"{config.host}:{config.port}")
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
                              options=ports.GRPC_SERVER_OPTIONS)
-    sessions = SessionRPCs(config, ledger, workers, metrics=metrics)
+    sessions = SessionRPCs(config, ledger, workers, waiter, metrics=metrics)
     register_service(server, SERVICE,
                      SchedulerServicer(config, ledger, workers, waiter, sessions, metrics))
     health = add_health_and_reflection(server, [SERVICE_NAME])
