@@ -126,6 +126,20 @@ class SessionRegistry:
                 del self._lost[next(iter(self._lost))]
         return error
 
+    def restore(self, session: Session) -> bool:
+        """A registering worker's session (a scheduler restart, or the worker came back
+        after its leases expired): known already -> kept as is; closed by a client -> not
+        restored (False: the worker frees it); else it is open again, idle."""
+        with self._lock:
+            if session.session_id in self._sessions:
+                return True
+            if session.session_id in self._closed:
+                return False
+            self._lost.pop(session.session_id, None)
+            session.last_used = self._clock()
+            self._sessions[session.session_id] = session
+            return True
+
     def _missing(self, session_id: str) -> DomainError:
         return self._lost.get(session_id) or not_found(session_id)
 

@@ -56,7 +56,7 @@ class SessionRPCs:
         self._ledger = ledger
         self._workers = workers
         self._waiter = waiter  # the admission queue a busy turn waits in, as a Generate does
-        self._registry = registry or SessionRegistry()
+        self._registry = registry if registry is not None else SessionRegistry()  # len() 0 is falsy
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._queued: dict[str, Ticket] = {}  # session id -> its turn's ticket while it waits
 
