@@ -221,3 +221,20 @@ def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.Mod
         m.available_bytes += w.available_bytes
         m.context_length = max(m.context_length, w.context_length)
     return [models[name] for name in sorted(models)]
+
+
+def session_info_to_pb(session, worker: types_pb2.SessionInfo | None, reserved_bytes: int,
+                       model: str, idle_s: float) -> types_pb2.SessionInfo:
+    """A session as the scheduler knows it, over what its worker reported (`worker`)."""
+    pb = types_pb2.SessionInfo()
+    if worker is not None:
+        pb.CopyFrom(worker)
+    pb.session_id, pb.worker_id, pb.worker_address = (session.session_id, session.worker_id,
+                                                      session.address)
+    pb.model = model or pb.model
+    pb.lease_id, pb.reserved_bytes = session.lease_id, reserved_bytes
+    pb.turns, pb.turn_in_flight, pb.idle_s = session.turns, session.turn_in_flight, idle_s
+    pb.ClearField("last_budget_cap")
+    if session.last_budget_cap is not None:
+        pb.last_budget_cap.CopyFrom(budget_cap_to_pb(session.last_budget_cap))
+    return pb

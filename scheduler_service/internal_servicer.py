@@ -22,6 +22,8 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger
+from scheduler_service.sessions.registry import SessionRegistry
+from scheduler_service.sessions.restore import restore_sessions
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -29,12 +31,14 @@ log = structlog.get_logger("scheduler")
 
 class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 kick: Callable[[], None], metrics=None) -> None:
+                 kick: Callable[[], None], metrics=None,
+                 sessions: SessionRegistry | None = None) -> None:
         self._config = config
         self._ledger = ledger
         self._workers = workers
         self._kick = kick  # serve the admission queue when bytes come free
         self._metrics = metrics
+        self._sessions = sessions if sessions is not None else SessionRegistry()
 
     async def RegisterWorker(self, request: scheduler_pb2.RegisterWorkerRequest, context):
         request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
@@ -44,6 +48,8 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
         previous = self._ledger.geometry(geometry.worker_id)
         refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
+        # The worker's sessions, once their leases are back (a restart left none here).
+        dropped = restore_sessions(self._sessions, self._ledger, request)
         if previous is not None and previous.address != geometry.address:
             await self._workers.forget(previous.address)
         log_expired(self._ledger.expire(), self._metrics)
@@ -52,11 +58,14 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
                  capacity_bytes=geometry.capacity_bytes, bytes_per_token=geometry.bytes_per_token,
                  context_length=geometry.context_length, vocab_size=geometry.vocab_size,
                  restored_leases=len(leases) - len(refused), refused_leases=len(refused),
+                 restored_sessions=len(request.live_sessions) - len(dropped),
+                 dropped_sessions=len(dropped),
                  execution_provider=geometry.execution_provider)
         return scheduler_pb2.RegisterWorkerResponse(
             heartbeat_interval_s=self._config.heartbeat_interval_s,
             lease_ttl_s=self._config.lease_ttl_s,
             refused_lease_ids=refused,
+            dropped_session_ids=dropped,
         )
 
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):

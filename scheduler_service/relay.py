@@ -72,8 +72,7 @@ class QueueWaiter:
                 self._sent[ticket.seq] = (place.position, now)
                 return place
             event.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(PLACE_INTERVAL_S, ticket.deadline - now))
+            await _wake(event, min(PLACE_INTERVAL_S, ticket.deadline - now))
 
     async def news(self, ticket: Ticket, bound: Any) -> AsyncIterator[Place | Admission]:
         """A queued request's news: each changed Place, then its Admission, last.
@@ -113,6 +112,25 @@ class QueueWaiter:
         """The caller took the outcome: drop the bookkeeping."""
         self._events.pop(ticket.seq, None)
         self._sent.pop(ticket.seq, None)
+
+
+async def _wake(event: asyncio.Event, timeout_s: float) -> None:
+    """Wait for `event` or `timeout_s`, whichever first; a cancel of the waiting task always
+    propagates (the caller's connection is gone: the ticket must leave the queue now).
+
+    NOTE: not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the
+    same loop pass as the event (a kick() right before the client's connection dropped):
+    return fut.result() instead of raising. The waiter then looped on, holding its place
+    until admitted (issue 30 #11: a SIGKILLed client queued for 10.6 s). asyncio.timeout
+    counts cancels (Task.cancelling), so a caller's cancel is never taken for the timeout.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        # A cancel some other await swallowed: the caller is gone all the same.
+        raise asyncio.CancelledError("the caller cancelled while queued")
 
 
 # -- the worker's stream ------------------------------------------------------------

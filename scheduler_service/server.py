@@ -26,6 +26,7 @@ from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.relay import QueueWaiter
 from scheduler_service.servicer import SchedulerServicer
+from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
@@ -111,7 +112,9 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                     address=f"{config.host}:{config.port}")
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
                              options=ports.GRPC_SERVER_OPTIONS)
-    sessions = SessionRPCs(config, ledger, workers, metrics=metrics)
+    session_registry = SessionRegistry()  # the session RPCs' and registration's (restored)
+    sessions = SessionRPCs(config, ledger, workers, waiter, registry=session_registry,
+                           metrics=metrics)
     register_service(server, SERVICE,
                      SchedulerServicer(config, ledger, workers, waiter, sessions, metrics))
     health = add_health_and_reflection(server, [SERVICE_NAME])
@@ -123,7 +126,8 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     # has no worker RPCs at all.
     internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS)
     register_service(internal, INTERNAL_SERVICE,
-                     SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics))
+                     SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics,
+                                               sessions=session_registry))
     internal_port = ports.bind_grpc(
         lambda: tls.bind(internal, f"{config.host}:{config.internal_port}", files, True,
                          "internal"),

@@ -83,7 +83,10 @@ class LeaseStream:
                 self._lifecycle.orphaned.discard(self.session_id)
                 self._lifecycle.session_leases.pop(self.session_id, None)
                 self._lifecycle.engine.close_session(self.session_id)
-                self.log.warning("session dropped after its turn: the scheduler forgot it")
+                # Freed first; then its lease, if the ledger still holds it (0 if not).
+                released = await self._lifecycle.link.release(self.lease.lease_id)
+                self.log.warning("session dropped after its turn: the scheduler did not keep it",
+                                 released_bytes=released)
             elif self.session_id:
                 await self.shrink()
             else:
@@ -98,7 +101,10 @@ class LeaseStream:
         self._shrunk = True
         info = self._lifecycle.engine.session_info(self.session_id)
         held = info.held_tokens if info.charged_bytes else 0
-        await self._lifecycle.link.shrink(self.lease.lease_id, held)
+        shrunk = await self._lifecycle.link.shrink(self.lease.lease_id, held)
+        if shrunk is not None and self.session_id in self._lifecycle.session_leases:
+            # What a re-registration reports: the bytes the ledger holds for it now.
+            self._lifecycle.session_leases[self.session_id] = shrunk
         self.log.info("session lease shrunk", held_tokens=held, held_bytes=info.charged_bytes)
 
     async def _drain(self) -> None:

@@ -71,29 +71,33 @@ class SchedulerLink:
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
         self.draining = False  # sent with every heartbeat once set
-        # Runs before every registration but the first: the scheduler forgot this worker
-        # (it restarted, or let it expire), so what it tracked for us (sessions) is gone.
-        self.before_reregister: Callable[[], Awaitable[None]] | None = None
-        self._registered_once = False
+        # The sessions this worker holds, sent with every registration: a restarted
+        # scheduler rebuilds its session registry from them (session_lifecycle.py).
+        self.live_sessions: Callable[[], list[scheduler_pb2.LiveSession]] = list
+        # Runs after a registration with the sessions the scheduler did not restore and
+        # the leases it refused: the worker frees those sessions.
+        self.drop_sessions: Callable[[list[str], list[str]], Awaitable[None]] | None = None
 
     @property
     def worker_id(self) -> str:
         return self._registration.worker_id
 
     async def register(self) -> None:
-        if self._registered_once and self.before_reregister is not None:
-            await self.before_reregister()
         request = scheduler_pb2.RegisterWorkerRequest()
         request.CopyFrom(self._registration)
         request.live_leases.extend(self._live_leases())
+        request.live_sessions.extend(self.live_sessions())
         reply = await self._stub.RegisterWorker(request, timeout=10.0)
         self.heartbeat_interval_s = reply.heartbeat_interval_s or self.heartbeat_interval_s
         for lease_id in reply.refused_lease_ids:
             log.error("scheduler refused to restore a live lease", lease_id=lease_id)
+        if reply.dropped_session_ids and self.drop_sessions is not None:
+            await self.drop_sessions(list(reply.dropped_session_ids),
+                                     list(reply.refused_lease_ids))
         self.registered.set()
-        self._registered_once = True
         log.info("registered with scheduler", scheduler=self.address, worker_id=self.worker_id,
-                 restored_leases=len(request.live_leases))
+                 restored_leases=len(request.live_leases) - len(reply.refused_lease_ids),
+                 restored_sessions=len(request.live_sessions) - len(reply.dropped_session_ids))
 
     async def run(self) -> None:
         """Register, then heartbeat forever; re-register whenever the scheduler forgot us."""
@@ -150,19 +154,20 @@ class SchedulerLink:
                                             prompt_tokens=prompt_tokens,
                                             max_new_tokens=max_new_tokens), timeout=10.0)
 
-    async def shrink(self, lease_id: str, held_tokens: int) -> None:
+    async def shrink(self, lease_id: str, held_tokens: int) -> types_pb2.Lease | None:
         """Shrink a session's lease after freeing KV; retried like release (a lease left
-        larger than needed only over-reserves: safe, never the other way)."""
+        larger than needed only over-reserves: safe, never the other way). Returns the
+        lease as the ledger now holds it, None when no attempt got through."""
         for attempt in range(3):
             try:
-                await self._stub.ShrinkLease(
+                return await self._stub.ShrinkLease(
                     scheduler_pb2.ShrinkLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
                                                      held_tokens=held_tokens), timeout=5.0)
-                return
             except grpc.aio.AioRpcError as error:
                 log.warning("shrink failed", lease_id=lease_id, code=error.code().name,
                             attempt=attempt + 1)
                 await asyncio.sleep(0.2 * (attempt + 1))
+        return None
 
     async def release(self, lease_id: str) -> int:
         """Release once; retried on transport errors (heartbeats reconcile if all fail)."""

@@ -166,7 +166,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                          tls.channel_credentials(files.ca, files.cert, files.key)
                          if files.enabled else None)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
-    link.before_reregister = servicer.drop_sessions
+    link.live_sessions = servicer.live_sessions
+    link.drop_sessions = servicer.drop_sessions
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
     try:

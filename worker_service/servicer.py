@@ -43,10 +43,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                            "health check says SERVING")
         return self.leases
 
-    async def drop_sessions(self) -> None:
-        """Called before a re-registration (SchedulerLink.before_reregister)."""
+    def live_sessions(self):
+        """The sessions held here, for a registration (SchedulerLink.live_sessions)."""
+        return self._session_rpcs().live_sessions() if self.leases is not None else []
+
+    async def drop_sessions(self, session_ids: list[str], refused_lease_ids: list[str]) -> None:
+        """After a registration, those the scheduler did not restore (SchedulerLink)."""
         if self.leases is not None:
-            await self._session_rpcs().drop_all()
+            await self._session_rpcs().drop(session_ids, refused_lease_ids)
 
     def _session_rpcs(self) -> WorkerSessions:
         leases = self._ready()
@@ -128,7 +132,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     if session_id:
                         # The ledger shrinks before the client hears the turn is over.
                         await stream.shrink()
-                        self._session_rpcs().turn_ended(session_id)
+                        self._session_rpcs().turn_ended(session_id, inner, req.prompt_ids,
+                                                        event.text, event.token_ids)
                         finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
                         finished.session.turn_in_flight = False
                     yield types_pb2.GenerateEvent(finished=finished)

@@ -6,17 +6,24 @@ ledger honest (DESIGN.md, "The budget"): the worker frees KV first and only
 then shrinks or releases the lease, so the scheduler never offers bytes this
 worker still holds. Turns go through LeaseLifecycle.open (lease_lifecycle.py)
 with the session's id.
+
+The worker also keeps a copy of each session's conversation as of its last
+finished turn (what the scheduler's registry keeps): after a scheduler restart
+it registers its sessions with their leases, and the new scheduler rebuilds its
+registry from them, so clients continue their sessions on the KV kept here.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
 from ortserve.errors import quoted
-from ortserve.v1 import types_pb2
+from ortserve.v1 import scheduler_pb2, types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.runtime.session_kv import (
@@ -36,6 +43,29 @@ _STATE = {
 }
 
 
+@dataclass
+class Conversation:
+    """A session's conversation as of its last finished turn (the scheduler's copy's twin)."""
+
+    kind: str = ""  # "chat" or "token_ids" after the first turn
+    messages: list[tuple[str, str]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    turns: int = 0
+    history_tokens: int = 0
+
+    def remember(self, request: types_pb2.GenerateRequest, prompt_ids: Sequence[int],
+                 reply_text: str, reply_ids: Sequence[int]) -> None:
+        """The turn's whole request (the scheduler sends the whole conversation) + its reply."""
+        self.kind = request.WhichOneof("prompt") or ""
+        if self.kind == "chat":
+            self.messages = [*((m.role, m.content) for m in request.chat.messages),
+                             ("assistant", reply_text)]
+        else:
+            self.token_ids = [*prompt_ids, *reply_ids]
+        self.history_tokens = len(prompt_ids) + len(reply_ids)
+        self.turns += 1
+
+
 class WorkerSessions:
     """The worker's session RPCs, over the engine's session table and the scheduler link."""
 
@@ -43,6 +73,7 @@ class WorkerSessions:
         self.leases = leases
         self.address = address
         self._opened_at: dict[str, float] = {}
+        self._conversations: dict[str, Conversation] = {}
 
     def _lease(self, session_id: str) -> types_pb2.Lease:
         if not session_id:
@@ -95,32 +126,65 @@ class WorkerSessions:
                  worker_id=self.leases.worker_id)
         return self.info_pb(session_id)
 
-    def turn_ended(self, session_id: str) -> None:
+    def turn_ended(self, session_id: str, request: types_pb2.GenerateRequest | None = None,
+                   prompt_ids: Sequence[int] = (), reply_text: str = "",
+                   reply_ids: Sequence[int] = ()) -> None:
+        """A turn finished (its Finished goes out next): remember its conversation."""
         self._opened_at[session_id] = time.monotonic()  # idle_s counts from here
+        if request is not None:
+            self._conversations.setdefault(session_id, Conversation()).remember(
+                request, prompt_ids, reply_text, reply_ids)
 
     async def swap_out(self, session_id: str) -> types_pb2.SessionInfo:
         """Free the session's KV charge (copy kept in host memory or dropped), then shrink."""
         lease = self._idle(session_id, "swapping it out")
         freed = self.leases.engine.swap_out_session(session_id)
-        await self.leases.link.shrink(lease.lease_id, 0)
+        shrunk = await self.leases.link.shrink(lease.lease_id, 0)
+        if shrunk is not None:
+            self.leases.session_leases[session_id] = shrunk  # what a re-registration reports
         info = self.leases.engine.session_info(session_id)
         log.info("session swapped out", session_id=session_id, lease_id=lease.lease_id,
                  freed_bytes=freed, state=info.state.value, swapped_bytes=info.swapped_bytes)
         return self.info_pb(session_id, info)
 
-    async def drop_all(self) -> None:
-        """Before re-registering: the scheduler no longer knows these sessions (it restarted,
-        or declared them lost with this worker), so nobody can use or close them. Free them,
-        and leave their leases out of the registration; a session mid-turn goes at its end."""
-        for session_id, lease in list(self.leases.session_leases.items()):
+    def live_sessions(self) -> list[scheduler_pb2.LiveSession]:
+        """Every session held here, for a registration: the scheduler rebuilds its registry
+        from them (their leases go in live_leases). A turn in flight is reported as of its
+        last finished turn; its lease shrinks at its end, as always."""
+        for gone in [sid for sid in self._conversations if sid not in self.leases.session_leases]:
+            del self._conversations[gone]  # dropped after its turn (LeaseStream.close)
+        live = []
+        for session_id, lease in self.leases.session_leases.items():
+            if session_id in self.leases.orphaned:
+                continue
+            talk = self._conversations.get(session_id, Conversation())
+            live.append(scheduler_pb2.LiveSession(
+                session_id=session_id, lease_id=lease.lease_id, kind=talk.kind,
+                messages=[types_pb2.ChatMessage(role=r, content=c) for r, c in talk.messages],
+                token_ids=talk.token_ids, turns=talk.turns, history_tokens=talk.history_tokens))
+        return live
+
+    async def drop(self, session_ids: list[str], refused_lease_ids: list[str]) -> None:
+        """After a registration: the scheduler will not restore these sessions (a client
+        closed one while this worker was unreachable, or the ledger refused its lease).
+        Free them, then release the leases the ledger took back; a session mid-turn goes
+        when its turn ends."""
+        refused = set(refused_lease_ids)
+        for session_id in session_ids:
+            lease = self.leases.session_leases.get(session_id)
+            if lease is None:
+                continue
             if lease.lease_id in self.leases._busy:
                 self.leases.orphaned.add(session_id)
                 continue
             freed = self.leases.engine.close_session(session_id)
             del self.leases.session_leases[session_id]
             self._opened_at.pop(session_id, None)
-            log.warning("session dropped: the scheduler forgot this worker", session_id=session_id,
-                        lease_id=lease.lease_id, freed_bytes=freed)
+            self._conversations.pop(session_id, None)
+            released = 0 if lease.lease_id in refused else await self.leases.link.release(
+                lease.lease_id)
+            log.warning("session dropped: the scheduler did not restore it", session_id=session_id,
+                        lease_id=lease.lease_id, freed_bytes=freed, released_bytes=released)
 
     async def close(self, session_id: str) -> types_pb2.SessionInfo:
         """Free everything the session holds, then release its lease once."""
@@ -129,6 +193,7 @@ class WorkerSessions:
         freed = self.leases.engine.close_session(session_id)
         del self.leases.session_leases[session_id]
         self._opened_at.pop(session_id, None)
+        self._conversations.pop(session_id, None)
         released = await self.leases.link.release(lease.lease_id)
         log.info("session closed", session_id=session_id, lease_id=lease.lease_id,
                  freed_bytes=freed, released_bytes=released)

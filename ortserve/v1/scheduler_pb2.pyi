@@ -168,7 +168,7 @@ class ModelBudget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device")
+    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,7 @@ class RegisterWorkerRequest(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -193,17 +194,38 @@ class RegisterWorkerRequest(_message.Message):
     vocab_size: int
     version: str
     device: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    live_sessions: _containers.RepeatedCompositeFieldContainer[LiveSession]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ...) -> None: ...
+
+class LiveSession(_message.Message):
+    __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    lease_id: str
+    kind: str
+    messages: _containers.RepeatedCompositeFieldContainer[_types_pb2.ChatMessage]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    turns: int
+    history_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., kind: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., token_ids: _Optional[_Iterable[int]] = ..., turns: _Optional[int] = ..., history_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("heartbeat_interval_s", "lease_ttl_s", "refused_lease_ids")
+    __slots__ = ("heartbeat_interval_s", "lease_ttl_s", "refused_lease_ids", "dropped_session_ids")
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     REFUSED_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
     lease_ttl_s: float
     refused_lease_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    dropped_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ..., dropped_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch")

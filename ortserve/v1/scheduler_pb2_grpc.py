@@ -187,6 +187,9 @@ class SchedulerServicer:
 
     def CloseSession(self, request, context):
         """Close a session: the worker frees its KV and releases its lease, once.
+        A retried close (or one after the idle TTL or the worker's death)
+        answers closed=false, freed_bytes=0; an id this scheduler never opened
+        (or forgot: it remembers the last 10,000 closed ids) is NOT_FOUND.
         FAILED_PRECONDITION (reason SESSION_BUSY) while a turn runs: cancel the
         turn's stream first.
         """

@@ -342,7 +342,7 @@ class Ledger:
             self._hold(worker, lease)
             return lease
 
-    def resize(self, lease_id: str, request: AdmissionRequest) -> Admission:
+    def resize(self, lease_id: str, request: AdmissionRequest, dry_run: bool = False) -> Admission:
         """A session turn's admission on its own lease's worker: reserve-at-most.
 
         The lease's current bytes count as available to it (they are its own),
@@ -350,6 +350,7 @@ class Ledger:
         on that worker would be with those bytes free. REJECTED leaves the
         lease as it was; otherwise it now holds prompt + admitted max_new, with
         this turn's cap (or none). An unknown lease is REJECTED NO_WORKER.
+        `dry_run` decides and changes nothing (the admission queue's look, as admit's).
         """
         with self._lock:
             self._expire_locked(self._clock())
@@ -361,8 +362,8 @@ class Ledger:
             if not placement.fits_context(request, worker.geometry):
                 return placement.reject_context(request, worker)
             decision = placement.decide_on(worker.without(lease), request, self.retry_after_s)
-            if decision.decision is Decision.REJECTED:
-                return decision
+            if dry_run or decision.decision is Decision.REJECTED:
+                return replace(decision, dry_run=dry_run)
             grown = replace(lease, prompt_tokens=request.prompt_tokens,
                             max_new_tokens=decision.max_new_tokens,
                             reserved_bytes=decision.reserved_bytes,

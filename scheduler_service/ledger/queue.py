@@ -75,6 +75,8 @@ class Ticket:
     bound: Bound
     outcome: Admission | None = None
     deadline_exceeded: bool = False  # the call's own deadline ended the wait
+    # A session turn's: the lease it grows on its own worker (Ledger.resize), not a new one.
+    lease_id: str = ""
 
     @property
     def done(self) -> bool:
@@ -139,22 +141,25 @@ class AdmissionQueue:
     # -- arriving ------------------------------------------------------------------
 
     def submit(self, request: AdmissionRequest, mode: Mode = Mode.ALLOW,
-               wait_s: float | None = None, deadline_s: float | None = None) -> Admission | Ticket:
+               wait_s: float | None = None, deadline_s: float | None = None,
+               lease_id: str = "") -> Admission | Ticket:
         """Decide now (an Admission, reserved unless REJECTED) or wait (a Ticket).
 
         `wait_s` is the caller's own bound (None: the server's), `deadline_s`
-        the time left on the call (None: no deadline).
+        the time left on the call (None: no deadline). With `lease_id`, a session
+        turn: it grows that lease on its own worker (Ledger.resize), in the same
+        FIFO and under the same policy as a new request.
         """
         now = self._clock()
         with self._lock:
             line = self._line(request.model)
             waiting = bool(line)
-            attempt = self.ledger.admit(self._effective(request, mode), dry_run=waiting)
+            attempt = self._decide(self._effective(request, mode), lease_id, dry_run=waiting)
             if (mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                     and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
                 # Never whole on any worker: waiting for it is pointless, cap as ALLOW does.
                 mode = Mode.ALLOW
-                attempt = self.ledger.admit(request, dry_run=waiting)
+                attempt = self._decide(request, lease_id, dry_run=waiting)
             if attempt.decision is Decision.REJECTED and attempt.rejection.cause is not Cause.BUDGET_BUSY:
                 return attempt  # context, capacity, no worker: waiting cannot help
             if not waiting and attempt.decision is not Decision.REJECTED:
@@ -169,7 +174,7 @@ class AdmissionQueue:
             if len(self._entries) >= self.max_length:
                 return self._refusal(request, Cause.QUEUE_FULL, needed, mode)
             ticket = Ticket(seq=next(self._seq), request=request, mode=mode, needed_bytes=needed,
-                            enqueued_at=now, deadline=now + wait, bound=bound)
+                            enqueued_at=now, deadline=now + wait, bound=bound, lease_id=lease_id)
             self._entries.append(ticket)
             return ticket
 
@@ -190,8 +195,11 @@ class AdmissionQueue:
                 if head.request.model in blocked:
                     continue
                 attempt = self._attempt(head, final=False)
-                if attempt.decision is Decision.REJECTED and attempt.rejection.cause in _WAITABLE:
-                    blocked.add(head.request.model)  # the head blocks its line: strict FIFO
+                if (attempt.decision is Decision.REJECTED and attempt.rejection.cause in _WAITABLE
+                        and not (head.lease_id and attempt.rejection.cause is Cause.NO_WORKER)):
+                    # The head blocks its model's line: strict FIFO (a session whose lease
+                    # is gone never will fit, so it does not block).
+                    blocked.add(head.request.model)
                     continue
                 self._entries.remove(head)
                 head.outcome = replace(attempt, queue_wait_s=now - head.enqueued_at)
@@ -245,12 +253,17 @@ class AdmissionQueue:
             return replace(request, strict=not final)
         return replace(request, strict=mode is Mode.STRICT)
 
+    def _decide(self, request: AdmissionRequest, lease_id: str, dry_run: bool = False) -> Admission:
+        if lease_id:
+            return self.ledger.resize(lease_id, request, dry_run=dry_run)
+        return self.ledger.admit(request, dry_run=dry_run)
+
     def _attempt(self, ticket: Ticket, final: bool) -> Admission:
-        attempt = self.ledger.admit(self._effective(ticket.request, ticket.mode, final))
+        attempt = self._decide(self._effective(ticket.request, ticket.mode, final), ticket.lease_id)
         if (ticket.mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                 and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
             ticket.mode = Mode.ALLOW  # a worker left: whole is out of reach now
-            attempt = self.ledger.admit(self._effective(ticket.request, ticket.mode))
+            attempt = self._decide(self._effective(ticket.request, ticket.mode), ticket.lease_id)
         return attempt
 
     def _time_out(self, ticket: Ticket, now: float) -> None:

@@ -27,6 +27,9 @@ from ortserve.units import tokens
 from scheduler_service.ledger.types import BudgetCap
 
 LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)
+# Ids of sessions closed (by CloseSession or the idle TTL): a retried CloseSession answers
+# closed=false, not NOT_FOUND. Bounded: ~100 bytes an id, oldest forgotten first.
+CLOSED_KEPT = 10_000
 
 
 @dataclass
@@ -111,6 +114,7 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
         # Sessions lost with their worker: later calls still say why, not just "not open".
         self._lost: dict[str, DomainError] = {}
+        self._closed: dict[str, None] = {}  # insertion-ordered: the oldest goes first
 
     def mark_lost(self, session: Session, why: str) -> DomainError:
         """Forget a session whose worker died (the ledger already dropped its lease)."""
@@ -121,6 +125,20 @@ class SessionRegistry:
             while len(self._lost) > LOST_KEPT:
                 del self._lost[next(iter(self._lost))]
         return error
+
+    def restore(self, session: Session) -> bool:
+        """A registering worker's session (a scheduler restart, or the worker came back
+        after its leases expired): known already -> kept as is; closed by a client -> not
+        restored (False: the worker frees it); else it is open again, idle."""
+        with self._lock:
+            if session.session_id in self._sessions:
+                return True
+            if session.session_id in self._closed:
+                return False
+            self._lost.pop(session.session_id, None)
+            session.last_used = self._clock()
+            self._sessions[session.session_id] = session
+            return True
 
     def _missing(self, session_id: str) -> DomainError:
         return self._lost.get(session_id) or not_found(session_id)
@@ -138,8 +156,19 @@ class SessionRegistry:
         return session
 
     def remove(self, session_id: str) -> Session | None:
+        """The session is closed: forget it, and remember that it was (see `ended`)."""
         with self._lock:
+            self._closed[session_id] = None
+            while len(self._closed) > CLOSED_KEPT:
+                del self._closed[next(iter(self._closed))]
             return self._sessions.pop(session_id, None)
+
+    def ended(self, session_id: str) -> bool:
+        """True for a session that was open and is no more (closed, expired, lost with its
+        worker), as far as the last CLOSED_KEPT closes and LOST_KEPT losses go."""
+        with self._lock:
+            return session_id not in self._sessions and (session_id in self._closed
+                                                         or session_id in self._lost)
 
     def begin_turn(self, session_id: str) -> Session:
         """Mark a turn in flight; SESSION_BUSY when one already is (one at a time)."""

@@ -5,8 +5,9 @@ session RPCs to it; a turn's stream goes through relay.py like a Generate. The
 policy (who swaps out, what is kept) is in registry.py.
 
 Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
-the session's own lease), so a turn is ADMITTED, CAPPED or REJECTED like any
-request, and its BudgetCap is in its stream, its Finished and GetSession.
+the session's own lease) in the one admission queue, so a turn is ADMITTED,
+CAPPED, queued or REJECTED like any Generate, and its BudgetCap is in its
+stream, its Finished and GetSession.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, relay
+from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -49,12 +51,15 @@ class SessionRPCs:
     delegates them here), and make_room: idle sessions' bytes for a plain admission."""
 
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 registry: SessionRegistry | None = None, metrics=None) -> None:
+                 waiter: QueueWaiter, registry: SessionRegistry | None = None,
+                 metrics=None) -> None:
         self._config = config
         self._ledger = ledger
         self._workers = workers
-        self._registry = registry or SessionRegistry()
+        self._waiter = waiter  # the admission queue a busy turn waits in, as a Generate does
+        self._registry = registry if registry is not None else SessionRegistry()  # len() 0 is falsy
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
+        self._queued: dict[str, Ticket] = {}  # session id -> its turn's ticket while it waits
 
     def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
         return self._workers.stub(session.address)
@@ -66,21 +71,12 @@ class SessionRPCs:
             raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
 
     def _info_pb(self, session: Session, worker: types_pb2.SessionInfo | None) -> types_pb2.SessionInfo:
-        pb = types_pb2.SessionInfo()
-        if worker is not None:
-            pb.CopyFrom(worker)
         lease = self._ledger.lease(session.lease_id)
-        pb.session_id, pb.worker_id, pb.worker_address = (session.session_id, session.worker_id,
-                                                          session.address)
         geometry = self._ledger.geometry(session.worker_id)
-        pb.model = geometry.model if geometry else pb.model  # its worker's: the one it is bound to
-        pb.lease_id, pb.reserved_bytes = session.lease_id, lease.reserved_bytes if lease else 0
-        pb.turns, pb.turn_in_flight = session.turns, session.turn_in_flight
-        pb.idle_s = 0.0 if session.turn_in_flight else self._registry.idle_s(session)
-        pb.ClearField("last_budget_cap")
-        if session.last_budget_cap is not None:
-            pb.last_budget_cap.CopyFrom(convert.budget_cap_to_pb(session.last_budget_cap))
-        return pb
+        return convert.session_info_to_pb(
+            session, worker, reserved_bytes=lease.reserved_bytes if lease else 0,
+            model=geometry.model if geometry else "",  # its worker's: the one it is bound to
+            idle_s=0.0 if session.turn_in_flight else self._registry.idle_s(session))
 
     async def _call_worker(self, session: Session, method: str, why: str):
         try:
@@ -134,6 +130,10 @@ class SessionRPCs:
         return self._info_pb(session, info)
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
+        if self._registry.ended(request.session_id):
+            # A retried close (its first reply lost), or one after the TTL or the worker's
+            # death: the session holds nothing, which is what the caller asks for.
+            return scheduler_pb2.CloseSessionResponse(freed_bytes=0, closed=False)
         session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY during a turn
         lease = self._ledger.lease(session.lease_id)
         try:
@@ -211,17 +211,48 @@ class SessionRPCs:
         if geometry is not None:
             inner.model = geometry.model
 
-    async def _admit_turn(self, session: Session, request: AdmissionRequest) -> Admission:
-        admission = self._ledger.resize(session.lease_id, request)
+    async def _admit_turn(self, session: Session, inner: types_pb2.GenerateRequest,
+                          request: AdmissionRequest, context, bound):
+        """The turn's admission as Generate's: its Places while it waits in the queue, then
+        its Admission, last (the session's lease grown, unless REJECTED)."""
         # Not whole: idle sessions on this worker give their bytes back first.
-        while (admission.decision is not Decision.ADMITTED
+        while (self._ledger.resize(session.lease_id, request, dry_run=True).decision
+               is not Decision.ADMITTED
                and await self._reclaim(session.worker_id, exclude=session.session_id)):
-            admission = self._ledger.resize(session.lease_id, request)
-        return admission
+            pass
+        wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
+        admission = self._waiter.queue.submit(request, convert.queue_mode(inner), wait_s=wait_s,
+                                              deadline_s=context.time_remaining(),
+                                              lease_id=session.lease_id)
+        if not isinstance(admission, Ticket):
+            yield admission
+            return
+        bound.info("turn queued", needed_bytes=admission.needed_bytes, mode=admission.mode.value,
+                   max_wait_s=round(admission.max_wait_s, 3), bound=admission.bound.value)
+        self._queued[session.session_id] = admission
+        async with aclosing(self._waiter.news(admission, bound)) as news:
+            async for item in news:
+                yield item
+
+    def _undo_grant(self, session: Session, before_bytes: int) -> None:
+        """A turn granted its bytes but gone before its worker was called (the caller left):
+        the lease goes back to what the worker holds. Only here: once the worker was called,
+        it shrinks the lease itself after freeing, as at every turn's end."""
+        geometry = self._ledger.geometry(session.worker_id)
+        if geometry is None:
+            return
+        held_tokens = before_bytes // geometry.bytes_per_token  # whole blocks: exact bytes back
+        lease = self._ledger.shrink(session.lease_id, session.worker_id, held_tokens)
+        if lease is not None:
+            log.info("session turn left before its worker was called; lease restored",
+                     session_id=session.session_id, reserved_bytes=lease.reserved_bytes)
+            self._waiter.kick()
 
     async def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
         arrived = time.perf_counter()
         session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
+        granted: Admission | None = None  # a grown lease no worker has been called for yet
+        before_bytes = 0
         bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                          worker_id=session.worker_id)
         try:
@@ -237,21 +268,40 @@ class SessionRPCs:
             if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
                 raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
                                    inner.min_new_tokens, context_length)
-            admission = await self._admit_turn(session, convert.admission_request(full, len(ids),
-                                                                                   full.model))
+            held = self._ledger.lease(session.lease_id)
+            before_bytes = held.reserved_bytes if held is not None else 0
+            admission = None
+            async with aclosing(self._admit_turn(session, inner,
+                                                 convert.admission_request(full, len(ids), full.model),
+                                                 context, bound)) as news:
+                async for item in news:
+                    if isinstance(item, Place):
+                        yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
+                    else:
+                        admission = item
+            self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
             if admission.decision is Decision.REJECTED:
+                self._alive(session)  # a lease gone while it waited: its worker died, say so
                 bound.info("turn rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
+            granted = admission
             session.last_budget_cap = admission.budget_cap  # this turn's, or none
             bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
                        max_new_tokens=admission.max_new_tokens,
                        reserved_bytes=admission.reserved_bytes)
             full.max_new_tokens = admission.max_new_tokens
+            full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
             leg = self._turn_leg(session, inner, full, ids, bound)
+            granted = None  # the relay owns the turn's end from here (the worker shrinks)
             async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
                 async for event in events:
                     yield event
         finally:
+            ticket = self._queued.pop(session.session_id, None)
+            if granted is None and ticket is not None and ticket.outcome is not None:
+                granted = ticket.outcome  # granted by the queue as its caller left
+            if granted is not None and granted.lease is not None:
+                self._undo_grant(session, before_bytes)
             self._registry.end_turn(session)
 
     def _turn_leg(self, session: Session, inner: types_pb2.GenerateRequest,

@@ -300,10 +300,25 @@ def test_turn_two_ttft_with_reuse_beats_resending_a_1000_token_history(roomy):
     assert reserved_bytes(roomy.address) == 0
 
 
-def test_after_a_scheduler_restart_the_worker_drops_sessions_nobody_can_reach(tmp_path_factory):
+def test_a_retried_close_answers_closed_false_and_frees_nothing(roomy):
+    stub = scheduler_stub(roomy.address)
+    sid = open_session(stub).session_id
+    session_turn(stub, sid, Q1, max_new_tokens=8)
+    first = stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+    assert first.closed and first.freed_bytes > 0
+    again = stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+    assert (again.closed, again.freed_bytes) == (False, 0)  # a lost reply's retry: no error
+    assert reserved_bytes(roomy.address) == 0
+    with pytest.raises(grpc.RpcError) as info:  # an id never opened is still NOT_FOUND
+        stub.CloseSession(scheduler_pb2.SessionRequest(session_id="never-opened"), timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_session_continues_after_a_scheduler_restart_on_the_kv_its_worker_kept(
+        tmp_path_factory):
     import socket
 
-    from devtools.cluster import start_service, stop_service, wait_serving
+    from devtools.cluster import start_service, wait_serving
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -313,27 +328,34 @@ def test_after_a_scheduler_restart_the_worker_drops_sessions_nobody_can_reach(tm
     try:
         stub = scheduler_stub(cluster.address)
         sid = open_session(stub).session_id
-        session_turn(stub, sid, Q1, max_new_tokens=16)
+        _, f1, _, text1 = session_turn(stub, sid, Q1, max_new_tokens=48)
         worker = cluster.worker_services[0].address
-        assert worker_held_bytes(worker) > 0
+        held = worker_held_bytes(worker)
+        assert held > 0 and reserved_bytes(cluster.address) == f1.session.reserved_bytes == held
         old = cluster.services[0]
         internal_port = cluster.internal_address.rsplit(":", 1)[1]  # where the worker dials
-        stop_service(old)
+        old.process.kill()  # kill -9: no goodbye, the registry is gone with it
+        old.process.wait(10)
         cluster.services[0] = start_service("scheduler-2", [
             str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
             "--internal-port", internal_port, "--heartbeat-interval-s", "0.5"],
             old.log_path.parent)
         wait_serving(cluster.services[0])
         cluster.wait_registered(1)
-        # The new scheduler has no registry: the worker freed the session before
-        # re-registering and did not hand its lease to the new ledger.
-        deadline = time.monotonic() + 20
-        while worker_held_bytes(worker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert worker_held_bytes(worker) == 0
-        assert reserved_bytes(cluster.address) == 0
-        with pytest.raises(grpc.RpcError) as info:
-            get(scheduler_stub(cluster.address), sid)
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        stub = scheduler_stub(cluster.address)
+        # The worker registered its session with its lease: the same bytes in the new ledger.
+        budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=True), timeout=5)
+        assert budget.total_reserved_bytes == held == worker_held_bytes(worker)
+        assert [lease.lease_id for lease in budget.workers[0].leases] == [f1.session.lease_id]
+        info = get(stub, sid)
+        assert info.turns == 1 and info.state == types_pb2.SESSION_RESIDENT
+        _, f2, ids2, _ = session_turn(stub, sid, Q2, max_new_tokens=48)
+        assert f2.usage.reused_prompt_tokens >= f1.usage.prompt_tokens  # the kept KV, reused
+        _, _, fresh_ids = generate(stub, chat(("user", Q1), ("assistant", text1), ("user", Q2)),
+                                   max_new_tokens=48)
+        assert ids2 == fresh_ids  # the conversation the worker kept is the scheduler's
+        closed = stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+        assert closed.closed
+        assert reserved_bytes(cluster.address) == 0 == worker_held_bytes(worker)
     finally:
         cluster.stop()
