@@ -45,7 +45,10 @@ def engine():
         yield e
 
 
-def request(engine, prompt: str, spec: ConstraintSpec, sampling=SamplingConfig(),
+GREEDY = SamplingConfig()
+
+
+def request(engine, prompt: str, spec: ConstraintSpec | None, sampling=GREEDY,
             max_new_tokens: int = 160, sequence_id: str = "s") -> SequenceRequest:
     ids = engine.tokenizer.encode_chat([("user", prompt)])
     return SequenceRequest(sequence_id, tuple(ids), max_new_tokens, sampling=sampling,
