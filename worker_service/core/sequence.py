@@ -242,8 +242,10 @@ class Sequence:
         Returns (token id, text that may go out now, finish reason or None).
         """
         constraint = self.constraint
-        token = self.sampler(logits, self.token_ids,
-                             constraint.allowed() if constraint is not None else None)
+        if constraint is None:
+            token = self.sampler(logits, self.token_ids)
+        else:
+            token = self.sampler(logits, self.token_ids, constraint.allowed())
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
