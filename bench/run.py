@@ -1,6 +1,7 @@
 """make bench: ortserve measured side by side with a peer, in the same run, as JSON.
 
   .venv/bin/python -m bench.run [--quick] [--out bench/results.json] [--skip-serving]
+      [--skip-structured]
 
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import structured
 from bench.admission import admission_burst, admission_latency
 from bench.roofline import l3_bytes, read_bandwidth
 from bench.serving import serving_run
@@ -335,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--skip-serving", action="store_true", help="no Poisson serving run")
+    p.add_argument("--skip-structured", action="store_true",
+                   help="no constrained-vs-free decode run (bench/structured.py)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -420,6 +424,19 @@ def main(argv: list[str] | None = None) -> None:
         serving_doc = serving_run(models[first], a.threads, serving["fractions"], serving["n"],
                                   serving["prompts"], serving["outputs"],
                                   ROOT / "logs" / "bench-serving", burst=serving["burst"])
+    structured_doc: dict = {"skipped": "--skip-structured"}
+    if not a.skip_structured:
+        progress("structured output: 8 streams under a JSON schema vs 8 free streams, interleaved")
+        structured_doc = structured.measure(models[first], streams=8,
+                                            tokens=16 if a.quick else 48,
+                                            repeats=1 if a.quick else 5, threads=a.threads)
+        ratios["structured_vs_free_8stream"] = {first: structured_doc["constrained_vs_free"]["median"]}
+        paired["structured_vs_free_8stream"] = {first: {
+            "median": structured_doc["constrained_vs_free"]["median"],
+            "min": min(structured_doc["constrained_vs_free"]["values"]),
+            "max": max(structured_doc["constrained_vs_free"]["values"]),
+            "pairs": len(structured_doc["constrained_vs_free"]["values"]),
+            "quiet_pairs": len(structured_doc["constrained_vs_free"]["values"])}}
     doc = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -443,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         "roofline": roofline,
         "dram_read_bandwidth": dram,
         "serving": serving_doc,
+        "structured": structured_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))

@@ -27,7 +27,10 @@ ROLES = ("scheduler", "worker-cpu", "worker-cuda")
 NEEDED_BY: dict[str, frozenset[str]] = {
     **{name: frozenset(ROLES) for name in (
         "grpcio", "grpcio-status", "grpcio-health-checking", "grpcio-reflection",
-        "protobuf", "googleapis-common-protos", "structlog", "prometheus-client")},
+        "protobuf", "googleapis-common-protos", "structlog", "prometheus-client",
+        # output constraints: the scheduler compiles them to refuse a bad one before
+        # admission; the worker masks tokens with them
+        "llguidance")},
     # the OpenAI-compatible gateway ships in the scheduler image
     **{name: frozenset({"scheduler"}) for name in ("fastapi", "uvicorn", "sse-starlette")},
     **{name: frozenset({"worker-cpu", "worker-cuda"}) for name in (

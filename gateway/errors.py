@@ -62,6 +62,9 @@ _PARAM_OF_FIELD = {
     "sampling.repetition_penalty": "repetition_penalty",
     "cap_policy": "cap_policy",
     "model": "model",
+    # response_format's schema (the message still names constraint.json_schema)
+    "constraint.json_schema": "response_format.json_schema.schema",
+    "constraint.json_object": "response_format",
 }
 
 

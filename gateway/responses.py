@@ -24,6 +24,8 @@ FINISH_REASON = {
     types_pb2.LENGTH: "length",
     types_pb2.EOS: "stop",
     types_pb2.STOP_SEQUENCE: "stop",
+    # response_format's output is complete: the end OpenAI calls "stop".
+    types_pb2.CONSTRAINT_COMPLETE: "stop",
 }
 DECISION_HEADER = "X-Ortserve-Decision"
 # An RFC 8941 dictionary: requested_max_tokens=N, admitted_max_tokens=N,
@@ -76,6 +78,9 @@ def finished_extension(fin: types_pb2.Finished) -> dict:
         "sampling": sampling_dict(fin.sampling),
         "worker_id": fin.worker_id,
         "execution_provider": fin.execution_provider,
+        # response_format only: whether the output is a whole match of the schema, and why not.
+        "constraint": ({"satisfied": fin.constraint.satisfied, "reason": fin.constraint.reason}
+                       if fin.HasField("constraint") else None),
         "timings": {"queue_ms": t.queue_ms, "prefill_ms": t.prefill_ms, "ttft_ms": t.ttft_ms,
                     "decode_ms": t.decode_ms, "decode_tokens_per_s": t.decode_tokens_per_s,
                     "total_ms": t.total_ms},

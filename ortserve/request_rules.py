@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from . import constraint as constraints
 from .chat import CHAT_ROLES
 from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
 from .units import tokens
@@ -45,7 +46,9 @@ def bounded(field: str, value: str, limit: int) -> None:
 
 def generate_request(request: Any, prefix: str = "") -> None:
     """Every rule a GenerateRequest alone is held to, before anything is counted or
-    reserved: its shape, the stop list, the new-token bounds and the sampling ranges.
+    reserved: its shape, the stop list, the new-token bounds, the sampling ranges and
+    the output constraint (compiled without the vocabulary: a schema the library
+    cannot compile is refused here).
 
     The scheduler calls this; the worker calls `request_shape` and leaves the rest to
     its SequenceRequest, which holds the same rules for direct callers of its engine.
@@ -55,6 +58,7 @@ def generate_request(request: Any, prefix: str = "") -> None:
     new_tokens(request.max_new_tokens if request.HasField("max_new_tokens") else None,
                request.min_new_tokens, prefix)
     sampling(**sampling_values(request.sampling), prefix=prefix)
+    constraint(constraint_spec(request, prefix), prefix)
 
 
 def request_shape(request: Any, prefix: str = "") -> None:
@@ -85,7 +89,31 @@ def prompt(request: Any, prefix: str = "") -> None:
         chat_roles([turn.role for turn in request.chat.messages], prefix)
 
 
+def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpec | None:
+    """A GenerateRequest's `constraint` as a spec (None: unset); a set message with no kind,
+    or json_object false, is refused (it would otherwise be ignored)."""
+    if not request.HasField("constraint"):
+        return None
+    kind = request.constraint.WhichOneof("kind")
+    if kind is None:
+        raise InvalidField(prefix + "constraint", "is set but empty: set one of "
+                           f"{', '.join(constraints.KINDS)}, or leave the constraint unset")
+    if kind == "json_object":
+        if not request.constraint.json_object:
+            raise InvalidField(prefix + "constraint.json_object", "is false: set it true for any "
+                               "JSON object, or leave the constraint unset for free text")
+        return constraints.ConstraintSpec(kind)
+    return constraints.ConstraintSpec(kind, getattr(request.constraint, kind))
+
+
 # -- one rule each ---------------------------------------------------------------------
+
+
+def constraint(spec: constraints.ConstraintSpec | None, prefix: str = "") -> None:
+    """The output constraint compiles (llguidance, no vocabulary needed); None: unset."""
+    if spec is not None:
+        constraints.check(spec, prefix)
+
 
 
 def chat_roles(roles: Sequence[str], prefix: str = "") -> None:

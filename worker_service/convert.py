@@ -14,6 +14,7 @@ _FINISH = {
     FinishReason.LENGTH: types_pb2.LENGTH,
     FinishReason.EOS: types_pb2.EOS,
     FinishReason.STOP_SEQUENCE: types_pb2.STOP_SEQUENCE,
+    FinishReason.CONSTRAINT_COMPLETE: types_pb2.CONSTRAINT_COMPLETE,
 }
 
 
@@ -71,7 +72,8 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
     return SequenceRequest(
         sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
-        sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop), **kwargs)
+        sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
+        constraint=request_rules.constraint_spec(request), **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,
@@ -93,6 +95,10 @@ def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.L
     )
     if lease.HasField("budget_cap"):
         pb.budget_cap.CopyFrom(lease.budget_cap)
+    if done.constraint_satisfied is not None:
+        pb.constraint.SetInParent()  # present even when satisfied is false and reason empty
+        pb.constraint.satisfied = done.constraint_satisfied
+        pb.constraint.reason = done.constraint_reason
     return pb
 
 

@@ -28,6 +28,7 @@ import structlog
 
 from ortserve import request_rules
 from ortserve.units import tokens
+from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.sequence import (
     TERMINAL,
@@ -73,6 +74,9 @@ class EngineConfig:
     # Host bytes swapped-out sessions may hold (outside the KV capacity); 0: a swap-out
     # drops the session's K/V and its next turn recomputes the history.
     session_swap_bytes: int = 256 * 2**20
+    # Constrained rows: compute the next tokens' masks beside the ORT run (both release
+    # the GIL) instead of after it.
+    constraint_mask_overlap: bool = True
 
 
 class SequenceHandle:
@@ -126,6 +130,11 @@ class Engine:
         self.sessions = SessionTable(self.kv, config.session_swap_bytes) if layout == "arena" else None
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)
+        # Output constraints: llguidance's tokenizer is built on the first constrained request.
+        self.constraints = ConstraintCompiler(self.tokenizer.to_json, self.spec.vocab_size,
+                                              self.spec.eos_token_ids)
+        self._masks = MaskBatch(self.spec.vocab_size, threads=min(self.intra_op_threads, 4),
+                                overlap=config.constraint_mask_overlap)
 
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
@@ -185,6 +194,8 @@ class Engine:
             self.check(req)
         seq = Sequence(req, on_event, self.tokenizer, self.spec.vocab_size,
                        self.spec.eos_token_ids)
+        if req.constraint is not None:
+            seq.constraint = self.constraints.compile(req.constraint)  # before any KV is charged
         detail = (f"{tokens(req.prompt_tokens)} of prompt + max_new_tokens {req.max_new_tokens:,} "
                   f"at {self.spec.bytes_per_token:,} bytes/token")
         with self._cond:
@@ -298,6 +309,7 @@ class Engine:
                 self.sessions.drop_all()
         if self._arena is not None:
             self._arena.close()
+        self._masks.close()
 
     def step(self) -> None:
         """One engine step: schedule -> run -> postprocess."""
@@ -307,7 +319,9 @@ class Engine:
         now = time.perf_counter()
         for chunk in plan.prefills:
             chunk.seq.mark_scheduled(now)
+        wait_for_masks = self._masks.start(step_constraints(plan))
         output = self.runner.run(plan)
+        wait_for_masks()
         self._postprocess(plan, output)
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:

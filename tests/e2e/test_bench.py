@@ -48,6 +48,9 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
     assert e2e["admit_latency_ms"]["p50"] <= e2e["admit_latency_ms"]["p99"]
     assert e2e["admissions_per_s"] > 0
     assert "skipped" in e2e["admission_burst"] or "p50" in json.dumps(e2e["admission_burst"])
+    assert doc["ratios"]["structured_vs_free_8stream"]["tiny"] > 0
+    assert set(doc["structured"]["decode_tokens_per_s"]) == {"free", "constrained_overlap",
+                                                            "constrained_after_run"}
     roof = doc["roofline"]["tiny"]
     assert roof["weight_bytes_per_token"] > 0 and roof["read_bandwidth_bytes_per_s"] > 0
     assert roof["probe_threads"] == doc["settings"]["intra_op_threads"]

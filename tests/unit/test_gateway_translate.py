@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gateway.translate import OPENAI_DEFAULT_TEMPERATURE, ParamError, parse_request
@@ -58,7 +60,7 @@ def test_max_completion_tokens_is_max_tokens_and_a_conflict_is_refused():
 
 @pytest.mark.parametrize("key,value", [
     ("n", 2), ("n", True), ("logprobs", True), ("presence_penalty", 0.5),
-    ("frequency_penalty", -1), ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"}),
+    ("frequency_penalty", -1), ("tools", [{"type": "function"}]),
     ("logit_bias", {"1": 5}), ("top_logprobs", 2),
 ])
 def test_unsupported_parameters_are_refused_naming_them(key, value):
@@ -135,3 +137,43 @@ def test_strict_cap_policy_and_a_missing_model():
     assert err.value.param == "model"
     with pytest.raises(ParamError):
         parse_request("chat", ["not", "an", "object"])
+
+
+def test_response_format_json_schema_becomes_the_constraint():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}
+    req = parse_request("chat", chat(response_format=fmt)).generate
+    assert req.constraint.WhichOneof("kind") == "json_schema"
+    assert json.loads(req.constraint.json_schema) == schema
+
+
+def test_response_format_json_object_and_text():
+    assert parse_request("chat", chat(response_format={"type": "json_object"})).generate \
+        .constraint.json_object is True
+    assert not parse_request("chat", chat(response_format={"type": "text"})).generate \
+        .HasField("constraint")
+
+
+@pytest.mark.parametrize("fmt,param", [
+    ({"type": "yaml"}, "response_format.type"),
+    ("json", "response_format"),
+    ({"type": "json_object", "schema": {}}, "response_format.schema"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}},
+     "response_format.json_schema.strict"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "extra": 1}},
+     "response_format.json_schema.extra"),
+])
+def test_a_malformed_response_format_is_refused_naming_the_key(fmt, param):
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(response_format=fmt))
+    assert err.value.param == param
+
+
+def test_response_format_is_a_chat_parameter_only():
+    with pytest.raises(ParamError) as err:
+        parse_request("completion", {"model": "m", "prompt": "p",
+                                     "response_format": {"type": "json_object"}})
+    assert err.value.param == "response_format"

@@ -56,17 +56,32 @@ class Sampler:
         """Never choose these tokens until `suppress([])` (the engine uses it for min_new_tokens)."""
         self._suppressed = np.asarray(list(token_ids), dtype=np.int64)
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """Choose the next token from 1-D logits; `history` is prompt + output so far."""
+    def __call__(self, logits: np.ndarray, history: Sequence[int],
+                 allowed: np.ndarray | None = None) -> int:
+        """Choose the next token from 1-D logits; `history` is prompt + output so far.
+
+        `allowed` (a bool array over the vocabulary: an output constraint's mask) removes
+        every other token first, so greedy, temperature, top_k and top_p choose among
+        the allowed tokens only.
+        """
         penalty = self.config.repetition_penalty
         if self._rng is None and not self._suppressed.size and (penalty is None or penalty == 1):
             # Plain greedy: argmax needs no copy (float32 -> float64 is exact and monotonic,
             # so the first maximum is the same one): the common decode path, once per row.
-            return int(np.argmax(logits[: self.vocab_size]))
+            if allowed is None:
+                return int(np.argmax(logits[: self.vocab_size]))
+            return _masked_argmax(logits[: self.vocab_size], allowed)
         # float64 throughout: float32 softmax over ~50k entries loses the tail mass.
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)
+        if allowed is not None:
+            scores[~allowed[: scores.size]] = -np.inf
         if self._suppressed.size:
             scores[self._suppressed] = -np.inf
+            if allowed is not None and not np.isfinite(scores).any():
+                # The constraint allows only what min_new_tokens suppresses (EOS): the
+                # constraint wins, or there would be no token at all.
+                scores[self._suppressed] = np.where(allowed[self._suppressed],
+                                                    logits[self._suppressed], -np.inf)
         if penalty is not None and penalty != 1:
             apply_repetition_penalty(scores, history, penalty)
         if self._rng is None:
@@ -97,6 +112,14 @@ class Sampler:
         cumulative = np.cumsum(probs)
         index = int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right"))
         return int(candidates[min(index, candidates.size - 1)])
+
+
+def _masked_argmax(logits: np.ndarray, allowed: np.ndarray) -> int:
+    """The first maximum among the allowed tokens (ties break by token id, as argmax's)."""
+    ids = np.flatnonzero(allowed[: logits.size])
+    if ids.size == 0:
+        raise ValueError("the constraint allows no token")
+    return int(ids[np.argmax(logits[ids])])
 
 
 def apply_repetition_penalty(scores: np.ndarray, history: Sequence[int], penalty: float) -> None:

@@ -19,6 +19,8 @@ import numpy as np
 import structlog
 
 from ortserve import request_rules
+from ortserve.constraint import ConstraintSpec
+from worker_service.core.constraint import Constraint
 from worker_service.core.errors import EngineError
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
@@ -31,6 +33,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_new_tokens reached
     EOS = "eos"  # the model emitted an end-of-sequence token
     STOP_SEQUENCE = "stop_sequence"  # the output text contained a stop sequence
+    CONSTRAINT_COMPLETE = "constraint_complete"  # the constraint admits no further token
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class SequenceRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: tuple[str, ...] = ()
     request_id: str = ""
+    # The output constraint (structured output); None: free text.
+    constraint: ConstraintSpec | None = None
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -60,6 +65,7 @@ class SequenceRequest:
         request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
         request_rules.stop_sequences(self.stop)
         self.sampling.validate()
+        request_rules.constraint(self.constraint)
 
     def with_max_new_tokens(self, max_new_tokens: int) -> SequenceRequest:
         """This request with another ceiling (the lease's), without validating the rest
@@ -108,6 +114,10 @@ class Completed:
     text: str  # the whole output, without a stop sequence or what followed it
     token_ids: tuple[int, ...] = ()  # every generated token
     reused_prompt_tokens: int = 0  # prompt tokens a session already held (not prefilled again)
+    # Constrained requests: whether the output is a whole match, and if not, why (None: no
+    # constraint).
+    constraint_satisfied: bool | None = None
+    constraint_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,8 @@ class Sequence:
         self.session_id = ""
         self.reused_tokens = 0
         self.resume: Any = None
+        # The output constraint compiled for this vocabulary (the engine sets it at submit).
+        self.constraint: Constraint | None = None
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
@@ -229,7 +241,11 @@ class Sequence:
 
         Returns (token id, text that may go out now, finish reason or None).
         """
-        token = self.sampler(logits, self.token_ids)
+        constraint = self.constraint
+        if constraint is None:
+            token = self.sampler(logits, self.token_ids)
+        else:
+            token = self.sampler(logits, self.token_ids, constraint.allowed())
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
@@ -239,13 +255,20 @@ class Sequence:
         if generated == self.req.min_new_tokens:
             self.sampler.suppress([])
         armed = generated >= self.req.min_new_tokens
+        complete = False
+        if constraint is not None:
+            constraint.advance(token)  # EOS too: it is allowed only where the match is whole
+            complete = constraint.complete
         if token in self.eos_token_ids:
             # EOS counts as a generated token but adds no text.
             return token, self.stream.push(None, final=True, stops_armed=armed), FinishReason.EOS
-        final = generated >= self.req.max_new_tokens
+        final = complete or generated >= self.req.max_new_tokens
         text = self.stream.push(token, final=final, stops_armed=armed)
         if self.stream.stop_sequence:
             return token, text, FinishReason.STOP_SEQUENCE
+        if complete:
+            # Nothing can follow: ending now saves the model run that could only pick EOS.
+            return token, text, FinishReason.CONSTRAINT_COMPLETE
         return token, text, FinishReason.LENGTH if final else None
 
     def completed(self, finish_reason: FinishReason) -> Completed:
@@ -264,4 +287,20 @@ class Sequence:
             total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
             reused_prompt_tokens=self.reused_tokens,
+            **self._constraint_outcome(finish_reason),
         )
+
+    def _constraint_outcome(self, finish_reason: FinishReason) -> dict[str, Any]:
+        if self.constraint is None:
+            return {}
+        if self.constraint.satisfied:
+            return {"constraint_satisfied": True}
+        field = self.constraint.spec.field
+        if finish_reason is FinishReason.STOP_SEQUENCE:
+            why = (f"the stop sequence {self.stream.stop_sequence!r} ended the output before "
+                   f"it completed {field}; drop stop sequences the constrained output may contain")
+        else:
+            why = (f"the output reached max_new_tokens ({self.req.max_new_tokens:,}) before it "
+                   f"completed {field}; it is a truncated prefix: raise max_new_tokens (if the "
+                   "budget capped it, see budget_cap) or ask for a shorter output")
+        return {"constraint_satisfied": False, "constraint_reason": why}

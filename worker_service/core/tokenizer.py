@@ -46,6 +46,10 @@ class Tokenizer:
         """Tokens the tokenizer knows (may be below the model's padded vocabulary)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (the constraint library builds its own from it)."""
+        return self._tok.to_str()
+
     @property
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
