@@ -23,6 +23,7 @@ from ortserve.error_path import Relayed
 from ortserve.errors import clip
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
+from scheduler_service.frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission
 from scheduler_service.worker_clients import RelayingWorkerStub
@@ -138,32 +139,6 @@ class Leg:
     # The next step for a caller whose worker died mid-stream (UNAVAILABLE);
     # None: the worker's failure passes on named by the worker only.
     if_worker_dies: str | None = None
-
-
-# A GenerateEvent holds one field of its oneof, so a frame's first byte (the
-# field's tag: number << 3 | 2, length-delimited) says which event it is.
-ADMISSION_TAG, CHUNK_TAG, FINISHED_TAG = 1 << 3 | 2, 2 << 3 | 2, 3 << 3 | 2
-_VARINT_ENDS = bytes(range(128))  # a byte below 128 ends a varint
-
-
-def chunk_tokens(frame: bytes) -> int:
-    """Token ids in a serialized chunk event (its packed token_ids counted, not parsed)."""
-    i = 1
-    while frame[i] & 0x80:  # the chunk's length
-        i += 1
-    i += 1
-    if i >= len(frame) or frame[i] != 1 << 3 | 2:  # token_ids (packed) comes first or not at all
-        return 0
-    size, shift = 0, 0
-    i += 1
-    while True:
-        size |= (frame[i] & 0x7F) << shift
-        shift += 7
-        i += 1
-        if not frame[i - 1] & 0x80:
-            break
-    ids = frame[i:i + size]
-    return len(ids) - len(ids.translate(None, _VARINT_ENDS))
 
 
 async def relay(admission: Admission, leg: Leg, arrived_s: float,

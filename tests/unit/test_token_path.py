@@ -4,7 +4,13 @@ frame is recognised and its tokens counted from its bytes."""
 from __future__ import annotations
 
 from ortserve.v1 import types_pb2
-from scheduler_service.relay import ADMISSION_TAG, CHUNK_TAG, FINISHED_TAG, chunk_tokens
+from scheduler_service.frames import (
+    ADMISSION_TAG,
+    CHUNK_TAG,
+    FINISHED_TAG,
+    chunk_fields,
+    chunk_tokens,
+)
 from worker_service.core.sequence import Cancelled, TokenDelta
 from worker_service.lease_lifecycle import coalesced
 
@@ -27,3 +33,12 @@ def test_a_frame_first_byte_names_its_event_and_chunk_tokens_are_counted_from_by
         chunk = frame(chunk=types_pb2.TokenChunk(token_ids=ids, text="é" * 300))
         assert chunk[0] == CHUNK_TAG
         assert chunk_tokens(chunk) == len(ids)
+
+
+
+def test_a_chunk_frame_the_relay_cannot_read_counts_no_tokens_and_is_not_misread():
+    frame = types_pb2.GenerateEvent(chunk=types_pb2.TokenChunk(token_ids=[1, 2], text="ab")
+                                    ).SerializeToString()
+    assert chunk_fields(frame) == (bytes([1, 2]), b"ab")
+    odd = bytes([CHUNK_TAG, frame[1] + 2]) + frame[2:] + bytes([3 << 3 | 0, 1])  # field 3
+    assert chunk_fields(odd) is None and chunk_tokens(odd) == 0
