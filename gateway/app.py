@@ -186,7 +186,8 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
             # An empty chunk is a character still incomplete: nothing to show yet.
             if kind == "chunk":
                 if event.chunk.text:
-                    yield {"data": text_json(event.chunk.text)}
+                    # Bytes go out as they are: the SSE line, without an event object per token.
+                    yield b"data: " + text_json(event.chunk.text).encode() + b"\n\n"
             elif kind == "finished":
                 finished = True
                 yield _data(responses.final_chunk(meta, event.finished, usage))

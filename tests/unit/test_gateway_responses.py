@@ -95,3 +95,13 @@ def test_the_text_chunk_template_writes_what_json_dumps_writes():
             for text in ("", "plain", 'q"uote\\ \n\u00e9\u4e2d\U0001f600', "\x00"):
                 assert encode(text) == json.dumps(responses.text_chunk(meta, text, usage),
                                                   separators=(",", ":"))
+
+
+def test_a_text_chunk_sent_as_bytes_is_the_sse_event_sse_starlette_writes():
+    from sse_starlette.event import ensure_bytes
+
+    meta = responses.ResponseMeta.new("chat", "m")
+    encode = responses.text_chunk_encoder(meta, False)
+    for text in ("hi", "two\nlines", "\r"):
+        line = b"data: " + encode(text).encode() + b"\n\n"
+        assert line == ensure_bytes({"data": encode(text)}, "\n")
