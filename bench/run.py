@@ -1,7 +1,7 @@
 """make bench: ortserve measured side by side with a peer, in the same run, as JSON.
 
   .venv/bin/python -m bench.run [--quick] [--out bench/results.json] [--skip-serving]
-      [--skip-structured]
+      [--skip-structured] [--skip-dataplane]
 
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
@@ -33,6 +33,7 @@ import numpy as np
 
 from bench import structured
 from bench.admission import admission_burst, admission_latency
+from bench.dataplane import dataplane_section, print_section, process_cpu_s
 from bench.roofline import l3_bytes, read_bandwidth
 from bench.serving import serving_run
 from devtools.cluster import LocalCluster, model_cache
@@ -75,14 +76,6 @@ def _machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
-def _process_cpu_s(pid: int) -> float:
-    try:
-        parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(parts[11]) + int(parts[12])) / CLK_TCK  # utime + stime
-
-
 class ForeignLoad:
     """Cores' worth of CPU the rest of the machine used while a measurement ran.
 
@@ -96,12 +89,12 @@ class ForeignLoad:
 
     def __enter__(self) -> ForeignLoad:
         self._t, self._busy = time.perf_counter(), _machine_busy_s()
-        self._own = sum(_process_cpu_s(p) for p in self.pids)
+        self._own = sum(process_cpu_s(p) for p in self.pids)
         return self
 
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self._t
-        own = sum(_process_cpu_s(p) for p in self.pids) - self._own
+        own = sum(process_cpu_s(p) for p in self.pids) - self._own
         self.cores = max(0.0, (_machine_busy_s() - self._busy - own) / wall) if wall > 0 else 0.0
 
 
@@ -339,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-serving", action="store_true", help="no Poisson serving run")
     p.add_argument("--skip-structured", action="store_true",
                    help="no constrained-vs-free decode run (bench/structured.py)")
+    p.add_argument("--skip-dataplane", action="store_true",
+                   help="no token-path CPU run (python -m bench.dataplane runs only that)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -437,6 +432,10 @@ def main(argv: list[str] | None = None) -> None:
             "max": max(structured_doc["constrained_vs_free"]["values"]),
             "pairs": len(structured_doc["constrained_vs_free"]["values"]),
             "quiet_pairs": len(structured_doc["constrained_vs_free"]["values"])}}
+    dataplane_doc: dict = {"skipped": "--skip-dataplane"}
+    if not a.skip_dataplane:
+        progress("dataplane: CPU per delivered token of scheduler, worker and gateway")
+        dataplane_doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane")
     doc = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -461,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         "dram_read_bandwidth": dram,
         "serving": serving_doc,
         "structured": structured_doc,
+        "dataplane": dataplane_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
@@ -495,6 +495,7 @@ def print_table(doc: dict) -> None:
               f"ttft p50/p99 {r['ttft_ms']['p50']:.0f}/{r['ttft_ms']['p99']:.0f} ms  "
               f"tpot p50/p99 {r['tpot_ms']['p50']:.1f}/{r['tpot_ms']['p99']:.1f} ms  "
               f"{r['completed']}/{r['requests']} ok")
+    print_section(doc["dataplane"])
 
 
 if __name__ == "__main__":

@@ -180,13 +180,16 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                stream: OpenStream) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished = False
+    text_json = responses.text_chunk_encoder(meta, usage)
     try:
         yield _data(responses.first_chunk(meta, stream.admission, usage))
         async for event in stream.events():
             kind = event.WhichOneof("event")
             # An empty chunk is a character still incomplete: nothing to show yet.
-            if kind == "chunk" and event.chunk.text:
-                yield _data(responses.text_chunk(meta, event.chunk.text, usage))
+            if kind == "chunk":
+                if event.chunk.text:
+                    # Bytes go out as they are: the SSE line, without an event object per token.
+                    yield b"data: " + text_json(event.chunk.text).encode() + b"\n\n"
             elif kind == "finished":
                 finished = True
                 yield _data(responses.final_chunk(meta, event.finished, usage))

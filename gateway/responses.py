@@ -8,8 +8,10 @@ body (non-streaming) or the first chunk (streaming), never only in logs.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ortserve_client.types import BudgetCap, sampling_dict
@@ -124,6 +126,15 @@ def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: boo
 
 def text_chunk(meta: ResponseMeta, text: str, include_usage: bool) -> dict:
     return _chunk(meta, {"content": text}, None, include_usage)
+
+
+def text_chunk_encoder(meta: ResponseMeta, include_usage: bool) -> Callable[[str], str]:
+    """text -> the JSON of text_chunk(meta, text, include_usage), as json.dumps with compact
+    separators writes it: per token only the text is encoded (the rest is one template)."""
+    marker = "\x00ortserve-text\x00"  # cannot occur in a JSON-encoded id or model name
+    template = json.dumps(text_chunk(meta, marker, include_usage), separators=(",", ":"))
+    head, tail = template.split(json.dumps(marker))
+    return lambda text: head + json.dumps(text) + tail
 
 
 def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool) -> dict:

@@ -203,12 +203,21 @@ def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescrip
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 _streaming(impl, request_class, full),
-                request_deserializer=None, response_serializer=response_class.SerializeToString)
+                request_deserializer=None,
+                response_serializer=_bytes_as_they_are(response_class.SerializeToString))
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 _unary(impl, request_class, full),
                 request_deserializer=None, response_serializer=response_class.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _bytes_as_they_are(serialize):
+    """A stream's serializer that sends an already serialized message (bytes) unchanged:
+    the scheduler relays a worker's token chunks without parsing them (relay.py)."""
+    def serializer(message) -> bytes:
+        return message if type(message) is bytes else serialize(message)
+    return serializer
 
 
 def _unary(impl, request_class, full):

@@ -21,10 +21,12 @@ import grpc
 
 from ortserve.error_path import Relayed
 from ortserve.errors import clip
-from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
+from scheduler_service.frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission
+from scheduler_service.worker_clients import RelayingWorkerStub
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -142,7 +144,7 @@ class Leg:
 
     worker_id: str
     address: str
-    stub: worker_pb2_grpc.WorkerStub
+    stub: RelayingWorkerStub
     request: worker_pb2.WorkerGenerateRequest
     bound: Any  # the structlog logger bound to the request, lease and worker
     # The caller's bookkeeping on the worker's Finished, after the timings are
@@ -159,13 +161,15 @@ class Leg:
 
 async def relay(admission: Admission, leg: Leg, arrived_s: float,
                 time_remaining: Callable[[], float | None],
-                ) -> AsyncIterator[types_pb2.GenerateEvent]:
+                ) -> AsyncIterator[types_pb2.GenerateEvent | bytes]:
     """Our Admission first (its BudgetCap before any token), then the worker's stream.
 
     The worker's own Admission is dropped (the caller has ours), its Finished
     gets the timings from `arrived_s` (perf_counter) and the caller's
-    bookkeeping, its failure our message. The worker call is cancelled on every
-    exit, so a client's cancel reaches the worker at once.
+    bookkeeping, its failure our message. Token chunks pass on as the bytes the
+    worker sent (the server's stream serializer sends bytes unchanged): parsed
+    only for a leg that reads them (on_chunk). The worker call is cancelled on
+    every exit, so a client's cancel reaches the worker at once.
     """
     call = None
     finished = False
@@ -174,19 +178,22 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
         yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
         call = leg.stub.Generate(leg.request, timeout=time_remaining())
         relay_offset_ms = (time.perf_counter() - arrived_s) * 1e3
-        async for event in call:
-            kind = event.WhichOneof("event")
-            if kind == "admission":
-                continue  # the client already has ours, first
-            if kind == "chunk":
-                relayed_tokens += len(event.chunk.token_ids)
+        async for frame in call:
+            tag = frame[0] if frame else 0
+            if tag == CHUNK_TAG:
+                relayed_tokens += chunk_tokens(frame)
                 if leg.on_chunk is not None:
-                    leg.on_chunk(event.chunk)
-            elif kind == "finished":
-                _compose(event.finished.timings, arrived_s, relay_offset_ms)
-                leg.on_finished(event.finished)
-                finished = True
-            yield event
+                    leg.on_chunk(types_pb2.GenerateEvent.FromString(frame).chunk)
+                yield frame
+            elif tag == ADMISSION_TAG:
+                continue  # the client already has ours, first
+            else:
+                event = types_pb2.GenerateEvent.FromString(frame)
+                if event.WhichOneof("event") == "finished":
+                    _compose(event.finished.timings, arrived_s, relay_offset_ms)
+                    leg.on_finished(event.finished)
+                    finished = True
+                yield event
     except grpc.aio.AioRpcError as error:
         leg.bound.warning("worker call failed", code=error.code().name,
                           details=clip(error.details(), 300))

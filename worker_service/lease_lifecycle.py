@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -21,7 +22,7 @@ from ortserve.error_path import Relayed
 from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
-from worker_service.core.sequence import TERMINAL, Event, SequenceRequest
+from worker_service.core.sequence import TERMINAL, Event, SequenceRequest, TokenDelta
 from worker_service.engine import Engine
 from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
 from worker_service.scheduler_link import SchedulerLink
@@ -41,6 +42,54 @@ def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
     return req if max_new_was_set else req.with_max_new_tokens(lease.max_new_tokens)
 
 
+class EventMailbox:
+    """The engine thread's events onto the event loop: ONE loop wake-up per batch, not per token.
+
+    A step emits a token for every running sequence; each used to cost a
+    call_soon_threadsafe (a self-pipe write and a loop iteration). Here the
+    engine thread appends to a deque (thread-safe) and schedules one delivery
+    only when none is pending, so a step's tokens arrive in one loop callback.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: deque[tuple[LeaseStream, Event]] = deque()
+        self._scheduled = False
+
+    def post(self, stream: LeaseStream, event: Event) -> None:
+        """Engine thread: queue `event` for `stream`; wake the loop unless a wake-up is pending."""
+        self._items.append((stream, event))
+        if not self._scheduled:
+            # NOTE: the order matters: the loop clears the flag BEFORE it drains, so an
+            # item appended after the drain's last pop sees the flag clear and wakes again.
+            self._scheduled = True
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        self._scheduled = False
+        items = self._items
+        while items:
+            stream, event = items.popleft()
+            stream._arrived(event)
+
+
+def coalesced(events: list[Event]) -> list[Event]:
+    """Consecutive TokenDeltas as one (ids concatenated, texts joined); the rest as they are.
+
+    Only what is already queued is merged: a reader that keeps up gets every
+    token as it comes, one behind gets what piled up in one message.
+    """
+    out: list[Event] = []
+    for event in events:
+        if type(event) is TokenDelta and out and type(out[-1]) is TokenDelta:
+            last = out[-1]
+            out[-1] = TokenDelta(last.sequence_id, last.token_ids + event.token_ids,
+                                 last.text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
 class LeaseStream:
     """One claimed lease's sequence: its events, and the exit that frees and releases."""
 
@@ -52,24 +101,43 @@ class LeaseStream:
         self.session_id = session_id
         self._shrunk = False
         self._lifecycle = lifecycle
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._queued: list[Event] = []  # arrived, not yet read (the loop's thread only)
+        self._wake: asyncio.Future | None = None  # the reader waiting for _queued
         self._handle = None
         self._ended = False  # the engine's terminal event for this sequence has arrived
         self.log = log.bind(lease_id=lease.lease_id, worker_id=lifecycle.worker_id,
                             request_id=req.request_id)
 
     def _submit(self, engine: Engine) -> None:
-        loop = asyncio.get_running_loop()
-        self._handle = engine.submit(
-            self.request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event),
-            session_id=self.session_id, checked=True)  # LeaseLifecycle.open checked it
+        post = self._lifecycle.mailbox().post
+        self._handle = engine.submit(self.request, lambda event: post(self, event),
+                                     session_id=self.session_id, checked=True)  # open checked it
+
+    def _arrived(self, event: Event) -> None:
+        self._queued.append(event)
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def _take(self, timeout_s: float | None = None) -> list[Event]:
+        """Everything queued now (waiting for at least one event, up to `timeout_s`)."""
+        if not self._queued:
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                await (self._wake if timeout_s is None else asyncio.wait_for(self._wake, max(timeout_s, 0.0)))
+            finally:
+                self._wake = None
+        taken, self._queued = self._queued, []
+        return taken
 
     async def events(self) -> AsyncIterator[Event]:
-        """The engine's events, up to and including the terminal one."""
+        """The engine's events, up to and including the terminal one; the tokens that
+        queued up while the reader was busy come as one TokenDelta (coalesced)."""
         while not self._ended:
-            event = await self._events.get()
-            self._ended = isinstance(event, TERMINAL)
-            yield event
+            for event in coalesced(await self._take()):
+                self._ended = isinstance(event, TERMINAL)
+                yield event
+                if self._ended:
+                    return
 
     async def close(self) -> None:
         """Cancel if still running, wait until the KV is freed, then release the lease once."""
@@ -111,8 +179,7 @@ class LeaseStream:
         deadline = time.monotonic() + CANCEL_WAIT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(asyncio.TimeoutError):
-                event = await asyncio.wait_for(self._events.get(), deadline - time.monotonic())
-                if isinstance(event, TERMINAL):
+                if any(isinstance(e, TERMINAL) for e in await self._take(deadline - time.monotonic())):
                     self._ended = True
                     return
         self.log.error("engine did not end a cancelled sequence in time", wait_s=CANCEL_WAIT_S)
@@ -130,6 +197,13 @@ class LeaseLifecycle:
         # session id -> its lease: claimed at OpenSession, kept across turns (session_lifecycle).
         self.session_leases: dict[str, types_pb2.Lease] = {}
         self.orphaned: set[str] = set()  # sessions to drop when their running turn ends
+        self._mailbox: EventMailbox | None = None
+
+    def mailbox(self) -> EventMailbox:
+        """The engine -> event loop hand-off, made on the serving loop (the first submit's)."""
+        if self._mailbox is None:
+            self._mailbox = EventMailbox(asyncio.get_running_loop())
+        return self._mailbox
 
     def live_leases(self) -> list[types_pb2.Lease]:
         """Leases this worker holds bytes for: running sequences and open sessions (the

@@ -30,6 +30,10 @@ class WorkerMetrics:
         callback_gauge(registry, "ortserve_worker_largest_batch",
                        "The largest batch one run has decoded since start",
                        lambda: engine.runner.largest_batch)
+        callback_gauge(registry, "ortserve_worker_ort_run_cpu_seconds",
+                       "CPU seconds the engine thread spent inside ONNX Runtime session runs "
+                       "(what the rest of the process costs is its CPU minus this)",
+                       lambda: engine.runner.ort_cpu_s)
         self.generated_tokens = Counter(
             "ortserve_worker_generated_tokens", "Tokens generated (EOS included)",
             registry=registry)

@@ -62,5 +62,13 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
         assert r["completed"] == r["requests"] == doc["serving"]["requests_per_rate"], r["first_errors"]
         assert r["output_lengths_pinned"] and r["throughput_tokens_per_s"] > 0
         assert r["ttft_ms"]["p50"] <= r["ttft_ms"]["p99"] and r["tpot_ms"]["p50"] <= r["tpot_ms"]["p99"]
+    # The token path's CPU per delivered token, per process, the worker's split at ORT.
+    for dp in (doc["dataplane"]["tiny_32streams"], doc["dataplane"]["int4_gateway_16streams"]):
+        figures = dp["figures"]
+        assert figures["scheduler_cpu_us_per_token"]["median"] >= 0
+        assert figures["worker_ort_cpu_us_per_token"]["median"] > 0
+        assert 0 < figures["messages_per_token"]["median"] <= 1
+        assert figures["delivered_tokens_per_s"]["median"] > 0
+    assert "gateway_cpu_us_per_token" in doc["dataplane"]["int4_gateway_16streams"]["figures"]
     assert "engine_vs_genai_1stream" in run.stdout and "serving @" in run.stdout  # the table
     assert "bench:" not in run.stdout and "engine_ready" not in run.stdout  # notices stay on stderr

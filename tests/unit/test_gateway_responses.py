@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from gateway import responses
 from gateway.responses import CAP_HEADER, DECISION_HEADER, ResponseMeta
 from ortserve.v1 import types_pb2
@@ -83,3 +85,23 @@ def test_completion_chunks_carry_text_not_delta():
     chunk = responses.text_chunk(meta, "Once", include_usage=False)
     assert chunk["choices"][0]["text"] == "Once" and "delta" not in chunk["choices"][0]
     assert chunk["object"] == "text_completion"
+
+
+def test_the_text_chunk_template_writes_what_json_dumps_writes():
+    for kind in ("chat", "completion"):
+        meta = responses.ResponseMeta.new(kind, 'm"odel\u00e9')
+        for usage in (False, True):
+            encode = responses.text_chunk_encoder(meta, usage)
+            for text in ("", "plain", 'q"uote\\ \n\u00e9\u4e2d\U0001f600', "\x00"):
+                assert encode(text) == json.dumps(responses.text_chunk(meta, text, usage),
+                                                  separators=(",", ":"))
+
+
+def test_a_text_chunk_sent_as_bytes_is_the_sse_event_sse_starlette_writes():
+    from sse_starlette.event import ensure_bytes
+
+    meta = responses.ResponseMeta.new("chat", "m")
+    encode = responses.text_chunk_encoder(meta, False)
+    for text in ("hi", "two\nlines", "\r"):
+        line = b"data: " + encode(text).encode() + b"\n\n"
+        assert line == ensure_bytes({"data": encode(text)}, "\n")

@@ -14,6 +14,7 @@ next call.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,6 +53,9 @@ class BatchRunner:
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
         self.runs = 0
         self.largest_batch = 0
+        # CPU seconds this (engine) thread spent inside session runs: the bench's
+        # "inside ONNX Runtime" share (pool threads, if any, are not in it).
+        self.ort_cpu_s = 0.0
 
     def invalidate(self) -> None:
         """Forget cached KV bindings. Not needed after arena.free (addresses are fixed); for
@@ -87,7 +91,9 @@ class BatchRunner:
         logits = self._prefill_logits[:n * spec.vocab_size]
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype, [1, n, spec.vocab_size],
                             logits.ctypes.data)
+        started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
+        self.ort_cpu_s += time.thread_time() - started_s
         self.arena.note_written(row, total)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, 1)
@@ -135,7 +141,9 @@ class BatchRunner:
         logits = self._decode_logits[:rows * spec.vocab_size]
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [rows, 1, spec.vocab_size], logits.ctypes.data)
+        started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
+        self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
             if active is None or active[b]:
                 self.arena.note_written(b, int(past[b]) + 1)

@@ -13,6 +13,8 @@ postprocess applies the step output once the step is over.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnxruntime as ort
 
@@ -43,6 +45,7 @@ class ModelRunner:
         self._bindings: dict[str, ort.IOBinding] = {}
 
     largest_batch = 1
+    ort_cpu_s = 0.0  # CPU seconds of this thread inside session runs (as BatchRunner's)
 
     def can_start(self, seq: Sequence) -> bool:
         return True  # its buffer was charged at submit; it is made on first use
@@ -107,7 +110,9 @@ class ModelRunner:
             logits_value = ort.OrtValue.ortvalue_from_numpy(logits)
         # Logits land in host memory; the KV stays where it was allocated.
         binding.bind_ortvalue_output(spec.logits_name, logits_value)
+        started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
+        self.ort_cpu_s += time.thread_time() - started_s
         return logits[0, -1].copy() if n == 1 else logits[0, -1]
 
 
@@ -132,6 +137,10 @@ class BatchedModelRunner:
     @property
     def largest_batch(self) -> int:
         return self.batch.largest_batch
+
+    @property
+    def ort_cpu_s(self) -> float:
+        return self.batch.ort_cpu_s
 
     def can_start(self, seq: Sequence) -> bool:
         return self.arena.can_allocate(seq.kv.max_tokens)

@@ -56,6 +56,11 @@ class Runner(Protocol):
         """The most sequences one session run has advanced so far (for reports)."""
         ...
 
+    @property
+    def ort_cpu_s(self) -> float:
+        """CPU seconds the engine thread has spent inside ORT session runs (for the bench)."""
+        ...
+
     def can_start(self, seq: Sequence) -> bool:
         """Whether the sequence can join the running ones now (e.g. a free KV row)."""
         ...

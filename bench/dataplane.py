@@ -1,0 +1,281 @@
+"""The token path's cost: CPU microseconds per delivered token, per process.
+
+  python -m bench.dataplane [--quick] [--out bench/dataplane.json] [--skip-gateway]
+
+A scheduler and one worker start as processes (devtools.cluster.LocalCluster),
+then `streams` clients each stream `new_tokens` tokens at once (min_new_tokens
+pins the length). Per round: each process's CPU seconds (utime + stime from
+/proc/PID/stat) over the round, divided by the tokens the clients received;
+the worker's figure split into time inside ONNX Runtime's session runs (its
+ortserve_worker_ort_run_cpu_seconds metric: the engine thread's CPU inside
+run_with_iobinding) and the rest. The worker runs ONE intra-op thread, so
+every ORT cycle is on the engine thread and the split is exact. Also:
+delivered tokens/s (wall, noisy on a shared machine) and messages per token
+(TokenChunk events, or SSE data events through the gateway, per token). Each
+figure is the median of `rounds` rounds; the machine's load average is
+recorded with them. The gateway run goes through ortserve-gateway's
+/v1/completions with stream=true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from devtools.cluster import LocalCluster, Service, model_cache, start_service, stop_service
+
+ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROMPT = "Write a long story about a dragon who learns to paint."
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), seconds; 0 when it is gone."""
+    try:
+        parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(parts[11]) + int(parts[12])) / CLK_TCK
+
+
+def summary(values: list[float], unit: str) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values), "unit": unit, "values": values}
+
+
+# -- the worker's ORT share ---------------------------------------------------------
+
+def metrics_address(worker: Service, timeout_s: float = 30.0) -> str:
+    """HOST:PORT of the worker's /metrics, from its 'metrics serving' log line."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in worker.log_path.read_text(errors="replace").splitlines():
+            if "metrics serving" in line:  # JSON lines (a child's stderr) or console
+                found = re.search(r'address"?[=:]\s*"?([\w.:\[\]-]+)', line)
+                if found:
+                    return found.group(1)
+        time.sleep(0.1)
+    raise RuntimeError(f"the worker logged no 'metrics serving' line in {timeout_s:g} s; "
+                       f"see {worker.log_path}")
+
+
+def ort_cpu_s(address: str) -> float:
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    found = re.search(r"^ortserve_worker_ort_run_cpu_seconds (\S+)$", text, re.M)
+    if not found:
+        raise RuntimeError(f"no ortserve_worker_ort_run_cpu_seconds at http://{address}/metrics: "
+                           "a worker older than the dataplane bench")
+    return float(found.group(1))
+
+
+# -- the clients ---------------------------------------------------------------------
+
+def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int) -> dict:
+    """`streams` Scheduler.Generate streams at once; tokens and chunk messages received."""
+    counts = [(0, 0)] * streams
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        tokens = messages = 0
+        try:
+            for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens):
+                tokens += len(chunk.token_ids)
+                messages += 1
+        except Exception as exc:  # counted: a failed stream spoils the round
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        counts[i] = (tokens, messages)
+
+    return _run_threads(one, streams, counts, errors)
+
+
+def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict:
+    """`streams` streaming /v1/completions at once through the gateway; tokens from usage."""
+    counts = [(0, 0)] * streams
+    errors: list[str] = []
+    host, port = address.rsplit(":", 1)
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": new_tokens,
+                       "min_tokens": new_tokens, "stream": True,
+                       "stream_options": {"include_usage": True}})
+
+    def one(i: int) -> None:
+        tokens = messages = 0
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=600)
+            conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+            for line in response:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                doc = json.loads(line[6:])
+                if doc.get("usage"):
+                    tokens = doc["usage"]["completion_tokens"]
+                elif doc.get("choices") and doc["choices"][0].get("text"):
+                    messages += 1
+            conn.close()
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        counts[i] = (tokens, messages)
+
+    return _run_threads(one, streams, counts, errors)
+
+
+def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"dataplane: {len(errors)} of {streams} streams failed: {errors[0]}")
+    return {"tokens": sum(c[0] for c in counts), "messages": sum(c[1] for c in counts),
+            "wall_s": wall}
+
+
+# -- one measured configuration ---------------------------------------------------------
+
+def measure(pids: dict[str, int], metrics: str, run_round, rounds: int, new_tokens: int,
+            streams: int) -> dict:
+    """`rounds` rounds of `run_round()`; per process, CPU us per delivered token (medians)."""
+    per_round: dict[str, list[float]] = {name: [] for name in
+                                         [*pids, "worker_ort", "worker_outside_ort"]}
+    rates, per_message, loads = [], [], []
+    for r in range(rounds):
+        progress(f"round {r + 1}/{rounds}: {streams} streams x {new_tokens} tokens")
+        before = {name: process_cpu_s(pid) for name, pid in pids.items()}
+        ort_before = ort_cpu_s(metrics)
+        out = run_round()
+        after = {name: process_cpu_s(pid) for name, pid in pids.items()}
+        ort = ort_cpu_s(metrics) - ort_before
+        tokens = out["tokens"]
+        if tokens != streams * new_tokens:
+            raise RuntimeError(f"dataplane: {tokens} tokens delivered, expected "
+                               f"{streams} x {new_tokens}")
+        for name in pids:
+            per_round[name].append((after[name] - before[name]) / tokens * 1e6)
+        per_round["worker_ort"].append(ort / tokens * 1e6)
+        per_round["worker_outside_ort"].append(
+            (after["worker"] - before["worker"] - ort) / tokens * 1e6)
+        rates.append(tokens / out["wall_s"])
+        per_message.append(out["messages"] / tokens)
+        loads.append(os.getloadavg()[0])
+    figures = {f"{name}_cpu_us_per_token": summary(values, "us/token")
+               for name, values in per_round.items()}
+    figures["delivered_tokens_per_s"] = summary(rates, "tokens/s")
+    figures["messages_per_token"] = summary(per_message, "messages/token")
+    return {"streams": streams, "new_tokens": new_tokens, "rounds": rounds, "figures": figures,
+            "load_average_1m": loads}
+
+
+def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, log_dir: Path,
+                  gateway: bool = False) -> dict:
+    """A scheduler and one worker (1 intra-op thread); through the gateway when `gateway`."""
+    from ortserve_client import Client
+    from tokenizers import Tokenizer
+
+    prompt_ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT).ids
+    with LocalCluster(model_dir=model_dir, workers=1, log_dir=log_dir, threads=1,
+                      kv_capacities=["2GiB"], worker_args=["--metrics-port", "0"]) as cluster:
+        worker = cluster.worker_services[0]
+        pids = {"scheduler": cluster.services[0].process.pid, "worker": worker.process.pid}
+        metrics = metrics_address(worker)
+        if not gateway:
+            with Client(cluster.address, timeout_s=900) as client:
+                grpc_streams(client, prompt_ids, streams, 8)  # warm-up: channels, arena rows
+                return measure(pids, metrics, lambda: grpc_streams(client, prompt_ids, streams,
+                                                                   new_tokens),
+                               rounds, new_tokens, streams)
+        gw = start_gateway(cluster.address, log_dir)
+        try:
+            pids["gateway"] = gw.process.pid
+            model = _served_model(gw.address)
+            sse_streams(gw.address, model, streams, 8)  # warm-up
+            return measure(pids, metrics, lambda: sse_streams(gw.address, model, streams,
+                                                              new_tokens),
+                           rounds, new_tokens, streams)
+        finally:
+            stop_service(gw)
+
+
+def start_gateway(scheduler_address: str, log_dir: Path, timeout_s: float = 60.0) -> Service:
+    gateway = start_service("gateway", [str(Path(sys.executable).with_name("ortserve-gateway")),
+                                        "--port", "0", "--scheduler", scheduler_address,
+                                        "--log-level", "warning"], log_dir)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # bound and announced; wait until it answers
+        try:
+            with urllib.request.urlopen(f"http://{gateway.address}/health", timeout=2):
+                return gateway
+        except OSError:
+            time.sleep(0.2)
+    stop_service(gateway)
+    raise RuntimeError(f"the gateway never answered /health; see {gateway.log_path}")
+
+
+def _served_model(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/v1/models", timeout=10) as reply:
+        return json.load(reply)["data"][0]["id"]
+
+
+def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True) -> dict:
+    """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway."""
+    models = model_cache() / "models"
+    rounds = 1 if quick else 3
+    new_tokens = 32 if quick else 256
+    out = {"method": "CPU seconds (utime+stime, /proc/PID/stat) per delivered token; worker: "
+                     "1 intra-op thread, ORT share from ortserve_worker_ort_run_cpu_seconds",
+           "tiny_32streams": dataplane_run(models / "tiny-llama", 32, new_tokens, rounds,
+                                           log_dir / "tiny")}
+    if gateway:
+        out["int4_gateway_16streams"] = dataplane_run(
+            models / "smollm2-135m-instruct-int4", 16, 16 if quick else 128, rounds,
+            log_dir / "gateway", gateway=True)
+    return out
+
+
+def print_section(doc: dict) -> None:
+    for name, run in doc.items():
+        if not isinstance(run, dict):
+            continue
+        print(f"dataplane {name} ({run['streams']} streams x {run['new_tokens']} tokens, "
+              f"load {run['load_average_1m']})")
+        for key, fig in run["figures"].items():
+            print(f"  {key:<38} {fig['median']:>10.2f} {fig['min']:>10.2f} {fig['max']:>10.2f}  "
+                  f"{fig['unit']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.dataplane", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 round, few tokens: a smoke run")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "dataplane.json")
+    p.add_argument("--skip-gateway", action="store_true", help="only the scheduler + worker run")
+    a = p.parse_args(argv)
+    load_start = os.getloadavg()
+    doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway)
+    doc["load_average_start"] = load_start
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=2))
+    print_section(doc)
+    progress(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The token path through real processes: coalesced chunks, the cap first, a cancel's reach.
+
+Client -> scheduler (relays the worker's chunk frames as bytes) -> worker
+(tokens that queued behind a busy reader leave as one TokenChunk). The tiny
+model keeps the model's share small, so 32 streams load the path itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from ortserve_client import Client
+
+from devtools.cluster import LocalCluster, model_cache
+from tests.e2e.conftest import reserved_bytes, worker_held_bytes
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+STREAMS = 32
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model_dir = model_cache() / "models" / "tiny-llama"
+    if not (model_dir / "genai_config.json").exists():
+        pytest.fail(f"the tiny model is not prepared at {model_dir}: run `make tiny-model`")
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-token-path")).start()
+    yield cluster
+    cluster.stop()
+
+
+def prompts() -> list[list[int]]:
+    """STREAMS different token-id prompts (ids inside any vocabulary of the tiny model)."""
+    return [[1, *range(100 + 7 * i, 100 + 7 * i + 12)] for i in range(STREAMS)]
+
+
+def test_concurrent_streams_equal_their_batch_1_greedy_runs_chunk_by_chunk(tiny):
+    with Client(tiny.address, timeout_s=300) as client:
+        alone = [client.generate(p, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+                 for p in prompts()]
+        results: list[dict] = [{} for _ in range(STREAMS)]
+
+        def one(i: int, prompt: list[int]) -> None:
+            seen: list[str] = []
+            stream = client.stream(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                   on_admission=lambda a: seen.append("admission"))
+            chunks = []
+            for chunk in stream:
+                seen.append("chunk")
+                chunks.append(chunk)
+            results[i] = {"chunks": chunks, "seen": seen, "result": stream.result}
+
+        threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts())]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    multi = 0
+    for ref, got in zip(alone, results, strict=True):
+        chunks = got["chunks"]
+        # A chunk may carry several tokens; joined, they are the batch-1 greedy run's.
+        assert [i for c in chunks for i in c.token_ids] == list(ref.token_ids)
+        assert "".join(c.text for c in chunks) == ref.text
+        assert got["result"].token_ids == ref.token_ids and got["result"].text == ref.text
+        # Usage counts tokens, not messages.
+        assert got["result"].usage.generated_tokens == NEW_TOKENS == len(ref.token_ids)
+        assert got["result"].usage.prompt_tokens == ref.usage.prompt_tokens
+        assert got["seen"][0] == "admission"  # the admission (and any cap) before any token
+        assert len(chunks) <= NEW_TOKENS
+        multi += sum(len(c.token_ids) > 1 for c in chunks)
+        t = got["result"].timings
+        assert 0 <= t.queue_ms <= t.ttft_ms <= t.total_ms  # composed once, in order
+    print(f"chunks carrying more than one token: {multi}")
+
+
+def test_a_client_cancel_frees_the_workers_kv_promptly(tiny):
+    """The client cancels mid-stream; the worker's KV and the scheduler's ledger are
+    back at zero soon after (the figure is printed: docs/benchmarks.md quotes it)."""
+    with Client(tiny.address, timeout_s=300) as client:
+        waits = []
+        for _ in range(3):
+            stream = client.stream(prompts()[0], max_new_tokens=1500, min_new_tokens=1500)
+            for n, _chunk in enumerate(stream):
+                if n == 20:
+                    break
+            assert worker_held_bytes(tiny.worker_services[0].address) > 0
+            cancelled = time.perf_counter()
+            stream.cancel()
+            deadline = cancelled + 10
+            while time.perf_counter() < deadline and (
+                    worker_held_bytes(tiny.worker_services[0].address)
+                    or reserved_bytes(tiny.address)):
+                time.sleep(0.005)
+            waits.append(time.perf_counter() - cancelled)
+            assert worker_held_bytes(tiny.worker_services[0].address) == 0
+            assert reserved_bytes(tiny.address) == 0
+    print(f"cancel -> worker KV freed and ledger at zero: {[round(w * 1e3) for w in waits]} ms")
+    assert min(waits) < 2.0
