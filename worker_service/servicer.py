@@ -119,8 +119,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))
             async for event in stream.events():
                 if isinstance(event, TokenDelta):
-                    yield types_pb2.GenerateEvent(chunk=types_pb2.TokenChunk(
-                        token_ids=event.token_ids, text=event.text))
+                    yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
+                                                                            engine.tokenizer))
                 elif isinstance(event, Completed):
                     if self.metrics is not None:
                         self.metrics.completed(event)
