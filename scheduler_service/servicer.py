@@ -98,6 +98,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if vocab or not snapshot:
                 if vocab:
                     request_rules.token_ids_in_vocab(ids, vocab)
+                    # The worker's Tokenize would check it; this path skips that call.
+                    request_rules.logit_bias_in_vocab(request.sampling.logit_bias, vocab)
                 return _Prompt(ids, known=True)
         if not snapshot:
             return "no worker registered"
