@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
-from . import choices, responses
+from . import choices, responses, tokenize
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error
 from .logprobs_json import ChoiceLogprobs
@@ -67,6 +67,20 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def completions(request: Request):
         return await _generate("completion", request, upstream)
 
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        # vLLM's shape; counted by a worker of the model, as Generate would count it.
+        parsed = _parsed(tokenize.tokenize_request, await _json_body(request))
+        answer = await _call(upstream.tokenize(parsed, _passed_through(request)),
+                             "messages" if parsed.WhichOneof("prompt") == "chat" else "prompt")
+        return tokenize.tokenize_response(answer)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        parsed = _parsed(tokenize.detokenize_request, await _json_body(request))
+        answer = await _call(upstream.detokenize(parsed, _passed_through(request)), "tokens")
+        return tokenize.detokenize_response(answer)
+
     @app.get("/v1/models")
     async def models(request: Request):
         # Every model the scheduler's workers serve: the names a request's `model` takes.
@@ -109,12 +123,19 @@ def unrouted(method: str, path: str, error: StarletteHTTPException) -> HttpError
                      f"http_{error.status_code}")
 
 
-async def _call(awaitable):
+async def _call(awaitable, prompt_param: str = ""):
     """Await a non-streaming scheduler call; its failure becomes the mapped HttpError."""
     try:
         return await awaitable
     except grpc.RpcError as error:
-        raise from_grpc(error, "") from None
+        raise from_grpc(error, prompt_param) from None
+
+
+def _parsed(parse, body: object):
+    try:
+        return parse(body)
+    except ParamError as error:
+        raise from_param_error(error) from None
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream):

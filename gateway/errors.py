@@ -132,7 +132,7 @@ def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str
     if proto_path.startswith("chat.messages"):
         return proto_path.removeprefix("chat.")
     if proto_path in ("text",) or proto_path.startswith("token_ids"):
-        return "prompt"
+        return "tokens" if prompt_param == "tokens" else "prompt"  # /detokenize's ids
     head = proto_path.split("[")[0]
     if head == "logprobs.top_logprobs":
         # Chat asks with top_logprobs; the legacy completions API with logprobs (an int).

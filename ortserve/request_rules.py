@@ -220,13 +220,15 @@ def _logit_bias(bias: Mapping[int, float], bad: Any) -> None:
 # -- rules that need the model ---------------------------------------------------------
 
 
-def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "") -> None:
-    """Every id in [0, vocab_size), naming the first that is not (`token_ids.ids[i]`)."""
+def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "",
+                       field: str = "token_ids.ids") -> None:
+    """Every id in [0, vocab_size), naming the first that is not (`token_ids.ids[i]`, or
+    `field[i]`)."""
     # min/max run in C: the per-id scan only happens to name a bad one.
     if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
         return
     i, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
-    raise InvalidField(prefix + f"token_ids.ids[{i}]",
+    raise InvalidField(prefix + f"{field}[{i}]",
                        f"token id {token:,} is outside the model's vocabulary [0, {vocab_size:,}); "
                        "send ids from this model's tokenizer", token_id=token,
                        vocab_size=vocab_size)

@@ -158,3 +158,23 @@ def test_unknown_routes_and_methods_are_openai_errors(gateway):
         assert json.loads(error.read())["error"]["code"] == "method_not_allowed"
     else:
         pytest.fail("GET on a POST route answered 200")
+
+
+def test_tokenize_and_detokenize_in_vllms_shapes_round_trip(roomy, gateway):
+    status, body = _post(gateway, "/tokenize", {"model": MODEL, "prompt": FRANCE})
+    assert status == 200 and body["count"] == len(body["tokens"]) > 5
+    assert body["max_model_len"] == 8192
+    status, back = _post(gateway, "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
+    assert status == 200 and back == {"prompt": FRANCE}
+    # A chat prompt counts exactly as Generate admits it.
+    status, chat = _post(gateway, "/tokenize", {"model": MODEL, "messages": MESSAGES})
+    with Client(roomy.address, timeout_s=120) as client:
+        direct = client.generate(chat=[("user", FRANCE)], max_new_tokens=1)
+    assert status == 200 and chat["count"] == direct.usage.prompt_tokens
+    status, err = _post(gateway, "/detokenize", {"model": MODEL, "tokens": [1, 10**7]})
+    assert status == 400 and err["error"]["param"] == "tokens"
+    status, err = _post(gateway, "/tokenize", {"model": MODEL, "prompt": "x", "bogus": 1})
+    assert status == 400 and err["error"]["param"] == "bogus"
+    status, err = _post(gateway, "/tokenize", {"model": "nope", "prompt": "x"})
+    assert status == 404 and err["error"]["code"] == "model_not_found"
+    assert reserved_bytes(roomy.address) == 0

@@ -115,3 +115,35 @@ def test_bad_values_are_refused_naming_the_field_and_the_ledger_never_moves(
     after = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
     assert after.total_reserved_bytes == before.total_reserved_bytes == 0
     assert reserved_bytes(roomy.address) == 0
+
+
+def test_tokenize_and_detokenize_through_the_scheduler(roomy):
+    stub = scheduler_stub(roomy.address)
+    counted = stub.Tokenize(types_pb2.GenerateRequest(text="Hello world"), timeout=30)
+    assert counted.token_ids and counted.context_length == 8192 and counted.model
+    text = stub.Detokenize(types_pb2.DetokenizeRequest(token_ids=counted.token_ids), timeout=30)
+    assert text.text == "Hello world" and text.model == counted.model
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Detokenize(types_pb2.DetokenizeRequest(token_ids=[1, 10**7]), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "token_ids[1]" in info.value.details()
+    assert reserved_bytes(roomy.address) == 0
+
+
+def test_the_docs_grpcurl_lines_answer(roomy):
+    import subprocess
+
+    from tests.e2e.conftest import grpcurl
+    # docs/clients.md's lines, as written there.
+    line = ('{"chat": {"messages": [{"role": "user", "content": "Hi!"}]}, "max_new_tokens": 4, '
+            '"logprobs": {"top_logprobs": 5}, "sampling": {"presence_penalty": 0.5, '
+            '"logit_bias": {"28": -100}}}')
+    out = subprocess.run([grpcurl(), "-plaintext", "-d", line, roomy.address,
+                          "ortserve.v1.Scheduler/Generate"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert '"top_logprobs"' in out.stdout and '"finished"' in out.stdout
+    out = subprocess.run([grpcurl(), "-plaintext", "-d", '{"token_ids": [19556, 905]}',
+                          roomy.address, "ortserve.v1.Scheduler/Detokenize"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and '"text": "Hello world"' in out.stdout, out.stdout + out.stderr
