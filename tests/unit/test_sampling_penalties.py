@@ -116,7 +116,7 @@ def test_logprobs_chosen_entry_is_the_greedy_token_and_top_k_sums_to_at_most_one
     assert sum(math.exp(v) for _, v in lp.top) <= 1.0
     # The reference: a full float64 log-softmax.
     ref = logits.astype(np.float64) - np.log(np.sum(np.exp(logits.astype(np.float64))))
-    assert lp.logprob == pytest.approx(ref[token], abs=1e-9)
+    assert lp.logprob == pytest.approx(ref[token], abs=1e-6)  # float32 exp, float32 on the wire
 
 
 def test_logprobs_follow_the_temperature_and_not_the_truncation():
