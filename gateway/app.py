@@ -14,12 +14,15 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ortserve.tls import channel_credentials
+from ortserve.v1 import types_pb2
 
-from . import responses
+from . import choices, responses, tokenize
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error
+from .logprobs_json import ChoiceLogprobs
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -49,6 +52,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def render(request: Request, error: HttpError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
+    @app.exception_handler(StarletteHTTPException)
+    async def not_routed(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods answer in OpenAI's error shape too, so an SDK
+        # pointed at a wrong path says why instead of failing to parse HTML or FastAPI's.
+        return JSONResponse(unrouted(request.method, request.url.path, error).body(),
+                            status_code=error.status_code, headers=error.headers)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _generate("chat", request, upstream)
@@ -56,6 +66,20 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate("completion", request, upstream)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        # vLLM's shape; counted by a worker of the model, as Generate would count it.
+        parsed = _parsed(tokenize.tokenize_request, await _json_body(request))
+        answer = await _call(upstream.tokenize(parsed, _passed_through(request)),
+                             "messages" if parsed.WhichOneof("prompt") == "chat" else "prompt")
+        return tokenize.tokenize_response(answer)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        parsed = _parsed(tokenize.detokenize_request, await _json_body(request))
+        answer = await _call(upstream.detokenize(parsed, _passed_through(request)), "tokens")
+        return tokenize.detokenize_response(answer)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -81,12 +105,37 @@ def build_app(config: GatewayConfig) -> FastAPI:
     return app
 
 
-async def _call(awaitable):
+_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, "
+           "POST /detokenize, GET /health")
+
+
+def unrouted(method: str, path: str, error: StarletteHTTPException) -> HttpError:
+    """404 / 405 (and any other routing refusal) as an OpenAI error object."""
+    if error.status_code == 404:
+        return HttpError(404, f"Invalid URL ({method} {path}): the gateway serves {_ROUTES}",
+                         "invalid_request_error", "unknown_url")
+    if error.status_code == 405:
+        allowed = (error.headers or {}).get("allow", "")
+        return HttpError(405, f"{method} is not allowed on {path} (allowed: {allowed}); the "
+                         f"gateway serves {_ROUTES}", "invalid_request_error",
+                         "method_not_allowed")
+    return HttpError(error.status_code, str(error.detail), "invalid_request_error",
+                     f"http_{error.status_code}")
+
+
+async def _call(awaitable, prompt_param: str = ""):
     """Await a non-streaming scheduler call; its failure becomes the mapped HttpError."""
     try:
         return await awaitable
     except grpc.RpcError as error:
-        raise from_grpc(error, "") from None
+        raise from_grpc(error, prompt_param) from None
+
+
+def _parsed(parse, body: object):
+    try:
+        return parse(body)
+    except ParamError as error:
+        raise from_param_error(error) from None
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream):
@@ -95,25 +144,27 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream):
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
     meta = responses.ResponseMeta.new(kind, parsed.model)
-    parsed.generate.request_id = meta.id
     metadata = _passed_through(request)
+    # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
+    requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
+                for i in range(parsed.n)]
     try:
-        stream = await upstream.open(parsed.generate, metadata)
+        streams = await choices.open_all(upstream, requests, metadata)
     except grpc.RpcError as error:
         raise from_grpc(error, _PROMPT_PARAM[kind]) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
-    adm = stream.admission
+    admissions = [s.admission for s in streams]
+    adm = admissions[0]
     meta = replace(meta, model=adm.model or meta.model)  # the model that answers, as resolved
+    headers = {**responses.choices_headers(admissions), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
-             model=meta.model,
-             decision=responses.admission_headers(adm)[responses.DECISION_HEADER],
-             stream=parsed.stream)
-    headers = {**responses.admission_headers(adm), "x-request-id": meta.id}
+             model=meta.model, decision=headers[responses.DECISION_HEADER],
+             stream=parsed.stream, choices=len(streams))
     if parsed.stream:
-        return EventSourceResponse(_sse(meta, parsed, stream), headers=headers, sep="\n",
+        return EventSourceResponse(_sse(meta, parsed, streams), headers=headers, sep="\n",
                                    ping=15)
-    body = await _collect_unless_disconnected(request, meta, stream)
+    body = await _collect_unless_disconnected(request, meta, parsed, streams)
     return JSONResponse(body, headers=headers)
 
 
@@ -139,28 +190,43 @@ def _passed_through(request: Request) -> list[tuple[str, str]]:
     return [("authorization", auth)] if auth else []
 
 
-async def _collect(meta: responses.ResponseMeta, stream: OpenStream) -> dict:
-    texts = []
+def _logprobs(meta: responses.ResponseMeta, parsed: ParsedRequest, n: int
+              ) -> list[ChoiceLogprobs | None]:
+    return [ChoiceLogprobs(meta.kind) if parsed.logprobs else None for _ in range(n)]
+
+
+async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
+                   streams: list[OpenStream]) -> dict:
+    texts: list[list[str]] = [[] for _ in streams]
+    finished: list[types_pb2.Finished | None] = [None] * len(streams)
+    logprobs = _logprobs(meta, parsed, len(streams))
     try:
-        async for event in stream.events():
-            if event.WhichOneof("event") == "chunk":
-                texts.append(event.chunk.text)
-            elif event.WhichOneof("event") == "finished":
-                return responses.full_response(meta, "".join(texts), stream.admission,
-                                               event.finished)
+        async for index, event in choices.merged(streams):
+            kind = event.WhichOneof("event")
+            if kind == "chunk":
+                texts[index].append(event.chunk.text)
+                if logprobs[index] is not None:
+                    logprobs[index].add(event.chunk.logprobs)
+            elif kind == "finished":
+                finished[index] = event.finished
     except grpc.RpcError as error:
         raise from_grpc(error, _PROMPT_PARAM[meta.kind]) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
-    raise HttpError(502, "the stream ended without a Finished event", "server_error",
-                    "bad_upstream_stream")
+    if any(f is None for f in finished):
+        raise HttpError(502, "the stream ended without a Finished event", "server_error",
+                        "bad_upstream_stream")
+    return responses.choices_response(meta, [
+        responses.Choice("".join(texts[i]), s.admission, finished[i],
+                         logprobs[i].whole() if logprobs[i] is not None else None)
+        for i, s in enumerate(streams)], parsed.resolved)
 
 
 async def _collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
-                                       stream: OpenStream) -> dict:
+                                       parsed: ParsedRequest, streams: list[OpenStream]) -> dict:
     # NOTE: a non-streaming handler is not cancelled when its client goes away;
     # without this watch, an abandoned request would hold its lease to the end.
-    collecting = asyncio.ensure_future(_collect(meta, stream))
+    collecting = asyncio.ensure_future(_collect(meta, parsed, streams))
     try:
         while True:
             done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
@@ -168,33 +234,46 @@ async def _collect_unless_disconnected(request: Request, meta: responses.Respons
                 return collecting.result()
             if await request.is_disconnected():
                 log.info("client disconnected", request_id=meta.id,
-                         lease_id=stream.admission.lease_id)
+                         lease_id=streams[0].admission.lease_id)
                 raise HttpError(499, "the client disconnected", "cancelled", "client_disconnected")
     finally:
         if not collecting.done():
-            stream.cancel()
+            choices.cancel_all(streams)
             collecting.cancel()
 
 
 async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
-               stream: OpenStream) -> AsyncIterator[dict]:
+               streams: list[OpenStream]) -> AsyncIterator[dict]:
     usage = parsed.include_usage
-    finished = False
-    text_json = responses.text_chunk_encoder(meta, usage)
+    finished: list[types_pb2.Finished | None] = [None] * len(streams)
+    logprobs = _logprobs(meta, parsed, len(streams))
+    # Per choice, the chunk JSON from one template: per token only the text is encoded.
+    text_json = [responses.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
     try:
-        yield _data(responses.first_chunk(meta, stream.admission, usage))
-        async for event in stream.events():
+        for index, stream in enumerate(streams):
+            yield _data(responses.first_chunk(meta, stream.admission, usage, index,
+                                              parsed.resolved if index == 0 else None))
+        async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
-            # An empty chunk is a character still incomplete: nothing to show yet.
+            lp = logprobs[index]
             if kind == "chunk":
+                if lp is not None:
+                    lp.add(event.chunk.logprobs)
+                # An empty chunk is a character still incomplete: nothing to show yet
+                # (its logprobs wait for the chunk that shows its text).
                 if event.chunk.text:
-                    # Bytes go out as they are: the SSE line, without an event object per token.
-                    yield b"data: " + text_json(event.chunk.text).encode() + b"\n\n"
+                    if lp is None:
+                        # Bytes go out as they are: the SSE line, without an event object per token.
+                        yield b"data: " + text_json[index](event.chunk.text).encode() + b"\n\n"
+                    else:
+                        yield _data(responses.text_chunk(meta, event.chunk.text, usage, index,
+                                                         lp.take()))
             elif kind == "finished":
-                finished = True
-                yield _data(responses.final_chunk(meta, event.finished, usage))
-                if usage:
-                    yield _data(responses.usage_chunk(meta, event.finished))
+                finished[index] = event.finished
+                yield _data(responses.final_chunk(meta, event.finished, usage, index,
+                                                  lp.take() if lp is not None else None))
+        if usage:
+            yield _data(responses.usage_chunk(meta, finished))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
         # The headers are gone already: a mid-stream failure is an error event,
@@ -205,9 +284,10 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     finally:
         # The client went away (sse-starlette cancels us) or we failed: either
         # way the gRPC call must end, so the lease is freed now, not at the end.
-        if not finished:
-            log.info("stream ended early", request_id=meta.id, lease_id=stream.admission.lease_id)
-            stream.cancel()
+        if any(f is None for f in finished):
+            log.info("stream ended early", request_id=meta.id,
+                     lease_id=streams[0].admission.lease_id)
+            choices.cancel_all(streams)
 
 
 def _data(obj: dict) -> dict:

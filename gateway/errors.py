@@ -60,6 +60,10 @@ _PARAM_OF_FIELD = {
     "sampling.top_k": "top_k",
     "sampling.seed": "seed",
     "sampling.repetition_penalty": "repetition_penalty",
+    "sampling.presence_penalty": "presence_penalty",
+    "sampling.frequency_penalty": "frequency_penalty",
+    "sampling.min_p": "min_p",
+    "sampling.logit_bias": "logit_bias",
     "cap_policy": "cap_policy",
     "model": "model",
     # response_format's schema (the message still names constraint.json_schema)
@@ -131,8 +135,11 @@ def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str
     if proto_path.startswith("chat.messages"):
         return proto_path.removeprefix("chat.")
     if proto_path in ("text",) or proto_path.startswith("token_ids"):
-        return "prompt"
+        return "tokens" if prompt_param == "tokens" else "prompt"  # /detokenize's ids
     head = proto_path.split("[")[0]
+    if head == "logprobs.top_logprobs":
+        # Chat asks with top_logprobs; the legacy completions API with logprobs (an int).
+        return "top_logprobs" if prompt_param == "messages" else "logprobs"
     return _PARAM_OF_FIELD.get(head, proto_path)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from ortserve_client.types import BudgetCap, sampling_dict
@@ -100,58 +100,118 @@ def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
     return headers
 
 
-def usage_dict(usage: types_pb2.Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.generated_tokens,
-            "total_tokens": usage.prompt_tokens + usage.generated_tokens}
+def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]:
+    """n choices, each admitted on its own: the decisions in choice order
+    ("ADMITTED, CAPPED, ADMITTED"), and the first capped choice's cap with its index.
+    One choice: exactly `admission_headers`."""
+    if len(admissions) == 1:
+        return admission_headers(admissions[0])
+    headers = {DECISION_HEADER: ", ".join(types_pb2.Decision.Name(a.decision)
+                                          for a in admissions)}
+    for index, adm in enumerate(admissions):
+        if adm.HasField("budget_cap"):
+            headers[CAP_HEADER] = f"choice={index}, " + admission_headers(adm)[CAP_HEADER]
+            break
+    return headers
+
+
+def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage]) -> dict:
+    """One choice's usage, or n choices': the prompt once (as OpenAI counts it), the
+    completions summed."""
+    usages = [usage] if isinstance(usage, types_pb2.Usage) else list(usage)
+    prompt = usages[0].prompt_tokens
+    completion = sum(u.generated_tokens for u in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a non-streaming answer."""
+
+    text: str
+    admission: types_pb2.Admission
+    finished: types_pb2.Finished
+    logprobs: dict | None = None
 
 
 def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
-                  fin: types_pb2.Finished) -> dict:
-    """A non-streaming chat.completion or text_completion."""
-    finish_reason = FINISH_REASON[fin.finish_reason]
-    if meta.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {**_head(meta, _OBJECT), "choices": [choice], "usage": usage_dict(fin.usage),
-            "ortserve": {**admission_extension(adm), "finished": finished_extension(fin)}}
+                  fin: types_pb2.Finished, logprobs: dict | None = None,
+                  resolved: Mapping[str, str] | None = None) -> dict:
+    """A non-streaming chat.completion or text_completion of one choice."""
+    return choices_response(meta, [Choice(text, adm, fin, logprobs)], resolved)
 
 
-def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool) -> dict:
-    """The first streamed chunk: the assistant role, no text yet, the admission."""
+def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
+                     resolved: Mapping[str, str] | None = None) -> dict:
+    """A non-streaming answer of n choices (index i: choice i). The `ortserve` object is
+    choice 0's admission and Finished; with n > 1 its `choices` has every choice's."""
+    bodies = []
+    for index, c in enumerate(choices):
+        finish_reason = FINISH_REASON[c.finished.finish_reason]
+        if meta.kind == "chat":
+            bodies.append({"index": index, "message": {"role": "assistant", "content": c.text},
+                           "logprobs": c.logprobs, "finish_reason": finish_reason})
+        else:
+            bodies.append({"index": index, "text": c.text, "logprobs": c.logprobs,
+                           "finish_reason": finish_reason})
+    extension = {**admission_extension(choices[0].admission),
+                 "finished": finished_extension(choices[0].finished)}
+    if len(choices) > 1:
+        extension["choices"] = [{**admission_extension(c.admission),
+                                 "finished": finished_extension(c.finished)} for c in choices]
+    if resolved:
+        extension["resolved"] = dict(resolved)
+    return {**_head(meta, _OBJECT), "choices": bodies,
+            "usage": usage_dict([c.finished.usage for c in choices]), "ortserve": extension}
+
+
+def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool,
+                index: int = 0, resolved: Mapping[str, str] | None = None) -> dict:
+    """A choice's first streamed chunk: the assistant role, no text yet, its admission."""
     delta = {"role": "assistant", "content": ""}
-    return {**_chunk(meta, delta, None, include_usage), "ortserve": admission_extension(adm)}
+    extension = admission_extension(adm)
+    if resolved:
+        extension["resolved"] = dict(resolved)
+    return {**_chunk(meta, delta, None, include_usage, index), "ortserve": extension}
 
 
-def text_chunk(meta: ResponseMeta, text: str, include_usage: bool) -> dict:
-    return _chunk(meta, {"content": text}, None, include_usage)
+def text_chunk(meta: ResponseMeta, text: str, include_usage: bool, index: int = 0,
+               logprobs: dict | None = None) -> dict:
+    return _chunk(meta, {"content": text}, None, include_usage, index, logprobs)
 
 
-def text_chunk_encoder(meta: ResponseMeta, include_usage: bool) -> Callable[[str], str]:
-    """text -> the JSON of text_chunk(meta, text, include_usage), as json.dumps with compact
-    separators writes it: per token only the text is encoded (the rest is one template)."""
+def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
+                       index: int = 0) -> Callable[[str], str]:
+    """text -> the JSON of text_chunk(meta, text, include_usage, index), as json.dumps with
+    compact separators writes it: per token only the text is encoded (the rest is one template)."""
     marker = "\x00ortserve-text\x00"  # cannot occur in a JSON-encoded id or model name
-    template = json.dumps(text_chunk(meta, marker, include_usage), separators=(",", ":"))
+    template = json.dumps(text_chunk(meta, marker, include_usage, index), separators=(",", ":"))
     head, tail = template.split(json.dumps(marker))
     return lambda text: head + json.dumps(text) + tail
 
 
-def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool) -> dict:
-    chunk = _chunk(meta, {}, FINISH_REASON[fin.finish_reason], include_usage)
+def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool,
+                index: int = 0, logprobs: dict | None = None) -> dict:
+    chunk = _chunk(meta, {}, FINISH_REASON[fin.finish_reason], include_usage, index, logprobs)
     return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
 
 
-def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished) -> dict:
+def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished]
+                ) -> dict:
     """stream_options.include_usage: one last chunk with no choices and the usage."""
-    return {**_head(meta, _CHUNK_OBJECT), "choices": [], "usage": usage_dict(fin.usage)}
+    fins = [fin] if isinstance(fin, types_pb2.Finished) else list(fin)
+    return {**_head(meta, _CHUNK_OBJECT), "choices": [],
+            "usage": usage_dict([f.usage for f in fins])}
 
 
-def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool) -> dict:
+def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool,
+           index: int = 0, logprobs: dict | None = None) -> dict:
     if meta.kind == "chat":
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+        choice = {"index": index, "text": delta.get("content", ""), "logprobs": logprobs,
                   "finish_reason": finish_reason}
     chunk = {**_head(meta, _CHUNK_OBJECT), "choices": [choice]}
     # OpenAI sends usage: null on every chunk but the last when usage was asked for.

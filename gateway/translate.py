@@ -2,10 +2,15 @@
 
 The project's rule carries over to HTTP: every parameter is honoured or the
 request is refused with a 400 naming it. A parameter OpenAI defines but
-ortserve cannot honour (n > 1, logprobs, tools, penalties) is accepted only at
-its no-op value; any other key is refused. Ranges the scheduler checks itself
-(stop sequences, sampling combinations) are left to it, so there is one
-source of truth; the gateway checks only what protobuf could not even hold.
+ortserve cannot honour (tools, echo, best_of > n) is accepted only at its
+no-op value; keys that do not affect generation (store, metadata, user, ...)
+are labels; a key OpenAI does not define is refused, so a typo is caught.
+Parameters greedy decoding cannot use (seed, top_p, top_k, min_p at
+temperature 0: the argmax is always kept) are dropped and reported in
+`resolved`, not refused. Ranges the scheduler checks itself (stop sequences,
+penalties, logit_bias, top_logprobs) are left to it, so there is one source
+of truth; the gateway checks only what protobuf could not even hold, and `n`
+(which has no proto field: the gateway runs n requests, `gateway/choices.py`).
 """
 
 from __future__ import annotations
@@ -25,28 +30,37 @@ OPENAI_DEFAULT_TEMPERATURE = 1.0
 
 Kind = Literal["chat", "completion"]
 
-# Keys both endpoints honour. min_tokens, top_k and repetition_penalty are the
+# Keys both endpoints honour. min_tokens, top_k, min_p and repetition_penalty are the
 # extension names vLLM uses (sent through the openai SDK's extra_body);
 # cap_policy ("allow", "strict" or "wait_full") and max_queue_wait_ms (how long to wait
 # in the admission queue; 0: answer 429 at once when busy) are ortserve's own.
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
-           "top_p", "user", "min_tokens", "top_k", "repetition_penalty", "cap_policy",
+           "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
+           "min_tokens", "top_k", "min_p", "repetition_penalty", "cap_policy",
            "max_queue_wait_ms"}
+# Keys that do not affect generation: accepted as labels (type-checked, then unused).
+_LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
+                                               "service_tier": str}
 # Keys OpenAI defines that are accepted only at the value that changes nothing.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-    "logprobs": (False,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "echo": (False,), "suffix": ("",),
     "parallel_tool_calls": (False, True),  # meaningless without tools, which are refused
 }
 _ALLOWED = {
-    "chat": _COMMON | {"messages", "max_completion_tokens", "response_format"},
-    "completion": _COMMON | {"prompt"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"},
+    "completion": _COMMON | {"prompt", "best_of"},
 }
 _NO_OP_KEYS = {
-    "chat": {"n", "presence_penalty", "frequency_penalty", "logprobs", "parallel_tool_calls"},
-    "completion": {"n", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
-                   "suffix"},
+    "chat": {"parallel_tool_calls"},
+    "completion": {"echo", "suffix"},
 }
+# Keys OpenAI defines that ortserve refuses (anything else is not OpenAI's: a typo).
+_OPENAI_REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format",
+                   "modalities", "audio", "prediction", "reasoning_effort", "verbosity",
+                   "web_search_options", "prompt_cache_key", "safety_identifier"}
+# Greedy decoding always takes the argmax: these cannot change its result.
+_GREEDY_NO_OPS = ("seed", "top_p", "top_k", "min_p")
+MAX_CHOICES = 16  # n: each choice is its own admission, so a bound keeps one call sane
 # OpenAI's "developer" role is the system role under a newer name.
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _CAP_POLICIES = {"allow": types_pb2.CAP_POLICY_ALLOW, "strict": types_pb2.CAP_POLICY_STRICT,
@@ -72,6 +86,24 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     generate: types_pb2.GenerateRequest
+    n: int = 1  # choices: n Generate calls (gateway/choices.py)
+    # What was accepted but not applied, and why (seed etc. under greedy decoding):
+    # the `ortserve.resolved` object of the response.
+    resolved: Mapping[str, str] | None = None
+
+    @property
+    def logprobs(self) -> bool:
+        return self.generate.HasField("logprobs")
+
+    def choice_request(self, index: int, request_id: str) -> types_pb2.GenerateRequest:
+        """Choice `index`'s GenerateRequest: the same request with seed + index (so n
+        choices with a seed differ from each other and repeat on the next call)."""
+        req = types_pb2.GenerateRequest()
+        req.CopyFrom(self.generate)
+        req.request_id = request_id
+        if index and req.sampling.HasField("seed"):
+            req.sampling.seed = (req.sampling.seed + index) % (UINT64_MAX + 1)
+        return req
 
 
 def parse_request(kind: Kind, body: object) -> ParsedRequest:
@@ -93,6 +125,12 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
         _set_prompt(req, params.get("prompt"))
     _set_limits(kind, req, params)
     _set_sampling(req, params)
+    _set_logprobs(kind, req, params)
+    resolved = _drop_greedy_no_ops(req, params)
+    n = _int(params, "n", 1, MAX_CHOICES)
+    n = 1 if n is None else n
+    if kind == "completion":
+        _int(params, "best_of", n, n)  # best_of == n is the same request; more is refused
     req.stop.extend(_stop_list(params.get("stop")))
     _set_response_format(req, params.get("response_format"))
     policy = params.get("cap_policy", "allow")
@@ -101,12 +139,17 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
                          f"{policy!r}")
     req.cap_policy = _CAP_POLICIES[policy]
     stream = _bool(params, "stream", False)
-    return ParsedRequest(kind, model, stream, _include_usage(params, stream), req)
+    return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
+                         resolved or None)
 
 
 def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         if key in _ALLOWED[kind]:
+            continue
+        if key in _LABELS:
+            if not isinstance(value, _LABELS[key]):
+                raise ParamError(key, f"{value!r} is not a {_type_name(_LABELS[key])}")
             continue
         if key in _NO_OP_KEYS[kind]:
             # Exact types: bool is an int in Python, and n=True must not pass as n == 1.
@@ -115,8 +158,17 @@ def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
             raise ParamError(key, f"{value!r} is not supported by ortserve (only "
                              f"{_NO_OP_VALUES[key][0]!r}, which changes nothing)",
                              code="unsupported_parameter")
-        raise ParamError(key, "is not supported by ortserve; remove it (every parameter is "
-                         "honoured or refused, never ignored)", code="unsupported_parameter")
+        if key in _OPENAI_REFUSED or key in _ALLOWED["chat"] | _ALLOWED["completion"]:
+            raise ParamError(key, f"is not supported by ortserve's {kind} endpoint; remove it "
+                             "(every parameter is honoured or refused, never ignored)",
+                             code="unsupported_parameter")
+        raise ParamError(key, "is not a parameter of OpenAI's API nor an ortserve extension: "
+                         "check its spelling (docs/gateway.md lists them)",
+                         code="unknown_parameter")
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return {str: "string", bool: "boolean", Mapping: "JSON object"}.get(kind, str(kind))
 
 
 def _set_chat(req: types_pb2.GenerateRequest, messages: object) -> None:
@@ -126,10 +178,13 @@ def _set_chat(req: types_pb2.GenerateRequest, messages: object) -> None:
         where = f"messages[{i}]"
         if not isinstance(message, Mapping):
             raise ParamError(where, "must be an object with role and content")
-        extra = set(message) - {"role", "content"}
+        # `name` is a label (the chat template has no place for it).
+        extra = set(message) - {"role", "content", "name"}
         if extra:
             raise ParamError(f"{where}.{sorted(extra)[0]}", "is not supported by ortserve "
-                             "(only role and content)", code="unsupported_parameter")
+                             "(only role, content and name)", code="unsupported_parameter")
+        if not isinstance(message.get("name", ""), str):
+            raise ParamError(f"{where}.name", "must be a string")
         role = message.get("role")
         if role not in _ROLES:
             raise ParamError(f"{where}.role", f"{role!r} is not supported: use one of "
@@ -208,6 +263,61 @@ def _set_sampling(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> 
     penalty = _number(params, "repetition_penalty", None)
     if penalty is not None:
         req.sampling.repetition_penalty = penalty
+    # The ranges are the scheduler's rule (request_rules.sampling): one source of truth.
+    for key in ("presence_penalty", "frequency_penalty", "min_p"):
+        value = _number(params, key, None)
+        if value is not None:
+            setattr(req.sampling, key, value)
+    bias = params.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise ParamError("logit_bias", "must be an object of token id -> bias")
+        for token, value in bias.items():
+            token_id = _token_key(token)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ParamError(f"logit_bias[{token}]", f"{value!r} is not a number")
+            req.sampling.logit_bias[token_id] = float(value)
+
+
+def _token_key(token: object) -> int:
+    """A logit_bias key: a token id as JSON writes object keys (a string of digits)."""
+    text = str(token)
+    if not text.isdigit() or int(text) > UINT32_MAX:
+        raise ParamError(f"logit_bias[{text}]", "keys must be token ids (\"15339\"), from 0 "
+                         "to 4,294,967,295")
+    return int(text)
+
+
+def _set_logprobs(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
+    """Chat: logprobs (bool) + top_logprobs (int, needs logprobs). Completions: logprobs
+    (int, the alternatives per token). The bound (20) is the scheduler's rule."""
+    if kind == "completion":
+        top = _int(params, "logprobs", 0, UINT32_MAX)
+        if top is not None:
+            req.logprobs.top_logprobs = top
+        return
+    wanted = _bool(params, "logprobs", False)
+    top = _int(params, "top_logprobs", 0, UINT32_MAX)
+    if top is not None and not wanted:
+        raise ParamError("top_logprobs", "needs logprobs: true (as in OpenAI's API)")
+    if wanted:
+        req.logprobs.top_logprobs = top or 0
+
+
+def _drop_greedy_no_ops(req: types_pb2.GenerateRequest, params: Mapping[str, Any]
+                        ) -> dict[str, str]:
+    """At temperature 0 the argmax is always kept: seed, top_p < 1, top_k and min_p cannot
+    change the result, so they are dropped (the scheduler would refuse them as ignored)
+    and reported as resolved."""
+    if req.sampling.temperature != 0:
+        return {}
+    resolved = {}
+    for key in _GREEDY_NO_OPS:
+        if req.sampling.HasField(key):
+            resolved[key] = (f"{params.get(key)!r} not applied: temperature 0 is greedy "
+                             "decoding, which always takes the most likely token")
+            req.sampling.ClearField(key)
+    return resolved
 
 
 def _set_response_format(req: types_pb2.GenerateRequest, fmt: object) -> None:

@@ -78,6 +78,16 @@ class Upstream:
             raise StreamBroken("the scheduler's stream did not start with an Admission")
         return OpenStream(call, first.admission)
 
+    async def tokenize(self, request: types_pb2.GenerateRequest,
+                       metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.PromptTokens:
+        return await self._stub.Tokenize(request, timeout=self._timeout_s,
+                                         metadata=tuple(metadata))
+
+    async def detokenize(self, request: types_pb2.DetokenizeRequest,
+                         metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.DetokenizeResponse:
+        return await self._stub.Detokenize(request, timeout=self._timeout_s,
+                                           metadata=tuple(metadata))
+
     async def budget(self, timeout_s: float = 5.0,
                      metadata: Sequence[tuple[str, str]] = ()) -> scheduler_pb2.Budget:
         return await self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=timeout_s,

@@ -45,6 +45,8 @@ METHOD_ROLES: dict[str, Role] = {
     "/ortserve.v1.Scheduler/Admit": Role.GENERATE,
     "/ortserve.v1.Scheduler/Release": Role.GENERATE,
     "/ortserve.v1.Scheduler/GetBudget": Role.GENERATE,  # include_leases: admin, in the servicer
+    "/ortserve.v1.Scheduler/Tokenize": Role.GENERATE,
+    "/ortserve.v1.Scheduler/Detokenize": Role.GENERATE,
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")

@@ -14,7 +14,7 @@ Pure: no grpc or protobuf import, so the worker's core uses the same rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import constraint as constraints
@@ -29,7 +29,13 @@ MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_CHAT_MESSAGES = 1_024
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "min_p")
+# OpenAI's ranges, so a request that OpenAI accepts is accepted here.
+MAX_ABS_PENALTY = 2.0  # presence_penalty and frequency_penalty
+MAX_ABS_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_TOP_LOGPROBS = 20
 
 _GREEDY_HINT = "set temperature > 0 to sample, or drop {name} (greedy decoding has no use for it)"
 
@@ -59,6 +65,8 @@ def generate_request(request: Any, prefix: str = "") -> None:
                request.min_new_tokens, prefix)
     sampling(**sampling_values(request.sampling), prefix=prefix)
     constraint(constraint_spec(request, prefix), prefix)
+    if request.HasField("logprobs"):
+        top_logprobs(request.logprobs.top_logprobs, prefix)
 
 
 def request_shape(request: Any, prefix: str = "") -> None:
@@ -73,9 +81,12 @@ def request_shape(request: Any, prefix: str = "") -> None:
 
 
 def sampling_values(params: Any) -> dict[str, Any]:
-    """A SamplingParams message's set fields as keyword arguments (None: unset)."""
-    return {name: getattr(params, name) if params.HasField(name) else None
-            for name in SAMPLING_FIELDS}
+    """A SamplingParams message's set fields as keyword arguments (None: unset; the
+    logit_bias map as a dict, empty when unset)."""
+    values = {name: getattr(params, name) if params.HasField(name) else None
+              for name in SAMPLING_FIELDS}
+    values["logit_bias"] = dict(params.logit_bias)
+    return values
 
 
 def prompt(request: Any, prefix: str = "") -> None:
@@ -162,9 +173,20 @@ def new_tokens(max_new_tokens: int | None, min_new_tokens: int, prefix: str = ""
             min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens)
 
 
+def top_logprobs(count: int, prefix: str = "") -> None:
+    """The alternatives asked per token: 0 to MAX_TOP_LOGPROBS (each costs a partition of
+    the vocabulary and a detokenization per token)."""
+    if not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise InvalidField(prefix + "logprobs.top_logprobs", f"is {count:,}, more than the "
+                           f"{MAX_TOP_LOGPROBS} alternatives per token allowed; ask for at most "
+                           f"{MAX_TOP_LOGPROBS}", top_logprobs=count, limit=MAX_TOP_LOGPROBS)
+
+
 def sampling(temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None,
-             repetition_penalty: float | None = None, prefix: str = "") -> None:
+             repetition_penalty: float | None = None, presence_penalty: float | None = None,
+             frequency_penalty: float | None = None, min_p: float | None = None,
+             logit_bias: Mapping[int, float] | None = None, prefix: str = "") -> None:
     """Every sampling parameter is honoured or refused, never ignored (None: unset).
 
     Ranges first, then what greedy decoding (temperature unset or 0) has no use for.
@@ -188,6 +210,15 @@ def sampling(temperature: float | None = None, top_k: int | None = None,
     if r is not None and not (math.isfinite(r) and r > 0):
         raise bad("repetition_penalty", f"repetition_penalty must be a finite number > 0, "
                   f"got {r}; use 1 (or leave it unset) for no penalty")
+    for name, value in (("presence_penalty", presence_penalty),
+                        ("frequency_penalty", frequency_penalty)):
+        if value is not None and not (math.isfinite(value) and abs(value) <= MAX_ABS_PENALTY):
+            raise bad(name, f"{name} must be in [-{MAX_ABS_PENALTY:g}, {MAX_ABS_PENALTY:g}] "
+                      f"(OpenAI's range), got {value}; use 0 (or leave it unset) for none")
+    if min_p is not None and not (math.isfinite(min_p) and 0 <= min_p <= 1):
+        raise bad("min_p", f"min_p must be in [0, 1], got {min_p}; use 0 (or leave it unset) "
+                  "for no limit")
+    _logit_bias(logit_bias or {}, bad)
     if t is None or t == 0:
         if top_k:
             raise bad("top_k", f"top_k={top_k} with greedy decoding; "
@@ -196,21 +227,49 @@ def sampling(temperature: float | None = None, top_k: int | None = None,
             raise bad("top_p", f"top_p={p} with greedy decoding; " + _GREEDY_HINT.format(name="top_p"))
         if seed is not None:
             raise bad("seed", f"seed={seed} with greedy decoding; " + _GREEDY_HINT.format(name="seed"))
+        if min_p:
+            raise bad("min_p", f"min_p={min_p} with greedy decoding; "
+                      + _GREEDY_HINT.format(name="min_p"))
+
+
+def _logit_bias(bias: Mapping[int, float], bad: Any) -> None:
+    """At most MAX_LOGIT_BIAS_ENTRIES ids, each bias finite and within OpenAI's range (the
+    ids' vocabulary is the model's rule: `logit_bias_in_vocab`)."""
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad("logit_bias", f"has {len(bias):,} entries, more than the "
+                  f"{MAX_LOGIT_BIAS_ENTRIES} allowed; bias fewer tokens")
+    for token, value in sorted(bias.items()):
+        if not (math.isfinite(value) and abs(value) <= MAX_ABS_LOGIT_BIAS):
+            raise bad(f"logit_bias[{token}]", f"bias {value} for token {token:,} is outside "
+                      f"[-{MAX_ABS_LOGIT_BIAS:g}, {MAX_ABS_LOGIT_BIAS:g}] (OpenAI's range); "
+                      "-100 bans a token, 100 forces it")
 
 
 # -- rules that need the model ---------------------------------------------------------
 
 
-def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "") -> None:
-    """Every id in [0, vocab_size), naming the first that is not (`token_ids.ids[i]`)."""
+def token_ids_in_vocab(ids: Sequence[int], vocab_size: int, prefix: str = "",
+                       field: str = "token_ids.ids") -> None:
+    """Every id in [0, vocab_size), naming the first that is not (`token_ids.ids[i]`, or
+    `field[i]`)."""
     # min/max run in C: the per-id scan only happens to name a bad one.
     if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
         return
     i, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
-    raise InvalidField(prefix + f"token_ids.ids[{i}]",
+    raise InvalidField(prefix + f"{field}[{i}]",
                        f"token id {token:,} is outside the model's vocabulary [0, {vocab_size:,}); "
                        "send ids from this model's tokenizer", token_id=token,
                        vocab_size=vocab_size)
+
+
+def logit_bias_in_vocab(token_ids: Iterable[int], vocab_size: int, prefix: str = "") -> None:
+    """Every biased token id is in [0, vocab_size): a bias on no token would be ignored."""
+    for token in sorted(token_ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidField(prefix + f"sampling.logit_bias[{token}]",
+                               f"token id {token:,} is outside the model's vocabulary "
+                               f"[0, {vocab_size:,}); bias ids from this model's tokenizer",
+                               token_id=token, vocab_size=vocab_size)
 
 
 def context_window(prompt_count: int, max_new_tokens: int, context_length: int,

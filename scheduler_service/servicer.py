@@ -20,7 +20,7 @@ import structlog
 from ortserve import request_rules
 from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
-from ortserve.errors import InvalidField, clip
+from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
@@ -98,6 +98,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if vocab or not snapshot:
                 if vocab:
                     request_rules.token_ids_in_vocab(ids, vocab)
+                    # The worker's Tokenize would check it; this path skips that call.
+                    request_rules.logit_bias_in_vocab(request.sampling.logit_bias, vocab)
                 return _Prompt(ids, known=True)
         if not snapshot:
             return "no worker registered"
@@ -202,6 +204,38 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if freed:
             self._kick()
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
+
+    # -- tokenizer passthrough (the gateway's /tokenize and /detokenize) -------------
+
+    async def Tokenize(self, request: types_pb2.GenerateRequest, context):
+        request_rules.request_shape(request)
+        model = self._model(request.model)
+        answer = await self._on_a_worker(model, lambda stub: stub.Tokenize(
+            worker_pb2.TokenizeRequest(request=request), timeout=10.0))
+        return types_pb2.PromptTokens(token_ids=answer.token_ids,
+                                      context_length=answer.context_length, model=model)
+
+    async def Detokenize(self, request: types_pb2.DetokenizeRequest, context):
+        model = self._model(request.model)
+        return await self._on_a_worker(model, lambda stub: stub.Detokenize(request, timeout=10.0))
+
+    async def _on_a_worker(self, model: str, call):
+        """`call(worker stub)` on the least busy worker of `model` that answers (one model,
+        one tokenizer); a worker's judgement (INVALID_ARGUMENT, ...) is relayed as is."""
+        last: grpc.aio.AioRpcError | None = None
+        for worker in sorted(placement.serving(self._ledger.snapshot(), model),
+                             key=lambda w: len(w.leases)):
+            try:
+                return await call(self._workers.stub(worker.geometry.address))
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise Relayed(error) from None
+                last = error
+        if last is not None:
+            raise Relayed(last) from None
+        raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to tokenize with; "
+                          "start a worker (or wait for one to register) and retry",
+                          metadata={"model": model})
 
     async def GetBudget(self, request: scheduler_pb2.GetBudgetRequest, context):
         if request.include_leases:  # every caller's lease ids: an operator's view

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 from ortserve import request_rules
 from ortserve.v1 import types_pb2
+from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sampling import SamplingConfig
-from worker_service.core.sequence import Completed, FinishReason, SequenceRequest
+from worker_service.core.sequence import Completed, FinishReason, SequenceRequest, TokenDelta
 from worker_service.core.tokenizer import Tokenizer
 
 _FINISH = {
@@ -23,17 +24,45 @@ def sampling_from_pb(pb: types_pb2.SamplingParams) -> SamplingConfig:
         return getattr(pb, name) if pb.HasField(name) else None
 
     return SamplingConfig(temperature=opt("temperature"), top_k=opt("top_k"), top_p=opt("top_p"),
-                          seed=opt("seed"), repetition_penalty=opt("repetition_penalty"))
+                          seed=opt("seed"), repetition_penalty=opt("repetition_penalty"),
+                          presence_penalty=opt("presence_penalty"),
+                          frequency_penalty=opt("frequency_penalty"), min_p=opt("min_p"),
+                          logit_bias=tuple(sorted(pb.logit_bias.items())))
+
+
+_REPORTED = ("temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "min_p")
 
 
 def sampling_to_pb(config: SamplingConfig, seed: int | None) -> types_pb2.SamplingParams:
     pb = types_pb2.SamplingParams()
-    for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
+    for name in _REPORTED:
         value = getattr(config, name)
         if value is not None:
             setattr(pb, name, value)
+    pb.logit_bias.update(dict(config.logit_bias))
     if seed is not None:
         pb.seed = seed
+    return pb
+
+
+def chunk_to_pb(event: TokenDelta, tokenizer: Tokenizer) -> types_pb2.TokenChunk:
+    """A TokenDelta as a TokenChunk; the logprobs' token texts and bytes come from the
+    tokenizer's per-id cache (only requests that asked for logprobs pay for them)."""
+    pb = types_pb2.TokenChunk(token_ids=event.token_ids, text=event.text)
+    for entry in event.logprobs:
+        pb.logprobs.append(token_logprob_pb(entry, tokenizer))
+    return pb
+
+
+def token_logprob_pb(entry: TokenLogprobs, tokenizer: Tokenizer) -> types_pb2.TokenLogprob:
+    raw = tokenizer.token_bytes(entry.token_id)
+    pb = types_pb2.TokenLogprob(token_id=entry.token_id, token=raw.decode("utf-8", "replace"),
+                                token_bytes=raw, logprob=entry.logprob)
+    for token_id, logprob in entry.top:
+        alt = tokenizer.token_bytes(token_id)
+        pb.top_logprobs.add(token_id=token_id, token=alt.decode("utf-8", "replace"),
+                            token_bytes=alt, logprob=logprob)
     return pb
 
 
@@ -69,6 +98,8 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
     else:
         max_new = max(context_length - len(ids), request.min_new_tokens, 1)
     kwargs = {} if arrived_at is None else {"arrived_at": arrived_at}
+    if request.HasField("logprobs"):
+        kwargs["top_logprobs"] = request.logprobs.top_logprobs
     return SequenceRequest(
         sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,

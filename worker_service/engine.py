@@ -174,6 +174,8 @@ class Engine:
         """Raise InvalidField or ContextWindowFull when this model cannot serve `req` as asked
         (the request rules that need the model: ortserve.request_rules)."""
         request_rules.token_ids_in_vocab(req.prompt_ids, self.spec.vocab_size)
+        request_rules.logit_bias_in_vocab((t for t, _ in req.sampling.logit_bias),
+                                          self.spec.vocab_size)
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
                                      self.spec.context_length, req.min_new_tokens)
 
@@ -336,11 +338,14 @@ class Engine:
             if step.logits is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason = seq.accept(step.logits)
+                token, text, finish_reason, logprobs = seq.accept(step.logits)
             except Exception as exc:
                 self._fail(seq, exc)
                 continue
-            seq.emit(TokenDelta(seq.sequence_id, (token,), text))
+            # Logprobs travel with their token (the same event), so a chunk's entries
+            # always match its token ids.
+            seq.emit(TokenDelta(seq.sequence_id, (token,), text,
+                                (logprobs,) if logprobs is not None else ()))
             if finish_reason is not None:
                 self._finish(seq, seq.completed(finish_reason))
         self._leave_cancelled()

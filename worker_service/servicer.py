@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from ortserve import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from ortserve.version import package_version
 from worker_service import convert
@@ -97,6 +98,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.TokenizeResponse(token_ids=req.prompt_ids,
                                            context_length=engine.spec.context_length)
 
+    async def Detokenize(self, request, context):
+        engine = self._ready().engine
+        request_rules.token_ids_in_vocab(request.token_ids, engine.spec.vocab_size,
+                                         field="token_ids")
+        return types_pb2.DetokenizeResponse(
+            text=engine.tokenizer.decode(request.token_ids, skip_special_tokens=False),
+            model=engine.spec.name)
+
     async def Generate(self, request: worker_pb2.WorkerGenerateRequest, context):
         arrived = time.perf_counter()
         leases = self._ready()
@@ -119,8 +128,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))
             async for event in stream.events():
                 if isinstance(event, TokenDelta):
-                    yield types_pb2.GenerateEvent(chunk=types_pb2.TokenChunk(
-                        token_ids=event.token_ids, text=event.text))
+                    yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
+                                                                            engine.tokenizer))
                 elif isinstance(event, Completed):
                     if self.metrics is not None:
                         self.metrics.completed(event)

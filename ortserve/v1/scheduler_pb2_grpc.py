@@ -57,6 +57,16 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.Budget.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/ortserve.v1.Scheduler/Tokenize',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.PromptTokens.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/ortserve.v1.Scheduler/Detokenize',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/ortserve.v1.Scheduler/OpenSession',
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.OpenSessionRequest.SerializeToString,
@@ -135,6 +145,23 @@ class SchedulerServicer:
     def GetBudget(self, request, context):
         """The ledger: per worker capacity, reserved, available and leases, and
         per served model the same sums.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """A prompt's token ids as Generate would count them (the model's tokenizer
+        and chat template), from a worker of the request's model; only model and
+        the prompt are read, and nothing is reserved. (The gateway's /tokenize.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Token ids to text with a worker of the model's tokenizer. (The gateway's
+        /detokenize.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,6 +246,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetBudget,
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_scheduler__pb2.Budget.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.GenerateRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.PromptTokens.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
@@ -356,6 +393,60 @@ class Scheduler:
             '/ortserve.v1.Scheduler/GetBudget',
             ortserve_dot_v1_dot_scheduler__pb2.GetBudgetRequest.SerializeToString,
             ortserve_dot_v1_dot_scheduler__pb2.Budget.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/Tokenize',
+            ortserve_dot_v1_dot_types__pb2.GenerateRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.PromptTokens.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/Detokenize',
+            ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,11 @@ class WorkerStub:
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/ortserve.v1.Worker/Detokenize',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/ortserve.v1.Worker/OpenSession',
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
@@ -109,6 +114,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """Token ids to text with this worker's tokenizer (Scheduler.Detokenize).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OpenSession(self, request, context):
         """Open an empty session under its lease (from the scheduler's
         OpenSession): the worker claims the lease, which then stays claimed for
@@ -161,6 +173,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
@@ -265,6 +282,33 @@ class Worker:
             '/ortserve.v1.Worker/Tokenize',
             ortserve_dot_v1_dot_worker__pb2.TokenizeRequest.SerializeToString,
             ortserve_dot_v1_dot_worker__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/Detokenize',
+            ortserve_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,11 +114,16 @@ def test_unsupported_and_conflicting_parameters_are_400_naming_them(roomy_gatewa
     client = openai_client(roomy_gateway, max_retries=0)
     messages = [{"role": "user", "content": "Hi"}]
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=messages, n=2)
-    assert err.value.param == "n" and err.value.code == "unsupported_parameter"
+        client.chat.completions.create(model=MODEL, messages=messages, n=0)
+    assert err.value.param == "n" and err.value.code == "invalid_parameter"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=messages,
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert err.value.param == "tools" and err.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:  # the scheduler's check, renamed for HTTP
-        client.chat.completions.create(model=MODEL, messages=messages, temperature=0, seed=3)
-    assert err.value.param == "seed"
+        client.chat.completions.create(model=MODEL, messages=messages, logprobs=True,
+                                       top_logprobs=21)
+    assert err.value.param == "top_logprobs"
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-4o", messages=messages)
     assert err.value.code == "model_not_found"

@@ -232,12 +232,12 @@ def test_a_failing_sequence_fails_alone(engine, prompt, monkeypatch):
     class BrokenSampler(Sampler):
         calls = 0
 
-        def __call__(self, logits, history):
+        def choose(self, logits, history, top_logprobs=None):
             if self.config.seed == 666:
                 BrokenSampler.calls += 1
                 if BrokenSampler.calls == 3:
                     raise RuntimeError("sampler exploded")
-            return super().__call__(logits, history)
+            return super().choose(logits, history, top_logprobs)
 
     monkeypatch.setattr(sequence_module, "Sampler", BrokenSampler)
     good, bad = Recorder(), Recorder()

@@ -59,9 +59,8 @@ def test_max_completion_tokens_is_max_tokens_and_a_conflict_is_refused():
 
 
 @pytest.mark.parametrize("key,value", [
-    ("n", 2), ("n", True), ("logprobs", True), ("presence_penalty", 0.5),
-    ("frequency_penalty", -1), ("tools", [{"type": "function"}]),
-    ("logit_bias", {"1": 5}), ("top_logprobs", 2),
+    ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", []),
+    ("audio", {}), ("parallel_tool_calls", "yes"),
 ])
 def test_unsupported_parameters_are_refused_naming_them(key, value):
     with pytest.raises(ParamError) as err:
@@ -70,10 +69,92 @@ def test_unsupported_parameters_are_refused_naming_them(key, value):
     assert key in err.value.message
 
 
+def test_a_key_openai_does_not_define_is_refused_as_a_likely_typo():
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(temprature=0.5))
+    assert err.value.param == "temprature" and err.value.code == "unknown_parameter"
+    assert "spelling" in err.value.message
+    with pytest.raises(ParamError) as err:  # a chat-only key on completions
+        parse_request("completion", {"model": MODEL, "prompt": "x", "top_logprobs": 2})
+    assert err.value.param == "top_logprobs" and err.value.code == "unsupported_parameter"
+
+
 def test_no_op_values_of_openai_parameters_are_accepted():
     parsed = parse_request("chat", chat(n=1, presence_penalty=0, frequency_penalty=0.0,
                                         logprobs=False, user="u1", seed=None))
     assert not parsed.generate.sampling.HasField("seed")
+    assert not parsed.generate.HasField("logprobs") and parsed.n == 1
+
+
+def test_labels_that_do_not_affect_generation_are_accepted():
+    parsed = parse_request("chat", chat(
+        store=False, metadata={"team": "a"}, service_tier="auto", user="u1",
+        parallel_tool_calls=True,
+        messages=[{"role": "user", "content": "Hi", "name": "bob"}]))
+    assert [m.content for m in parsed.generate.chat.messages] == ["Hi"]
+    for key, value in (("store", "no"), ("metadata", [1]), ("user", 3)):
+        with pytest.raises(ParamError) as err:
+            parse_request("chat", chat(**{key: value}))
+        assert err.value.param == key
+
+
+def test_penalties_logit_bias_and_min_p_are_carried_to_the_sampler():
+    req = parse_request("chat", chat(presence_penalty=0.5, frequency_penalty=-1,
+                                     logit_bias={"15339": -100, "7": 2.5}, min_p=0.1)).generate
+    assert req.sampling.presence_penalty == 0.5 and req.sampling.frequency_penalty == -1
+    assert dict(req.sampling.logit_bias) == {15339: -100.0, 7: 2.5}
+    assert req.sampling.min_p == pytest.approx(0.1)
+    for bias, param in (({"x": 1}, "logit_bias[x]"), ({"5": "a"}, "logit_bias[5]"),
+                        ([1], "logit_bias")):
+        with pytest.raises(ParamError) as err:
+            parse_request("chat", chat(logit_bias=bias))
+        assert err.value.param == param
+
+
+def test_logprobs_chat_and_completion_shapes():
+    req = parse_request("chat", chat(logprobs=True, top_logprobs=5)).generate
+    assert req.logprobs.top_logprobs == 5
+    assert parse_request("chat", chat(logprobs=True)).generate.HasField("logprobs")
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(top_logprobs=5))
+    assert err.value.param == "top_logprobs"
+    # 21 is the scheduler's rule (one source of truth): carried, refused there.
+    assert parse_request("chat", chat(logprobs=True, top_logprobs=21)).generate \
+        .logprobs.top_logprobs == 21
+    completion = parse_request("completion", {"model": MODEL, "prompt": "x", "logprobs": 3})
+    assert completion.generate.logprobs.top_logprobs == 3
+
+
+@pytest.mark.parametrize("n", [0, 17, True, 2.0])
+def test_n_outside_one_to_sixteen_is_refused_naming_n(n):
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(n=n))
+    assert err.value.param == "n"
+
+
+def test_n_choices_get_seed_plus_index_and_their_own_request_ids():
+    parsed = parse_request("chat", chat(n=3, seed=41, temperature=0.8))
+    assert parsed.n == 3
+    reqs = [parsed.choice_request(i, f"r-{i}") for i in range(3)]
+    assert [r.sampling.seed for r in reqs] == [41, 42, 43]
+    assert [r.request_id for r in reqs] == ["r-0", "r-1", "r-2"]
+    top = parse_request("chat", chat(n=2, seed=2**64 - 1)).choice_request(1, "x")
+    assert top.sampling.seed == 0  # wraps, never overflows uint64
+    assert parse_request("completion", {"model": MODEL, "prompt": "x", "n": 2,
+                                        "best_of": 2}).n == 2
+    with pytest.raises(ParamError) as err:
+        parse_request("completion", {"model": MODEL, "prompt": "x", "best_of": 2})
+    assert err.value.param == "best_of"
+
+
+def test_greedy_drops_what_cannot_change_the_argmax_and_says_so():
+    parsed = parse_request("chat", chat(temperature=0, seed=3, top_p=0.5, top_k=4, min_p=0.2))
+    sampling = parsed.generate.sampling
+    assert not any(sampling.HasField(k) for k in ("seed", "top_p", "top_k", "min_p"))
+    assert set(parsed.resolved) == {"seed", "top_p", "top_k", "min_p"}
+    assert "greedy" in parsed.resolved["seed"]
+    sampled = parse_request("chat", chat(temperature=0.5, seed=3))
+    assert sampled.generate.sampling.seed == 3 and sampled.resolved is None
 
 
 @pytest.mark.parametrize("key,value", [
@@ -90,7 +171,8 @@ def test_malformed_values_are_refused_naming_the_field(key, value):
 @pytest.mark.parametrize("messages,param", [
     ([], "messages"), ("hi", "messages"),
     ([{"role": "tool", "content": "x"}], "messages[0].role"),
-    ([{"role": "user", "content": "x", "name": "bob"}], "messages[0].name"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
+    ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
     ([{"role": "user", "content": None}], "messages[0].content"),
 ])

@@ -96,3 +96,20 @@ def test_the_leases_ceiling_is_set_without_validating_the_request_again(monkeypa
     assert lowered.max_new_tokens == 2 and lowered.stop == ("x",) and calls == []
     with pytest.raises(InvalidField):
         SequenceRequest("s", (1, 2), 4, min_new_tokens=3).with_max_new_tokens(2)
+
+
+def test_top_logprobs_beyond_twenty_is_refused_naming_the_field():
+    request_rules.top_logprobs(20)
+    request = types_pb2.GenerateRequest(text="hi", logprobs=types_pb2.LogprobsOptions(
+        top_logprobs=21))
+    with pytest.raises(InvalidField) as info:
+        request_rules.generate_request(request, prefix="request.")
+    assert info.value.field == "request.logprobs.top_logprobs"
+    assert "21" in str(info.value) and "20" in str(info.value)
+
+
+def test_a_logit_bias_id_outside_the_vocabulary_is_named():
+    request_rules.logit_bias_in_vocab([0, 99], 100)
+    with pytest.raises(InvalidField) as info:
+        request_rules.logit_bias_in_vocab([3, 100], 100)
+    assert info.value.field == "sampling.logit_bias[100]"

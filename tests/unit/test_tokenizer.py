@@ -191,3 +191,27 @@ def test_a_decode_stream_error_falls_back_to_window_decoding():
     ids = tok.encode("plain words " + MULTIBYTE)
     deltas = stream_deltas(tok, ids, tok.encode("context"))
     assert "".join(deltas) == tok.decode(ids)
+
+
+def test_token_bytes_are_exact_and_join_to_the_text(tiny_tokenizer):
+    # The logprobs' `bytes`: a piece of a multi-byte character is its own bytes, and the
+    # pieces of a text join to exactly its UTF-8.
+    ids = tiny_tokenizer.encode(MULTIBYTE)
+    pieces = [tiny_tokenizer.token_bytes(i) for i in ids]
+    assert b"".join(pieces) == MULTIBYTE.encode()
+    assert any(not _decodes(p) for p in pieces)  # some piece splits a character
+
+
+def test_token_bytes_of_a_special_token_is_its_content(tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token
+    (eos_id,) = tiny_tokenizer._tok.encode(eos, add_special_tokens=False).ids
+    assert tiny_tokenizer.token_bytes(eos_id) == eos.encode()
+    assert tiny_tokenizer.token_bytes(10**7) == b""  # beyond the tokenizer's vocabulary
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortserve import request_rules
+from worker_service.core.logprobs import TokenLogprobs, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -20,24 +21,40 @@ class SamplingConfig:
     top_p: float | None = None  # None or 1: no limit
     seed: int | None = None  # None: a fresh random seed, reported back
     repetition_penalty: float | None = None  # None or 1: no penalty
+    presence_penalty: float | None = None  # None or 0: none; over this request's output
+    frequency_penalty: float | None = None  # None or 0: none; over this request's output
+    min_p: float | None = None  # None or 0: no limit
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
 
     @property
     def greedy(self) -> bool:
         return self.temperature is None or self.temperature == 0
 
+    @property
+    def counts_output(self) -> bool:
+        """Presence or frequency penalty set: the sampler counts what it chose."""
+        return bool(self.presence_penalty) or bool(self.frequency_penalty)
+
     def validate(self) -> None:
         """Raise InvalidField(field="sampling.<name>") for a value that would be ignored or is
         bad: the one rule (ortserve.request_rules.sampling), which the scheduler also applies."""
         request_rules.sampling(self.temperature, self.top_k, self.top_p, self.seed,
-                               self.repetition_penalty)
+                               self.repetition_penalty, self.presence_penalty,
+                               self.frequency_penalty, self.min_p, dict(self.logit_bias))
 
 
 class Sampler:
     """One sequence's token chooser; holds its random generator, so one per sequence.
 
-    Order: repetition penalty over prompt + output (CTRL: a positive logit is
-    divided by the penalty, a negative one multiplied), then argmax when greedy,
-    else temperature, top_k, top_p and a draw from numpy's PCG64 seeded with `.seed`.
+    Order: the suppressed tokens (min_new_tokens' EOS) masked; the repetition
+    penalty over prompt + output (CTRL: a positive logit is divided by the
+    penalty, a negative one multiplied); the presence and frequency penalties
+    over this sequence's own output (OpenAI's: logit - frequency x count -
+    presence x [count > 0]); logit_bias added. Then argmax when greedy, else
+    temperature, top_k, top_p, min_p and a draw from numpy's PCG64 seeded with
+    `.seed`. Log-probabilities (when asked) are taken after the temperature
+    (1 under greedy), before top_k/top_p/min_p truncate: the distribution the
+    request's own parameters shaped, not the truncation's renormalised one.
     """
 
     def __init__(self, config: SamplingConfig, vocab_size: int) -> None:
@@ -51,6 +68,12 @@ class Sampler:
             self.seed = config.seed if config.seed is not None else secrets.randbits(63)
             self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._suppressed = np.zeros(0, dtype=np.int64)
+        # Penalties and bias make the plain-argmax fast path wrong: decided once.
+        self._adjusts = bool(config.logit_bias) or config.counts_output or (
+            config.repetition_penalty is not None and config.repetition_penalty != 1)
+        self._bias_ids = np.array([t for t, _ in config.logit_bias], dtype=np.int64)
+        self._bias_values = np.array([b for _, b in config.logit_bias], dtype=np.float64)
+        self._output_counts: dict[int, int] = {}  # token -> times chosen, when counts_output
 
     def suppress(self, token_ids: Sequence[int]) -> None:
         """Never choose these tokens until `suppress([])` (the engine uses it for min_new_tokens)."""
@@ -58,19 +81,26 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history: Sequence[int],
                  allowed: np.ndarray | None = None) -> int:
-        """Choose the next token from 1-D logits; `history` is prompt + output so far.
+        """Choose the next token from 1-D logits; `history` is prompt + output so far."""
+        return self.choose(logits, history, allowed=allowed)[0]
+
+    def choose(self, logits: np.ndarray, history: Sequence[int],
+               top_logprobs: int | None = None,
+               allowed: np.ndarray | None = None) -> tuple[int, TokenLogprobs | None]:
+        """The next token and, when `top_logprobs` is not None, its log-probability and the
+        `top_logprobs` most likely alternatives (worker_service.core.logprobs).
 
         `allowed` (a bool array over the vocabulary: an output constraint's mask) removes
-        every other token first, so greedy, temperature, top_k and top_p choose among
-        the allowed tokens only.
+        every other token first, so greedy, temperature, top_k, top_p and min_p choose
+        among the allowed tokens only (and log-probabilities are over them).
         """
-        penalty = self.config.repetition_penalty
-        if self._rng is None and not self._suppressed.size and (penalty is None or penalty == 1):
+        if (self._rng is None and not self._suppressed.size and not self._adjusts
+                and top_logprobs is None):
             # Plain greedy: argmax needs no copy (float32 -> float64 is exact and monotonic,
             # so the first maximum is the same one): the common decode path, once per row.
             if allowed is None:
-                return int(np.argmax(logits[: self.vocab_size]))
-            return _masked_argmax(logits[: self.vocab_size], allowed)
+                return int(np.argmax(logits[: self.vocab_size])), None
+            return _masked_argmax(logits[: self.vocab_size], allowed), None
         # float64 throughout: float32 softmax over ~50k entries loses the tail mass.
         scores = np.array(logits[: self.vocab_size], dtype=np.float64)
         if allowed is not None:
@@ -82,15 +112,34 @@ class Sampler:
                 # constraint wins, or there would be no token at all.
                 scores[self._suppressed] = np.where(allowed[self._suppressed],
                                                     logits[self._suppressed], -np.inf)
+        self._adjust(scores, history)
+        if self._rng is None:
+            token = int(np.argmax(scores))
+        else:
+            assert self.config.temperature
+            scores /= self.config.temperature
+            token = self._draw(scores)
+        if self.config.counts_output:
+            self._output_counts[token] = self._output_counts.get(token, 0) + 1
+        if top_logprobs is None:
+            return token, None
+        return token, token_logprobs(scores, token, top_logprobs)
+
+    def _adjust(self, scores: np.ndarray, history: Sequence[int]) -> None:
+        """The penalties and logit_bias, in place, before anything chooses."""
+        config = self.config
+        penalty = config.repetition_penalty
         if penalty is not None and penalty != 1:
             apply_repetition_penalty(scores, history, penalty)
-        if self._rng is None:
-            return int(np.argmax(scores))
-        return int(self._draw(scores))
+        if self._output_counts:
+            apply_presence_frequency(scores, self._output_counts, config.presence_penalty or 0.0,
+                                     config.frequency_penalty or 0.0)
+        if self._bias_ids.size:
+            scores[self._bias_ids] += self._bias_values
 
     def _draw(self, scores: np.ndarray) -> int:
-        assert self._rng is not None and self.config.temperature
-        scores = scores / self.config.temperature
+        """A draw from `scores` (temperature applied) after top_k, top_p and min_p."""
+        assert self._rng is not None
         top_k = self.config.top_k or 0
         top_p = self.config.top_p
         nucleus = top_p is not None and top_p < 1
@@ -102,6 +151,11 @@ class Sampler:
             # Descending by score; the stable sort breaks ties by token id, for reproducibility.
             candidates = candidates[np.argsort(-scores[candidates], kind="stable")]
         cand_scores = scores[candidates]
+        if self.config.min_p:
+            # p >= min_p x p_max  <=>  score >= max score + log(min_p): no softmax needed,
+            # and the most likely token always passes.
+            kept = cand_scores >= cand_scores.max() + np.log(self.config.min_p)
+            candidates, cand_scores = candidates[kept], cand_scores[kept]
         probs = np.exp(cand_scores - cand_scores.max())
         probs /= probs.sum()
         if nucleus:
@@ -120,6 +174,15 @@ def _masked_argmax(logits: np.ndarray, allowed: np.ndarray) -> int:
     if ids.size == 0:
         raise ValueError("the constraint allows no token")
     return int(ids[np.argmax(logits[ids])])
+
+
+def apply_presence_frequency(scores: np.ndarray, counts: dict[int, int], presence: float,
+                             frequency: float) -> None:
+    """OpenAI's presence and frequency penalties, in place: each token generated `c` > 0
+    times loses `frequency x c + presence` from its logit."""
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    times = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+    scores[ids] -= frequency * times + presence
 
 
 def apply_repetition_penalty(scores: np.ndarray, history: Sequence[int], penalty: float) -> None:

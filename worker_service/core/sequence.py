@@ -22,6 +22,7 @@ from ortserve import request_rules
 from ortserve.constraint import ConstraintSpec
 from worker_service.core.constraint import Constraint
 from worker_service.core.errors import EngineError
+from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
@@ -55,6 +56,9 @@ class SequenceRequest:
     request_id: str = ""
     # The output constraint (structured output); None: free text.
     constraint: ConstraintSpec | None = None
+    # Log-probabilities per generated token with this many alternatives (0..20);
+    # None: not asked, and nothing is computed.
+    top_logprobs: int | None = None
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -66,6 +70,8 @@ class SequenceRequest:
         request_rules.stop_sequences(self.stop)
         self.sampling.validate()
         request_rules.constraint(self.constraint)
+        if self.top_logprobs is not None:
+            request_rules.top_logprobs(self.top_logprobs)
 
     def with_max_new_tokens(self, max_new_tokens: int) -> SequenceRequest:
         """This request with another ceiling (the lease's), without validating the rest
@@ -87,11 +93,13 @@ class SequenceRequest:
 
 @dataclass(frozen=True)
 class TokenDelta:
-    """One generated token (EOS included) and the text it completes (may be "")."""
+    """One generated token (EOS included) and the text it completes (may be ""); with
+    `logprobs` (one per token id) when the request asked for them."""
 
     sequence_id: str
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,16 +244,19 @@ class Sequence:
         if not self.t_prefill_start:
             self.t_prefill_start = now
 
-    def accept(self, logits: np.ndarray) -> tuple[int, str, FinishReason | None]:
+    def accept(self, logits: np.ndarray
+               ) -> tuple[int, str, FinishReason | None, TokenLogprobs | None]:
         """Sample the next token from the last position's logits and append it.
 
-        Returns (token id, text that may go out now, finish reason or None).
+        Returns (token id, text that may go out now, finish reason or None, the
+        token's log-probabilities when the request asked for them, else None).
         """
         constraint = self.constraint
         if constraint is None:
-            token = self.sampler(logits, self.token_ids)
+            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs)
         else:
-            token = self.sampler(logits, self.token_ids, constraint.allowed())
+            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
+                                                  allowed=constraint.allowed())
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
@@ -261,15 +272,16 @@ class Sequence:
             complete = constraint.complete
         if token in self.eos_token_ids:
             # EOS counts as a generated token but adds no text.
-            return token, self.stream.push(None, final=True, stops_armed=armed), FinishReason.EOS
+            text = self.stream.push(None, final=True, stops_armed=armed)
+            return token, text, FinishReason.EOS, logprobs
         final = complete or generated >= self.req.max_new_tokens
         text = self.stream.push(token, final=final, stops_armed=armed)
         if self.stream.stop_sequence:
-            return token, text, FinishReason.STOP_SEQUENCE
+            return token, text, FinishReason.STOP_SEQUENCE, logprobs
         if complete:
             # Nothing can follow: ending now saves the model run that could only pick EOS.
-            return token, text, FinishReason.CONSTRAINT_COMPLETE
-        return token, text, FinishReason.LENGTH if final else None
+            return token, text, FinishReason.CONSTRAINT_COMPLETE, logprobs
+        return token, text, FinishReason.LENGTH if final else None, logprobs
 
     def completed(self, finish_reason: FinishReason) -> Completed:
         end = time.perf_counter()

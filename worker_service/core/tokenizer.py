@@ -6,6 +6,7 @@ tokenizes what it renders.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -40,6 +41,10 @@ class Tokenizer:
         self.bos_token = self.special_tokens.get("bos_token", "")
         self.eos_token = self.special_tokens.get("eos_token", "")
         self.chat_template = ChatTemplate.load(model_dir, self._config, self.special_tokens)
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        self._byte_level = decoder.get("type") == "ByteLevel"
+        self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
+        self._token_bytes: dict[int, bytes] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -72,11 +77,49 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's exact UTF-8 bytes (a piece of a multi-byte character included),
+        cached per id: the logprobs' `token` and `token_bytes`. Byte-level BPE pieces map
+        back through GPT-2's byte table; added tokens are their content; any other
+        decoder falls back to decoding the id alone."""
+        cached = self._token_bytes.get(token_id)
+        if cached is None:
+            cached = self._token_bytes[token_id] = self._bytes_of(token_id)
+        return cached
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""  # an id of the model's padded vocabulary the tokenizer lacks
+        if self._byte_level and token_id not in self._added_ids:
+            table = _unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        if token_id in self._added_ids:
+            return piece.encode()
+        return self._tok.decode([token_id], skip_special_tokens=False).encode()
+
     def decode_stream(self, prefix_ids: Sequence[int] = ()) -> Callable[[int], str | None]:
         """A `tokenizers` DecodeStream after `prefix_ids`, as a step function: one id in, the
         newly completed text out (None while a character is incomplete)."""
         stream = DecodeStream(ids=list(prefix_ids), skip_special_tokens=True)
         return lambda token_id: stream.step(self._tok, token_id)
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte-level table, inverted: the printable character that stands for each
+    byte in a ByteLevel vocabulary -> that byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 class IncrementalDetokenizer:

@@ -137,7 +137,13 @@ class GenerateResult:
 
 
 def sampling_dict(pb: types_pb2.SamplingParams) -> dict:
-    return {f.name: getattr(pb, f.name) for f in pb.DESCRIPTOR.fields if pb.HasField(f.name)}
+    """The set fields; logit_bias (a map, which has no presence) when not empty, its token
+    ids as strings (JSON object keys)."""
+    out = {f.name: getattr(pb, f.name) for f in pb.DESCRIPTOR.fields
+           if f.has_presence and pb.HasField(f.name)}
+    if pb.logit_bias:
+        out["logit_bias"] = {str(k): v for k, v in sorted(pb.logit_bias.items())}
+    return out
 
 
 def usage_from_pb(pb: types_pb2.Usage) -> Usage:
