@@ -197,7 +197,7 @@ def run_sequence(compiler, tokenizer, spec, max_new_tokens, favourite: list[int]
     for token in favourite:
         logits = np.zeros(tokenizer.vocab_size, dtype=np.float32)
         logits[token] = 10.0
-        _, _, reason = seq.accept(logits)
+        _, _, reason, _ = seq.accept(logits)
         if reason is not None:
             return seq, reason
     raise AssertionError("the sequence never ended")
@@ -223,5 +223,5 @@ def test_a_sequence_cut_by_its_ceiling_says_the_constraint_was_not_satisfied(com
 def test_an_unconstrained_sequence_reports_no_constraint(tokenizer):
     req = SequenceRequest("s", (1, 2, 3), 1)
     seq = Sequence(req, lambda e: None, tokenizer, tokenizer.vocab_size, (EOS,))
-    _, _, reason = seq.accept(np.zeros(tokenizer.vocab_size, dtype=np.float32))
+    _, _, reason, _ = seq.accept(np.zeros(tokenizer.vocab_size, dtype=np.float32))
     assert seq.completed(reason).constraint_satisfied is None
