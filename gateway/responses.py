@@ -94,8 +94,11 @@ def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
 
 
 def usage_dict(usage: types_pb2.Usage) -> dict:
+    # prompt_tokens_details.cached_tokens: OpenAI's name for prompt tokens served from a
+    # prefix cache (here the worker's, docs/prefix-cache.md), always present as theirs is.
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.generated_tokens,
-            "total_tokens": usage.prompt_tokens + usage.generated_tokens}
+            "total_tokens": usage.prompt_tokens + usage.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
 def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
