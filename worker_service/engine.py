@@ -127,13 +127,11 @@ class Engine:
                                  "static")
         self.kv_layout = layout
         self.prefix_cache: PrefixCache | None = None
-        cache_bytes = (config.kv_capacity_bytes // 2 if config.prefix_cache_bytes is None
-                       else config.prefix_cache_bytes)
-        if layout == "arena" and cache_bytes > 0:
-            assert isinstance(self.runner, BatchedModelRunner) and self._arena is not None
-            self.prefix_cache = PrefixCache(self.kv, min(cache_bytes, config.kv_capacity_bytes),
-                                            self._arena.block_tokens)
-            self.runner.prefix_cache = self.prefix_cache
+        cache_bytes = min(config.kv_capacity_bytes, config.kv_capacity_bytes // 2
+                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
+        if isinstance(self.runner, BatchedModelRunner) and cache_bytes > 0:
+            self.prefix_cache = self.runner.prefix_cache = PrefixCache(
+                self.kv, cache_bytes, self.runner.arena.block_tokens)
         # Sessions keep K/V between turns as host copies of arena rows (session_kv.py).
         self.sessions = SessionTable(self.kv, config.session_swap_bytes) if layout == "arena" else None
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
@@ -161,15 +159,13 @@ class Engine:
         return self.kv.held_bytes()
 
     def cached_bytes(self) -> int:
-        """Bytes the prefix cache holds (inside the capacity; evictable unless a sequence is
-        copying them)."""
+        """Bytes the prefix cache holds (inside the capacity, evictable unless pinned)."""
         return self.prefix_cache.cached_bytes() if self.prefix_cache is not None else 0
 
     def prefix_cache_report(self) -> tuple[int, list[int]]:
-        """(cached bytes, the cache's summary of chain hashes) for the scheduler's heartbeat."""
-        if self.prefix_cache is None:
-            return 0, []
-        return self.prefix_cache.cached_bytes(), self.prefix_cache.summary()
+        """(cached bytes, the cache's chain-hash summary) for the scheduler's heartbeat."""
+        cache = self.prefix_cache
+        return (cache.cached_bytes(), cache.summary()) if cache is not None else (0, [])
 
     @property
     def batch_rows(self) -> int:

@@ -78,3 +78,40 @@ def test_default_model_600_token_prefix_greedy_equals_no_cache():
         got = _run(on, b, 12, greedy)
     assert got.cached_prompt_tokens == 600 // 16 * 16
     assert got.token_ids == want
+
+
+def test_physical_kv_stays_within_charges_after_every_step_with_hits(tiny_dir):
+    """Arena pages (the kernel's count) + every cached block <= charges + counted cache <=
+    capacity after each step, while sequences hit, fill and evict concurrently; a block a
+    live sequence is copying from (pinned) is never evicted."""
+    import threading
+
+    from worker_service.core.sequence import TERMINAL
+
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2, prefill_chunk_tokens=64,
+                             kv_capacity_bytes=2**20, prefix_cache_bytes=2**20)) as eng:
+        samples = []
+        step = eng.step
+
+        def checked_step():
+            step()  # on the engine thread: nothing frees between the step and the reads
+            cache = eng.prefix_cache
+            with eng.kv.lock:
+                charged = eng.kv.held_bytes_locked() + cache.counted_bytes_locked()
+                pinned = [b for b in cache._blocks.values() if b.pins]
+            samples.append((eng._arena.kernel_committed_bytes() + eng.cached_bytes(), charged))
+            assert all(b.key in cache._blocks for b in pinned)
+
+        eng.step = checked_step
+        base = [(i * 5) % 150 + 3 for i in range(400)]
+        _run(eng, base, 2)
+        done = [threading.Event() for _ in range(5)]
+        for i in range(5):
+            prompt = base[: 130 + 60 * i] + [7 + i] * 20
+            eng.submit(SequenceRequest(f"s{i}", tuple(prompt), 30, sampling=SAMPLED),
+                       lambda e, d=done[i]: d.set() if isinstance(e, TERMINAL) else None)
+        assert all(d.wait(120) for d in done)
+        assert eng.prefix_cache.stats.hit_tokens > 0
+        assert samples and all(physical <= charged <= eng.capacity_bytes
+                               for physical, charged in samples)
+        assert eng.held_bytes() == 0 and eng._arena.kernel_committed_bytes() == 0
