@@ -145,16 +145,16 @@ def test_a_follow_up_lands_on_the_worker_holding_its_prefix(tmp_path_factory):
             admission = scheduler_stub(cluster.address).Admit(scheduler_pb2.AdmitRequest(
                 request=types_pb2.GenerateRequest(token_ids=types_pb2.TokenIds(ids=[5] * 100),
                                                   max_new_tokens=400)), timeout=10)
-            leases.append(admission.lease_id)
+            leases.append(admission)
         assert workers[holder] < workers[other]
         follow = generate(cluster.address, prefix + [3, 4, 5], 4)
         assert follow.worker_id == holder
         assert follow.usage.cached_tokens == 400 // BLOCK * BLOCK
         fresh = generate(cluster.address, [(i * 19) % 4000 + 90 for i in range(400)], 2)
         assert fresh.worker_id == other and fresh.usage.cached_tokens == 0  # by bytes, as before
-        for lease_id in leases:
-            scheduler_stub(cluster.address).Release(scheduler_pb2.ReleaseRequest(lease_id=lease_id),
-                                                    timeout=5)
+        for admission in leases:
+            scheduler_stub(cluster.address).Release(scheduler_pb2.ReleaseRequest(
+                lease_id=admission.lease_id, lease_secret=admission.lease_secret), timeout=5)
 
 
 def test_the_gateway_reports_cached_tokens_on_a_resent_conversation(cached, tmp_path_factory):
