@@ -212,7 +212,7 @@ class Engine:
             if req.sequence_id in self._live:
                 raise LeaseInUse(req.sequence_id)
             # Pinned before the charge is made, so the eviction the charge may need leaves it.
-            hit = self.prefix_cache.lookup(req.prompt_ids) if self.prefix_cache else None
+            hit = self.prefix_cache.lookup(req.prompt_ids) if self.prefix_cache is not None else None
             try:
                 if session_id:
                     start = self._sessions().begin_turn(session_id, req.prompt_ids,

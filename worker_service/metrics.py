@@ -68,7 +68,7 @@ class _PrefixCacheMetrics(Collector):
             value=cache.limit_bytes if cache is not None else 0)
         yield CounterMetricFamily(
             "ortserve_worker_prefix_cache_lookup_tokens",
-            "Prompt tokens (whole blocks) looked up in the prefix cache", value=looked)
+            "Prompt tokens a prefix cache hit could have supplied (whole blocks before the last token)", value=looked)
         yield CounterMetricFamily(
             "ortserve_worker_prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache (copied, not prefilled)", value=hit)

@@ -17,7 +17,7 @@ def _physical_within_charges(engine: Engine) -> None:
     """The arena's pages + every cached block <= charges + counted cache <= capacity."""
     cache = engine.prefix_cache
     with engine.kv.lock:
-        charged = engine.kv.held_bytes_locked() + (cache.counted_bytes_locked() if cache else 0)
+        charged = engine.kv.held_bytes_locked() + (cache.counted_bytes_locked() if cache is not None else 0)
     assert charged <= engine.capacity_bytes
     physical = engine._arena.kernel_committed_bytes() + engine.cached_bytes()
     assert physical <= engine.held_bytes() + engine.cached_bytes() <= engine.capacity_bytes

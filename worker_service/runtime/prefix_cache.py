@@ -65,7 +65,7 @@ class CachedPrefix:
 @dataclass
 class CacheStats:
     lookups: int = 0
-    lookup_tokens: int = 0  # prompt tokens looked up (each prompt's whole blocks)
+    lookup_tokens: int = 0  # prompt tokens a hit could have supplied (whole blocks, not the last token)
     hit_tokens: int = 0  # of those, served from the cache
     inserted_bytes: int = 0
     evicted_bytes: int = 0
@@ -122,7 +122,7 @@ class PrefixCache:
         hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable)
         with self._lock:
             self.stats.lookups += 1
-            self.stats.lookup_tokens += len(prompt_ids) // bt * bt
+            self.stats.lookup_tokens += usable * bt  # the most a hit could supply
             found: list[CachedBlock] = []
             for key in hashes:
                 block = self._blocks.get(key)
