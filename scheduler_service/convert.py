@@ -26,10 +26,11 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
-                      model: str = "") -> AdmissionRequest:
+                      model: str = "", prompt_ids: list[int] | None = None) -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
+    `prompt_ids`: its token ids when counted (placement follows the prefix caches).
     """
     return AdmissionRequest(
         request_id=request.request_id,
@@ -38,6 +39,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         min_new_tokens=request.min_new_tokens,
         strict=request.cap_policy == types_pb2.CAP_POLICY_STRICT,
         model=model,
+        prompt_ids=tuple(prompt_ids or ()),
     )
 
 
@@ -193,6 +195,8 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             largest_batch=w.batch.largest_batch,
             version=g.version,
             device=g.device,
+            cached_bytes=w.prefix.cached_bytes,
+            cached_blocks=len(w.prefix.hashes),
         ))
     return scheduler_pb2.Budget(
         workers=workers,

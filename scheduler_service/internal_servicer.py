@@ -21,7 +21,7 @@ from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import errors as ledger_errors
-from scheduler_service.ledger.ledger import BatchStats, Ledger
+from scheduler_service.ledger.ledger import BatchStats, Ledger, PrefixCacheReport
 from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
 from scheduler_service.worker_clients import WorkerClients
@@ -71,7 +71,10 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
         known = self._ledger.heartbeat(request.worker_id, draining=request.draining,
                                        batch=BatchStats(request.running_sequences,
-                                                        request.batch_rows, request.largest_batch))
+                                                        request.batch_rows, request.largest_batch),
+                                       prefix=PrefixCacheReport(
+                                           request.cached_bytes,
+                                           frozenset(request.cached_prefix_hashes)))
         if known:
             lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
                                           grace_s=2 * self._config.heartbeat_interval_s)

@@ -30,7 +30,10 @@ class SchedulerMetrics:
              lambda w: w.available_bytes),
             ("ortserve_scheduler_leases", "Live leases per worker", lambda w: len(w.leases)),
             ("ortserve_scheduler_worker_draining", "1 while a worker drains",
-             lambda w: int(w.draining)))))
+             lambda w: int(w.draining)),
+            ("ortserve_scheduler_kv_cached_bytes",
+             "KV bytes a worker's prefix cache holds (its last heartbeat): inside its capacity, "
+             "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))

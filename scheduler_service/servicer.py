@@ -145,7 +145,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
             return replace(admission, dry_run=dry_run), []
-        domain = convert.admission_request(request, len(prompt.token_ids), model)
+        domain = convert.admission_request(request, len(prompt.token_ids), model,
+                                           prompt_ids=prompt.token_ids)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:

@@ -95,6 +95,10 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--session-swap-bytes", default=_env("ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
                    help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
                         "a swapped-out session's KV is dropped and its next turn recomputes")
+    p.add_argument("--prefix-cache-bytes", default=_env("ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
+                   help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
+                        "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
+                        "(default: half the KV capacity; docs/prefix-cache.md)")
     p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
@@ -127,6 +131,10 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         swap = parse_bytes(a.session_swap_bytes) if a.session_swap_bytes else d.session_swap_bytes
     except ValueError as error:
         p.error(f"--session-swap-bytes: {error}")
+    try:
+        prefix_cache = parse_bytes(a.prefix_cache_bytes) if a.prefix_cache_bytes else None
+    except ValueError as error:
+        p.error(f"--prefix-cache-bytes: {error}")
     tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
     try:
         tls.check("ortserve-worker", need_ca=True)
@@ -137,7 +145,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, drain_timeout_s=a.drain_timeout_s,
-        metrics_port=a.metrics_port, session_swap_bytes=swap, log_level=a.log_level,
+        metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
+        log_level=a.log_level,
         log_json=a.log_json, tls=tls,
     )
 

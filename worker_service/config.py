@@ -24,6 +24,9 @@ class WorkerConfig:
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
+    # The prefix cache's bound inside the KV capacity (--prefix-cache-bytes); None: half
+    # of it; 0: off (docs/prefix-cache.md).
+    prefix_cache_bytes: int | None = None
     log_level: str = "info"
     log_json: bool | None = None
     # cert/key: its port and its client certificate towards the scheduler; ca: what

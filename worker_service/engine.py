@@ -47,6 +47,7 @@ from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
@@ -77,6 +78,9 @@ class EngineConfig:
     # Constrained rows: compute the next tokens' masks beside the ORT run (both release
     # the GIL) instead of after it.
     constraint_mask_overlap: bool = True
+    # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/prefix-cache.md);
+    # None: half of it; 0: off. Arena layout only.
+    prefix_cache_bytes: int | None = None
 
 
 class SequenceHandle:
@@ -126,6 +130,12 @@ class Engine:
             raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of auto, arena, "
                                  "static")
         self.kv_layout = layout
+        self.prefix_cache: PrefixCache | None = None
+        cache_bytes = min(config.kv_capacity_bytes, config.kv_capacity_bytes // 2
+                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
+        if isinstance(self.runner, BatchedModelRunner) and cache_bytes > 0:
+            self.prefix_cache = self.runner.prefix_cache = PrefixCache(
+                self.kv, cache_bytes, self.runner.arena.block_tokens)
         # Sessions keep K/V between turns as host copies of arena rows (session_kv.py).
         self.sessions = SessionTable(self.kv, config.session_swap_bytes) if layout == "arena" else None
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
@@ -156,6 +166,15 @@ class Engine:
     def held_bytes(self) -> int:
         """KV bytes charged to live sequences (queued ones included: their bytes are theirs)."""
         return self.kv.held_bytes()
+
+    def cached_bytes(self) -> int:
+        """Bytes the prefix cache holds (inside the capacity, evictable unless pinned)."""
+        return self.prefix_cache.cached_bytes() if self.prefix_cache is not None else 0
+
+    def prefix_cache_report(self) -> tuple[int, list[int]]:
+        """(cached bytes, the cache's chain-hash summary) for the scheduler's heartbeat."""
+        cache = self.prefix_cache
+        return (cache.cached_bytes(), cache.summary()) if cache is not None else (0, [])
 
     @property
     def batch_rows(self) -> int:
@@ -205,13 +224,24 @@ class Engine:
                 raise EngineError("the engine is closed; start a new worker")
             if req.sequence_id in self._live:
                 raise LeaseInUse(req.sequence_id)
-            if session_id:
-                start = self._sessions().begin_turn(session_id, req.prompt_ids, req.max_tokens,
-                                                    detail)
-                seq.continue_session(session_id, start.allocation, start.reused_tokens,
-                                     start.resume)
-            else:
-                seq.charged(self.kv.allocate(req.max_tokens, detail=detail))
+            # Pinned before the charge is made, so the eviction the charge may need leaves it.
+            hit = self.prefix_cache.lookup(req.prompt_ids) if self.prefix_cache is not None else None
+            try:
+                if session_id:
+                    start = self._sessions().begin_turn(session_id, req.prompt_ids,
+                                                        req.max_tokens, detail)
+                    seq.continue_session(session_id, start.allocation, start.reused_tokens,
+                                         start.resume)
+                    if start.reused_tokens and hit is not None:  # the session's own KV wins
+                        self._release_hit(hit)
+                        hit = None
+                else:
+                    seq.charged(self.kv.allocate(req.max_tokens, detail=detail))
+            except BaseException:
+                self._release_hit(hit)
+                raise
+            if hit is not None:
+                seq.start_from_cache(hit)
             self._live[req.sequence_id] = seq
             self._inbox.append(seq)
             self._cond.notify()
@@ -279,6 +309,10 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _release_hit(self, hit: CachedPrefix | None) -> None:
+        if hit is not None and self.prefix_cache is not None:
+            self.prefix_cache.release(hit)
 
     def _cancel(self, seq: Sequence) -> None:
         with self._cond:
@@ -369,6 +403,8 @@ class Engine:
         if not seq.end():
             return
         self.scheduler.remove(seq)
+        if isinstance(seq.resume, CachedPrefix):  # a cache hit no row took: unpin it
+            self._release_hit(seq.take_unused_prefix())
         if seq.session_id:
             # A failed turn's K/V may be partial: dropped. A finished or cancelled
             # one holds exactly its computed tokens: kept for the next turn.
@@ -382,9 +418,14 @@ class Engine:
             with self._cond:
                 self._sessions().end_turn(seq.session_id, seq.kv, held)
         else:
+            # Its whole blocks go to the prefix cache (a failed sequence's K/V may be partial),
+            # pinned: its charge covers them until it is freed, then they count.
+            cached = [] if isinstance(event, Failed) else self.runner.fill_prefix_cache(seq)
             self.runner.forget(seq)
             if seq.kv is not None:
                 self.kv.free(seq.kv)
+            if cached and self.prefix_cache is not None:
+                self.prefix_cache.unpin_all(cached)
         with self._cond:
             self._live.pop(seq.sequence_id, None)
         seq.emit(event)

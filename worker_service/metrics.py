@@ -7,6 +7,8 @@ once per finished sequence from its Completed event.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ortserve.metrics import RequestLatency, callback_gauge
 from worker_service.core.sequence import Completed
@@ -41,8 +43,47 @@ class WorkerMetrics:
             "ortserve_worker_sequences_finished", "Sequences that finished, by finish reason",
             ["finish_reason"], registry=registry)
         self.latency = RequestLatency(registry, "ortserve_worker", "worker")
+        registry.register(_PrefixCacheMetrics(engine))
 
     def completed(self, done: Completed) -> None:
         self.generated_tokens.inc(done.generated_tokens)
         self.sequences.labels(done.finish_reason.value).inc()
         self.latency.observe(done.generated_tokens, done.ttft_ms, done.decode_ms, done.total_ms)
+
+
+class _PrefixCacheMetrics(Collector):
+    """The prefix cache's figures, read from its stats at scrape time (docs/prefix-cache.md)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self):
+        cache = self._engine.prefix_cache
+        stats = cache.stats if cache is not None else None
+        looked = stats.lookup_tokens if stats else 0
+        hit = stats.hit_tokens if stats else 0
+        yield GaugeMetricFamily(
+            "ortserve_worker_prefix_cache_bytes",
+            "KV bytes the prefix cache holds now (inside the KV capacity, evictable)",
+            value=self._engine.cached_bytes())
+        yield GaugeMetricFamily(
+            "ortserve_worker_prefix_cache_limit_bytes",
+            "The prefix cache's bound (--prefix-cache-bytes; 0: off)",
+            value=cache.limit_bytes if cache is not None else 0)
+        yield CounterMetricFamily(
+            "ortserve_worker_prefix_cache_lookup_tokens",
+            "Prompt tokens a prefix cache hit could have supplied (whole blocks before the last token)", value=looked)
+        yield CounterMetricFamily(
+            "ortserve_worker_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache (copied, not prefilled)", value=hit)
+        yield GaugeMetricFamily(
+            "ortserve_worker_prefix_cache_hit_ratio",
+            "hit_tokens / lookup_tokens since start (0 before any lookup)",
+            value=hit / looked if looked else 0.0)
+        yield CounterMetricFamily(
+            "ortserve_worker_prefix_cache_evicted_bytes",
+            "Bytes evicted from the prefix cache (for admissions or its bound)",
+            value=stats.evicted_bytes if stats else 0)
+
+    def describe(self):
+        return []

@@ -77,6 +77,9 @@ class SchedulerLink:
         # Runs after a registration with the sessions the scheduler did not restore and
         # the leases it refused: the worker frees those sessions.
         self.drop_sessions: Callable[[list[str], list[str]], Awaitable[None]] | None = None
+        # (bytes the prefix cache holds, its summary's chain hashes), sent with every
+        # heartbeat: the ledger shows the bytes, placement follows the hashes.
+        self.prefix_cache: Callable[[], tuple[int, list[int]]] = lambda: (0, [])
 
     @property
     def worker_id(self) -> str:
@@ -134,9 +137,11 @@ class SchedulerLink:
 
     async def _heartbeat(self, live_lease_ids: list[str]) -> scheduler_pb2.HeartbeatResponse:
         running, rows, largest = self._batch_stats()
+        cached_bytes, cached_hashes = self.prefix_cache()
         return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
             worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining,
-            running_sequences=running, batch_rows=rows, largest_batch=largest), timeout=5.0)
+            running_sequences=running, batch_rows=rows, largest_batch=largest,
+            cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes), timeout=5.0)
 
     async def announce_draining(self) -> None:
         """Tell the scheduler now (not at the next heartbeat) to place nothing more here."""

@@ -122,7 +122,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
                                  kv_capacity_bytes=capacity_bytes,
-                                 session_swap_bytes=config.session_swap_bytes)
+                                 session_swap_bytes=config.session_swap_bytes,
+                                 prefix_cache_bytes=config.prefix_cache_bytes)
     # ORT session creation blocks for seconds: keep it off the event loop.
     try:
         engine = await asyncio.to_thread(Engine, engine_config)
@@ -167,6 +168,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                          if files.enabled else None)
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     link.live_sessions = servicer.live_sessions
+    link.prefix_cache = engine.prefix_cache_report
     link.drop_sessions = servicer.drop_sessions
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())

@@ -82,7 +82,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,8 @@ class WorkerBudget(_message.Message):
     LARGEST_BATCH_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -121,7 +123,9 @@ class WorkerBudget(_message.Message):
     largest_batch: int
     version: str
     device: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    cached_bytes: int
+    cached_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models")
@@ -228,20 +232,24 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ..., dropped_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch")
+    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch", "cached_bytes", "cached_prefix_hashes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LIVE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     LARGEST_BATCH_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     live_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     running_sequences: int
     batch_rows: int
     largest_batch: int
-    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ...) -> None: ...
+    cached_bytes: int
+    cached_prefix_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

@@ -35,6 +35,7 @@ from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the le
     Decision,
     Expired,
     Lease,
+    PrefixCacheReport,
     Rejection,
     WorkerGeometry,
     WorkerSnapshot,
@@ -49,6 +50,7 @@ class _Worker:
     reserved_bytes: int = 0
     draining: bool = False  # shutting down: no new placements, its leases run out
     batch: BatchStats = field(default_factory=BatchStats)
+    prefix: PrefixCacheReport = field(default_factory=PrefixCacheReport)
 
     @property
     def available_bytes(self) -> int:
@@ -119,7 +121,8 @@ class Ledger:
         return refused
 
     def heartbeat(self, worker_id: str, draining: bool = False,
-                  batch: BatchStats | None = None) -> bool:
+                  batch: BatchStats | None = None,
+                  prefix: PrefixCacheReport | None = None) -> bool:
         """Renew a worker and all its leases. False: unknown, it must register again.
 
         `draining` is sticky: a worker that said it is shutting down gets no new
@@ -133,6 +136,8 @@ class Ledger:
             worker.draining = worker.draining or draining
             if batch is not None:
                 worker.batch = batch
+            if prefix is not None:
+                worker.prefix = prefix
             return True
 
     def remove_worker(self, worker_id: str) -> int:
@@ -277,6 +282,7 @@ class Ledger:
                     leases=tuple(w.leases.values()),
                     draining=w.draining,
                     batch=w.batch,
+                    prefix=w.prefix,
                 )
                 for w in sorted(self._workers.values(), key=lambda w: w.geometry.worker_id)
             ]

@@ -2,8 +2,9 @@
 
 Also which leases a re-registering worker takes back. The ledger calls these
 under its lock with its workers' state; nothing here reserves anything.
-Balance over packing: a request that fits whole goes to the worker with the
-most free bytes; otherwise to the one where the cap is largest. Only workers
+Balance over packing: a request that fits whole goes to the worker whose prefix
+cache holds the longest prefix of its prompt, then to the one with the most
+free bytes; otherwise to the one where the cap is largest. Only workers
 serving the request's model are ever considered (resolve_model names it).
 """
 
@@ -78,10 +79,12 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     options = [option(req, w) for w in in_context]
     whole = [o for o in options if o.fits_whole]
     if whole:
-        # NOTE: spread whole fits over workers (most free bytes first): decode
-        # speed per worker is the bottleneck, so balance beats packing here.
-        best = max(whole, key=lambda o: (o.worker.available_bytes, -len(o.worker.leases),
-                                         o.worker.geometry.worker_id))
+        # NOTE: a cached prefix first (seconds of prefill saved, docs/prefix-cache.md),
+        # then spread whole fits over workers (most free bytes first): decode speed
+        # per worker is the bottleneck, so balance beats packing here.
+        best = max(whole, key=lambda o: (
+            o.worker.prefix.cached_tokens(req, o.worker.geometry.block_tokens),
+            o.worker.available_bytes, -len(o.worker.leases), o.worker.geometry.worker_id))
         g = best.worker.geometry
         n_new = best.requested_max_new_tokens
         return Admission(

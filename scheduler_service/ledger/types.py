@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ortserve import kv_math, request_rules
+from ortserve import kv_math, prefix_hash, request_rules
 from ortserve.errors import InvalidField
 from ortserve.units import human_bytes
 
@@ -88,11 +88,26 @@ class AdmissionRequest:
     # Placed only on workers serving this model (the servicer resolves the request's
     # name first: placement.resolve_model). Empty: any worker, as in a one-model pool.
     model: str = ""
+    # The prompt's token ids when known: placement prefers the worker whose prefix cache
+    # holds its longest prefix (docs/prefix-cache.md). Empty: placement by bytes alone.
+    prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Field names are the proto's, so the servicer can pass them on as BadRequest.
         request_rules.prompt_tokens(self.prompt_tokens)
         request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
+
+    def prefix_hashes(self, block_tokens: int) -> list[int]:
+        """The chain hashes of the prompt's blocks a cache hit could supply (all but its
+        last token), computed once per block size: a queued request is decided many times."""
+        hashes = self._hashes.get(block_tokens)
+        if hashes is None:
+            usable = (len(self.prompt_ids) - 1) // block_tokens
+            hashes = prefix_hash.chain_hashes(
+                self.prompt_ids, block_tokens, min(usable, prefix_hash.SUMMARY_DEPTH_BLOCKS))
+            self._hashes[block_tokens] = hashes
+        return hashes
 
     @property
     def floor_new_tokens(self) -> int:
@@ -197,6 +212,22 @@ class BatchStats:
 
 
 @dataclass(frozen=True)
+class PrefixCacheReport:
+    """What a worker's last heartbeat said of its prefix cache: the bytes it holds (inside
+    its capacity, evictable: admission counts them as available) and the chain hashes of
+    the blocks it holds near prompt starts (placement follows them)."""
+
+    cached_bytes: int = 0
+    hashes: frozenset[int] = frozenset()
+
+    def cached_tokens(self, req: AdmissionRequest, block_tokens: int) -> int:
+        """Prompt tokens of `req` this worker's cache would supply (0: none, or unknown)."""
+        if not self.hashes or not req.prompt_ids:
+            return 0
+        return prefix_hash.matched_blocks(req.prefix_hashes(block_tokens), self.hashes) * block_tokens
+
+
+@dataclass(frozen=True)
 class WorkerSnapshot:
     geometry: WorkerGeometry
     reserved_bytes: int
@@ -204,6 +235,7 @@ class WorkerSnapshot:
     leases: tuple[Lease, ...]
     draining: bool = False
     batch: BatchStats = field(default_factory=lambda: BatchStats())
+    prefix: PrefixCacheReport = field(default_factory=lambda: PrefixCacheReport())
 
     @property
     def available_bytes(self) -> int:

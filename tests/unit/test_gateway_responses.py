@@ -49,7 +49,8 @@ def test_the_full_chat_response_carries_the_whole_cap_and_length():
     choice = body["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "Paris"}
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 37, "completion_tokens": 91, "total_tokens": 128}
+    assert body["usage"] == {"prompt_tokens": 37, "completion_tokens": 91, "total_tokens": 128,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     cap = body["ortserve"]["budget_cap"]
     assert cap["admitted_max_new_tokens"] == 91 and cap["requested_bytes"] == 377_487_360
     assert set(cap) == {f.name for f in types_pb2.BudgetCap.DESCRIPTOR.fields}

@@ -126,6 +126,7 @@ class Completed:
     # constraint).
     constraint_satisfied: bool | None = None
     constraint_reason: str = ""
+    cached_prompt_tokens: int = 0  # prompt tokens copied from the prefix cache (not prefilled)
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class Sequence:
         self.resume: Any = None
         # The output constraint compiled for this vocabulary (the engine sets it at submit).
         self.constraint: Constraint | None = None
+        self.cached_tokens = 0  # prompt tokens a prefix cache hit supplies (start_from_cache)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
@@ -214,6 +216,13 @@ class Sequence:
         self.session_id = session_id
         self.reused_tokens = self.num_computed_tokens = reused_tokens
         self.resume = resume
+
+    def start_from_cache(self, prefix: Any) -> None:
+        """A prefix cache hit (runtime/prefix_cache.CachedPrefix, at submit): its
+        `prefix.tokens` prompt tokens count as computed and are copied into the row
+        when it is made, so only the rest is prefilled."""
+        self.cached_tokens = self.num_computed_tokens = prefix.tokens
+        self.resume = prefix
 
     def prefix_restored(self) -> None:
         """The reused prefix's K/V is in this sequence's row now: the copy here can go."""
@@ -298,7 +307,7 @@ class Sequence:
             decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
-            reused_prompt_tokens=self.reused_tokens,
+            reused_prompt_tokens=self.reused_tokens, cached_prompt_tokens=self.cached_tokens,
             **self._constraint_outcome(finish_reason),
         )
 

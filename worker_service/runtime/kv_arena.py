@@ -259,6 +259,35 @@ class KVArena:
             keys[i] = values[i] = None
         self.note_written(row, n_tokens)
 
+    def export_block(self, row: int, block: int) -> np.ndarray:
+        """Copy block `block` of `row` out as [2 x layers, kv_heads, block_tokens, head_dim]
+        (K of layer i at 2i, V at 2i + 1), then return the row's pages of that block: a
+        finishing row's blocks go to the prefix cache without the two ever both committed."""
+        bt = self.block_tokens
+        t0, t1 = block * bt, (block + 1) * bt
+        if t1 > self._rows[row].written_tokens:
+            raise ValueError(f"row {row} holds {self._rows[row].written_tokens:,} tokens; block "
+                             f"{block} ends at {t1:,}")
+        out = np.empty((2 * self.spec.num_layers, self.spec.kv_heads, bt, self.spec.head_dim),
+                       self.dtype)
+        for i in range(self.spec.num_layers):
+            out[2 * i] = self.keys[i][row, :, t0:t1]
+            out[2 * i + 1] = self.values[i][row, :, t0:t1]
+        self._discard_from(row, t0, t1)
+        return out
+
+    def import_block(self, row: int, block: int, kv: np.ndarray) -> None:
+        """Write one block made by `export_block` into `row` (a prefix cache hit); the caller
+        reports the tokens held with `note_written` once every block is in."""
+        bt = self.block_tokens
+        t0, t1 = block * bt, (block + 1) * bt
+        if t1 > self._rows[row].max_tokens:
+            raise ValueError(f"row {row} is charged for {self._rows[row].max_tokens:,} tokens; "
+                             f"block {block} ends at {t1:,}")
+        for i in range(self.spec.num_layers):
+            self.keys[i][row, :, t0:t1] = kv[2 * i]
+            self.values[i][row, :, t0:t1] = kv[2 * i + 1]
+
     def _discard_from(self, row: int, t0: int, t1: int | None = None) -> None:
         """Return the pages of tokens [t0, t1) (t0, t1 block-aligned or the end) of every head."""
         t1 = self.seq_tokens if t1 is None else -(-t1 // self.block_tokens) * self.block_tokens

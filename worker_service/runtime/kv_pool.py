@@ -130,14 +130,49 @@ class KVAllocation:
         self.freed = False
 
 
+class EvictableCache(Protocol):
+    """What the pool asks of the prefix cache (runtime/prefix_cache.py), under the pool's lock."""
+
+    def counted_bytes_locked(self) -> int:
+        """Bytes the cache holds that no charge covers (evictable)."""
+        ...
+
+    def _evict_locked(self, nbytes: int, why: str = "admission") -> int:
+        """Evict at least `nbytes` when it can; returns the bytes freed."""
+        ...
+
+
 class KVPool:
-    """What the worker's sequences may hold for KV, and what they hold now. Thread-safe."""
+    """What the worker's sequences may hold for KV, and what they hold now. Thread-safe.
+
+    With a prefix cache attached the capacity is shared: charges + the cache's
+    counted (evictable) bytes <= capacity_bytes, and a charge that would pass it
+    evicts cached blocks first (docs/prefix-cache.md).
+    """
 
     def __init__(self, layout: KVLayout, capacity_bytes: int) -> None:
         self.layout = layout
         self.capacity_bytes = capacity_bytes
-        self._lock = threading.Lock()
+        # Re-entrant: the prefix cache shares it, and evicts while the pool holds it.
+        self.lock = self._lock = threading.RLock()
         self._held_bytes = 0  # guarded by _lock
+        self._cache: EvictableCache | None = None
+
+    def attach_cache(self, cache: EvictableCache) -> None:
+        self._cache = cache
+
+    def held_bytes_locked(self) -> int:
+        return self._held_bytes
+
+    def _room_locked(self, grow: int) -> int:
+        """Bytes in use besides `grow` more: charges plus the cache's counted bytes, after
+        evicting what `grow` needs (the cache yields to every charge)."""
+        if self._cache is None:
+            return self._held_bytes
+        over = self._held_bytes + grow + self._cache.counted_bytes_locked() - self.capacity_bytes
+        if over > 0:
+            self._cache._evict_locked(over)
+        return self._held_bytes + self._cache.counted_bytes_locked()
 
     @property
     def block_tokens(self) -> int:
@@ -155,8 +190,8 @@ class KVPool:
         """Charge a sequence of up to `max_tokens`; raises CapacityExceeded when it does not fit."""
         needed = self.bytes_for(max_tokens)
         with self._lock:
-            # One lock hold for check and charge: never more than capacity_bytes.
-            if self._held_bytes + needed > self.capacity_bytes:
+            # One lock hold for check, eviction and charge: never more than capacity_bytes.
+            if self._room_locked(needed) + needed > self.capacity_bytes:
                 raise CapacityExceeded(needed, self._held_bytes, self.capacity_bytes, detail=detail)
             self._held_bytes += needed
         return KVAllocation(max_tokens, needed)
@@ -188,7 +223,7 @@ class KVPool:
             if allocation.freed:
                 raise RuntimeError("KV allocation used after free()")
             grow = needed - allocation.nbytes
-            if grow > 0 and self._held_bytes + grow > self.capacity_bytes:
+            if grow > 0 and self._room_locked(grow) + grow > self.capacity_bytes:
                 raise CapacityExceeded(needed, self._held_bytes - allocation.nbytes,
                                        self.capacity_bytes, detail=detail)
             self._held_bytes += grow

@@ -24,6 +24,7 @@ from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.runner import StepOutput
 from worker_service.runtime.session_kv import HeldKV
 
@@ -61,6 +62,10 @@ class ModelRunner:
     def park(self, seq: Sequence) -> HeldKV | None:
         """Nothing to keep: sessions need the arena layout (the engine refuses them here)."""
         return None
+
+    def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
+        """No prefix cache on this layout (docs/prefix-cache.md)."""
+        return []
 
     def forget(self, seq: Sequence) -> None:
         """Drop the sequence's binding (before its KV buffer is freed)."""
@@ -133,6 +138,7 @@ class BatchedModelRunner:
         self.arena = arena
         self.batch = BatchRunner(session, spec, arena, max_chunk_tokens=max_chunk_tokens)
         self._by_row: list[Sequence] = []  # row b's sequence; rows are [0, n)
+        self.prefix_cache: PrefixCache | None = None  # set by the engine when it has one
 
     @property
     def largest_batch(self) -> int:
@@ -154,7 +160,10 @@ class BatchedModelRunner:
                 row = self.arena.allocate(seq.kv.max_tokens)
                 assert row == len(self._by_row)
                 self._by_row.append(seq)
-                if seq.resume is not None:
+                if isinstance(seq.resume, CachedPrefix):
+                    self._import_cached(row, seq.resume)
+                    restored.append(seq)
+                elif seq.resume is not None:
                     # A session turn: its reused prefix goes back into the new row.
                     resume = seq.resume
                     self.arena.import_row(row, resume.keys, resume.values, len(resume.tokens))
@@ -197,6 +206,31 @@ class BatchedModelRunner:
         step.computed_tokens += n
         if start + n == len(seq.token_ids):
             step.logits = logits.copy()
+
+    def _import_cached(self, row: int, prefix: CachedPrefix) -> None:
+        """A prefix cache hit: copy its blocks into the new row, unpinning each once copied
+        (the row's charge covered it until then; now the cache counts it again)."""
+        assert self.prefix_cache is not None
+        for b in range(prefix.copied, len(prefix.blocks)):
+            self.arena.import_block(row, b, prefix.blocks[b].kv)
+            self.prefix_cache.copied(prefix, b)
+        self.arena.note_written(row, prefix.tokens)
+
+    def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
+        """A sequence is over: copy its row's whole blocks the cache lacks into it, pinned
+        (returning the row's pages as they go); the engine unpins them once the sequence's
+        charge is freed."""
+        cache = self.prefix_cache
+        if cache is None or seq not in self._by_row:
+            return []
+        row = self._by_row.index(seq)
+        held = min(self.arena.written_tokens(row), seq.num_computed_tokens)
+        new = []
+        for index, key in cache.missing(seq.token_ids[:held]):
+            block = cache.insert_pinned(key, index, self.arena.export_block(row, index))
+            if block is not None:
+                new.append(block)
+        return new
 
     def park(self, seq: Sequence) -> HeldKV | None:
         """A session turn is over: copy its row's K/V to host arrays, then free the row.

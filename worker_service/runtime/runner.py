@@ -17,6 +17,7 @@ import numpy as np
 
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import StepPlan
+from worker_service.runtime.prefix_cache import CachedBlock
 from worker_service.runtime.session_kv import HeldKV
 
 
@@ -72,6 +73,11 @@ class Runner(Protocol):
     def park(self, seq: Sequence) -> HeldKV | None:
         """A session turn is over: its written K/V as host arrays, its row freed; None when it
         never got a row (the engine keeps the prefix it was to resume)."""
+        ...
+
+    def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
+        """A sequence is over: its whole blocks the prefix cache lacks, copied in pinned (the
+        engine unpins them after freeing the sequence's charge); [] without a cache."""
         ...
 
     def forget(self, seq: Sequence) -> None:

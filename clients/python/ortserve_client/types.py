@@ -82,6 +82,7 @@ class Usage:
     generated_tokens: int
     max_new_tokens: int
     reused_prompt_tokens: int = 0  # session turns: prompt tokens whose KV was kept
+    cached_tokens: int = 0  # prompt tokens the worker's prefix cache supplied
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ def sampling_dict(pb: types_pb2.SamplingParams) -> dict:
 
 
 def usage_from_pb(pb: types_pb2.Usage) -> Usage:
-    return Usage(pb.prompt_tokens, pb.generated_tokens, pb.max_new_tokens, pb.reused_prompt_tokens)
+    return Usage(pb.prompt_tokens, pb.generated_tokens, pb.max_new_tokens, pb.reused_prompt_tokens,
+                 pb.cached_tokens)
 
 
 def timings_from_pb(pb: types_pb2.Timings) -> Timings:
