@@ -59,7 +59,8 @@ def test_n_choices_headers_list_each_decision_and_usage_counts_the_prompt_once()
     usages = [types_pb2.Usage(prompt_tokens=10, generated_tokens=4),
               types_pb2.Usage(prompt_tokens=10, generated_tokens=6)]
     assert responses.usage_dict(usages) == {"prompt_tokens": 10, "completion_tokens": 10,
-                                            "total_tokens": 20}
+                                            "total_tokens": 20,
+                                            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_choices_response_indexes_every_choice_and_lists_their_admissions():
