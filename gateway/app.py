@@ -15,11 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from ortserve.metrics import new_registry
 from ortserve.tls import channel_credentials
 
 from . import responses
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error
+from .metrics import HttpMetrics, MetricsMiddleware
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -44,6 +46,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
         await upstream.close()
 
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
+    metrics = HttpMetrics(new_registry())
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
 
     @app.exception_handler(HttpError)
     async def render(request: Request, error: HttpError) -> JSONResponse:
@@ -77,6 +81,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
         if not await _call(upstream.ready()):
             return JSONResponse({**body, "status": "not_ready"}, status_code=503)
         return {**body, "status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        # The gateway's own numbers (gateway/metrics.py); the scheduler's and the
+        # workers' are on their --metrics-port.
+        return metrics.response()
 
     return app
 
