@@ -27,9 +27,12 @@ ROLES = ("scheduler", "worker-cpu", "worker-cuda")
 NEEDED_BY: dict[str, frozenset[str]] = {
     **{name: frozenset(ROLES) for name in (
         "grpcio", "grpcio-status", "grpcio-health-checking", "grpcio-reflection",
-        "protobuf", "googleapis-common-protos", "structlog", "prometheus-client")},
+        "protobuf", "googleapis-common-protos", "structlog", "prometheus-client",
+        "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+        "opentelemetry-instrumentation-grpc")},
     # the OpenAI-compatible gateway ships in the scheduler image
-    **{name: frozenset({"scheduler"}) for name in ("fastapi", "uvicorn", "sse-starlette")},
+    **{name: frozenset({"scheduler"}) for name in (
+        "fastapi", "uvicorn", "sse-starlette", "opentelemetry-instrumentation-fastapi")},
     **{name: frozenset({"worker-cpu", "worker-cuda"}) for name in (
         "numpy", "onnx", "tokenizers", "jinja2")},
     "onnxruntime-gpu": frozenset({"worker-cuda"}),

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
+from ortserve import tracing
 from ortserve.metrics import new_registry
 from ortserve.tls import channel_credentials
 
@@ -48,6 +49,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
     metrics = HttpMetrics(new_registry())
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
+    tracing.instrument_fastapi(app)  # a no-op unless __main__ turned tracing on
 
     @app.exception_handler(HttpError)
     async def render(request: Request, error: HttpError) -> JSONResponse:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from ortserve import tracing
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2
@@ -115,6 +116,7 @@ class RequestOutcome:
                       if self._finished is not None else None)
             self.outcome = classify(error, self.relaying, reason, self._time_remaining())
             self._count(self.rpc, *self.outcome, self._finished)
+            tracing.annotate(outcome=self.outcome[0], outcome_cause=self.outcome[1])
         return False  # the error goes on to the error path
 
 

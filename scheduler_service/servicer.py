@@ -22,7 +22,7 @@ from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert
+from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -229,8 +229,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
                                                       deadline_s=context.time_remaining())
             bound = log.bind(request_id=inner.request_id)
+            queued = None  # perf_counter() when it joined the queue
             if isinstance(admission, Ticket):
-                ticket = admission
+                ticket, queued = admission, time.perf_counter()
                 bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
                            max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
                 async with aclosing(self._waiter.news(ticket, bound)) as news:
@@ -240,6 +241,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         else:
                             admission = item
             self._count(admission)
+            spans.decided(admission, arrived, queued)
             if admission.decision is Decision.REJECTED:
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)

@@ -26,6 +26,7 @@ class WorkerConfig:
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     log_level: str = "info"
     log_json: bool | None = None
+    otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables
     # cert/key: its port and its client certificate towards the scheduler; ca: what
     # the scheduler's certificate and callers' client certificates must chain to.
     tls: TlsFiles = field(default_factory=TlsFiles)

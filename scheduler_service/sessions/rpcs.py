@@ -25,7 +25,7 @@ from ortserve import request_rules, rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
-from scheduler_service import convert
+from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
@@ -282,6 +282,7 @@ class SessionRPCs:
                         else:
                             admission = item
                 self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
+                spans.decided(admission, arrived, None)
                 if admission.decision is Decision.REJECTED:
                     self._alive(session)  # a lease gone while it waited: its worker died, say so
                     bound.info("turn rejected", cause=admission.rejection.cause.value)
