@@ -71,8 +71,10 @@ def _exporters(endpoint: str, environ: Mapping[str, str]) -> list:
         elif name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            # stderr: stdout carries the start-up line and nothing else (ortserve.banner).
-            exporters.append(ConsoleSpanExporter(out=sys.stderr))
+            # stderr: stdout carries the start-up line and nothing else (ortserve.banner);
+            # one JSON object a line, so JSON logs stay one record a line.
+            exporters.append(ConsoleSpanExporter(
+                out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n"))
         else:
             raise ValueError(f"OTEL_TRACES_EXPORTER names {name!r}: ortserve exports traces "
                              "with otlp (OTLP over gRPC) or console; set one of them, or none")

@@ -117,6 +117,27 @@ def test_finished_requests_count_their_prompt_tokens_as_the_clients_saw_them(clu
     assert worker[("ortserve_worker_kv_usage_ratio", (("model", MODEL),))] == 0.0
 
 
+def test_a_session_turn_counts_once_with_its_prompt_tokens(cluster):
+    cluster, _, (port, _) = cluster
+    stub = scheduler_stub(cluster.address)
+    session = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30)
+    try:
+        before = outcomes(port)
+        tokens_before = samples(f"http://127.0.0.1:{port}/metrics")[
+            ("ortserve_scheduler_prompt_tokens_total", ())]
+        events = list(stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+            session_id=session.session_id, request=types_pb2.GenerateRequest(
+                token_ids=types_pb2.TokenIds(ids=[28, 57, 81]), max_new_tokens=4,
+                min_new_tokens=4)), timeout=120))
+        finished = events[-1].finished
+        assert moved(port, before) == {("session_turn", "finished", "length"): 1}
+        assert samples(f"http://127.0.0.1:{port}/metrics")[
+            ("ortserve_scheduler_prompt_tokens_total", ())] - tokens_before == (
+            finished.usage.prompt_tokens)
+    finally:
+        stub.CloseSession(scheduler_pb2.SessionRequest(session_id=session.session_id), timeout=30)
+
+
 def test_a_cancelled_stream_counts_once_as_cancelled(cluster):
     cluster, _, (port, _) = cluster
     before = outcomes(port)
