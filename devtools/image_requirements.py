@@ -30,9 +30,13 @@ NEEDED_BY: dict[str, frozenset[str]] = {
         "protobuf", "googleapis-common-protos", "structlog", "prometheus-client",
         # output constraints: the scheduler compiles them to refuse a bad one before
         # admission; the worker masks tokens with them
-        "llguidance")},
+        "llguidance",
+        # tracing (ortserve/tracing.py), off unless asked for
+        "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+        "opentelemetry-instrumentation-grpc")},
     # the OpenAI-compatible gateway ships in the scheduler image
-    **{name: frozenset({"scheduler"}) for name in ("fastapi", "uvicorn", "sse-starlette")},
+    **{name: frozenset({"scheduler"}) for name in (
+        "fastapi", "uvicorn", "sse-starlette", "opentelemetry-instrumentation-fastapi")},
     **{name: frozenset({"worker-cpu", "worker-cuda"}) for name in (
         "numpy", "onnx", "tokenizers", "jinja2")},
     "onnxruntime-gpu": frozenset({"worker-cuda"}),

@@ -13,7 +13,7 @@ import os
 
 import uvicorn
 
-from ortserve import banner, ports
+from ortserve import banner, ports, tracing
 from ortserve.logs import configure_logging
 from ortserve.version import package_version
 
@@ -45,6 +45,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="deadline of one generation's gRPC call")
     p.add_argument("--models-cache-s", type=float, default=_env("models_cache_s", d.models_cache_s))
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    tracing.add_argument(p, _ENV)
     log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
@@ -59,12 +60,14 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
-                         log_level=a.log_level, log_json=a.log_json)
+                         log_level=a.log_level, log_json=a.log_json,
+                         otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_json, capture_native=True)
+    tracing.setup_or_exit("ortserve-gateway", config.otlp_traces_endpoint)
     # Bind first, so --port 0 can announce the port it got before serving, and so a
     # taken port is one line and exit 2 (uvicorn's own bind would be a traceback).
     try:

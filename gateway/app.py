@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ortserve import tracing
+from ortserve.metrics import new_registry
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
@@ -23,6 +25,7 @@ from . import choices, responses, tokenize
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error
 from .logprobs_json import ChoiceLogprobs
+from .metrics import HttpMetrics, MetricsMiddleware
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -47,6 +50,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
         await upstream.close()
 
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
+    metrics = HttpMetrics(new_registry())
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
+    tracing.instrument_fastapi(app)  # a no-op unless __main__ turned tracing on
 
     @app.exception_handler(HttpError)
     async def render(request: Request, error: HttpError) -> JSONResponse:
@@ -101,6 +107,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
         if not await _call(upstream.ready()):
             return JSONResponse({**body, "status": "not_ready"}, status_code=503)
         return {**body, "status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        # The gateway's own numbers (gateway/metrics.py); the scheduler's and the
+        # workers' are on their --metrics-port.
+        return metrics.response()
 
     return app
 

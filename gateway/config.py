@@ -21,3 +21,4 @@ class GatewayConfig:
     models_cache_s: float = 2.0
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
+    otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -9,10 +11,15 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ortserve import tracing
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+RUN_OUT_S = 10.0  # the stream ends as soon as the worker has released its lease
+_RUNNING_OUT: set[asyncio.Task] = set()
 
 
 class StreamBroken(Exception):
@@ -32,9 +39,26 @@ class OpenStream:
             event = await self.call.read()
             if event is grpc.aio.EOF:
                 raise StreamBroken("the scheduler's stream ended without a Finished event")
-            yield event
             if event.WhichOneof("event") == "finished":
+                self._run_out()
+                yield event
                 return
+            yield event
+
+    def _run_out(self) -> None:
+        """Read the call's end in the background once the Finished is in (nothing follows
+        it). Only with tracing on: the grpc instrumentation ends its span for the call when
+        its stream is read to the end, and the handlers stop reading at the Finished."""
+        if tracing.enabled():
+            task = asyncio.ensure_future(self._read_to_end())
+            _RUNNING_OUT.add(task)  # a task nobody holds may be collected mid-way
+            task.add_done_callback(_RUNNING_OUT.discard)
+
+    async def _read_to_end(self) -> None:
+        with contextlib.suppress(grpc.RpcError, asyncio.TimeoutError):
+            async with asyncio.timeout(RUN_OUT_S):
+                while await self.call.read() is not grpc.aio.EOF:
+                    pass
 
     def cancel(self) -> None:
         # Cancelling the call is what frees the lease: the scheduler cancels

@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 
-from ortserve import banner, ports
+from ortserve import banner, ports, tracing
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
@@ -69,6 +69,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(os.environ.get(_ENV + "DRAIN_TIMEOUT_S", d.drain_timeout_s)),
                    help="on SIGTERM, how long relayed streams may run before they are cut")
+    tracing.add_argument(p, _ENV)
     log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
@@ -88,7 +89,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
-                           session_ttl_s=a.session_ttl_s)
+                           session_ttl_s=a.session_ttl_s,
+                           otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 
 async def _serve(config: SchedulerConfig) -> None:
@@ -108,6 +110,7 @@ async def _serve(config: SchedulerConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_json, capture_native=True)
+    tracing.setup_or_exit("ortserve-scheduler", config.otlp_traces_endpoint)
     try:
         # Before anything starts: a taken port is one line and exit 2, never a second
         # ledger sharing the port (see ortserve/ports.py).

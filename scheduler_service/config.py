@@ -26,6 +26,7 @@ class SchedulerConfig:
     session_ttl_s: float = 600.0  # an idle session is closed (and its bytes released) after this
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
+    otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables
     # Client API keys; empty: open (the local demo, logged loudly beyond loopback).
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     # cert/key: both ports and the client cert towards workers; ca: trusted for

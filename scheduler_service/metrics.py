@@ -2,11 +2,15 @@
 
 Per-worker byte gauges are computed from the ledger at scrape time, so they
 equal GetBudget byte for byte; counters are fed where the decision is made.
+Every Generate and SessionTurn is counted once by outcome (request_outcome.py);
+the names vLLM users know are mapped in docs/operations.md.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ortserve.metrics import (
     REQUEST_SECONDS_BUCKETS,
@@ -14,8 +18,49 @@ from ortserve.metrics import (
     RequestLatency,
     callback_gauge,
 )
+from ortserve.v1 import types_pb2
 from scheduler_service.ledger.ledger import Admission, Decision, Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
+from scheduler_service.ledger.types import WorkerSnapshot
+
+
+class KvReservedRatio(Collector):
+    """Reserved / capacity, 0 to 1, at scrape time: per worker (with its model), per
+    model and over all workers; the budget signal an autoscaler reads."""
+
+    def __init__(self, snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self):
+        workers: list[WorkerSnapshot] = self._snapshot()
+        per_worker = GaugeMetricFamily(
+            "ortserve_scheduler_kv_reserved_ratio",
+            "reserved / capacity of a worker's KV budget (0 to 1)", labels=["worker_id", "model"])
+        per_model = GaugeMetricFamily(
+            "ortserve_scheduler_model_kv_reserved_ratio",
+            "reserved / capacity over the workers serving a model (0 to 1)", labels=["model"])
+        models: dict[str, list[int]] = {}
+        for w in workers:
+            capacity = w.geometry.capacity_bytes
+            per_worker.add_metric([w.geometry.worker_id, w.geometry.model],
+                                  w.reserved_bytes / capacity if capacity else 0.0)
+            sums = models.setdefault(w.geometry.model, [0, 0])
+            sums[0] += w.reserved_bytes
+            sums[1] += capacity
+        for model, (reserved, capacity) in sorted(models.items()):
+            per_model.add_metric([model], reserved / capacity if capacity else 0.0)
+        reserved = sum(r for r, _ in models.values())
+        capacity = sum(c for _, c in models.values())
+        total = GaugeMetricFamily(
+            "ortserve_scheduler_total_kv_reserved_ratio",
+            "reserved / capacity over every registered worker (0 to 1; 0 with none)",
+            value=reserved / capacity if capacity else 0.0)
+        yield from (per_worker, per_model, total)
+
+    def describe(self):
+        return [GaugeMetricFamily("ortserve_scheduler_kv_reserved_ratio", "", labels=["worker_id", "model"]),
+                GaugeMetricFamily("ortserve_scheduler_model_kv_reserved_ratio", "", labels=["model"]),
+                GaugeMetricFamily("ortserve_scheduler_total_kv_reserved_ratio", "")]
 
 
 class SchedulerMetrics:
@@ -34,6 +79,7 @@ class SchedulerMetrics:
             ("ortserve_scheduler_kv_cached_bytes",
              "KV bytes a worker's prefix cache holds (its last heartbeat): inside its capacity, "
              "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
+        registry.register(KvReservedRatio(ledger.snapshot))
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))
@@ -58,8 +104,16 @@ class SchedulerMetrics:
             "ortserve_scheduler_lease_expiries", "Leases the ledger dropped without a release "
             "(worker silent, unclaimed too long, lost by its worker)", registry=registry)
         self.generated_tokens = Counter(
-            "ortserve_scheduler_generated_tokens", "Tokens relayed to clients",
-            registry=registry)
+            "ortserve_scheduler_generated_tokens", "Tokens relayed to clients in finished "
+            "requests (their Finished usage.generated_tokens)", registry=registry)
+        self.prompt_tokens = Counter(
+            "ortserve_scheduler_prompt_tokens", "Prompt tokens of finished requests (their "
+            "Finished usage.prompt_tokens: what the clients were told)", registry=registry)
+        self.requests = Counter(
+            "ortserve_scheduler_requests", "Generate and SessionTurn calls by how they ended, "
+            "each once: outcome finished|rejected|cancelled|deadline|worker_failed|error, "
+            "cause the finish reason, the rejection's reason, queued|running, or the status "
+            "code (docs/operations.md)", ["rpc", "outcome", "cause"], registry=registry)
         self.latency = RequestLatency(registry, "ortserve_scheduler", "scheduler")
 
     def admission(self, admission: Admission) -> None:
@@ -76,7 +130,13 @@ class SchedulerMetrics:
     def expired(self, expired: list) -> None:
         self.lease_expiries.inc(len(expired))
 
-    def finished(self, generated_tokens: int, ttft_ms: float, decode_ms: float,
-                 total_ms: float) -> None:
-        self.generated_tokens.inc(generated_tokens)
-        self.latency.observe(generated_tokens, ttft_ms, decode_ms, total_ms)
+    def request(self, rpc: str, outcome: str, cause: str,
+                finished: types_pb2.Finished | None) -> None:
+        """One request's exit (RequestOutcome calls it once): its outcome, and for a
+        finished one its tokens and timings."""
+        self.requests.labels(rpc, outcome, cause).inc()
+        if finished is not None:
+            usage, t = finished.usage, finished.timings
+            self.prompt_tokens.inc(usage.prompt_tokens)
+            self.generated_tokens.inc(usage.generated_tokens)
+            self.latency.observe(usage.generated_tokens, t.ttft_ms, t.decode_ms, t.total_ms)

@@ -22,7 +22,7 @@ from ortserve.auth import Role, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert
+from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -37,6 +37,7 @@ from scheduler_service.ledger.ledger import (
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error, window_refused_prompt_tokens
 from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
@@ -166,6 +167,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _kick(self) -> None:
         self._waiter.kick()
 
+    def _outcome(self, rpc: str, context) -> RequestOutcome:
+        """The request's one outcome, counted at its exit (request_outcome.py)."""
+        return request_outcome(rpc, context, self._metrics)
+
     def _count(self, admission: Admission) -> None:
         if self._metrics is not None:
             self._metrics.admission(admission)
@@ -250,53 +255,54 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Generate(self, request: types_pb2.GenerateRequest, context):
         arrived = time.perf_counter()
-        # NOTE: request_id is a label for logs, never a key: two callers may share one.
-        inner = types_pb2.GenerateRequest()
-        inner.CopyFrom(request)
-        inner.request_id = request.request_id or uuid.uuid4().hex[:16]
-        wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
-        admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
-                                                  deadline_s=context.time_remaining())
-        bound = log.bind(request_id=inner.request_id)
-        if isinstance(admission, Ticket):
-            ticket = admission
-            bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
-                       max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
-            async with aclosing(self._waiter.news(ticket, bound)) as news:
-                async for item in news:
-                    if isinstance(item, Place):
-                        yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
-                    else:
-                        admission = item
-        self._count(admission)
-        if admission.decision is Decision.REJECTED:
-            bound.info("rejected", cause=admission.rejection.cause.value)
-            raise rejection_error(admission.rejection)
-        lease, worker = admission.lease, admission.worker
-        bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
-        bound.info("admitted", decision=admission.decision.value, model=worker.model,
-                   max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
-        # The worker gets the admitted ceiling, the counted prompt and the resolved model:
-        # no second resolution.
-        inner.max_new_tokens = admission.max_new_tokens
-        inner.model = worker.model
-        inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
-        leg = self._generate_leg(admission, inner, prompt_ids, bound)
-        async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
-            async for event in events:
-                yield event
+        with self._outcome("generate", context) as outcome:
+            # NOTE: request_id is a label for logs, never a key: two callers may share one.
+            inner = types_pb2.GenerateRequest()
+            inner.CopyFrom(request)
+            inner.request_id = request.request_id or uuid.uuid4().hex[:16]
+            wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
+            admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
+                                                      deadline_s=context.time_remaining())
+            bound = log.bind(request_id=inner.request_id)
+            queued = None  # perf_counter() when it joined the queue
+            if isinstance(admission, Ticket):
+                ticket, queued = admission, time.perf_counter()
+                bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
+                           max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
+                async with aclosing(self._waiter.news(ticket, bound)) as news:
+                    async for item in news:
+                        if isinstance(item, Place):
+                            yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
+                        else:
+                            admission = item
+            self._count(admission)
+            spans.decided(admission, arrived, queued)
+            if admission.decision is Decision.REJECTED:
+                bound.info("rejected", cause=admission.rejection.cause.value)
+                raise rejection_error(admission.rejection)
+            lease, worker = admission.lease, admission.worker
+            bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
+            bound.info("admitted", decision=admission.decision.value, model=worker.model,
+                       max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
+            # The worker gets the admitted ceiling, the counted prompt and the resolved model:
+            # no second resolution.
+            inner.max_new_tokens = admission.max_new_tokens
+            inner.model = worker.model
+            inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
+            leg = self._generate_leg(admission, inner, prompt_ids, bound, outcome)
+            outcome.relaying = True
+            async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+                async for event in events:
+                    yield event
 
     def _generate_leg(self, admission: Admission, inner: types_pb2.GenerateRequest,
-                      prompt_ids: list[int], bound) -> Leg:
-        """The request's worker side for the relay: metrics and a log line at Finished; on
-        every exit, the lease released if no worker ever claimed it."""
+                      prompt_ids: list[int], bound, outcome: RequestOutcome) -> Leg:
+        """The request's worker side for the relay: its outcome and a log line at Finished;
+        on every exit, the lease released if no worker ever claimed it."""
         lease, worker = admission.lease, admission.worker
 
         def on_finished(finished: types_pb2.Finished) -> None:
-            t = finished.timings
-            if self._metrics is not None:
-                self._metrics.finished(finished.usage.generated_tokens, t.ttft_ms, t.decode_ms,
-                                       t.total_ms)
+            outcome.finished(finished)
             bound.info("finished", finish_reason=types_pb2.FinishReason.Name(finished.finish_reason),
                        generated_tokens=finished.usage.generated_tokens)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from ortserve import banner, ports
+from ortserve import banner, ports, tracing
 from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -89,6 +89,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--metrics-port", type=int,
                    default=int(metrics_port) if metrics_port else None,
                    help="serve Prometheus metrics on this port (0: any free port); off if unset")
+    tracing.add_argument(p, "ORTSERVE_WORKER_")
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(_env("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s)),
                    help="on SIGTERM, how long live streams may run before they are cut")
@@ -146,8 +147,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
-        log_level=a.log_level,
-        log_json=a.log_json, tls=tls,
+        log_level=a.log_level, log_json=a.log_json, tls=tls,
+        otlp_traces_endpoint=a.otlp_traces_endpoint,
     )
 
 
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     notices: list[str] = []
     config = parse_config(argv, notices)
     configure_logging(config.log_level, config.log_json, capture_native=True)
+    tracing.setup_or_exit("ortserve-worker", config.otlp_traces_endpoint)
     for notice in notices:  # a log line: with JSON logs, stderr stays JSON
         structlog.get_logger("worker").warning(notice)
     try:

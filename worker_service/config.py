@@ -29,6 +29,7 @@ class WorkerConfig:
     prefix_cache_bytes: int | None = None
     log_level: str = "info"
     log_json: bool | None = None
+    otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables
     # cert/key: its port and its client certificate towards the scheduler; ca: what
     # the scheduler's certificate and callers' client certificates must chain to.
     tls: TlsFiles = field(default_factory=TlsFiles)

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from ortserve import request_rules
+from ortserve import request_rules, tracing
 from ortserve.error_path import Relayed
 from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
-from worker_service.core.sequence import TERMINAL, Event, SequenceRequest, TokenDelta
+from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceRequest, TokenDelta
 from worker_service.engine import Engine
 from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
 from worker_service.scheduler_link import SchedulerLink
@@ -83,11 +83,33 @@ def coalesced(events: list[Event]) -> list[Event]:
     for event in events:
         if type(event) is TokenDelta and out and type(out[-1]) is TokenDelta:
             last = out[-1]
+            # logprobs are one per token id, so they concatenate in step with the ids.
             out[-1] = TokenDelta(last.sequence_id, last.token_ids + event.token_ids,
-                                 last.text + event.text)
+                                 last.text + event.text, last.logprobs + event.logprobs)
         else:
             out.append(event)
     return out
+
+
+def record_sequence_spans(req: SequenceRequest, done: Completed) -> None:
+    """The sequence's time on the engine's thread as spans of the worker's Generate:
+    `engine_queue` (arrival, claim included, to its first step), `prefill` (to its first
+    token) and `decode` (to its last), timed by the sequence itself (core/sequence.py)."""
+    if not tracing.enabled():
+        return
+    arrived_ns = tracing.wall_ns(req.arrived_at)
+    prefill_ns = arrived_ns + int(done.queue_ms * 1e6)
+    first_ns = arrived_ns + int(done.ttft_ms * 1e6)
+    tracing.record("engine_queue", arrived_ns, prefill_ns)
+    tracing.record("prefill", prefill_ns, first_ns, prompt_tokens=done.prompt_tokens,
+                   reused_prompt_tokens=done.reused_prompt_tokens)
+    tracing.record("decode", first_ns, first_ns + int(done.decode_ms * 1e6),
+                   generated_tokens=done.generated_tokens,
+                   finish_reason=done.finish_reason.value,
+                   decode_tokens_per_s=round(done.decode_tokens_per_s, 1))
+    tracing.annotate(**{"gen_ai.usage.input_tokens": done.prompt_tokens,
+                        "gen_ai.usage.output_tokens": done.generated_tokens,
+                        "gen_ai.response.finish_reasons": (done.finish_reason.value,)})
 
 
 class LeaseStream:
@@ -135,6 +157,8 @@ class LeaseStream:
         while not self._ended:
             for event in coalesced(await self._take()):
                 self._ended = isinstance(event, TERMINAL)
+                if self._ended and isinstance(event, Completed):
+                    record_sequence_spans(self.request, event)
                 yield event
                 if self._ended:
                     return
@@ -268,8 +292,10 @@ class LeaseLifecycle:
     async def _claim(self, lease_id: str, req: SequenceRequest,
                      max_new_was_set: bool) -> types_pb2.Lease:
         try:
-            return await self.link.claim(lease_id, req.prompt_tokens,
-                                         req.max_new_tokens if max_new_was_set else 0)
+            # The scheduler's ClaimLease call (a grpc client span) is this span's child.
+            with tracing.span("claim", lease_id=lease_id, prompt_tokens=req.prompt_tokens):
+                return await self.link.claim(lease_id, req.prompt_tokens,
+                                             req.max_new_tokens if max_new_was_set else 0)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 # The ledger refused the numbers without claiming: the lease stays usable.

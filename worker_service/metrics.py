@@ -6,7 +6,7 @@ once per finished sequence from its Completed event.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -23,6 +23,10 @@ class WorkerMetrics:
         callback_gauge(registry, "ortserve_worker_kv_held_bytes",
                        "KV-cache bytes charged to live sequences now (queued ones included)",
                        engine.held_bytes)
+        # vLLM's kv_cache_usage_perc: the share of the KV capacity sequences hold now.
+        Gauge("ortserve_worker_kv_usage_ratio", "held / capacity of this worker's KV (0 to 1)",
+              ["model"], registry=registry).labels(engine.spec.name).set_function(
+            lambda: engine.held_bytes() / engine.capacity_bytes if engine.capacity_bytes else 0.0)
         callback_gauge(registry, "ortserve_worker_running_sequences",
                        "Sequences on this worker now (queued on the engine included)",
                        engine.active_sequences)

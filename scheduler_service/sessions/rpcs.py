@@ -25,7 +25,7 @@ from ortserve import request_rules, rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
-from scheduler_service import convert
+from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
@@ -33,6 +33,7 @@ from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decisio
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -250,62 +251,66 @@ class SessionRPCs:
 
     async def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
         arrived = time.perf_counter()
-        session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
-        granted: Admission | None = None  # a grown lease no worker has been called for yet
-        before_bytes = 0
-        bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
-                         worker_id=session.worker_id)
-        try:
-            self._alive(session)
-            inner = types_pb2.GenerateRequest()
-            inner.CopyFrom(request.request)
-            inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
-            request_rules.generate_request(inner, prefix="request.")
-            self._same_model(session, inner)
-            full, ids = await self._render(session, inner)
-            geometry = self._ledger.geometry(session.worker_id)
-            context_length = geometry.context_length if geometry else 0
-            if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
-                raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
-                                   inner.min_new_tokens, context_length)
-            held = self._ledger.lease(session.lease_id)
-            before_bytes = held.reserved_bytes if held is not None else 0
-            admission = None
-            async with aclosing(self._admit_turn(session, inner,
-                                                 convert.admission_request(full, len(ids), full.model),
-                                                 context, bound)) as news:
-                async for item in news:
-                    if isinstance(item, Place):
-                        yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
-                    else:
-                        admission = item
-            self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
-            if admission.decision is Decision.REJECTED:
-                self._alive(session)  # a lease gone while it waited: its worker died, say so
-                bound.info("turn rejected", cause=admission.rejection.cause.value)
-                raise rejection_error(admission.rejection)
-            granted = admission
-            session.last_budget_cap = admission.budget_cap  # this turn's, or none
-            bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
-                       max_new_tokens=admission.max_new_tokens,
-                       reserved_bytes=admission.reserved_bytes)
-            full.max_new_tokens = admission.max_new_tokens
-            full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
-            leg = self._turn_leg(session, inner, full, ids, bound)
-            granted = None  # the relay owns the turn's end from here (the worker shrinks)
-            async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            ticket = self._queued.pop(session.session_id, None)
-            if granted is None and ticket is not None and ticket.outcome is not None:
-                granted = ticket.outcome  # granted by the queue as its caller left
-            if granted is not None and granted.lease is not None:
-                self._undo_grant(session, before_bytes)
-            self._registry.end_turn(session)
+        with request_outcome("session_turn", context, self._metrics) as outcome:
+            session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
+            granted: Admission | None = None  # a grown lease no worker has been called for yet
+            before_bytes = 0
+            bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
+                             worker_id=session.worker_id)
+            try:
+                self._alive(session)
+                inner = types_pb2.GenerateRequest()
+                inner.CopyFrom(request.request)
+                inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
+                request_rules.generate_request(inner, prefix="request.")
+                self._same_model(session, inner)
+                full, ids = await self._render(session, inner)
+                geometry = self._ledger.geometry(session.worker_id)
+                context_length = geometry.context_length if geometry else 0
+                if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
+                    raise context_full(session, session.history_tokens, len(ids), "min_new_tokens",
+                                       inner.min_new_tokens, context_length)
+                held = self._ledger.lease(session.lease_id)
+                before_bytes = held.reserved_bytes if held is not None else 0
+                admission = None
+                async with aclosing(self._admit_turn(session, inner,
+                                                     convert.admission_request(full, len(ids), full.model),
+                                                     context, bound)) as news:
+                    async for item in news:
+                        if isinstance(item, Place):
+                            yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
+                        else:
+                            admission = item
+                self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
+                spans.decided(admission, arrived, None)
+                if admission.decision is Decision.REJECTED:
+                    self._alive(session)  # a lease gone while it waited: its worker died, say so
+                    bound.info("turn rejected", cause=admission.rejection.cause.value)
+                    raise rejection_error(admission.rejection)
+                granted = admission
+                session.last_budget_cap = admission.budget_cap  # this turn's, or none
+                bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
+                           max_new_tokens=admission.max_new_tokens,
+                           reserved_bytes=admission.reserved_bytes)
+                full.max_new_tokens = admission.max_new_tokens
+                full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
+                leg = self._turn_leg(session, inner, full, ids, bound, outcome)
+                outcome.relaying = True
+                granted = None  # the relay owns the turn's end from here (the worker shrinks)
+                async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+                    async for event in events:
+                        yield event
+            finally:
+                ticket = self._queued.pop(session.session_id, None)
+                if granted is None and ticket is not None and ticket.outcome is not None:
+                    granted = ticket.outcome  # granted by the queue as its caller left
+                if granted is not None and granted.lease is not None:
+                    self._undo_grant(session, before_bytes)
+                self._registry.end_turn(session)
 
     def _turn_leg(self, session: Session, inner: types_pb2.GenerateRequest,
-                  full: types_pb2.GenerateRequest, ids: list[int], bound) -> Leg:
+                  full: types_pb2.GenerateRequest, ids: list[int], bound,
+                  outcome: RequestOutcome) -> Leg:
         """The turn's worker side for the relay: the reply is gathered as it streams and
         remembered at Finished; a turn that ends early waits for the worker's own end."""
         text, generated = [], []
@@ -320,6 +325,7 @@ class SessionRPCs:
                                   "".join(text), generated)
             finished.session.CopyFrom(self._info_pb(session, finished.session))
             finished.session.turn_in_flight = False
+            outcome.finished(finished)
             bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
                        reused_prompt_tokens=finished.usage.reused_prompt_tokens)
 

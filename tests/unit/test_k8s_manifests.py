@@ -21,6 +21,7 @@ from devtools.kustomize import KustomizeError, build, merge
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "gpu")
+AUTOSCALING = "autoscaling"  # deploy/k8s/autoscaling: the workers' HPA, applied after an overlay
 # The oldest Kubernetes we claim (native gRPC probes are GA since 1.27) and the newest schemas.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 # Set here ahead of the code that reads it (issue 17's graceful drain).
@@ -28,7 +29,7 @@ PENDING_ENV: set[str] = set()  # names the manifests set ahead of the code (none
 
 
 def render(overlay: str, root: Path = K8S) -> list[dict]:
-    return build(root / "overlays" / overlay)
+    return build(root / AUTOSCALING if overlay == AUTOSCALING else root / "overlays" / overlay)
 
 
 def find(objects: list[dict], kind: str, name: str) -> dict:
@@ -67,8 +68,17 @@ def overlay(request) -> tuple[str, list[dict]]:
 def test_every_object_validates_against_strict_schemas(overlay, version):
     name, objects = overlay
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Deployment",
-                     "PodDisruptionBudget", "Service", "Service"], name
+    assert kinds == ["ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Deployment",
+                     "Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "Service",
+                     "Service", "Service"], name
+    validate_all(objects, version)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_autoscaler_validates_against_strict_schemas(version):
+    objects = render(AUTOSCALING)
+    assert [(o["apiVersion"], o["kind"]) for o in objects] == [
+        ("autoscaling/v2", "HorizontalPodAutoscaler")]
     validate_all(objects, version)
 
 
@@ -83,6 +93,13 @@ def test_every_object_validates_against_strict_schemas(overlay, version):
     # A value of the wrong type.
     ("cpu", "base/worker.yaml", "failureThreshold: 60", "failureThreshold: sixty",
      "'sixty' is not of type"),
+    # The gateway's probe, and the autoscaler's target.
+    ("cpu", "base/gateway.yaml", "httpGet: {path: /health", "httpGet: {pth: /health",
+     "'pth' was unexpected"),
+    (AUTOSCALING, "autoscaling/worker-hpa.yaml", "averageValue:", "avrageValue:",
+     "'avrageValue' was unexpected"),
+    (AUTOSCALING, "autoscaling/worker-hpa.yaml", "maxReplicas: 8", "maxReplicas: eight",
+     "'eight' is not of type"),
 ])
 def test_a_broken_copy_fails_validation(tmp_path, overlay_name, file, good, bad, message):
     copy = tmp_path / "k8s"
@@ -215,12 +232,96 @@ def test_every_env_name_is_one_the_services_read(overlay):
     read = {"ORTSERVE_SCHEDULER_" + n.upper() for n in re.findall(r'_env\("(\w+)"', scheduler_src)}
     read |= {"ORTSERVE_SCHEDULER_" + n for n in re.findall(r'_ENV \+ "(\w+)"', scheduler_src)}
     read |= set(re.findall(r'_env\("(ORTSERVE_\w+)"', worker_src))
+    gateway_src = (ROOT / "gateway" / "__main__.py").read_text()
+    read |= {"ORTSERVE_GATEWAY_" + n.upper() for n in re.findall(r'_env\("(\w+)"', gateway_src)}
+    read |= {"ORTSERVE_GATEWAY_" + n for n in re.findall(r'_ENV \+ "(\w+)"', gateway_src)}
     assert "ORTSERVE_WORKER_ADVERTISE_ADDRESS" in read and "ORTSERVE_SCHEDULER_LOG_JSON" in read
+    assert {"ORTSERVE_GATEWAY_SCHEDULER", "ORTSERVE_GATEWAY_LOG_JSON"} <= read
     names = {k for o in objects if o["kind"] == "ConfigMap" for k in o["data"]}
     names |= {e["name"] for o in objects if o["kind"] == "Deployment"
               for c in o["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     names = {n for n in names if n.startswith("ORTSERVE_")}
     assert names - read - PENDING_ENV == set()
+
+
+def test_the_gateway_is_stateless_replicas_behind_one_service_probed_on_health(overlay,
+                                                                              monkeypatch):
+    from gateway.__main__ import parse_config
+
+    _, objects = overlay
+    gateway = find(objects, "Deployment", "ortserve-gateway")
+    assert gateway["spec"]["replicas"] >= 2
+    c = container(objects, "ortserve-gateway", "gateway")
+    assert c["command"] == ["ortserve-gateway"]
+    assert c["image"] == "ortserve:scheduler"  # the gateway ships in the scheduler image
+    for key in [k for k in os.environ if k.startswith("ORTSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in _env_of(objects, "ortserve-gateway", "gateway", "10.9.9.8").items():
+        monkeypatch.setenv(key, value)
+    config = parse_config(c.get("args", []))
+    (port,) = [p for p in c["ports"] if p["name"] == "http"]
+    assert (config.host, config.port, config.log_json) == ("0.0.0.0", port["containerPort"], True)
+    # Ready on /health (the scheduler SERVING); alive on a path that never asks it.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"]["path"] != "/health"
+    # It calls the scheduler's client Service, on its public port.
+    host, scheduler_port = config.scheduler_address.split(":")
+    client = find(objects, "Service", host)["spec"]
+    assert [p["targetPort"] for p in client["ports"]] == ["grpc"]
+    assert [p["port"] for p in client["ports"]] == [int(scheduler_port)]
+    service = find(objects, "Service", "ortserve-gateway")["spec"]
+    assert service["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["ports"]] == ["http"]
+    pdb = find(objects, "PodDisruptionBudget", "ortserve-gateway")["spec"]
+    assert pdb["selector"] == gateway["spec"]["selector"] and pdb["maxUnavailable"] == 1
+
+
+def test_every_scrape_annotation_names_a_port_the_pod_serves_metrics_on(overlay):
+    _, objects = overlay
+    annotated = 0
+    for o in objects:
+        if o["kind"] != "Deployment":
+            continue
+        annotations = o["spec"]["template"]["metadata"].get("annotations", {})
+        if annotations.get("prometheus.io/scrape") == "true":
+            annotated += 1
+            ports = {p["containerPort"] for c in o["spec"]["template"]["spec"]["containers"]
+                     for p in c["ports"]}
+            assert int(annotations["prometheus.io/port"]) in ports, o["metadata"]["name"]
+            assert annotations["prometheus.io/path"] == "/metrics"
+    assert annotated == 3
+
+
+def _scheduler_metric_names() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
+    from scheduler_service.ledger.ledger import Ledger
+    from scheduler_service.ledger.queue import AdmissionQueue
+    from scheduler_service.metrics import SchedulerMetrics
+
+    registry = CollectorRegistry()
+    ledger = Ledger()
+    SchedulerMetrics(registry, ledger, AdmissionQueue(ledger))
+    return {family.name for family in registry.collect()}
+
+
+def test_the_autoscaler_scales_the_workers_on_scheduler_metrics_the_adapter_serves(overlay):
+    _, objects = overlay
+    (hpa,) = render(AUTOSCALING)
+    target = hpa["spec"]["scaleTargetRef"]
+    worker = find(objects, target["kind"], target["name"])
+    assert (target["apiVersion"], target["name"]) == (worker["apiVersion"], "ortserve-worker")
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    wanted = {m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
+    assert {m["type"] for m in hpa["spec"]["metrics"]} == {"External"}
+    assert wanted == {"ortserve_scheduler_total_kv_reserved_ratio",
+                      "ortserve_scheduler_queue_length"}
+    assert wanted <= _scheduler_metric_names()
+    values = yaml.safe_load((K8S / AUTOSCALING / "prometheus-adapter-values.yaml").read_text())
+    served = {rule["name"]["as"] for rule in values["rules"]["external"]}
+    queried = {re.match(r"(\w+)\{", rule["seriesQuery"]).group(1)
+               for rule in values["rules"]["external"]}
+    assert served == wanted == queried
 
 
 def test_the_model_volume_is_prepared_where_the_worker_reads_it(overlay):

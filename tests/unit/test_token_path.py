@@ -11,6 +11,7 @@ from scheduler_service.frames import (
     chunk_fields,
     chunk_tokens,
 )
+from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sequence import Cancelled, TokenDelta
 from worker_service.lease_lifecycle import coalesced
 
@@ -21,6 +22,15 @@ def test_consecutive_token_deltas_merge_and_a_terminal_event_stays_last():
     assert coalesced(events) == [TokenDelta("s", (1, 2, 3), "abc"), Cancelled("s", 3)]
     assert coalesced([TokenDelta("s", (7,), "x")]) == [TokenDelta("s", (7,), "x")]
     assert coalesced([]) == []
+
+
+def test_merged_token_deltas_keep_one_logprob_entry_per_token_in_order():
+    # Found merging the token path with log-probabilities: a merge that dropped them would
+    # send a chunk of 3 tokens with no entries at all.
+    lp = [TokenLogprobs(token_id=i, logprob=-float(i), top=()) for i in (1, 2, 3)]
+    events = [TokenDelta("s", (1,), "a", (lp[0],)), TokenDelta("s", (2, 3), "b", tuple(lp[1:]))]
+    (merged,) = coalesced(events)
+    assert merged.token_ids == (1, 2, 3) and merged.logprobs == tuple(lp)
 
 
 def test_a_frame_first_byte_names_its_event_and_chunk_tokens_are_counted_from_bytes():

@@ -1,0 +1,126 @@
+"""Every Generate and SessionTurn ends in exactly one outcome, counted once at its exit.
+
+The handler opens one RequestOutcome around its whole body; whatever way the body
+ends (the worker's Finished relayed, a rejection raised, the caller gone, the
+deadline, the worker's failure) passes through its __exit__ exactly once, and
+`classify` names it. The outcomes and their causes:
+
+  finished       the Finished event was relayed; cause: its finish reason
+                 (length, eos, stop_sequence)
+  rejected       answered before any worker ran it; cause: the reason, lowercase
+                 (budget_busy, queue_full, queue_timeout, exceeds_capacity,
+                 context_length_exceeded, no_worker, invalid_request, model_not_found,
+                 session_busy, ...)
+  cancelled      the caller cancelled (or went away); cause: queued or running
+  deadline       the caller's deadline passed; cause: queued or running
+  worker_failed  the worker's stream failed or ended without a Finished; cause:
+                 its status code, lowercase (unavailable, internal, ...), or
+                 ended_without_finished
+  error          anything else (a bug: the error path logs its traceback); cause:
+                 the exception's type
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from ortserve import tracing
+from ortserve.error_path import Relayed
+from ortserve.errors import DomainError, ErrorReason
+from ortserve.v1 import types_pb2
+
+OUTCOMES = ("finished", "rejected", "cancelled", "deadline", "worker_failed", "error")
+# A cancel this close to the caller's deadline is the deadline (grpc cancels the
+# handler when it passes; time_remaining() then reads about 0).
+DEADLINE_SLACK_S = 0.1
+
+
+def finish_reason_label(finish_reason: int) -> str:
+    """types_pb2.FinishReason as the label vLLM's finished_reason takes: lowercase."""
+    return types_pb2.FinishReason.Name(finish_reason).lower()
+
+
+def _reason_of(error: Relayed) -> str:
+    """The ErrorInfo reason a relayed status carries, lowercase; else its code's name."""
+    if error.status_bin:
+        status = status_pb2.Status.FromString(error.status_bin)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return info.reason.lower()
+    return error.code.name.lower()
+
+
+def classify(error: BaseException | None, relaying: bool, finish_reason: str | None,
+             time_remaining_s: float | None) -> tuple[str, str]:
+    """(outcome, cause) of one request's exit; see the module docstring."""
+    if finish_reason is not None:
+        # The Finished went out: whatever follows (the caller leaving after it) is not
+        # this request's outcome.
+        return "finished", finish_reason
+    stage = "running" if relaying else "queued"
+    if error is None:
+        return ("worker_failed", "ended_without_finished") if relaying else ("error", "no_answer")
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+        if time_remaining_s is not None and time_remaining_s <= DEADLINE_SLACK_S:
+            return "deadline", stage
+        return "cancelled", stage
+    if isinstance(error, DomainError):
+        if error.reason is ErrorReason.DEADLINE_EXCEEDED:
+            return "deadline", stage
+        return "rejected", error.reason.value.lower()
+    if isinstance(error, grpc.aio.AioRpcError):
+        error = Relayed(error)
+    if isinstance(error, Relayed):
+        if not relaying:
+            return "rejected", _reason_of(error)  # a worker judged the request (Tokenize)
+        if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "deadline", stage
+        if error.code is grpc.StatusCode.CANCELLED:
+            return "cancelled", stage
+        return "worker_failed", error.code.name.lower()
+    return "error", type(error).__name__
+
+
+class RequestOutcome:
+    """`with RequestOutcome(...) as outcome:` around one request's handler body.
+
+    The handler says `outcome.relaying = True` once its admission is decided and the
+    worker's stream starts, and `outcome.finished(event)` when the Finished goes out;
+    the exit does the rest. `count(rpc, outcome, cause, finished)` is called once.
+    """
+
+    def __init__(self, rpc: str, time_remaining: Callable[[], float | None],
+                 count: Callable[[str, str, str, types_pb2.Finished | None], None]) -> None:
+        self.rpc = rpc
+        self.relaying = False
+        self._time_remaining = time_remaining
+        self._count = count
+        self._finished: types_pb2.Finished | None = None
+        self.outcome: tuple[str, str] | None = None
+
+    def finished(self, finished: types_pb2.Finished) -> None:
+        self._finished = finished
+
+    def __enter__(self) -> RequestOutcome:
+        return self
+
+    def __exit__(self, exc_type, error, traceback) -> bool:
+        if self.outcome is None:  # once, whatever calls it
+            reason = (finish_reason_label(self._finished.finish_reason)
+                      if self._finished is not None else None)
+            self.outcome = classify(error, self.relaying, reason, self._time_remaining())
+            self._count(self.rpc, *self.outcome, self._finished)
+            tracing.annotate(outcome=self.outcome[0], outcome_cause=self.outcome[1])
+        return False  # the error goes on to the error path
+
+
+def request_outcome(rpc: str, context, metrics=None) -> RequestOutcome:
+    """A RequestOutcome counting into `metrics` (SchedulerMetrics; None: counting nothing)."""
+    count = metrics.request if metrics is not None else (lambda *outcome: None)
+    return RequestOutcome(rpc, context.time_remaining, count)
