@@ -21,7 +21,7 @@ from ortserve.metrics import new_registry
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
-from . import choices, responses, tokenize
+from . import choices, responses, tokenize, tools
 from .config import GatewayConfig
 from .errors import HttpError, from_grpc, from_param_error
 from .logprobs_json import ChoiceLogprobs
@@ -230,7 +230,9 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
                         "bad_upstream_stream")
     return responses.choices_response(meta, [
         responses.Choice("".join(texts[i]), s.admission, finished[i],
-                         logprobs[i].whole() if logprobs[i] is not None else None)
+                         logprobs[i].whole() if logprobs[i] is not None else None,
+                         tools.ToolCallChoice().message("".join(texts[i]))
+                         if parsed.tool_calls else None)
         for i, s in enumerate(streams)], parsed.resolved)
 
 
@@ -261,6 +263,8 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     logprobs = _logprobs(meta, parsed, len(streams))
     # Per choice, the chunk JSON from one template: per token only the text is encoded.
     text_json = [responses.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
+    # Tools: each choice's text goes through its tool-call parser (name, then arguments).
+    calls = [tools.ToolCallChoice() if parsed.tool_calls else None for _ in streams]
     try:
         for index, stream in enumerate(streams):
             yield _data(responses.first_chunk(meta, stream.admission, usage, index,
@@ -273,7 +277,11 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                     lp.add(event.chunk.logprobs)
                 # An empty chunk is a character still incomplete: nothing to show yet
                 # (its logprobs wait for the chunk that shows its text).
-                if event.chunk.text:
+                if event.chunk.text and calls[index] is not None:
+                    for chunk in _tool_chunks(meta, calls[index], event.chunk.text, usage,
+                                              index, lp):
+                        yield chunk
+                elif event.chunk.text:
                     if lp is None:
                         # Bytes go out as they are: the SSE line, without an event object per token.
                         yield b"data: " + text_json[index](event.chunk.text).encode() + b"\n\n"
@@ -282,8 +290,14 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                                                          lp.take()))
             elif kind == "finished":
                 finished[index] = event.finished
+                called = False
+                if calls[index] is not None:
+                    for chunk in _tool_chunks(meta, calls[index], "", usage, index, lp, True):
+                        yield chunk
+                    called = calls[index].called
                 yield _data(responses.final_chunk(meta, event.finished, usage, index,
-                                                  lp.take() if lp is not None else None))
+                                                  lp.take() if lp is not None else None,
+                                                  called))
         if usage:
             yield _data(responses.usage_chunk(meta, finished))
         yield {"data": "[DONE]"}
@@ -300,6 +314,18 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
             log.info("stream ended early", request_id=meta.id,
                      lease_id=streams[0].admission.lease_id)
             choices.cancel_all(streams)
+
+
+def _tool_chunks(meta: responses.ResponseMeta, parser: tools.ToolCallChoice, text: str,
+                 usage: bool, index: int, lp: ChoiceLogprobs | None, final: bool = False
+                 ) -> list[dict]:
+    """A choice's text as tool-call and content deltas; logprobs ride on the first chunk
+    (text held back, e.g. a possible "<tool_call>", keeps them for the next)."""
+    out = []
+    for delta in parser.deltas(text, final):
+        out.append(_data(responses.delta_chunk(meta, delta, usage, index,
+                                               lp.take() if lp is not None else None)))
+    return out
 
 
 def _data(obj: dict) -> dict:

@@ -69,6 +69,9 @@ _PARAM_OF_FIELD = {
     # response_format's schema (the message still names constraint.json_schema)
     "constraint.json_schema": "response_format.json_schema.schema",
     "constraint.json_object": "response_format",
+    # tools' Constraint.tool_call (the function named, or the grammar built from the tools)
+    "constraint.tool_call": "tool_choice",
+    "constraint.tool_call.function_name": "tool_choice",
 }
 
 
@@ -132,6 +135,9 @@ def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str
     if not bad or not bad.field_violations:
         return None
     proto_path = bad.field_violations[0].field
+    if proto_path.startswith("chat.tools"):  # a tool's schema or name, as OpenAI nests them
+        return (proto_path.removeprefix("chat.").replace(".parameters_json", ".function.parameters")
+                .replace("].name", "].function.name"))
     if proto_path.startswith("chat.messages"):
         return proto_path.removeprefix("chat.")
     if proto_path in ("text",) or proto_path.startswith("token_ids"):

@@ -137,6 +137,8 @@ class Choice:
     admission: types_pb2.Admission
     finished: types_pb2.Finished
     logprobs: dict | None = None
+    # Tools: the message with its tool_calls (gateway/tools.py), in place of the text alone.
+    message: dict | None = None
 
 
 def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
@@ -154,7 +156,10 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
     for index, c in enumerate(choices):
         finish_reason = FINISH_REASON[c.finished.finish_reason]
         if meta.kind == "chat":
-            bodies.append({"index": index, "message": {"role": "assistant", "content": c.text},
+            message = c.message or {"role": "assistant", "content": c.text}
+            if message.get("tool_calls") and finish_reason == "stop":
+                finish_reason = "tool_calls"  # OpenAI's end for an answer of whole calls
+            bodies.append({"index": index, "message": message,
                            "logprobs": c.logprobs, "finish_reason": finish_reason})
         else:
             bodies.append({"index": index, "text": c.text, "logprobs": c.logprobs,
@@ -185,6 +190,12 @@ def text_chunk(meta: ResponseMeta, text: str, include_usage: bool, index: int = 
     return _chunk(meta, {"content": text}, None, include_usage, index, logprobs)
 
 
+def delta_chunk(meta: ResponseMeta, delta: dict, include_usage: bool, index: int = 0,
+                logprobs: dict | None = None) -> dict:
+    """A chat chunk of any delta (tool-call deltas: gateway/tools.py)."""
+    return _chunk(meta, delta, None, include_usage, index, logprobs)
+
+
 def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
                        index: int = 0) -> Callable[[str], str]:
     """text -> the JSON of text_chunk(meta, text, include_usage, index), as json.dumps with
@@ -196,8 +207,12 @@ def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
 
 
 def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool,
-                index: int = 0, logprobs: dict | None = None) -> dict:
-    chunk = _chunk(meta, {}, FINISH_REASON[fin.finish_reason], include_usage, index, logprobs)
+                index: int = 0, logprobs: dict | None = None, called: bool = False) -> dict:
+    """The last chunk of a choice; `called`: its output made whole tool calls (finish_reason
+    "tool_calls" where it would be "stop")."""
+    reason = FINISH_REASON[fin.finish_reason]
+    chunk = _chunk(meta, {}, "tool_calls" if called and reason == "stop" else reason,
+                   include_usage, index, logprobs)
     return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
 
 

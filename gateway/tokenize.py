@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 from ortserve.v1 import types_pb2
 
-from .translate import UINT32_MAX, ParamError, _is_int, _set_chat, _set_prompt
+from .messages import set_chat
+from .translate import UINT32_MAX, ParamError, _is_int, _set_prompt
 
 _NO_OP_VALUES = {"add_generation_prompt": True, "return_token_strs": False}
 
@@ -50,7 +51,7 @@ def tokenize_request(body: object) -> types_pb2.GenerateRequest:
             raise ParamError("add_special_tokens", "only false with messages (the chat "
                              "template writes its own special tokens)",
                              code="unsupported_parameter")
-        _set_chat(req, params["messages"])
+        set_chat(req, params["messages"])
     else:
         if params.get("add_special_tokens", True) is not True:
             raise ParamError("add_special_tokens", "only true with a prompt (the tokenizer's "

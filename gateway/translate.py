@@ -2,7 +2,7 @@
 
 The project's rule carries over to HTTP: every parameter is honoured or the
 request is refused with a 400 naming it. A parameter OpenAI defines but
-ortserve cannot honour (tools, echo, best_of > n) is accepted only at its
+ortserve cannot honour (echo, best_of > n) is accepted only at its
 no-op value; keys that do not affect generation (store, metadata, user, ...)
 are labels; a key OpenAI does not define is refused, so a typo is caught.
 Parameters greedy decoding cannot use (seed, top_p, top_k, min_p at
@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ortserve.v1 import types_pb2
+
+from . import tools
+from .messages import set_chat
+from .param_error import ParamError
+
+__all__ = ["Kind", "ParamError", "ParsedRequest", "parse_request"]
 
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
@@ -42,39 +48,27 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "t
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
                                                "service_tier": str}
 # Keys OpenAI defines that are accepted only at the value that changes nothing.
-_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "echo": (False,), "suffix": ("",),
-    "parallel_tool_calls": (False, True),  # meaningless without tools, which are refused
-}
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"echo": (False,), "suffix": ("",)}
 _ALLOWED = {
-    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"},
+    # tools, tool_choice, parallel_tool_calls: gateway/tools.py
+    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                       "tools", "tool_choice", "parallel_tool_calls"},
     "completion": _COMMON | {"prompt", "best_of"},
 }
-_NO_OP_KEYS = {
-    "chat": {"parallel_tool_calls"},
+_NO_OP_KEYS: dict[str, set[str]] = {
+    "chat": set(),
     "completion": {"echo", "suffix"},
 }
-# Keys OpenAI defines that ortserve refuses (anything else is not OpenAI's: a typo).
-_OPENAI_REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format",
+# Keys OpenAI defines that ortserve refuses (anything else is not OpenAI's: a typo);
+# functions / function_call are refused naming their replacements (gateway/tools.py).
+_OPENAI_REFUSED = {"functions", "function_call", "response_format",
                    "modalities", "audio", "prediction", "reasoning_effort", "verbosity",
                    "web_search_options", "prompt_cache_key", "safety_identifier"}
 # Greedy decoding always takes the argmax: these cannot change its result.
 _GREEDY_NO_OPS = ("seed", "top_p", "top_k", "min_p")
 MAX_CHOICES = 16  # n: each choice is its own admission, so a bound keeps one call sane
-# OpenAI's "developer" role is the system role under a newer name.
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _CAP_POLICIES = {"allow": types_pb2.CAP_POLICY_ALLOW, "strict": types_pb2.CAP_POLICY_STRICT,
                  "wait_full": types_pb2.CAP_POLICY_WAIT_FULL}
-
-
-class ParamError(ValueError):
-    """A parameter the gateway refuses: HTTP 400 with `param` naming it."""
-
-    def __init__(self, param: str, message: str, code: str = "invalid_parameter") -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = f"{param}: {message}"
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -90,6 +84,8 @@ class ParsedRequest:
     # What was accepted but not applied, and why (seed etc. under greedy decoding):
     # the `ortserve.resolved` object of the response.
     resolved: Mapping[str, str] | None = None
+    # Tools offered and tool_choice not "none": each choice's output is parsed for calls.
+    tool_calls: bool = False
 
     @property
     def logprobs(self) -> bool:
@@ -112,6 +108,8 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
         raise ParamError("body", "the request body must be a JSON object")
     # NOTE: null means "not given" for every key, as OpenAI's own API treats it.
     params = {k: v for k, v in body.items() if v is not None}
+    if kind == "chat":
+        tools.refuse_deprecated(params)
     _refuse_unsupported(kind, params)
     model = params.get("model")
     if not isinstance(model, str) or not model:
@@ -120,7 +118,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     # and places the request only on that model's workers; an unknown name is its 404.
     req = types_pb2.GenerateRequest(model=model)
     if kind == "chat":
-        _set_chat(req, params.get("messages"))
+        set_chat(req, params.get("messages"))
     else:
         _set_prompt(req, params.get("prompt"))
     _set_limits(kind, req, params)
@@ -133,6 +131,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
         _int(params, "best_of", n, n)  # best_of == n is the same request; more is refused
     req.stop.extend(_stop_list(params.get("stop")))
     _set_response_format(req, params.get("response_format"))
+    calls = kind == "chat" and tools.set_tools(req, params)
     policy = params.get("cap_policy", "allow")
     if policy not in _CAP_POLICIES:
         raise ParamError("cap_policy", f"must be one of {', '.join(_CAP_POLICIES)}, not "
@@ -140,7 +139,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req.cap_policy = _CAP_POLICIES[policy]
     stream = _bool(params, "stream", False)
     return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
-                         resolved or None)
+                         resolved or None, calls)
 
 
 def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
@@ -169,44 +168,6 @@ def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
     return {str: "string", bool: "boolean", Mapping: "JSON object"}.get(kind, str(kind))
-
-
-def _set_chat(req: types_pb2.GenerateRequest, messages: object) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise ParamError("messages", "required: a non-empty list of {role, content} objects")
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, Mapping):
-            raise ParamError(where, "must be an object with role and content")
-        # `name` is a label (the chat template has no place for it).
-        extra = set(message) - {"role", "content", "name"}
-        if extra:
-            raise ParamError(f"{where}.{sorted(extra)[0]}", "is not supported by ortserve "
-                             "(only role, content and name)", code="unsupported_parameter")
-        if not isinstance(message.get("name", ""), str):
-            raise ParamError(f"{where}.name", "must be a string")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise ParamError(f"{where}.role", f"{role!r} is not supported: use one of "
-                             "system, developer, user, assistant", code="unsupported_parameter")
-        req.chat.messages.add(role=_ROLES[role], content=_content_text(where, message.get("content")))
-
-
-def _content_text(where: str, content: object) -> str:
-    """A message's content: a string, or a list of text parts (joined, as OpenAI does)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ParamError(f"{where}.content", "must be a string or a list of text parts")
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or part.get("type") != "text" \
-                or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise ParamError(f"{where}.content[{j}]", f"part type {kind!r} is not supported "
-                             "(only {'type': 'text', 'text': ...})", code="unsupported_parameter")
-        texts.append(part["text"])
-    return "".join(texts)
 
 
 def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:

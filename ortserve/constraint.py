@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from .errors import InvalidField, clip
 
-KINDS = ("json_schema", "json_object", "regex", "grammar")
+# tool_call: a Lark grammar ortserve builds from the chat's tools (ortserve/tool_calls.py).
+KINDS = ("json_schema", "json_object", "regex", "grammar", "tool_call")
 MAX_CONSTRAINT_CHARS = 100_000
 # The JSON compiler's defaults (a schema's own "x-guidance" overrides them): no
 # free whitespace between tokens, so a small model cannot loop on blank lines
@@ -66,6 +67,12 @@ def check(spec: ConstraintSpec, prefix: str = "") -> str:
     return grammar
 
 
+def schema_error(text: str) -> str:
+    """Why a JSON Schema (JSON text) cannot compile, with a next step; "" when it can.
+    Cached as `check` is (a tool's parameters are checked on every request)."""
+    return _grammar("json_schema", text)[1]
+
+
 @functools.lru_cache(maxsize=_CACHE_ENTRIES)
 def _grammar(kind: str, text: str) -> tuple[str, str]:
     """(grammar, "") or ("", why it cannot compile, with a next step)."""
@@ -88,14 +95,15 @@ def _grammar(kind: str, text: str) -> tuple[str, str]:
         if not text:
             return "", "is empty: an empty regex matches only the empty output; send a pattern"
         grammar = LLMatcher.grammar_from_regex(text)
-    else:
+    else:  # grammar, or a tool_call grammar built from the tools
         if not text.strip():
             return "", "is empty: send a Lark grammar with a `start` rule"
         grammar = LLMatcher.grammar_from_lark(text)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         message = messages[0] if messages else "no reason given"
-        what = {"json_schema": "schema", "regex": "regex", "grammar": "grammar"}.get(kind, kind)
+        what = {"json_schema": "schema", "regex": "regex", "grammar": "grammar",
+                "tool_call": "tool-call grammar"}.get(kind, kind)
         return "", (f"{library_version()} cannot compile this {what}: "
                     f"{clip(message.strip(), 600)}; fix it and send it again")
     return grammar, ""

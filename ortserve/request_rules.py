@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import constraint as constraints
+from . import tool_calls
 from .chat import CHAT_ROLES
 from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
 from .units import tokens
@@ -98,6 +99,10 @@ def prompt(request: Any, prefix: str = "") -> None:
         raise InvalidField(prefix + "token_ids.ids", "is empty: send at least one token id")
     if kind == "chat":
         chat_roles([turn.role for turn in request.chat.messages], prefix)
+        for i, turn in enumerate(request.chat.messages):
+            tool_calls.check_turn(turn.role, turn.tool_calls, turn.tool_call_id,
+                                  f"{prefix}chat.messages[{i}]")
+        tool_calls.check_tools(request.chat.tools, prefix)
 
 
 def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpec | None:
@@ -114,6 +119,13 @@ def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpe
             raise InvalidField(prefix + "constraint.json_object", "is false: set it true for any "
                                "JSON object, or leave the constraint unset for free text")
         return constraints.ConstraintSpec(kind)
+    if kind == "tool_call":
+        # The grammar is built here from the chat's tools, so both edges compile the same text.
+        choice = request.constraint.tool_call
+        tools = request.chat.tools if request.WhichOneof("prompt") == "chat" else []
+        tool_calls.check_choice(tools, choice.function_name, prefix)
+        return constraints.ConstraintSpec(kind, tool_calls.grammar(
+            tools, choice.function_name, choice.parallel, choice.allow_text))
     return constraints.ConstraintSpec(kind, getattr(request.constraint, kind))
 
 

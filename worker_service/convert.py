@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
-from ortserve import request_rules
+from ortserve import request_rules, tool_calls
 from ortserve.v1 import types_pb2
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sampling import SamplingConfig
@@ -78,7 +79,35 @@ def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
         return tokenizer.encode(request.text)
     if kind == "token_ids":
         return list(request.token_ids.ids)
-    return tokenizer.encode_chat([(m.role, m.content) for m in request.chat.messages])
+    return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat))
+
+
+def chat_turns(chat: types_pb2.ChatMessages) -> list:
+    """The turns as the template reads them: (role, content), or transformers' message dict
+    when a turn carries tool calls or answers one (arguments parsed: a template renders
+    them as an object; request_rules checked they are JSON objects)."""
+    turns: list = []
+    for m in chat.messages:
+        if not m.tool_calls and not m.tool_call_id:
+            turns.append((m.role, m.content))
+            continue
+        turn: dict = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            turn["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.loads(c.arguments_json or "{}")}}
+                for c in m.tool_calls]
+        if m.tool_call_id:
+            turn["tool_call_id"] = m.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def chat_tools(chat: types_pb2.ChatMessages) -> list[dict]:
+    """The functions offered, as transformers passes `tools` to a template."""
+    return [{"type": "function", "function": {
+        "name": t.name, "description": t.description,
+        "parameters": json.loads(tool_calls.parameters_schema(t))}} for t in chat.tools]
 
 
 def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_id: str,

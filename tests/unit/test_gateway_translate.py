@@ -59,8 +59,7 @@ def test_max_completion_tokens_is_max_tokens_and_a_conflict_is_refused():
 
 
 @pytest.mark.parametrize("key,value", [
-    ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", []),
-    ("audio", {}), ("parallel_tool_calls", "yes"),
+    ("functions", []), ("function_call", "auto"), ("audio", {}),
 ])
 def test_unsupported_parameters_are_refused_naming_them(key, value):
     with pytest.raises(ParamError) as err:
@@ -170,7 +169,8 @@ def test_malformed_values_are_refused_naming_the_field(key, value):
 
 @pytest.mark.parametrize("messages,param", [
     ([], "messages"), ("hi", "messages"),
-    ([{"role": "tool", "content": "x"}], "messages[0].role"),
+    ([{"role": "tool", "content": "x"}], "messages[0].tool_call_id"),
+    ([{"role": "function", "content": "x"}], "messages[0].role"),
     ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
     ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),

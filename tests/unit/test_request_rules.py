@@ -33,7 +33,7 @@ def test_a_chat_role_is_refused_with_one_wording_under_the_callers_prefix():
     error = refusal(request_rules.generate_request, pb, "request.")
     assert error.field == "request.chat.messages[1].role"
     assert str(error) == "request.chat.messages[1].role: 'wizard' is not a role: use one of " \
-        "system, user, assistant"
+        "system, user, assistant, tool"
 
 
 def test_sampling_ranges_are_the_workers_rule():

@@ -10,23 +10,46 @@ tokenizer.py's job.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ortserve import tool_calls
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), when the tokenizer config sets them.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                        "cls_token", "mask_token")
+# A turn as a template reads it: (role, content), or transformers' message dict
+# ({"role", "content", "tool_calls": [{"id", "type", "function": {"name", "arguments"}}],
+# "tool_call_id"}, arguments a dict).
+Turn = tuple[str, str] | Mapping[str, Any]
+# The fallback for a template without tools support (docs/tools.md): a system-prompt
+# section in the words of Hermes / Qwen templates, whose format ortserve enforces.
+FALLBACK_TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
 
 
 class ChatTemplate:
@@ -36,7 +59,10 @@ class ChatTemplate:
         """Compile `source`; raises jinja's TemplateError when it does not parse."""
         self.source = source
         self.special_tokens = dict(special_tokens)
-        self._template = chat_template_environment().from_string(source)
+        env = chat_template_environment()
+        self._template = env.from_string(source)
+        # A template that reads `tools` renders tools, tool calls and tool turns itself.
+        self.supports_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
 
     @classmethod
     def load(cls, model_dir: Path, tokenizer_config: dict,
@@ -51,16 +77,56 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ModelLoadError(f"the chat template of {model_dir} does not parse: {exc}") from exc
 
-    def render(self, messages: Sequence[tuple[str, str]]) -> str:
-        """(role, content) turns -> the prompt text, with the generation prompt appended."""
+    def render(self, messages: Sequence[Turn], tools: Sequence[Mapping[str, Any]] = ()) -> str:
+        """Turns (and the functions offered, transformers' {"type": "function", "function":
+        {...}} dicts) -> the prompt text, with the generation prompt appended."""
+        turns = [_as_dict(m) for m in messages]
+        if not self.supports_tools:
+            turns = _fallback_turns(turns, tools)
+            tools = ()
         try:
-            # The variables transformers' apply_chat_template passes (no tools, no documents).
+            # The variables transformers' apply_chat_template passes (no documents).
             return self._template.render(
-                messages=[{"role": role, "content": content} for role, content in messages],
-                tools=None, documents=None, add_generation_prompt=True, **self.special_tokens,
+                messages=turns, tools=list(tools) or None, documents=None,
+                add_generation_prompt=True, **self.special_tokens,
             )
         except TemplateError as exc:
             raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
+
+
+def _as_dict(turn: Turn) -> dict[str, Any]:
+    if isinstance(turn, tuple):
+        return {"role": turn[0], "content": turn[1]}
+    return dict(turn)
+
+
+def _fallback_turns(turns: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """Tools for a template that knows none: the tools section joins the system turn (a
+    new first turn when there is none), past calls become the assistant's text in the
+    format the model is asked to write, and a tool turn becomes a user turn with a
+    <tool_response> (any template knows the user role)."""
+    out = []
+    for turn in turns:
+        calls = turn.get("tool_calls") or []
+        if turn["role"] == "tool":
+            out.append({"role": "user", "content": "<tool_response>\n" + str(turn["content"])
+                        + "\n</tool_response>"})
+        elif calls:
+            text = "\n".join(tool_calls.call_text(
+                c["function"]["name"], json.dumps(c["function"]["arguments"],
+                                                  separators=(",", ":"))) for c in calls)
+            content = turn.get("content") or ""
+            out.append({"role": turn["role"], "content": f"{content}\n{text}" if content else text})
+        else:
+            out.append({"role": turn["role"], "content": turn["content"]})
+    if tools:
+        section = FALLBACK_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + section}
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    return out
 
 
 def _token_text(value: object) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import tokenizers
 from tokenizers.decoders import DecodeStream
 
-from worker_service.core.chat_template import ChatTemplate, read_special_tokens
+from worker_service.core.chat_template import ChatTemplate, Turn, read_special_tokens
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
 _REPLACEMENT_CHAR = "\ufffd"
@@ -63,16 +63,17 @@ class Tokenizer:
         """Plain text -> token ids (no chat template)."""
         return self._tok.encode(text, add_special_tokens=True).ids
 
-    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        """(role, content) turns -> the prompt text, with the generation prompt appended."""
+    def render_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = ()) -> str:
+        """Turns ((role, content) or message dicts, chat_template.Turn) and the functions
+        offered -> the prompt text, with the generation prompt appended."""
         if self.chat_template is None:
             raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
-        return self.chat_template.render(messages)
+        return self.chat_template.render(messages, tools)
 
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """(role, content) turns -> token ids of the templated prompt."""
-        return self._tok.encode(self.render_chat(messages), add_special_tokens=False).ids
+    def encode_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = ()) -> list[int]:
+        """Turns and tools -> token ids of the templated prompt."""
+        return self._tok.encode(self.render_chat(messages, tools), add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
