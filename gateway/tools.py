@@ -74,7 +74,9 @@ def set_tools(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool
                          "text or tool calls); send tool_choice \"none\" or drop response_format",
                          code="unsupported_parameter")
     req.constraint.tool_call.function_name = name
-    req.constraint.tool_call.parallel = parallel
+    # A named function is one call of it (OpenAI and vLLM alike); parallel_tool_calls
+    # lets required and auto make several.
+    req.constraint.tool_call.parallel = parallel and not name
     req.constraint.tool_call.allow_text = mode == "auto"
     return True
 

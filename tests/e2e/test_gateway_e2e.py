@@ -118,8 +118,8 @@ def test_unsupported_and_conflicting_parameters_are_400_naming_them(roomy_gatewa
     assert err.value.param == "n" and err.value.code == "invalid_parameter"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=messages,
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
-    assert err.value.param == "tools" and err.value.code == "unsupported_parameter"
+                                       functions=[{"name": "f"}])  # deprecated: use tools
+    assert err.value.param == "functions" and err.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as err:  # the scheduler's check, renamed for HTTP
         client.chat.completions.create(model=MODEL, messages=messages, logprobs=True,
                                        top_logprobs=21)

@@ -36,6 +36,8 @@ def test_tool_choice_becomes_the_tool_call_constraint(choice, name, allow_text):
     tc = req.constraint.tool_call
     assert (tc.function_name, tc.allow_text, tc.parallel) == (name, allow_text, False)
     assert parse_request("chat", chat(tool_choice="required")).generate.constraint.tool_call.parallel
+    named = {"type": "function", "function": {"name": "get_time"}}  # one call of it
+    assert not parse_request("chat", chat(tool_choice=named)).generate.constraint.tool_call.parallel
 
 
 def test_tool_choice_none_offers_nothing_and_parses_nothing():
