@@ -109,7 +109,9 @@ def _fallback_turns(turns: list[dict[str, Any]], tools: Sequence[Mapping[str, An
     out = []
     for turn in turns:
         calls = turn.get("tool_calls") or []
-        if turn["role"] == "tool":
+        # Only a tool turn of the tools API (it answers a call: tool_call_id) is rewritten; a
+        # bare "tool" role renders as the template renders it (transformers' parity).
+        if turn["role"] == "tool" and turn.get("tool_call_id"):
             out.append({"role": "user", "content": "<tool_response>\n" + str(turn["content"])
                         + "\n</tool_response>"})
         elif calls:
