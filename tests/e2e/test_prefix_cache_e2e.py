@@ -40,15 +40,18 @@ def budget(address: str) -> scheduler_pb2.Budget:
     return scheduler_stub(address).GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
 
 
-def wait_cached(address: str, worker_id: str, timeout_s: float = 30.0) -> scheduler_pb2.WorkerBudget:
-    """The worker's budget once a heartbeat has reported cached blocks."""
+def wait_cached(address: str, worker_id: str, timeout_s: float = 30.0,
+                min_bytes: int = 1) -> scheduler_pb2.WorkerBudget:
+    """The worker's budget once a heartbeat has reported at least `min_bytes` cached (a
+    finishing sequence's blocks enter the cache one by one, so a heartbeat may see part)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         worker = next(w for w in budget(address).workers if w.worker_id == worker_id)
-        if worker.cached_blocks:
+        if worker.cached_blocks and worker.cached_bytes >= min_bytes:
             return worker
         time.sleep(0.2)
-    pytest.fail(f"{worker_id} reported no cached blocks within {timeout_s:g} s")
+    pytest.fail(f"{worker_id} reported fewer than {min_bytes:,} cached bytes within "
+                f"{timeout_s:g} s")
 
 
 @contextlib.contextmanager
@@ -109,8 +112,8 @@ def test_an_admission_that_needs_the_caches_bytes_evicts_and_succeeds(tmp_path_f
                             worker_args=["--prefix-cache-bytes", str(capacity)])
     with _stopping(cluster):
         generate(cluster.address, [(i * 7) % 3000 + 50 for i in range(1_200)], 2)
-        worker = wait_cached(cluster.address, "worker-0")
-        assert worker.cached_bytes >= 1_200 // BLOCK * BLOCK * BPT
+        worker = wait_cached(cluster.address, "worker-0",
+                             min_bytes=1_200 // BLOCK * BLOCK * BPT)
         # Admission counts the cache's bytes as available: 1,900 tokens fit only if they go.
         assert worker.reserved_bytes + worker.cached_bytes + 1_900 * BPT > capacity
         finished = generate(cluster.address, [(i * 11) % 3000 + 60 for i in range(1_880)], 20)
