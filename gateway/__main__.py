@@ -44,6 +44,18 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    default=_env("request_timeout_s", d.request_timeout_s),
                    help="deadline of one generation's gRPC call")
     p.add_argument("--models-cache-s", type=float, default=_env("models_cache_s", d.models_cache_s))
+    direct = os.environ.get(_ENV + "DIRECT_TO_WORKERS")
+    p.add_argument("--direct-to-workers", action=argparse.BooleanOptionalAction,
+                   default=d.direct_to_workers if direct is None
+                   else direct.lower() in ("1", "true", "yes"),
+                   help="the two-step path: Admit on the scheduler, then stream from the worker "
+                        "directly (the scheduler relays no token; the gateway must reach the "
+                        "workers' addresses)")
+    for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
+                       ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
+                       ("key", "its private key (PEM)")):
+        p.add_argument(f"--worker-tls-{name}", default=_env(f"worker_tls_{name}", ""),
+                       help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -53,12 +65,22 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
+    worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
+    if any(worker_tls.values()):
+        missing = [f"--worker-tls-{n}" for n, path in worker_tls.items() if not path]
+        unreadable = [f"--worker-tls-{n} {path!r}" for n, path in worker_tls.items()
+                      if path and not os.path.isfile(path)]
+        if missing or unreadable:
+            p.error(f"mutual TLS to the workers needs --worker-tls-ca, -cert and -key, readable "
+                    f"files (env {_ENV}WORKER_TLS_*): {', '.join(missing + unreadable)}")
     if a.cacert and not os.path.isfile(a.cacert):
         p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
                 f"certificate chains to; env {_ENV}CACERT)")
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
+                         direct_to_workers=a.direct_to_workers, worker_tls_ca=a.worker_tls_ca,
+                         worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          log_level=a.log_level, log_json=a.log_json)
 
 

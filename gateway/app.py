@@ -19,6 +19,7 @@ from ortserve.tls import channel_credentials
 
 from . import responses
 from .config import GatewayConfig
+from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
@@ -33,14 +34,21 @@ def build_app(config: GatewayConfig) -> FastAPI:
     # NOTE: the grpc.aio channel is bound to the event loop that creates it, so
     # it is opened in the lifespan (on uvicorn's loop), not here.
     upstream: Upstream | None = None
+    workers: Workers | None = None  # the direct path's channels (--direct-to-workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        nonlocal upstream
+        nonlocal upstream, workers
         credentials = channel_credentials(config.scheduler_cacert) if config.scheduler_cacert else None
         upstream = Upstream(config.scheduler_address, config.request_timeout_s,
                             config.models_cache_s, credentials)
+        if config.direct_to_workers:
+            workers = Workers(channel_credentials(config.worker_tls_ca, config.worker_tls_cert,
+                                                  config.worker_tls_key)
+                              if config.worker_tls_ca else None)
         yield
+        if workers is not None:
+            await workers.close()
         await upstream.close()
 
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
@@ -51,11 +59,11 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate("chat", request, upstream)
+        return await _generate("chat", request, upstream, workers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate("completion", request, upstream)
+        return await _generate("completion", request, upstream, workers)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -89,7 +97,7 @@ async def _call(awaitable):
         raise from_grpc(error, "") from None
 
 
-async def _generate(kind: Kind, request: Request, upstream: Upstream):
+async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None):
     parsed = _parse(kind, await _json_body(request))
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
@@ -98,7 +106,11 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream):
     parsed.generate.request_id = meta.id
     metadata = _passed_through(request)
     try:
-        stream = await upstream.open(parsed.generate, metadata)
+        if workers is not None:  # the two-step path: the scheduler admits, the worker streams
+            stream = await open_direct(upstream.stub, workers, parsed.generate,
+                                       upstream.timeout_s, metadata)
+        else:
+            stream = await upstream.open(parsed.generate, metadata)
     except grpc.RpcError as error:
         raise from_grpc(error, _PROMPT_PARAM[kind]) from None
     except StreamBroken as error:
@@ -139,7 +151,7 @@ def _passed_through(request: Request) -> list[tuple[str, str]]:
     return [("authorization", auth)] if auth else []
 
 
-async def _collect(meta: responses.ResponseMeta, stream: OpenStream) -> dict:
+async def _collect(meta: responses.ResponseMeta, stream: OpenStream | DirectStream) -> dict:
     texts = []
     try:
         async for event in stream.events():
@@ -157,7 +169,7 @@ async def _collect(meta: responses.ResponseMeta, stream: OpenStream) -> dict:
 
 
 async def _collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
-                                       stream: OpenStream) -> dict:
+                                       stream: OpenStream | DirectStream) -> dict:
     # NOTE: a non-streaming handler is not cancelled when its client goes away;
     # without this watch, an abandoned request would hold its lease to the end.
     collecting = asyncio.ensure_future(_collect(meta, stream))
@@ -177,7 +189,7 @@ async def _collect_unless_disconnected(request: Request, meta: responses.Respons
 
 
 async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
-               stream: OpenStream) -> AsyncIterator[dict]:
+               stream: OpenStream | DirectStream) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished = False
     text_json = responses.text_chunk_encoder(meta, usage)

@@ -30,6 +30,7 @@ from ortserve import request_rules
 from ortserve.units import tokens
 from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.sampling import greedy_tokens, plain_greedy
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -324,7 +325,19 @@ class Engine:
         wait_for_masks()
         self._postprocess(plan, output)
 
+    def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
+        """The plain-greedy rows' tokens (no constraint, penalty or suppressed token), from
+        one argmax over the step's logits instead of one per row: the same tokens."""
+        steps = [step for step in output.steps.values()
+                 if step.logits is not None and step.error is None and step.seq.constraint is None
+                 and plain_greedy(step.seq.sampler)]
+        if len(steps) < 2:
+            return {}
+        chosen = greedy_tokens([step.logits for step in steps], self.spec.vocab_size)
+        return {step.seq.sequence_id: token for step, token in zip(steps, chosen, strict=True)}
+
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
+        greedy = self._greedy_choices(output)
         for step in output.steps.values():
             seq = step.seq
             if step.prefix_restored:
@@ -336,7 +349,8 @@ class Engine:
             if step.logits is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason = seq.accept(step.logits)
+                token, text, finish_reason = seq.accept(step.logits,
+                                                        greedy.get(seq.sequence_id))
             except Exception as exc:
                 self._fail(seq, exc)
                 continue

@@ -96,3 +96,16 @@ def test_the_leases_ceiling_is_set_without_validating_the_request_again(monkeypa
     assert lowered.max_new_tokens == 2 and lowered.stop == ("x",) and calls == []
     with pytest.raises(InvalidField):
         SequenceRequest("s", (1, 2), 4, min_new_tokens=3).with_max_new_tokens(2)
+
+
+def test_a_stream_interval_is_bounded_and_named_under_the_callers_prefix():
+    ok = types_pb2.GenerateRequest(text="a", stream_interval_ms=request_rules.MAX_STREAM_INTERVAL_MS)
+    request_rules.generate_request(ok)
+    request_rules.request_shape(ok)  # the worker's check
+    long = types_pb2.GenerateRequest(text="a",
+                                     stream_interval_ms=request_rules.MAX_STREAM_INTERVAL_MS + 1)
+    error = refusal(request_rules.generate_request, long, "request.")
+    assert error.field == "request.stream_interval_ms" and "10,000 ms" in str(error)
+    assert error.metadata["stream_interval_ms"] == 10_001
+    assert str(refusal(request_rules.request_shape, long)) == \
+        str(refusal(request_rules.generate_request, long))

@@ -236,13 +236,18 @@ class Sequence:
         if not self.t_prefill_start:
             self.t_prefill_start = now
 
-    def accept(self, logits: np.ndarray) -> tuple[int, str, FinishReason | None]:
+    def accept(self, logits: np.ndarray, chosen: int | None = None
+               ) -> tuple[int, str, FinishReason | None]:
         """Sample the next token from the last position's logits and append it.
 
+        `chosen`: the token the sampler would pick, already picked (the engine's one
+        argmax over a step's plain-greedy rows: sampling.greedy_tokens).
         Returns (token id, text that may go out now, finish reason or None).
         """
         constraint = self.constraint
-        if constraint is None:
+        if chosen is not None:
+            token = chosen
+        elif constraint is None:
             token = self.sampler(logits, self.token_ids)
         else:
             token = self.sampler(logits, self.token_ids, constraint.allowed())

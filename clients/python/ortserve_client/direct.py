@@ -120,6 +120,21 @@ def rejection_status(r: types_pb2.Rejection) -> StatusError:
     return StatusError(code, message, trailing)
 
 
+def worker_failure(error: grpc.RpcError, admission: types_pb2.Admission, tokens: int,
+                   claimed: bool) -> StatusError:
+    """A worker call's failure, worded as the scheduler's relay words it (`claimed`: the
+    worker had claimed the lease, so it, not the caller, gives it back)."""
+    details = error.details() or ""
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        lease = ("its lease returns to the budget when the scheduler expires it (its "
+                 "--lease-ttl-s)" if claimed else "its unclaimed lease is given back")
+        message = (f"worker {admission.worker_id} at {admission.worker_address} failed after "
+                   f"{tokens} tokens: {details[:300]}; {lease}; retry the request")
+    else:
+        message = f"worker {admission.worker_id}: {details[:600]}"
+    return relabelled(error, message)
+
+
 class DirectCall:
     """One two-step generation, iterated like Scheduler.Generate's call (GenerateEvents;
     failures raised as grpc.RpcError), with `cancel()`. Blocking; any thread may cancel."""
@@ -222,20 +237,7 @@ class DirectCall:
                     self._finished = True
                     yield event
         except grpc.RpcError as error:
-            raise self._worker_failure(error, admission, tokens) from None
-
-    def _worker_failure(self, error: grpc.RpcError, admission: types_pb2.Admission,
-                        tokens: int) -> StatusError:
-        """The worker's failure, worded as the scheduler's relay words it."""
-        details = error.details() or ""
-        if error.code() == grpc.StatusCode.UNAVAILABLE:
-            lease = ("its lease returns to the budget when the scheduler expires it (its "
-                     "--lease-ttl-s)" if self._worker_took_it else "its unclaimed lease is given back")
-            message = (f"worker {admission.worker_id} at {admission.worker_address} failed after "
-                       f"{tokens} tokens: {details[:300]}; {lease}; retry the request")
-        else:
-            message = f"worker {admission.worker_id}: {details[:600]}"
-        return relabelled(error, message)
+            raise worker_failure(error, admission, tokens, self._worker_took_it) from None
 
     def _settle(self) -> None:
         """Once, on every exit: a lease no worker claimed goes back to the scheduler."""
