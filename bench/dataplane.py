@@ -21,7 +21,8 @@ Variants, on the same processes and interleaved round by round (so one
 machine's load falls on each alike): `relay` (Scheduler.Generate relays the
 worker's stream), `direct` (the two-step path: Admit, then the worker streams
 to the client; through the gateway, a second gateway with --direct-to-workers),
-`interval` (relayed, with GenerateRequest.stream_interval_ms = 50).
+`interval` (relayed, with GenerateRequest.stream_interval_ms = 50; through the gateway,
+a third gateway with --stream-interval-ms 50).
 """
 
 from __future__ import annotations
@@ -234,10 +235,10 @@ def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, l
                                new_tokens, streams)
         gateways = {}
         try:
+            flags = {"relay": [], "direct": ["--direct-to-workers"],
+                     "interval": ["--stream-interval-ms", str(INTERVAL_MS)]}
             for v in variants:
-                if v in ("relay", "direct"):
-                    gateways[v] = start_gateway(cluster.address, log_dir / v,
-                                                ["--direct-to-workers"] if v == "direct" else [])
+                gateways[v] = start_gateway(cluster.address, log_dir / v, flags[v])
             model = _served_model(next(iter(gateways.values())).address)
 
             def run(gw: Service):
@@ -278,7 +279,7 @@ def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
     """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
 
     Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
-    `<that>_direct` and `tiny_32streams_interval50ms` for the other variants.
+    `<that>_direct` and `<that>_interval50ms` for the other variants.
     """
     models = model_cache() / "models"
     rounds = 1 if quick else 3
@@ -290,10 +291,9 @@ def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
     tiny = dataplane_run(models / "tiny-llama", 32, new_tokens, rounds, log_dir / "tiny",
                          variants=variants)
     out.update({f"tiny_32streams{suffix[v]}": run for v, run in tiny.items()})
-    gateway_variants = tuple(v for v in variants if v in ("relay", "direct"))
-    if gateway and gateway_variants:
+    if gateway:
         gw = dataplane_run(models / "smollm2-135m-instruct-int4", 16, 16 if quick else 128,
-                           rounds, log_dir / "gateway", gateway=True, variants=gateway_variants)
+                           rounds, log_dir / "gateway", gateway=True, variants=variants)
         out.update({f"int4_gateway_16streams{suffix[v]}": run for v, run in gw.items()})
     return out
 
@@ -316,8 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "dataplane.json")
     p.add_argument("--skip-gateway", action="store_true", help="only the scheduler + worker run")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated, of {', '.join(VARIANTS)} (the gateway runs relay and "
-                        "direct only)")
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
     a = p.parse_args(argv)
     variants = tuple(v for v in a.variants.split(",") if v)
     if not variants or set(variants) - set(VARIANTS):

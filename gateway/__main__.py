@@ -15,6 +15,7 @@ import uvicorn
 
 from ortserve import banner, ports
 from ortserve.logs import configure_logging
+from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.version import package_version
 
 from .app import build_app
@@ -51,6 +52,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="the two-step path: Admit on the scheduler, then stream from the worker "
                         "directly (the scheduler relays no token; the gateway must reach the "
                         "workers' addresses)")
+    p.add_argument("--stream-interval-ms", type=int,
+                   default=_env("stream_interval_ms", d.stream_interval_ms),
+                   help="the shortest time between two streamed chunks, for every request (the "
+                        "tokens meanwhile leave as one SSE event: fewer messages; the first "
+                        "token never waits); 0: every token as it comes; at most 10,000")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):
@@ -63,6 +69,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65_535:
         p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
+    if not 0 <= a.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
+        p.error(f"--stream-interval-ms {a.stream_interval_ms} is outside 0 to "
+                f"{MAX_STREAM_INTERVAL_MS:,} ms (0: every token as it comes)")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
@@ -79,7 +88,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
-                         direct_to_workers=a.direct_to_workers, worker_tls_ca=a.worker_tls_ca,
+                         direct_to_workers=a.direct_to_workers,
+                         stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          log_level=a.log_level, log_json=a.log_json)
 
@@ -101,7 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,
                                            log_level=config.log_level,
                                            timeout_graceful_shutdown=30))
-    asyncio.run(server.serve(sockets=[sock]))
+    if os.environ.get("ORTSERVE_EVENT_LOOP") == "uvloop":  # EXPERIMENT
+        import uvloop
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(server.serve(sockets=[sock]))
+    else:
+        asyncio.run(server.serve(sockets=[sock]))
 
 
 if __name__ == "__main__":

@@ -59,11 +59,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate("chat", request, upstream, workers)
+        return await _generate("chat", request, upstream, workers, config.stream_interval_ms)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate("completion", request, upstream, workers)
+        return await _generate("completion", request, upstream, workers,
+                               config.stream_interval_ms)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -97,13 +98,15 @@ async def _call(awaitable):
         raise from_grpc(error, "") from None
 
 
-async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None):
+async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
+                    stream_interval_ms: int = 0):
     parsed = _parse(kind, await _json_body(request))
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
     meta = responses.ResponseMeta.new(kind, parsed.model)
     parsed.generate.request_id = meta.id
+    parsed.generate.stream_interval_ms = stream_interval_ms  # the gateway's --stream-interval-ms
     metadata = _passed_through(request)
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams

@@ -24,6 +24,9 @@ class GatewayConfig:
     # TLS their ports are mutual TLS: worker_tls_* name the cluster's CA and a
     # certificate it signed (empty: plaintext to the workers).
     direct_to_workers: bool = False
+    # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
+    # leave as one SSE event (the first never waits). 0: every token as it comes.
+    stream_interval_ms: int = 0
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""
