@@ -111,12 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,
                                            log_level=config.log_level,
                                            timeout_graceful_shutdown=30))
-    if os.environ.get("ORTSERVE_EVENT_LOOP") == "uvloop":  # EXPERIMENT
-        import uvloop
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(server.serve(sockets=[sock]))
-    else:
-        asyncio.run(server.serve(sockets=[sock]))
+    asyncio.run(server.serve(sockets=[sock]))
 
 
 if __name__ == "__main__":

@@ -114,12 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         ports.check_all_free(config.host, [("--port", config.port),
                                            ("--internal-port", config.internal_port),
                                            ("--metrics-port", config.metrics_port)])
-        if os.environ.get("ORTSERVE_EVENT_LOOP") == "uvloop":  # EXPERIMENT
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                runner.run(_serve(config))
-        else:
-            asyncio.run(_serve(config))
+        asyncio.run(_serve(config))
     except ports.PortUnavailable as error:
         ports.refuse("ortserve-scheduler", error)
 
