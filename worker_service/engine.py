@@ -30,7 +30,7 @@ from ortserve import request_rules
 from ortserve.units import tokens
 from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
-from worker_service.core.sampling import greedy_tokens, plain_greedy
+from worker_service.core.sampling import greedy_choice, greedy_tokens, plain_greedy
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -326,15 +326,20 @@ class Engine:
         self._postprocess(plan, output)
 
     def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
-        """The plain-greedy rows' tokens (no constraint, penalty or suppressed token), from
-        one argmax over the step's logits instead of one per row: the same tokens."""
+        """The greedy rows' tokens (no constraint, no penalty), from one argmax over the
+        step's logits instead of one per row: the same tokens. A row whose argmax is a
+        suppressed token (EOS before min_new_tokens) is left to its sampler."""
         steps = [step for step in output.steps.values()
                  if step.logits is not None and step.error is None and step.seq.constraint is None
                  and plain_greedy(step.seq.sampler)]
-        if len(steps) < 2:
+        if not steps:
             return {}
         chosen = greedy_tokens([step.logits for step in steps], self.spec.vocab_size)
-        return {step.seq.sequence_id: token for step, token in zip(steps, chosen, strict=True)}
+        out = {}
+        for step, token in zip(steps, chosen, strict=True):
+            if (token := greedy_choice(step.seq.sampler, token)) is not None:
+                out[step.seq.sequence_id] = token
+        return out
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
         greedy = self._greedy_choices(output)

@@ -47,7 +47,13 @@ def test_a_chunk_frame_the_relay_cannot_read_counts_no_tokens_and_is_not_misread
 def test_batched_greedy_picks_each_rows_first_maximum_as_the_per_row_argmax_does():
     import numpy as np
 
-    from worker_service.core.sampling import Sampler, SamplingConfig, greedy_tokens, plain_greedy
+    from worker_service.core.sampling import (
+        Sampler,
+        SamplingConfig,
+        greedy_choice,
+        greedy_tokens,
+        plain_greedy,
+    )
 
     vocab = 97
     rng = np.random.default_rng(0)
@@ -66,9 +72,18 @@ def test_batched_greedy_picks_each_rows_first_maximum_as_the_per_row_argmax_does
     assert plain_greedy(Sampler(SamplingConfig(), vocab))
     assert not plain_greedy(Sampler(SamplingConfig(temperature=0.7), vocab))
     assert not plain_greedy(Sampler(SamplingConfig(repetition_penalty=1.2), vocab))
+    # A suppressed token (EOS before min_new_tokens): the argmax stands unless it is one.
     suppressed = Sampler(SamplingConfig(), vocab)
-    suppressed.suppress([3])
-    assert not plain_greedy(suppressed)
+    suppressed.suppress([3, 5])
+    assert plain_greedy(suppressed)
+    for row in [*rows, *loose]:
+        token = greedy_tokens([row], vocab)[0]
+        choice = greedy_choice(suppressed, token)
+        assert choice == (None if token in (3, 5) else token)
+        if choice is not None:
+            assert choice == suppressed(row, [])
+    assert greedy_choice(suppressed, greedy_tokens([batch[2]], vocab)[0]) is None  # 5 wins there
+    assert suppressed(batch[2], []) == 9  # the sampler's own choice: the tie's other token
     for sampler_rows in (rows, loose):
         assert greedy_tokens(sampler_rows, vocab) == [Sampler(SamplingConfig(), vocab)(r, [])
                                                       for r in sampler_rows]

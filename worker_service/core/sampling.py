@@ -134,10 +134,24 @@ def apply_repetition_penalty(scores: np.ndarray, history: Sequence[int], penalty
 
 
 def plain_greedy(sampler: Sampler) -> bool:
-    """True when `sampler` picks the argmax of the raw logits now (greedy, no penalty, no
-    suppressed token): the rows `greedy_tokens` may choose for, with the same result."""
+    """True when `sampler` is greedy with no repetition penalty: it picks the argmax of the
+    raw logits unless that token is suppressed (`greedy_choice`), so `greedy_tokens` may
+    choose for it, with the same result."""
     penalty = sampler.config.repetition_penalty
-    return sampler._rng is None and not sampler._suppressed.size and (penalty is None or penalty == 1)
+    return sampler._rng is None and (penalty is None or penalty == 1)
+
+
+def greedy_choice(sampler: Sampler, token: int) -> int | None:
+    """`token` (the raw logits' first maximum) when `sampler` would choose it, else None:
+    a suppressed token (EOS before min_new_tokens) is not, and the sampler must choose.
+
+    NOTE: when the first maximum is not suppressed, it is also the first maximum of the
+    logits with the suppressed tokens at -inf: the sampler's own answer, without its
+    float64 copy of the row (the costliest thing a greedy token does under min_new_tokens).
+    """
+    if sampler._suppressed.size and (sampler._suppressed == token).any():
+        return None
+    return token
 
 
 def greedy_tokens(rows: Sequence[np.ndarray], vocab_size: int) -> list[int]:
@@ -162,7 +176,7 @@ def _rows_block(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int]] | No
     """A 2-D view spanning `rows` in their buffer and each row's index in it; None when the
     rows are not equal-length contiguous views at a whole-row stride in one owner array."""
     if len(rows) < 2:
-        return None
+        return None  # one row: one call either way
     first = rows[0]
     owner = first.base
     width, item = first.size, first.itemsize
