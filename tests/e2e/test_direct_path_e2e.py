@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import openai
@@ -121,6 +122,37 @@ def test_a_direct_cancel_frees_the_workers_kv_promptly(tiny):
         waited = wait_until_free(tiny)
     print(f"direct cancel -> worker KV freed and ledger at zero: {waited * 1e3:.0f} ms")
     assert waited < 2.0 and reserved_bytes(tiny.address) == 0
+
+
+def test_a_direct_cancel_while_queued_leaves_the_queue_holding_nothing(tiny):
+    """A direct request waits for budget inside Admit; its cancel ends the Admit call, and
+    the scheduler's queue lets it go (as a relayed Generate's cancel does)."""
+    with Client(tiny.address, timeout_s=120) as relayed, \
+            Client(tiny.address, timeout_s=120, direct=True) as direct:
+        holder = relayed.stream(PROMPT, max_new_tokens=900, min_new_tokens=900,
+                                stream_interval_ms=500)
+        next(iter(holder))  # admitted and running: most of the budget is held
+        waiting = direct.stream(PROMPT, max_new_tokens=200, min_new_tokens=200)
+        outcome: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                list(waiting)
+            except BaseException as error:  # noqa: BLE001 - the test reads it
+                outcome.append(error)
+
+        thread = threading.Thread(target=consume)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while relayed.budget().queue_length == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert relayed.budget().queue_length == 1  # it waits in the queue
+        waiting.cancel()
+        thread.join(30)
+        assert isinstance(outcome[0], GenerationFailed) and outcome[0].code.name == "CANCELLED"
+        assert relayed.budget().queue_length == 0
+        holder.cancel()
+    assert wait_until_free(tiny) < 5 and reserved_bytes(tiny.address) == 0
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["relayed", "direct"])

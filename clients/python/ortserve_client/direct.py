@@ -149,6 +149,7 @@ class DirectCall:
         self._metadata = metadata
         self._lock = threading.Lock()
         self._admission: types_pb2.Admission | None = None
+        self._admitting = None  # the Admit call's future, while it runs (a cancel ends it)
         self._call = None  # the Worker.Generate call, once started
         self._worker_took_it = False  # its Admission arrived: the worker claimed the lease
         self._finished = False
@@ -163,7 +164,9 @@ class DirectCall:
         releases the lease it claimed); a lease no worker claimed is released here."""
         with self._lock:
             self._cancelled = True
-            call = self._call
+            call, admitting = self._call, self._admitting
+        if admitting is not None:
+            admitting.cancel()  # waiting in the admission queue: it leaves, holding nothing
         if call is not None:
             call.cancel()
         self._settle()
@@ -184,10 +187,17 @@ class DirectCall:
     def _admit(self) -> types_pb2.Admission:
         inner = self._request
         wait_ms = inner.max_queue_wait_ms if inner.HasField("max_queue_wait_ms") else SERVER_BOUND_MS
-        try:
-            admission = self._scheduler.Admit(
+        with self._lock:
+            if self._cancelled:
+                raise StatusError(grpc.StatusCode.CANCELLED, "the caller cancelled the generation")
+            self._admitting = self._scheduler.Admit.future(
                 scheduler_pb2.AdmitRequest(request=inner, max_queue_wait_ms=wait_ms),
                 timeout=self._remaining(), metadata=self._metadata)
+        try:
+            admission = self._admitting.result()
+        except grpc.FutureCancelledError:
+            raise StatusError(grpc.StatusCode.CANCELLED,
+                              "the caller cancelled the generation while it was admitted") from None
         except grpc.RpcError as error:
             # The same sentence Generate would end with: fields named from the request's root.
             raise relabelled(error, (error.details() or "").removeprefix(_ADMIT_PREFIX),
