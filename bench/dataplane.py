@@ -275,12 +275,15 @@ def _served_model(address: str) -> str:
 
 
 def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
-                      variants: tuple[str, ...] = VARIANTS) -> dict:
+                      variants: tuple[str, ...] | None = None) -> dict:
     """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
 
     Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
-    `<that>_direct` and `<that>_interval50ms` for the other variants.
+    `<that>_direct` and `<that>_interval50ms` for the other variants. `variants`
+    None: all of them, or only `relay` with `quick` (the smoke run stays short).
     """
+    if variants is None:
+        variants = ("relay",) if quick else VARIANTS
     models = model_cache() / "models"
     rounds = 1 if quick else 3
     new_tokens = 32 if quick else 256
