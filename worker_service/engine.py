@@ -326,20 +326,14 @@ class Engine:
         self._postprocess(plan, output)
 
     def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
-        """The greedy rows' tokens (no constraint, no penalty), from one argmax over the
-        step's logits instead of one per row: the same tokens. A row whose argmax is a
-        suppressed token (EOS before min_new_tokens) is left to its sampler."""
-        steps = [step for step in output.steps.values()
-                 if step.logits is not None and step.error is None and step.seq.constraint is None
-                 and plain_greedy(step.seq.sampler)]
-        if not steps:
-            return {}
-        chosen = greedy_tokens([step.logits for step in steps], self.spec.vocab_size)
-        out = {}
-        for step, token in zip(steps, chosen, strict=True):
-            if (token := greedy_choice(step.seq.sampler, token)) is not None:
-                out[step.seq.sequence_id] = token
-        return out
+        """The greedy rows' tokens (no constraint or penalty) from one argmax over the step's
+        logits, not one per row: the same tokens. A row whose argmax is suppressed (EOS
+        before min_new_tokens) is left to its sampler."""
+        steps = [s for s in output.steps.values() if s.logits is not None and s.error is None
+                 and s.seq.constraint is None and plain_greedy(s.seq.sampler)]
+        chosen = greedy_tokens([s.logits for s in steps], self.spec.vocab_size) if steps else []
+        return {s.seq.sequence_id: c for s, t in zip(steps, chosen, strict=True)
+                if (c := greedy_choice(s.seq.sampler, t)) is not None}
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
         greedy = self._greedy_choices(output)
