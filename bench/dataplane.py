@@ -1,6 +1,7 @@
 """The token path's cost: CPU microseconds per delivered token, per process.
 
   python -m bench.dataplane [--quick] [--out bench/dataplane.json] [--skip-gateway]
+                            [--variants relay,direct,interval]
 
 A scheduler and one worker start as processes (devtools.cluster.LocalCluster),
 then `streams` clients each stream `new_tokens` tokens at once (min_new_tokens
@@ -15,6 +16,13 @@ delivered tokens/s (wall, noisy on a shared machine) and messages per token
 figure is the median of `rounds` rounds; the machine's load average is
 recorded with them. The gateway run goes through ortserve-gateway's
 /v1/completions with stream=true.
+
+Variants, on the same processes and interleaved round by round (so one
+machine's load falls on each alike): `relay` (Scheduler.Generate relays the
+worker's stream), `direct` (the two-step path: Admit, then the worker streams
+to the client; through the gateway, a second gateway with --direct-to-workers),
+`interval` (relayed, with GenerateRequest.stream_interval_ms = 50; through the gateway,
+a third gateway with --stream-interval-ms 50).
 """
 
 from __future__ import annotations
@@ -83,8 +91,13 @@ def ort_cpu_s(address: str) -> float:
 
 # -- the clients ---------------------------------------------------------------------
 
-def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int) -> dict:
-    """`streams` Scheduler.Generate streams at once; tokens and chunk messages received."""
+INTERVAL_MS = 50  # the `interval` variant's GenerateRequest.stream_interval_ms
+VARIANTS = ("relay", "direct", "interval")
+
+
+def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int,
+                 stream_interval_ms: int = 0) -> dict:
+    """`streams` generation streams at once; tokens and chunk messages received."""
     counts = [(0, 0)] * streams
     errors: list[str] = []
 
@@ -92,7 +105,8 @@ def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int) -
         tokens = messages = 0
         try:
             for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
-                                       min_new_tokens=new_tokens):
+                                       min_new_tokens=new_tokens,
+                                       stream_interval_ms=stream_interval_ms):
                 tokens += len(chunk.token_ids)
                 messages += 1
         except Exception as exc:  # counted: a failed stream spoils the round
@@ -151,42 +165,52 @@ def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
 
 # -- one measured configuration ---------------------------------------------------------
 
-def measure(pids: dict[str, int], metrics: str, run_round, rounds: int, new_tokens: int,
-            streams: int) -> dict:
-    """`rounds` rounds of `run_round()`; per process, CPU us per delivered token (medians)."""
-    per_round: dict[str, list[float]] = {name: [] for name in
-                                         [*pids, "worker_ort", "worker_outside_ort"]}
-    rates, per_message, loads = [], [], []
+def measure(variants: dict, metrics: str, rounds: int, new_tokens: int, streams: int) -> dict:
+    """`rounds` rounds, each running every variant once in turn (interleaved: the machine's
+    load falls on each alike); per variant and process, CPU us per delivered token.
+
+    `variants`: name -> (pids {process name: pid}, run_round()).
+    """
+    per_round = {v: {name: [] for name in [*pids, "worker_ort", "worker_outside_ort"]}
+                 for v, (pids, _) in variants.items()}
+    rates = {v: [] for v in variants}
+    per_message = {v: [] for v in variants}
+    loads = {v: [] for v in variants}
     for r in range(rounds):
-        progress(f"round {r + 1}/{rounds}: {streams} streams x {new_tokens} tokens")
-        before = {name: process_cpu_s(pid) for name, pid in pids.items()}
-        ort_before = ort_cpu_s(metrics)
-        out = run_round()
-        after = {name: process_cpu_s(pid) for name, pid in pids.items()}
-        ort = ort_cpu_s(metrics) - ort_before
-        tokens = out["tokens"]
-        if tokens != streams * new_tokens:
-            raise RuntimeError(f"dataplane: {tokens} tokens delivered, expected "
-                               f"{streams} x {new_tokens}")
-        for name in pids:
-            per_round[name].append((after[name] - before[name]) / tokens * 1e6)
-        per_round["worker_ort"].append(ort / tokens * 1e6)
-        per_round["worker_outside_ort"].append(
-            (after["worker"] - before["worker"] - ort) / tokens * 1e6)
-        rates.append(tokens / out["wall_s"])
-        per_message.append(out["messages"] / tokens)
-        loads.append(os.getloadavg()[0])
-    figures = {f"{name}_cpu_us_per_token": summary(values, "us/token")
-               for name, values in per_round.items()}
-    figures["delivered_tokens_per_s"] = summary(rates, "tokens/s")
-    figures["messages_per_token"] = summary(per_message, "messages/token")
-    return {"streams": streams, "new_tokens": new_tokens, "rounds": rounds, "figures": figures,
-            "load_average_1m": loads}
+        for v, (pids, run_round) in variants.items():
+            progress(f"round {r + 1}/{rounds} {v}: {streams} streams x {new_tokens} tokens")
+            before = {name: process_cpu_s(pid) for name, pid in pids.items()}
+            ort_before = ort_cpu_s(metrics)
+            out = run_round()
+            after = {name: process_cpu_s(pid) for name, pid in pids.items()}
+            ort = ort_cpu_s(metrics) - ort_before
+            tokens = out["tokens"]
+            if tokens != streams * new_tokens:
+                raise RuntimeError(f"dataplane {v}: {tokens} tokens delivered, expected "
+                                   f"{streams} x {new_tokens}")
+            for name in pids:
+                per_round[v][name].append((after[name] - before[name]) / tokens * 1e6)
+            per_round[v]["worker_ort"].append(ort / tokens * 1e6)
+            per_round[v]["worker_outside_ort"].append(
+                (after["worker"] - before["worker"] - ort) / tokens * 1e6)
+            rates[v].append(tokens / out["wall_s"])
+            per_message[v].append(out["messages"] / tokens)
+            loads[v].append(os.getloadavg()[0])
+    out = {}
+    for v in variants:
+        figures = {f"{name}_cpu_us_per_token": summary(values, "us/token")
+                   for name, values in per_round[v].items()}
+        figures["delivered_tokens_per_s"] = summary(rates[v], "tokens/s")
+        figures["messages_per_token"] = summary(per_message[v], "messages/token")
+        out[v] = {"streams": streams, "new_tokens": new_tokens, "rounds": rounds,
+                  "figures": figures, "load_average_1m": loads[v]}
+    return out
 
 
 def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, log_dir: Path,
-                  gateway: bool = False) -> dict:
-    """A scheduler and one worker (1 intra-op thread); through the gateway when `gateway`."""
+                  gateway: bool = False, variants: tuple[str, ...] = ("relay",)) -> dict:
+    """A scheduler and one worker (1 intra-op thread); through the gateway when `gateway`.
+    Returns {variant: run}."""
     from ortserve_client import Client
     from tokenizers import Tokenizer
 
@@ -197,27 +221,43 @@ def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, l
         pids = {"scheduler": cluster.services[0].process.pid, "worker": worker.process.pid}
         metrics = metrics_address(worker)
         if not gateway:
-            with Client(cluster.address, timeout_s=900) as client:
-                grpc_streams(client, prompt_ids, streams, 8)  # warm-up: channels, arena rows
-                return measure(pids, metrics, lambda: grpc_streams(client, prompt_ids, streams,
-                                                                   new_tokens),
-                               rounds, new_tokens, streams)
-        gw = start_gateway(cluster.address, log_dir)
+            with Client(cluster.address, timeout_s=900) as client, \
+                    Client(cluster.address, timeout_s=900, direct=True) as direct:
+                runs = {
+                    "relay": lambda: grpc_streams(client, prompt_ids, streams, new_tokens),
+                    "direct": lambda: grpc_streams(direct, prompt_ids, streams, new_tokens),
+                    "interval": lambda: grpc_streams(client, prompt_ids, streams, new_tokens,
+                                                     INTERVAL_MS),
+                }
+                for c in (client, direct):
+                    grpc_streams(c, prompt_ids, streams, 8)  # warm-up: channels, arena rows
+                return measure({v: (pids, runs[v]) for v in variants}, metrics, rounds,
+                               new_tokens, streams)
+        gateways = {}
         try:
-            pids["gateway"] = gw.process.pid
-            model = _served_model(gw.address)
-            sse_streams(gw.address, model, streams, 8)  # warm-up
-            return measure(pids, metrics, lambda: sse_streams(gw.address, model, streams,
-                                                              new_tokens),
-                           rounds, new_tokens, streams)
+            flags = {"relay": [], "direct": ["--direct-to-workers"],
+                     "interval": ["--stream-interval-ms", str(INTERVAL_MS)]}
+            for v in variants:
+                gateways[v] = start_gateway(cluster.address, log_dir / v, flags[v])
+            model = _served_model(next(iter(gateways.values())).address)
+
+            def run(gw: Service):
+                return lambda: sse_streams(gw.address, model, streams, new_tokens)
+
+            for gw in gateways.values():
+                sse_streams(gw.address, model, streams, 8)  # warm-up
+            return measure({v: ({**pids, "gateway": gw.process.pid}, run(gw))
+                            for v, gw in gateways.items()}, metrics, rounds, new_tokens, streams)
         finally:
-            stop_service(gw)
+            for gw in gateways.values():
+                stop_service(gw)
 
 
-def start_gateway(scheduler_address: str, log_dir: Path, timeout_s: float = 60.0) -> Service:
+def start_gateway(scheduler_address: str, log_dir: Path, args: list[str] = (),
+                  timeout_s: float = 60.0) -> Service:
     gateway = start_service("gateway", [str(Path(sys.executable).with_name("ortserve-gateway")),
                                         "--port", "0", "--scheduler", scheduler_address,
-                                        "--log-level", "warning"], log_dir)
+                                        "--log-level", "warning", *args], log_dir)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:  # bound and announced; wait until it answers
         try:
@@ -234,19 +274,30 @@ def _served_model(address: str) -> str:
         return json.load(reply)["data"][0]["id"]
 
 
-def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True) -> dict:
-    """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway."""
+def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
+                      variants: tuple[str, ...] | None = None) -> dict:
+    """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
+
+    Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
+    `<that>_direct` and `<that>_interval50ms` for the other variants. `variants`
+    None: all of them, or only `relay` with `quick` (the smoke run stays short).
+    """
+    if variants is None:
+        variants = ("relay",) if quick else VARIANTS
     models = model_cache() / "models"
     rounds = 1 if quick else 3
     new_tokens = 32 if quick else 256
     out = {"method": "CPU seconds (utime+stime, /proc/PID/stat) per delivered token; worker: "
-                     "1 intra-op thread, ORT share from ortserve_worker_ort_run_cpu_seconds",
-           "tiny_32streams": dataplane_run(models / "tiny-llama", 32, new_tokens, rounds,
-                                           log_dir / "tiny")}
+                     "1 intra-op thread, ORT share from ortserve_worker_ort_run_cpu_seconds; "
+                     "variants interleaved round by round on the same processes"}
+    suffix = {"relay": "", "direct": "_direct", "interval": f"_interval{INTERVAL_MS}ms"}
+    tiny = dataplane_run(models / "tiny-llama", 32, new_tokens, rounds, log_dir / "tiny",
+                         variants=variants)
+    out.update({f"tiny_32streams{suffix[v]}": run for v, run in tiny.items()})
     if gateway:
-        out["int4_gateway_16streams"] = dataplane_run(
-            models / "smollm2-135m-instruct-int4", 16, 16 if quick else 128, rounds,
-            log_dir / "gateway", gateway=True)
+        gw = dataplane_run(models / "smollm2-135m-instruct-int4", 16, 16 if quick else 128,
+                           rounds, log_dir / "gateway", gateway=True, variants=variants)
+        out.update({f"int4_gateway_16streams{suffix[v]}": run for v, run in gw.items()})
     return out
 
 
@@ -267,9 +318,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="1 round, few tokens: a smoke run")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "dataplane.json")
     p.add_argument("--skip-gateway", action="store_true", help="only the scheduler + worker run")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
     a = p.parse_args(argv)
+    variants = tuple(v for v in a.variants.split(",") if v)
+    if not variants or set(variants) - set(VARIANTS):
+        p.error(f"--variants {a.variants!r}: name some of {', '.join(VARIANTS)}")
     load_start = os.getloadavg()
-    doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway)
+    doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway,
+                            variants=variants)
     doc["load_average_start"] = load_start
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))

@@ -15,6 +15,7 @@ import uvicorn
 
 from ortserve import banner, ports, tracing
 from ortserve.logs import configure_logging
+from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.version import package_version
 
 from .app import build_app
@@ -44,6 +45,23 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    default=_env("request_timeout_s", d.request_timeout_s),
                    help="deadline of one generation's gRPC call")
     p.add_argument("--models-cache-s", type=float, default=_env("models_cache_s", d.models_cache_s))
+    direct = os.environ.get(_ENV + "DIRECT_TO_WORKERS")
+    p.add_argument("--direct-to-workers", action=argparse.BooleanOptionalAction,
+                   default=d.direct_to_workers if direct is None
+                   else direct.lower() in ("1", "true", "yes"),
+                   help="the two-step path: Admit on the scheduler, then stream from the worker "
+                        "directly (the scheduler relays no token; the gateway must reach the "
+                        "workers' addresses)")
+    p.add_argument("--stream-interval-ms", type=int,
+                   default=_env("stream_interval_ms", d.stream_interval_ms),
+                   help="the shortest time between two streamed chunks, for every request (the "
+                        "tokens meanwhile leave as one SSE event: fewer messages; the first "
+                        "token never waits); 0: every token as it comes; at most 10,000")
+    for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
+                       ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
+                       ("key", "its private key (PEM)")):
+        p.add_argument(f"--worker-tls-{name}", default=_env(f"worker_tls_{name}", ""),
+                       help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     tracing.add_argument(p, _ENV)
     log_json = os.environ.get(_ENV + "LOG_JSON")
@@ -52,14 +70,28 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65_535:
         p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
+    if not 0 <= a.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
+        p.error(f"--stream-interval-ms {a.stream_interval_ms} is outside 0 to "
+                f"{MAX_STREAM_INTERVAL_MS:,} ms (0: every token as it comes)")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
+    worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
+    if any(worker_tls.values()):
+        missing = [f"--worker-tls-{n}" for n, path in worker_tls.items() if not path]
+        unreadable = [f"--worker-tls-{n} {path!r}" for n, path in worker_tls.items()
+                      if path and not os.path.isfile(path)]
+        if missing or unreadable:
+            p.error(f"mutual TLS to the workers needs --worker-tls-ca, -cert and -key, readable "
+                    f"files (env {_ENV}WORKER_TLS_*): {', '.join(missing + unreadable)}")
     if a.cacert and not os.path.isfile(a.cacert):
         p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
                 f"certificate chains to; env {_ENV}CACERT)")
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
+                         direct_to_workers=a.direct_to_workers,
+                         stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
+                         worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          log_level=a.log_level, log_json=a.log_json,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
 

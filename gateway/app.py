@@ -23,6 +23,7 @@ from ortserve.v1 import types_pb2
 
 from . import choices, responses, tokenize, tools
 from .config import GatewayConfig
+from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
 from .logprobs_json import ChoiceLogprobs
 from .metrics import HttpMetrics, MetricsMiddleware
@@ -39,14 +40,21 @@ def build_app(config: GatewayConfig) -> FastAPI:
     # NOTE: the grpc.aio channel is bound to the event loop that creates it, so
     # it is opened in the lifespan (on uvicorn's loop), not here.
     upstream: Upstream | None = None
+    workers: Workers | None = None  # the direct path's channels (--direct-to-workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        nonlocal upstream
+        nonlocal upstream, workers
         credentials = channel_credentials(config.scheduler_cacert) if config.scheduler_cacert else None
         upstream = Upstream(config.scheduler_address, config.request_timeout_s,
                             config.models_cache_s, credentials)
+        if config.direct_to_workers:
+            workers = Workers(channel_credentials(config.worker_tls_ca, config.worker_tls_cert,
+                                                  config.worker_tls_key)
+                              if config.worker_tls_ca else None)
         yield
+        if workers is not None:
+            await workers.close()
         await upstream.close()
 
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
@@ -67,11 +75,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate("chat", request, upstream)
+        return await _generate("chat", request, upstream, workers, config.stream_interval_ms)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate("completion", request, upstream)
+        return await _generate("completion", request, upstream, workers,
+                               config.stream_interval_ms)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):
@@ -150,7 +159,8 @@ def _parsed(parse, body: object):
         raise from_param_error(error) from None
 
 
-async def _generate(kind: Kind, request: Request, upstream: Upstream):
+async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
+                    stream_interval_ms: int = 0):
     parsed = _parse(kind, await _json_body(request))
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
@@ -160,8 +170,16 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream):
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
+    for r in requests:
+        r.stream_interval_ms = stream_interval_ms  # the gateway's --stream-interval-ms
     try:
-        streams = await choices.open_all(upstream, requests, metadata)
+        if workers is not None:  # the two-step path: the scheduler admits, the worker streams
+            def opener(r):
+                return open_direct(upstream.stub, workers, r, upstream.timeout_s, metadata)
+        else:
+            def opener(r):
+                return upstream.open(r, metadata)
+        streams = await choices.open_all(opener, requests)
     except grpc.RpcError as error:
         raise from_grpc(error, _PROMPT_PARAM[kind]) from None
     except StreamBroken as error:
@@ -208,7 +226,7 @@ def _logprobs(meta: responses.ResponseMeta, parsed: ParsedRequest, n: int
 
 
 async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
-                   streams: list[OpenStream]) -> dict:
+                   streams: list[OpenStream | DirectStream]) -> dict:
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -237,7 +255,7 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
 
 
 async def _collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
-                                       parsed: ParsedRequest, streams: list[OpenStream]) -> dict:
+                                       parsed: ParsedRequest, streams: list[OpenStream | DirectStream]) -> dict:
     # NOTE: a non-streaming handler is not cancelled when its client goes away;
     # without this watch, an abandoned request would hold its lease to the end.
     collecting = asyncio.ensure_future(_collect(meta, parsed, streams))
@@ -257,7 +275,7 @@ async def _collect_unless_disconnected(request: Request, meta: responses.Respons
 
 
 async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
-               streams: list[OpenStream]) -> AsyncIterator[dict]:
+               streams: list[OpenStream | DirectStream]) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))

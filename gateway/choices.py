@@ -12,20 +12,21 @@ others are cancelled (their leases freed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from ortserve.v1 import types_pb2
 
-from .upstream import OpenStream, Upstream
+from .upstream import OpenStream
 
 
-async def open_all(upstream: Upstream, requests: Sequence[types_pb2.GenerateRequest],
-                   metadata: Sequence[tuple[str, str]]) -> list[OpenStream]:
-    """Open every choice's Generate and wait for all the admissions; on the first
-    failure (or our own cancellation) cancel the rest and raise it."""
+async def open_all(opener: Callable[[types_pb2.GenerateRequest], Awaitable[OpenStream]],
+                   requests: Sequence[types_pb2.GenerateRequest]) -> list[OpenStream]:
+    """Open every choice's stream with `opener` (through the scheduler, or the direct
+    path's Admit then worker) and wait for all the admissions; on the first failure (or
+    our own cancellation) cancel the rest and raise it."""
     if len(requests) == 1:
-        return [await upstream.open(requests[0], metadata)]
-    tasks = [asyncio.ensure_future(upstream.open(r, metadata)) for r in requests]
+        return [await opener(requests[0])]
+    tasks = [asyncio.ensure_future(opener(r)) for r in requests]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -33,7 +34,7 @@ async def open_all(upstream: Upstream, requests: Sequence[types_pb2.GenerateRequ
             task.cancel()
         # Wait them out: a choice admitted meanwhile must have its call cancelled too.
         for outcome in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(outcome, OpenStream):
+            if not isinstance(outcome, BaseException):
                 outcome.cancel()
         raise
 

@@ -19,6 +19,17 @@ class GatewayConfig:
     # /v1/models reads GetBudget; cached this long so a burst of listings costs
     # one round trip to the scheduler (requests pass `model` through, unchecked here).
     models_cache_s: float = 2.0
+    # The two-step path (Admit, then the worker streams to the gateway): the scheduler
+    # relays no token. The gateway must reach the workers' registered addresses; with
+    # TLS their ports are mutual TLS: worker_tls_* name the cluster's CA and a
+    # certificate it signed (empty: plaintext to the workers).
+    direct_to_workers: bool = False
+    # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
+    # leave as one SSE event (the first never waits). 0: every token as it comes.
+    stream_interval_ms: int = 0
+    worker_tls_ca: str = ""
+    worker_tls_cert: str = ""
+    worker_tls_key: str = ""
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

@@ -74,7 +74,7 @@ class Upstream:
         """`credentials`: TLS to the scheduler (None: plaintext)."""
         self.address = address
         self.tls = credentials is not None
-        self._timeout_s = request_timeout_s
+        self.timeout_s = request_timeout_s
         self._models_cache_s = models_cache_s
         self._channel = secure_or_insecure_channel(address, credentials)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
@@ -87,7 +87,7 @@ class Upstream:
                    metadata: Sequence[tuple[str, str]] = ()) -> OpenStream:
         """Start Generate and wait for its Admission, so HTTP status and headers can
         follow from it. Rejections raise grpc.RpcError here, before any byte is sent."""
-        call = self._stub.Generate(request, timeout=self._timeout_s, metadata=tuple(metadata))
+        call = self._stub.Generate(request, timeout=self.timeout_s, metadata=tuple(metadata))
         try:
             first = await call.read()
             # A request waiting in the admission queue hears its place first: HTTP has
@@ -111,6 +111,11 @@ class Upstream:
                          metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.DetokenizeResponse:
         return await self._stub.Detokenize(request, timeout=self._timeout_s,
                                            metadata=tuple(metadata))
+
+    @property
+    def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        """The Scheduler stub (the direct path calls Admit and Release on it)."""
+        return self._stub
 
     async def budget(self, timeout_s: float = 5.0,
                      metadata: Sequence[tuple[str, str]] = ()) -> scheduler_pb2.Budget:

@@ -30,6 +30,8 @@ MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_CHAT_MESSAGES = 1_024
+# A chunk at least this often: a longer hold would read as a stalled stream.
+MAX_STREAM_INTERVAL_MS = 10_000
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "min_p")
 # OpenAI's ranges, so a request that OpenAI accepts is accepted here.
@@ -71,7 +73,8 @@ def generate_request(request: Any, prefix: str = "") -> None:
 
 
 def request_shape(request: Any, prefix: str = "") -> None:
-    """The request id's length, the prompt's shape (chat roles included), the cap policy."""
+    """The request id's length, the prompt's shape (chat roles included), the cap policy,
+    the stream interval."""
     bounded(prefix + "request_id", request.request_id, MAX_REQUEST_ID_CHARS)
     prompt(request, prefix)
     policies = request.DESCRIPTOR.fields_by_name["cap_policy"].enum_type.values_by_number
@@ -79,6 +82,16 @@ def request_shape(request: Any, prefix: str = "") -> None:
         names = [value.name for n, value in sorted(policies.items()) if n]  # 0: unspecified
         raise InvalidField(prefix + "cap_policy", f"{request.cap_policy} is not a CapPolicy: use "
                            f"{', '.join(names[:-1])} or {names[-1]}")
+    stream_interval(request.stream_interval_ms, prefix)
+
+
+def stream_interval(interval_ms: int, prefix: str = "") -> None:
+    """The chunk interval a request asks for: 0 (every token as it comes) up to the bound."""
+    if interval_ms > MAX_STREAM_INTERVAL_MS:
+        raise InvalidField(prefix + "stream_interval_ms",
+                           f"is {interval_ms:,} ms, more than the {MAX_STREAM_INTERVAL_MS:,} ms "
+                           "allowed; ask for at most that (0: every token as it comes)",
+                           stream_interval_ms=interval_ms, limit_ms=MAX_STREAM_INTERVAL_MS)
 
 
 def sampling_values(params: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from ortserve import request_rules
 from ortserve.units import tokens
 from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.sampling import greedy_choice, greedy_tokens, plain_greedy
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -360,7 +361,19 @@ class Engine:
         wait_for_masks()
         self._postprocess(plan, output)
 
+    def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
+        """The greedy rows' tokens (no constraint, penalty, bias or logprobs) from one argmax
+        over the step's logits, not one per row: the same tokens. A row whose argmax is
+        suppressed (EOS before min_new_tokens) is left to its sampler."""
+        steps = [s for s in output.steps.values() if s.logits is not None and s.error is None
+                 and s.seq.constraint is None and s.seq.req.top_logprobs is None
+                 and plain_greedy(s.seq.sampler)]
+        chosen = greedy_tokens([s.logits for s in steps], self.spec.vocab_size) if steps else []
+        return {s.seq.sequence_id: c for s, t in zip(steps, chosen, strict=True)
+                if (c := greedy_choice(s.seq.sampler, t)) is not None}
+
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
+        greedy = self._greedy_choices(output)
         for step in output.steps.values():
             seq = step.seq
             if step.prefix_restored:
@@ -372,7 +385,8 @@ class Engine:
             if step.logits is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason, logprobs = seq.accept(step.logits)
+                token, text, finish_reason, logprobs = seq.accept(step.logits,
+                                                                  greedy.get(seq.sequence_id))
             except Exception as exc:
                 self._fail(seq, exc)
                 continue

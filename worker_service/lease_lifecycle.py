@@ -116,15 +116,18 @@ class LeaseStream:
     """One claimed lease's sequence: its events, and the exit that frees and releases."""
 
     def __init__(self, lifecycle: LeaseLifecycle, lease: types_pb2.Lease,
-                 req: SequenceRequest, session_id: str = "") -> None:
+                 req: SequenceRequest, session_id: str = "", stream_interval_s: float = 0.0) -> None:
         self.lease = lease
         self.request = req
+        # GenerateRequest.stream_interval_ms: the shortest time between two token chunks.
+        self.stream_interval_s = stream_interval_s
         # A session turn keeps its lease: its exit shrinks it to what the session holds.
         self.session_id = session_id
         self._shrunk = False
         self._lifecycle = lifecycle
         self._queued: list[Event] = []  # arrived, not yet read (the loop's thread only)
         self._wake: asyncio.Future | None = None  # the reader waiting for _queued
+        self._holding = False  # the reader holds tokens for the interval: only an end wakes it
         self._handle = None
         self._ended = False  # the engine's terminal event for this sequence has arrived
         self.log = log.bind(lease_id=lease.lease_id, worker_id=lifecycle.worker_id,
@@ -137,7 +140,8 @@ class LeaseStream:
 
     def _arrived(self, event: Event) -> None:
         self._queued.append(event)
-        if self._wake is not None and not self._wake.done():
+        if self._wake is not None and not self._wake.done() and (
+                not self._holding or isinstance(event, TERMINAL)):
             self._wake.set_result(None)
 
     async def _take(self, timeout_s: float | None = None) -> list[Event]:
@@ -151,14 +155,40 @@ class LeaseStream:
         taken, self._queued = self._queued, []
         return taken
 
+    async def _hold(self, until_s: float) -> None:
+        """Let tokens gather until `until_s` (loop time); the sequence's end cuts it short."""
+        loop = asyncio.get_running_loop()
+        if any(isinstance(e, TERMINAL) for e in self._queued) or until_s <= loop.time():
+            return
+        self._holding = True
+        self._wake = loop.create_future()
+        handle = loop.call_at(until_s, lambda wake=self._wake: wake.done() or wake.set_result(None))
+        try:
+            await self._wake
+        finally:
+            handle.cancel()
+            self._wake = None
+            self._holding = False
+
     async def events(self) -> AsyncIterator[Event]:
         """The engine's events, up to and including the terminal one; the tokens that
-        queued up while the reader was busy come as one TokenDelta (coalesced)."""
+        queued up while the reader was busy come as one TokenDelta (coalesced).
+
+        With a stream interval, a token chunk leaves at most once per interval: after
+        one is sent, the next waits out the interval, gathering tokens meanwhile. The
+        first chunk is never held (TTFT unchanged), nor the end.
+        """
+        interval_s = self.stream_interval_s
+        next_chunk_s = 0.0  # loop time before which no token chunk leaves (after the first)
         while not self._ended:
+            if interval_s and next_chunk_s:
+                await self._hold(next_chunk_s)
             for event in coalesced(await self._take()):
                 self._ended = isinstance(event, TERMINAL)
                 if self._ended and isinstance(event, Completed):
                     record_sequence_spans(self.request, event)
+                if interval_s and type(event) is TokenDelta:
+                    next_chunk_s = asyncio.get_running_loop().time() + interval_s
                 yield event
                 if self._ended:
                     return
@@ -239,13 +269,14 @@ class LeaseLifecycle:
 
     @contextlib.asynccontextmanager
     async def open(self, lease_id: str, req: SequenceRequest, max_new_was_set: bool,
-                   session_id: str = "") -> AsyncIterator[LeaseStream]:
+                   session_id: str = "", stream_interval_ms: int = 0) -> AsyncIterator[LeaseStream]:
         """Claim the lease, check the request against it and start the sequence.
 
         Raises before anything is held when the model cannot serve the request
         (Engine.check), the lease is not live (NoLiveLease) or the request does not
         match it (LeaseMismatch; the lease stays usable).
-        With `session_id`, a turn of that open session under its lease.
+        With `session_id`, a turn of that open session under its lease;
+        `stream_interval_ms`: the request's shortest time between token chunks.
         """
         if session_id:
             session_lease = self.session_leases.get(session_id)
@@ -274,7 +305,7 @@ class LeaseLifecycle:
                 # not, and then the claimed lease must go back rather than linger.
                 await self.link.release(lease.lease_id)
                 raise
-            stream = LeaseStream(self, lease, req, session_id)
+            stream = LeaseStream(self, lease, req, session_id, stream_interval_ms / 1e3)
             if session_id:
                 self.session_leases[session_id] = lease
             self._live[lease.lease_id] = lease

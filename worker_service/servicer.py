@@ -122,7 +122,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if session_id:
             self._session_rpcs()._lease(session_id)  # NOT_FOUND before the lease is touched
         async with leases.open(request.lease_id, req, inner.HasField("max_new_tokens"),
-                               session_id=session_id) as stream:
+                               session_id=session_id,
+                               stream_interval_ms=inner.stream_interval_ms) as stream:
             lease = stream.lease
             yield types_pb2.GenerateEvent(
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))

@@ -22,10 +22,10 @@ ESSAY = "Write a long, detailed essay about the history of the Roman Empire."
 TIGHT_BUDGET_TOKENS = 128  # a chat prompt of ~40 tokens leaves room for ~90: capped
 
 
-def start_gateway(tmp_path_factory, scheduler_address: str):
+def start_gateway(tmp_path_factory, scheduler_address: str, args: tuple[str, ...] = ()):
     log_dir = tmp_path_factory.mktemp("logs-gateway")
     service = start_service("gateway", [str(BIN / "ortserve-gateway"), "--port", "0",
-                                        "--scheduler", scheduler_address], log_dir)
+                                        "--scheduler", scheduler_address, *args], log_dir)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # bound and announced; wait until uvicorn accepts
         try:

@@ -113,3 +113,16 @@ def test_a_logit_bias_id_outside_the_vocabulary_is_named():
     with pytest.raises(InvalidField) as info:
         request_rules.logit_bias_in_vocab([3, 100], 100)
     assert info.value.field == "sampling.logit_bias[100]"
+
+
+def test_a_stream_interval_is_bounded_and_named_under_the_callers_prefix():
+    ok = types_pb2.GenerateRequest(text="a", stream_interval_ms=request_rules.MAX_STREAM_INTERVAL_MS)
+    request_rules.generate_request(ok)
+    request_rules.request_shape(ok)  # the worker's check
+    long = types_pb2.GenerateRequest(text="a",
+                                     stream_interval_ms=request_rules.MAX_STREAM_INTERVAL_MS + 1)
+    error = refusal(request_rules.generate_request, long, "request.")
+    assert error.field == "request.stream_interval_ms" and "10,000 ms" in str(error)
+    assert error.metadata["stream_interval_ms"] == 10_001
+    assert str(refusal(request_rules.request_shape, long)) == \
+        str(refusal(request_rules.generate_request, long))

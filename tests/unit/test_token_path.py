@@ -52,3 +52,90 @@ def test_a_chunk_frame_the_relay_cannot_read_counts_no_tokens_and_is_not_misread
     assert chunk_fields(frame) == (bytes([1, 2]), b"ab")
     odd = bytes([CHUNK_TAG, frame[1] + 2]) + frame[2:] + bytes([3 << 3 | 0, 1])  # field 3
     assert chunk_fields(odd) is None and chunk_tokens(odd) == 0
+
+
+def test_batched_greedy_picks_each_rows_first_maximum_as_the_per_row_argmax_does():
+    import numpy as np
+
+    from worker_service.core.sampling import (
+        Sampler,
+        SamplingConfig,
+        greedy_choice,
+        greedy_tokens,
+        plain_greedy,
+    )
+
+    vocab = 97
+    rng = np.random.default_rng(0)
+    owner = rng.standard_normal(6 * vocab).astype(np.float32)
+    owner[2 * vocab + 5] = owner[2 * vocab + 9] = 50.0  # a tie: the first one wins
+    batch = owner.reshape(6, vocab)
+    rows = [batch[b] for b in (4, 0, 2, 5)]  # a subset, out of order: one view spans them
+    assert greedy_tokens(rows, vocab) == [int(np.argmax(r)) for r in rows]
+    assert greedy_tokens(rows, vocab)[2] == 5
+    # A padded vocabulary, rows from different buffers, one row: the per-row path, same answer.
+    assert greedy_tokens(rows, vocab - 3) == [int(np.argmax(r[:vocab - 3])) for r in rows]
+    loose = [rng.standard_normal(vocab).astype(np.float32) for _ in range(3)]
+    assert greedy_tokens(loose, vocab) == [int(np.argmax(r)) for r in loose]
+    assert greedy_tokens(rows[:1], vocab) == [int(np.argmax(rows[0]))]
+    # Only the samplers whose choice IS the raw argmax take the fast path.
+    assert plain_greedy(Sampler(SamplingConfig(), vocab))
+    assert not plain_greedy(Sampler(SamplingConfig(temperature=0.7), vocab))
+    assert not plain_greedy(Sampler(SamplingConfig(repetition_penalty=1.2), vocab))
+    # A suppressed token (EOS before min_new_tokens): the argmax stands unless it is one.
+    suppressed = Sampler(SamplingConfig(), vocab)
+    suppressed.suppress([3, 5])
+    assert plain_greedy(suppressed)
+    for row in [*rows, *loose]:
+        token = greedy_tokens([row], vocab)[0]
+        choice = greedy_choice(suppressed, token)
+        assert choice == (None if token in (3, 5) else token)
+        if choice is not None:
+            assert choice == suppressed(row, [])
+    assert greedy_choice(suppressed, greedy_tokens([batch[2]], vocab)[0]) is None  # 5 wins there
+    assert suppressed(batch[2], []) == 9  # the sampler's own choice: the tie's other token
+    for sampler_rows in (rows, loose):
+        assert greedy_tokens(sampler_rows, vocab) == [Sampler(SamplingConfig(), vocab)(r, [])
+                                                      for r in sampler_rows]
+
+
+def test_a_stream_interval_holds_tokens_between_chunks_but_never_the_first_or_the_end():
+    import asyncio
+    from types import SimpleNamespace
+
+    from worker_service.core.sequence import Completed, FinishReason
+    from worker_service.lease_lifecycle import LeaseStream
+
+    def stream(interval_s: float) -> LeaseStream:
+        lifecycle = SimpleNamespace(worker_id="w")
+        return LeaseStream(lifecycle, types_pb2.Lease(lease_id="l"),
+                           SimpleNamespace(request_id="r"), stream_interval_s=interval_s)
+
+    done = Completed(sequence_id="s", finish_reason=FinishReason.LENGTH, stop_sequence="",
+                     prompt_tokens=1, generated_tokens=6, max_new_tokens=6, queue_ms=0,
+                     prefill_ms=0, ttft_ms=0, decode_ms=0, decode_tokens_per_s=0, total_ms=0,
+                     seed=None, text="abcdef", token_ids=tuple(range(6)))
+
+    async def run(interval_s: float) -> list[tuple[float, object]]:
+        s = stream(interval_s)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def engine():  # a token every 10 ms, then the end right after the last
+            for i in range(6):
+                s._arrived(TokenDelta("s", (i,), "abcdef"[i]))
+                await asyncio.sleep(0.01)
+            s._arrived(done)
+
+        task = asyncio.ensure_future(engine())
+        out = [(loop.time() - start, e) async for e in s.events()]
+        await task
+        return out
+
+    held = asyncio.run(run(10.0))  # far longer than the whole stream
+    assert held[0][1] == TokenDelta("s", (0,), "a") and held[0][0] < 1.0  # the first: at once
+    assert held[1][1] == TokenDelta("s", (1, 2, 3, 4, 5), "bcdef")  # the rest: one chunk
+    assert held[2][1] is done and held[-1][0] < 5.0  # the end cut the 10 s hold short
+    free = asyncio.run(run(0.0))
+    assert [e for _, e in free if isinstance(e, TokenDelta)] == [
+        TokenDelta("s", (i,), "abcdef"[i]) for i in range(6)]  # a reader keeping up: each alone

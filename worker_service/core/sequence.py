@@ -253,15 +253,19 @@ class Sequence:
         if not self.t_prefill_start:
             self.t_prefill_start = now
 
-    def accept(self, logits: np.ndarray
+    def accept(self, logits: np.ndarray, chosen: int | None = None
                ) -> tuple[int, str, FinishReason | None, TokenLogprobs | None]:
         """Sample the next token from the last position's logits and append it.
 
+        `chosen`: the token the sampler would pick, already picked (the engine's one
+        argmax over a step's plain-greedy rows: sampling.greedy_tokens).
         Returns (token id, text that may go out now, finish reason or None, the
         token's log-probabilities when the request asked for them, else None).
         """
         constraint = self.constraint
-        if constraint is None:
+        if chosen is not None:
+            token, logprobs = chosen, None
+        elif constraint is None:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs)
         else:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,

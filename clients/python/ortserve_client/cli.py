@@ -45,7 +45,8 @@ def _request_kwargs(a: argparse.Namespace) -> dict:
         kw["chat"] = turns
     else:
         kw["prompt"] = prompt
-    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "stop", "request_id"):
+    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "stop", "request_id",
+                 "stream_interval_ms"):
         value = getattr(a, name, None)
         if value is not None:
             kw[name] = value
@@ -182,6 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a file holding the API key (env ORTSERVE_API_KEY_FILE, or the key itself "
                         "in env ORTSERVE_API_KEY; never on the command line)")
     p.add_argument("--timeout", type=flags.timeout_s, default=None, help="deadline in seconds")
+    p.add_argument("--direct", action="store_true",
+                   default=os.environ.get("ORTSERVE_DIRECT", "").lower() in ("1", "true", "yes"),
+                   help="the two-step path: Admit, then stream from the worker directly (the "
+                        "scheduler relays no token; this machine must reach the workers' "
+                        "addresses); env ORTSERVE_DIRECT=1")
+    for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
+                       ("cert", "this client's certificate (PEM), signed by the cluster's CA"),
+                       ("key", "its private key (PEM)")):
+        p.add_argument(f"--worker-{name}", default=None,
+                       help=f"with --direct, mutual TLS to the workers: {what}")
     p.add_argument("--retries", type=flags.retries, default=0,
                    help="retry a refused admission (busy, queue full, queue timeout, no worker) "
                         "this many times, waiting as the server's RetryInfo says (backoff otherwise)")
@@ -196,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=flags.uint64, help="0 to 2**64-1; unset: random, reported")
     g.add_argument("--repetition-penalty", type=flags.repetition_penalty, help="> 0; 1: none")
     g.add_argument("--stop", action="append", help="a stop sequence (repeatable)")
+    g.add_argument("--stream-interval-ms", type=flags.uint32,
+                   help="the shortest time between two chunks (the tokens meanwhile come as one: "
+                        "fewer messages; the first token is never held); unset or 0: each token "
+                        "as it comes; at most 10,000")
     g.add_argument("--stats", action="store_true", help="timings and usage on stderr")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the text "
                    "(queue_wait_ms included)")
@@ -230,8 +245,19 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as error:
         notice(f"--api-key-file: cannot read {a.api_key_file!r}: {error.strerror}")
         return EXIT_USAGE
-    with Client(a.address, timeout_s=a.timeout, cacert=a.cacert, api_key=api_key,
-                retry=Retry(attempts=a.retries) if a.retries else None) as client:
+    worker_tls = (a.worker_ca, a.worker_cert, a.worker_key)
+    if any(worker_tls) and not all(worker_tls):
+        notice("--worker-ca, --worker-cert and --worker-key go together (mutual TLS to the "
+               "workers): give all three, or none for plaintext")
+        return EXIT_USAGE
+    try:
+        client = Client(a.address, timeout_s=a.timeout, cacert=a.cacert, api_key=api_key,
+                        retry=Retry(attempts=a.retries) if a.retries else None, direct=a.direct,
+                        worker_tls=worker_tls if all(worker_tls) else None)
+    except OSError as error:
+        notice(f"cannot read {error.filename!r}: {error.strerror}")
+        return EXIT_USAGE
+    with client:
         try:
             return a.func(client, a)
         except OrtserveError as error:

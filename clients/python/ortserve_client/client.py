@@ -10,8 +10,9 @@ from pathlib import Path
 
 import grpc
 
-from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
 
+from .direct import DirectCall
 from .errors import RETRYABLE, GenerationFailed, OrtserveError, from_rpc_error
 from .types import (
     Admission,
@@ -64,14 +65,18 @@ def build_request(
     max_queue_wait_ms: int | None = None,
     request_id: str = "",
     model: str = "",
+    stream_interval_ms: int = 0,
 ) -> types_pb2.GenerateRequest:
     """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
 
     `model`: the served model to answer with (`Client.budget().models` lists them); empty:
     the cluster's one model (refused, listing them, while its workers serve several).
+    `stream_interval_ms`: the shortest time between two chunks (the tokens meanwhile come
+    as one chunk: fewer messages; the first token is never held); 0: each as it comes.
     """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
-                                    stop=list(stop), model=model)
+                                    stop=list(stop), model=model,
+                                    stream_interval_ms=stream_interval_ms)
     if chat is not None:
         req.chat.messages.extend(types_pb2.ChatMessage(role=r, content=c) for r, c in chat)
     elif isinstance(prompt, str):
@@ -192,15 +197,21 @@ class Client:
 
     `cacert`: a PEM file of the CA the scheduler's certificate chains to (TLS;
     `tls=True` with no cacert trusts the system roots); None: plaintext.
-    `api_key`: sent as `authorization: Bearer <key>` on every call.
+    `api_key`: sent as `authorization: Bearer <key>` on every call to the scheduler.
+    `direct`: generate on the two-step path (Admit, then the worker streams to this
+    client; ortserve_client/direct.py): the scheduler relays no token. The client must
+    reach the workers' registered addresses; where workers serve TLS (mutual), give
+    `worker_tls=(ca, cert, key)`: PEM files of the cluster's CA and a certificate it signed.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,
                  retry: Retry | None = None, *, cacert: str | None = None, tls: bool = False,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, direct: bool = False,
+                 worker_tls: tuple[str, str, str] | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.retry = retry
+        self.direct = direct
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         if cacert or tls:
             roots = Path(cacert).read_bytes() if cacert else None
@@ -208,8 +219,23 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._worker_credentials = None
+        if worker_tls is not None:
+            ca, cert, key = (Path(p).read_bytes() for p in worker_tls)
+            self._worker_credentials = grpc.ssl_channel_credentials(ca, key, cert)
+        self._workers: dict[str, tuple[grpc.Channel, worker_pb2_grpc.WorkerStub]] = {}
+
+    def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        """One channel per worker address, kept for the client's life (the direct path)."""
+        if address not in self._workers:
+            channel = (grpc.secure_channel(address, self._worker_credentials)
+                       if self._worker_credentials is not None else grpc.insecure_channel(address))
+            self._workers[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
+        return self._workers[address][1]
 
     def close(self) -> None:
+        for channel, _ in self._workers.values():
+            channel.close()
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -225,9 +251,13 @@ class Client:
         Queued event while the request waits for budget; `on_retry(error, delay_s)`
         before each retry (with `retry` set)."""
         request = build_request(prompt, **kw)
-        return GenerationStream(lambda timeout_s: self._stub.Generate(
-            request, timeout=timeout_s, metadata=self._metadata),
-                                on_admission, on_queued, self.retry, self.timeout_s, on_retry)
+        if self.direct:
+            def start(timeout_s):
+                return DirectCall(self._stub, self._worker_stub, request, timeout_s, self._metadata)
+        else:
+            def start(timeout_s):
+                return self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
+        return GenerationStream(start, on_admission, on_queued, self.retry, self.timeout_s, on_retry)
 
     def generate(self, prompt=None, **kw) -> GenerateResult:
         stream = self.stream(prompt, **kw)

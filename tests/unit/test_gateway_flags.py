@@ -1,0 +1,30 @@
+"""ortserve-gateway's flags for the token path: --direct-to-workers, worker TLS, the stream interval."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.__main__ import parse_config
+
+
+def test_the_direct_path_and_the_stream_interval_are_opt_in_by_flag_or_environment(monkeypatch):
+    plain = parse_config([])
+    assert not plain.direct_to_workers and plain.stream_interval_ms == 0
+    on = parse_config(["--direct-to-workers", "--stream-interval-ms", "50"])
+    assert on.direct_to_workers and on.stream_interval_ms == 50
+    monkeypatch.setenv("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "1")
+    monkeypatch.setenv("ORTSERVE_GATEWAY_STREAM_INTERVAL_MS", "20")
+    env = parse_config([])
+    assert env.direct_to_workers and env.stream_interval_ms == 20
+    assert not parse_config(["--no-direct-to-workers"]).direct_to_workers
+
+
+def test_worker_tls_needs_all_three_files_and_the_interval_its_bound(tmp_path, capsys):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    with pytest.raises(SystemExit):
+        parse_config(["--direct-to-workers", "--worker-tls-ca", str(ca)])
+    assert "--worker-tls-cert" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--stream-interval-ms", "10001"])
+    assert "10,000" in capsys.readouterr().err
