@@ -104,12 +104,12 @@ class Upstream:
 
     async def tokenize(self, request: types_pb2.GenerateRequest,
                        metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.PromptTokens:
-        return await self._stub.Tokenize(request, timeout=self._timeout_s,
+        return await self._stub.Tokenize(request, timeout=self.timeout_s,
                                          metadata=tuple(metadata))
 
     async def detokenize(self, request: types_pb2.DetokenizeRequest,
                          metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.DetokenizeResponse:
-        return await self._stub.Detokenize(request, timeout=self._timeout_s,
+        return await self._stub.Detokenize(request, timeout=self.timeout_s,
                                            metadata=tuple(metadata))
 
     @property
