@@ -112,14 +112,11 @@ def test_a_lease_the_worker_never_claimed_is_released_at_once(tiny):
 
 def test_a_direct_cancel_frees_the_workers_kv_promptly(tiny):
     with Client(tiny.address, timeout_s=120, direct=True) as direct:
-        stream = direct.stream(PROMPT, max_new_tokens=900, min_new_tokens=900,
+        # Long enough that the tiny model is still decoding when the first chunk is read
+        # (it must hold its KV when the check below runs; capacity is 1,024 tokens).
+        stream = direct.stream(PROMPT, max_new_tokens=1000, min_new_tokens=1000,
                                stream_interval_ms=0)
-        # Ten tokens in, by tokens not chunks: under load a chunk carries what queued up.
-        tokens = 0
-        for chunk in stream:
-            tokens += len(chunk.token_ids)
-            if tokens >= 10:
-                break
+        next(iter(stream))
         assert worker_held_bytes(tiny.worker_services[0].address) > 0
         stream.cancel()
         waited = wait_until_free(tiny)
