@@ -81,6 +81,9 @@ class EngineConfig:
     # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/prefix-cache.md);
     # None: half of it; 0: off. Arena layout only.
     prefix_cache_bytes: int | None = None
+    # Arena layout: the first chunks of prompts that join in one step share one run
+    # (right-padded; runtime/batch_runner.prefill_first) instead of one run each.
+    batch_first_chunks: bool = True
 
 
 class SequenceHandle:
@@ -120,7 +123,8 @@ class Engine:
             self._arena: KVArena | None = KVArena(self.spec, config.max_batch_rows,
                                                   config.kv_capacity_bytes)
             self.kv = KVPool(self._arena, config.kv_capacity_bytes)
-            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens)
+            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens,
+                                                     batch_first_chunks=config.batch_first_chunks)
         elif layout == "static":
             self._arena = None
             self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),
