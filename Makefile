@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick cluster compose-test clean FORCE
+.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -165,6 +165,13 @@ bench: setup tools-setup model
 
 bench-quick: setup tools-setup tiny-model model
 	$(BIN)/python -m bench.run --quick
+
+## bench-peers: ortserve vs llama.cpp's llama-server through both OpenAI endpoints (builds
+## llama-server once from the llama-cpp-python sdist, ~10 min on 2 cores; skipped with a notice
+## where it cannot be built); ratios into bench/results.json
+bench-peers: setup tools-setup model
+	$(call step,bench-peers,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.llama_peer --build || echo "bench-peers: llama.cpp could not be built here (the line above says why); the comparison is skipped")
+	$(BIN)/python -m bench.serving_peers
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) .tools .pytest_cache .ruff_cache .hypothesis

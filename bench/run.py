@@ -155,7 +155,8 @@ class InProcessEngine:
         if any(e.generated_tokens != new_tokens for e in done):
             raise RuntimeError("engine bench: a stream did not produce exactly new_tokens tokens")
         return {"decode": window_rate(list(times.values())),
-                "ttft_ms": min(e.ttft_ms for e in done)}
+                "ttft_ms": min(e.ttft_ms for e in done),
+                "ttft_max_ms": max(e.ttft_ms for e in done)}
 
     def close(self) -> None:
         self.engine.close()

@@ -64,6 +64,11 @@ class EngineConfig:
     device_id: int = 0
     intra_op_threads: int = 0  # 0: the cores this process may use (default ORT threading is slow)
     inter_op_threads: int = 1
+    # ORT's pool threads spin-wait for work between and after parallel sections (ORT's
+    # default, and onnxruntime-genai's). Measured on the shared 2-core machine, spinning
+    # off decoded fp32 1.8x faster under a load of 5 but int4 0.9-1.05x under a load of 4
+    # (docs/benchmarks.md, "Engine vs genai"): not a clear win, so ORT's default stays.
+    intra_op_spinning: bool = True
     kv_capacity_bytes: int = 512 * 2**20
     # Prompt tokens one step may prefill (batch 1 chunks): bounds the host logits of a
     # run and how long a long prompt delays the decoding streams.
@@ -82,6 +87,12 @@ class EngineConfig:
     # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/prefix-cache.md);
     # None: half of it; 0: off. Arena layout only.
     prefix_cache_bytes: int | None = None
+    # Arena layout: the first chunks of prompts that join in one step share one run
+    # (right-padded; runtime/batch_runner.prefill_first) instead of one run each.
+    batch_first_chunks: bool = True
+    # Extra ORT session config entries ((key, value), ...), e.g.
+    # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
+    ort_session_config: tuple[tuple[str, str], ...] = ()
 
 
 class SequenceHandle:
@@ -106,7 +117,10 @@ class Engine:
         self.tokenizer = Tokenizer(self.spec.model_dir)
         self.intra_op_threads = config.intra_op_threads or devices.usable_cores()
         session = devices.create_session(self.spec, config.device, config.device_id,
-                                         self.intra_op_threads, config.inter_op_threads)
+                                         self.intra_op_threads, config.inter_op_threads,
+                                         (("session.intra_op.allow_spinning",
+                                           "1" if config.intra_op_spinning else "0"),
+                                          *config.ort_session_config))
         self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
         self.provider = self.providers[0]
         self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
@@ -121,7 +135,8 @@ class Engine:
             self._arena: KVArena | None = KVArena(self.spec, config.max_batch_rows,
                                                   config.kv_capacity_bytes)
             self.kv = KVPool(self._arena, config.kv_capacity_bytes)
-            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens)
+            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens,
+                                                     batch_first_chunks=config.batch_first_chunks)
         elif layout == "static":
             self._arena = None
             self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),

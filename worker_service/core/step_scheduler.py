@@ -3,9 +3,14 @@
 Pure policy over two queues (no ORT, no grpc), in the shape of nano-vllm's
 scheduler: `waiting` (submitted, KV already charged) and `running`. Each step
 decodes every running sequence that has one pending token, in one batch, and
-spends at most `max_prefill_tokens` on prompt chunks (batch 1 each, GQA's
-limit), so a long prompt delays decoding streams by at most one chunk a step.
-Prefilling sequences go first in arrival order, then waiting ones join.
+spends at most `max_prefill_tokens` on prompt chunks, so a long prompt delays
+decoding streams by at most one chunk a step. Prefilling sequences go first in
+arrival order, then waiting ones join.
+
+A chunk over a past runs batch 1 (GQA's limit); the first chunks of sequences
+that hold nothing yet (`PrefillChunk.first`) may share one run, right-padded
+to the longest: `first_chunk_groups` says which run together, so a burst of
+requests does not queue one prefill run per prompt.
 """
 
 from __future__ import annotations
@@ -25,13 +30,21 @@ class Schedulable(Protocol):
     @property
     def in_prefill(self) -> bool: ...
 
+    @property
+    def num_computed_tokens(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Run `num_tokens` of the sequence's pending prompt tokens, batch 1."""
+    """Run `num_tokens` of the sequence's pending prompt tokens.
+
+    first: the sequence holds no tokens yet (no reused prefix either), so the chunk
+    may run in one batch with other first chunks; else it runs batch 1.
+    """
 
     seq: Schedulable
     num_tokens: int
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,34 @@ class StepScheduler:
             seq = self.waiting.popleft()
             self.running.append(seq)
             n = min(seq.num_pending_tokens, budget)
-            chunks.append(PrefillChunk(seq, n))
+            chunks.append(PrefillChunk(seq, n, first=seq.num_computed_tokens == 0))
             budget -= n
         return StepPlan(decodes=tuple(decodes), prefills=tuple(chunks))
+
+
+def first_chunk_groups(lengths: list[int], room_tokens: list[int], max_padded_tokens: int,
+                       max_padding: float = 0.5) -> list[list[int]]:
+    """Which first chunks share a run: groups of indices into `lengths`, longest first.
+
+    A group runs right-padded to its longest chunk W, so it costs rows x W tokens of
+    compute and of logits: at most `max_padded_tokens`, and at most (1 + max_padding)
+    x its real tokens (a 500-token prompt does not drag 15 short ones to 500 each).
+    Padding writes scratch KV up to W in every row of the group, so W must fit each
+    member's row (`room_tokens`, its reserved tokens). A group of one runs batch 1.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for i in order:
+        group = groups[-1] if groups else None
+        if group is not None:
+            width = lengths[group[0]]
+            rows = len(group) + 1
+            if (width <= room_tokens[i] and rows * width <= max_padded_tokens
+                    and rows * width <= (1 + max_padding) * (real + lengths[i])):
+                group.append(i)
+                real += lengths[i]
+                continue
+        groups.append([i])
+        real = lengths[i]
+    return groups

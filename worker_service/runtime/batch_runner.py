@@ -1,10 +1,14 @@
-"""Runs a builder graph over a KVArena: batch-1 prompt chunks and batched single-token decode.
+"""Runs a builder graph over a KVArena: prompt chunks and batched single-token decode.
 
-Why two entry points (DESIGN.md, "Batching"): GroupQueryAttention takes each
+Why three entry points (DESIGN.md, "Batching"): GroupQueryAttention takes each
 row's length from its attention-mask row sum and the total from the mask's
 width, so one run decodes B sequences of different lengths with right-padded
 masks; but it refuses more than one new token over a past at B > 1, so
-prompt chunks run batch 1 into the sequence's own row.
+prompt chunks over a past run batch 1 into the sequence's own row. First
+chunks (no past in any row) do batch: GQA treats a run whose new tokens are
+the mask's whole width as a first prompt, and each row's own length is its
+mask's ones (right padding), so several waiting prompts prefill in one run
+(`prefill_first`).
 
 Both bind the arena rows as past input and present output (one buffer), so
 nothing is copied per step. Host arrays for ids, mask and logits are
@@ -41,7 +45,7 @@ class BatchRunner:
         # Flat buffers: the first B x W entries viewed as [B, W] are contiguous, as ORT needs.
         self._ids = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
         self._positions = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
-        self._mask = np.zeros(rows * ctx, dtype=np.int64)
+        self._mask = np.zeros(max(rows * ctx, max_chunk_tokens), dtype=np.int64)
         self._columns = np.arange(ctx, dtype=np.int64)
         self._decode_logits = np.empty(rows * vocab, dtype=self.logits_dtype)
         # A chunk's logits are [1, n, vocab]; only the last row is used (grows on demand).
@@ -51,6 +55,8 @@ class BatchRunner:
         # One binding per row for prompt chunks: a row's address never changes (a
         # moved row lands in another row's place), so a row's KV is bound once.
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
+        # First-chunk batches over rows [start, stop): bound once per (start, stop).
+        self._first_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self.runs = 0
         self.largest_batch = 0
         # CPU seconds this (engine) thread spent inside session runs: the bench's
@@ -62,6 +68,7 @@ class BatchRunner:
         a caller that replaced the arena's arrays."""
         self._decode_rows = 0
         self._prefill_bindings.clear()
+        self._first_bindings.clear()
 
     def prefill(self, row: int, past_tokens: int, ids: Sequence[int]) -> np.ndarray:
         """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
@@ -98,6 +105,56 @@ class BatchRunner:
         self.runs += 1
         self.largest_batch = max(self.largest_batch, 1)
         return logits[(n - 1) * spec.vocab_size:]
+
+    def prefill_first(self, start_row: int, chunks: Sequence[Sequence[int]]) -> np.ndarray:
+        """First prompt chunks of rows [start, start + len(chunks)) in ONE run; those rows hold
+        nothing yet. Right-padded to the longest chunk W: row b's mask has len(chunks[b]) ones.
+
+        Returns logits [rows, vocab]: each row's at its own last token. The padded
+        positions [len_b, W) of row b's KV hold scratch (GQA writes every new
+        position): accounted as touched, so W must fit each row's charge; the row's
+        next run (at its own length) overwrites them before any run reads them.
+        """
+        rows = len(chunks)
+        lengths = [len(c) for c in chunks]
+        width = max(lengths, default=0)
+        if rows < 1 or min(lengths) < 1 or rows * width > self.max_chunk_tokens:
+            raise ValueError(f"a first-chunk batch is >= 1 rows of >= 1 tokens, at most "
+                             f"{self.max_chunk_tokens} padded tokens; got {rows} rows x {width}")
+        for b in range(rows):
+            self._check_room(start_row + b, 0, width)
+        spec, key = self.spec, (start_row, start_row + rows)
+        binding = self._first_bindings.get(key)
+        if binding is None:
+            binding = self._first_bindings[key] = self.session.io_binding()
+            self.arena.bind(binding, *key)
+        ids = self._ids[:rows * width].reshape(rows, width)
+        ids.fill(spec.eos_token_ids[0] if spec.eos_token_ids else 0)  # any valid id pads
+        mask = self._mask[:rows * width].reshape(rows, width)
+        for b, chunk in enumerate(chunks):
+            ids[b, :lengths[b]] = chunk
+        np.less(self._columns[:width], np.asarray(lengths, dtype=np.int64)[:, None], out=mask,
+                casting="unsafe")
+        binding.bind_cpu_input(spec.input_ids_name, ids)
+        binding.bind_cpu_input(spec.attention_mask_name, mask)
+        if spec.position_ids_name:
+            positions = self._positions[:rows * width].reshape(rows, width)
+            positions[:] = self._columns[:width]
+            binding.bind_cpu_input(spec.position_ids_name, positions)
+        if self._prefill_logits.size < rows * width * spec.vocab_size:
+            self._prefill_logits = np.empty(rows * width * spec.vocab_size, dtype=self.logits_dtype)
+        logits = self._prefill_logits[:rows * width * spec.vocab_size]
+        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
+                            [rows, width, spec.vocab_size], logits.ctypes.data)
+        started_s = time.thread_time()
+        self.session.run_with_iobinding(binding)
+        self.ort_cpu_s += time.thread_time() - started_s
+        for b in range(rows):
+            self.arena.note_written(start_row + b, lengths[b], touched_tokens=width)
+        self.runs += 1
+        self.largest_batch = max(self.largest_batch, rows)
+        by_position = logits.reshape(rows, width, spec.vocab_size)
+        return by_position[np.arange(rows), np.asarray(lengths) - 1]
 
     def decode(self, rows: int, past_tokens_per_row: Sequence[int], next_ids: Sequence[int],
                active: Sequence[bool] | None = None) -> np.ndarray:

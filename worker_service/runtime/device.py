@@ -97,11 +97,14 @@ def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1
 
 
 def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
-                   inter_op_threads: int = 1) -> ort.InferenceSession:
+                   inter_op_threads: int = 1, config_entries: tuple[tuple[str, str], ...] = ()
+                   ) -> ort.InferenceSession:
     """An ORT session for `spec` on `device`, verified to run where it was asked to."""
     if device not in ("cpu", "cuda"):
         raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
     options, profile_dir = _profiled_options(intra_op_threads, inter_op_threads)
+    for key, value in config_entries:
+        options.add_session_config_entry(key, value)
     preload_log = ""
     if device == "cuda":
         providers: list = [(CUDA, {"device_id": device_id}), CPU]

@@ -5,8 +5,9 @@ computed-token count and its KV but change no sequence state; the engine's
 postprocess applies the step output once the step is over.
 
 - `BatchedModelRunner` (CPU): every running sequence is one row of a KV
-  arena, and one session run advances all of them by one token; prompt
-  chunks then run batch 1 into their rows.
+  arena, and one session run advances all of them by one token; the first
+  chunks of new sequences then run batched (right-padded, one run per group),
+  and chunks over a past batch 1 into their rows.
 - `ModelRunner` (per-sequence `StaticSharedKV` buffers; the CUDA path): each
   sequence has its own IOBinding over its own buffer, one run per sequence.
 """
@@ -19,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker_service.core.sequence import Sequence
-from worker_service.core.step_scheduler import StepPlan
+from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
 from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool
@@ -132,8 +133,9 @@ class BatchedModelRunner:
     """
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
-                 max_chunk_tokens: int) -> None:
+                 max_chunk_tokens: int, batch_first_chunks: bool = True) -> None:
         self.session = session
+        self.batch_first_chunks = batch_first_chunks
         self.spec = spec
         self.arena = arena
         self.batch = BatchRunner(session, spec, arena, max_chunk_tokens=max_chunk_tokens)
@@ -154,43 +156,95 @@ class BatchedModelRunner:
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()
         restored: list[Sequence] = []
+        first: list[PrefillChunk] = []  # new rows with nothing to restore: batched first chunks
         for chunk in plan.prefills:
             seq = chunk.seq
-            if seq not in self._by_row:
-                row = self.arena.allocate(seq.kv.max_tokens)
-                assert row == len(self._by_row)
-                self._by_row.append(seq)
-                if isinstance(seq.resume, CachedPrefix):
-                    self._import_cached(row, seq.resume)
-                    restored.append(seq)
-                elif seq.resume is not None:
-                    # A session turn: its reused prefix goes back into the new row.
-                    resume = seq.resume
-                    self.arena.import_row(row, resume.keys, resume.values, len(resume.tokens))
-                    restored.append(seq)
+            if seq in self._by_row:
+                continue
+            if chunk.first and seq.resume is None:
+                first.append(chunk)
+                continue
+            if not self._take_row(out, seq):
+                continue
+            if isinstance(seq.resume, CachedPrefix):
+                self._import_cached(len(self._by_row) - 1, seq.resume)
+                restored.append(seq)
+            elif seq.resume is not None:
+                # A session turn: its reused prefix goes back into the new row.
+                resume = seq.resume
+                self.arena.import_row(len(self._by_row) - 1, resume.keys, resume.values,
+                                      len(resume.tokens))
+                restored.append(seq)
         rows = list(self._by_row)
-        if not rows:
-            return out
-        past = [seq.num_computed_tokens for seq in rows]
-        try:
-            logits = self.batch.decode(len(rows), past,
-                                       [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)])
-        except Exception as exc:  # the run was shared: every row in it failed
-            for seq in rows:
-                out.step_of(seq).error = exc
-        else:
-            for b, seq in enumerate(rows):
-                step = out.step_of(seq)
-                step.computed_tokens = 1
-                if past[b] + 1 == len(seq.token_ids):
-                    # A view: the decode buffer is rewritten only by the next step's run,
-                    # after this step's postprocess has sampled from it.
-                    step.logits = logits[b]
+        decoded = not rows
+        if rows:
+            past = [seq.num_computed_tokens for seq in rows]
+            try:
+                logits = self.batch.decode(len(rows), past,
+                                           [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)])
+            except Exception as exc:  # the run was shared: every row in it failed
+                for seq in rows:
+                    out.step_of(seq).error = exc
+            else:
+                decoded = True
+                for b, seq in enumerate(rows):
+                    step = out.step_of(seq)
+                    step.computed_tokens = 1
+                    if past[b] + 1 == len(seq.token_ids):
+                        # A view: the decode buffer is rewritten only by the next step's run,
+                        # after this step's postprocess has sampled from it.
+                        step.logits = logits[b]
+        # First chunks: new rows after the decoded ones, one run per group (after the
+        # decode, so the decoding streams' step is not delayed by them).
+        self._run_first_chunks(out, first)
+        if decoded:  # chunks over a past: batch 1, after the decode that took their first token
             for chunk in plan.prefills:
-                self._prefill(out, chunk.seq, chunk.num_tokens)
+                if not any(chunk is c for c in first):
+                    self._prefill(out, chunk.seq, chunk.num_tokens)
         for seq in restored:  # in its row now, whatever the run did
             out.step_of(seq).prefix_restored = True
         return out
+
+    def _take_row(self, out: StepOutput, seq: Sequence) -> bool:
+        """Give the sequence the next row; False (the sequence's step failed) when none is free."""
+        try:
+            row = self.arena.allocate(seq.kv.max_tokens)
+        except Exception as exc:
+            out.step_of(seq).error = exc
+            return False
+        assert row == len(self._by_row)
+        self._by_row.append(seq)
+        return True
+
+    def _run_first_chunks(self, out: StepOutput, chunks: list[PrefillChunk]) -> None:
+        if not chunks:
+            return
+        groups = first_chunk_groups([c.num_tokens for c in chunks],
+                                    [c.seq.kv.max_tokens for c in chunks],
+                                    self.batch.max_chunk_tokens) if self.batch_first_chunks else [
+            [i] for i in range(len(chunks))]
+        for group in groups:
+            members = [chunks[i] for i in group]
+            start = len(self._by_row)
+            members = [c for c in members if self._take_row(out, c.seq)]
+            if len(members) == 1:
+                self._prefill(out, members[0].seq, members[0].num_tokens)
+            elif members:
+                self._prefill_first(out, start, members)
+
+    def _prefill_first(self, out: StepOutput, start_row: int, chunks: list[PrefillChunk]) -> None:
+        try:
+            logits = self.batch.prefill_first(
+                start_row, [c.seq.token_ids[:c.num_tokens] for c in chunks])
+        except Exception as exc:  # a shared run: every row in it failed
+            for c in chunks:
+                out.step_of(c.seq).error = exc
+            return
+        for b, c in enumerate(chunks):
+            step = out.step_of(c.seq)
+            step.computed_tokens = c.num_tokens
+            if c.num_tokens == len(c.seq.token_ids):
+                step.logits = logits[b]  # its own array (prefill_first copies the rows out)
 
     def _prefill(self, out: StepOutput, seq: Sequence, num_tokens: int) -> None:
         step = out.step_of(seq)
