@@ -30,6 +30,7 @@ from google.rpc import error_details_pb2, status_pb2
 from . import rich_status
 from .errors import ECHO_LIMIT, MESSAGE_LIMIT, DomainError, ErrorReason, clip
 from .status_table import STATUS_OF_REASON
+from .wire import read_varint
 
 log = structlog.get_logger("error_path")
 
@@ -108,17 +109,6 @@ def _status_of(error: BaseException, method: str):
 # -- parsing raw requests -------------------------------------------------------------------
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _is_repeated(field: descriptor.FieldDescriptor) -> bool:
     flag = getattr(field, "is_repeated", None)
     return flag if flag is not None else field.label == descriptor.FieldDescriptor.LABEL_REPEATED
@@ -131,16 +121,16 @@ def first_bad_utf8_field(message_descriptor: descriptor.Descriptor, data: bytes,
     pos, seen = 0, {}
     try:
         while pos < len(data):
-            key, pos = _varint(data, pos)
+            key, pos = read_varint(data, pos)
             number, wire_type = key >> 3, key & 7
             if wire_type == 0:
-                _, pos = _varint(data, pos)
+                _, pos = read_varint(data, pos)
             elif wire_type == 1:
                 pos += 8
             elif wire_type == 5:
                 pos += 4
             elif wire_type == 2:
-                size, pos = _varint(data, pos)
+                size, pos = read_varint(data, pos)
                 chunk, pos = data[pos:pos + size], pos + size
                 field = message_descriptor.fields_by_number.get(number)
                 if field is None:

@@ -9,34 +9,24 @@ read (the Finished), and passes chunks on as bytes.
 
 from __future__ import annotations
 
+from ortserve.wire import read_varint
+
 ADMISSION_TAG, CHUNK_TAG, FINISHED_TAG = 1 << 3 | 2, 2 << 3 | 2, 3 << 3 | 2
 _IDS_TAG, _TEXT_TAG = 1 << 3 | 2, 2 << 3 | 2
 _VARINT_ENDS = bytes(range(128))  # a byte below 128 ends a varint
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    """The varint at buf[i:]: (its value, the index after it)."""
-    value = shift = 0
-    while True:
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
-
-
 def chunk_fields(frame: bytes) -> tuple[bytes, bytes] | None:
     """(packed token ids, UTF-8 text) of a chunk frame; None when it holds anything else
     (an unknown field, unpacked ids, text twice)."""
-    length, i = _varint(frame, 1)
+    length, i = read_varint(frame, 1)
     end = i + length
     ids, text = [], []
     while i < end:
         tag = frame[i]
         if tag != _IDS_TAG and tag != _TEXT_TAG:
             return None
-        size, start = _varint(frame, i + 1)
+        size, start = read_varint(frame, i + 1)
         (ids if tag == _IDS_TAG else text).append(frame[start:start + size])
         i = start + size
     if len(text) > 1:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
@@ -43,6 +41,7 @@ from worker_service.core.sequence import (
 )
 from worker_service.core.step_scheduler import StepPlan, StepScheduler
 from worker_service.core.tokenizer import Tokenizer
+from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
@@ -53,46 +52,6 @@ from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How to run one model folder."""
-
-    model_dir: Path
-    device: str = "cpu"  # "cpu" | "cuda" (the caller resolves "auto")
-    device_id: int = 0
-    intra_op_threads: int = 0  # 0: the cores this process may use (default ORT threading is slow)
-    inter_op_threads: int = 1
-    # ORT's pool threads spin-wait for work between and after parallel sections (ORT's
-    # default, and onnxruntime-genai's). Measured on the shared 2-core machine, spinning
-    # off decoded fp32 1.8x faster under a load of 5 but int4 0.9-1.05x under a load of 4
-    # (docs/benchmarks.md, "Engine vs genai"): not a clear win, so ORT's default stays.
-    intra_op_spinning: bool = True
-    kv_capacity_bytes: int = 512 * 2**20
-    # Prompt tokens one step may prefill (batch 1 chunks): bounds the host logits of a
-    # run and how long a long prompt delays the decoding streams.
-    prefill_chunk_tokens: int = 512
-    # "arena": running sequences are rows of one commit-on-touch KV arena and decode
-    # in one batched run (CPU only); "static": one buffer per sequence, one run each
-    # (the CUDA path); "auto": arena on CPU, static on CUDA.
-    kv_layout: str = "auto"
-    max_batch_rows: int = 32  # the arena's rows: the most sequences running at once
-    # Host bytes swapped-out sessions may hold (outside the KV capacity); 0: a swap-out
-    # drops the session's K/V and its next turn recomputes the history.
-    session_swap_bytes: int = 256 * 2**20
-    # Constrained rows: compute the next tokens' masks beside the ORT run (both release
-    # the GIL) instead of after it.
-    constraint_mask_overlap: bool = True
-    # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/prefix-cache.md);
-    # None: half of it; 0: off. Arena layout only.
-    prefix_cache_bytes: int | None = None
-    # Arena layout: the first chunks of prompts that join in one step share one run
-    # (right-padded; runtime/batch_runner.prefill_first) instead of one run each.
-    batch_first_chunks: bool = True
-    # Extra ORT session config entries ((key, value), ...), e.g.
-    # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
-    ort_session_config: tuple[tuple[str, str], ...] = ()
 
 
 class SequenceHandle:
