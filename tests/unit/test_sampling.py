@@ -156,3 +156,58 @@ def test_suppressed_tokens_are_never_chosen_until_released():
     hot = Sampler(SamplingConfig(temperature=2.0, seed=8), VOCAB)
     hot.suppress([0])
     assert 0 not in {hot(LOGITS, []) for _ in range(500)}
+
+
+# -- the draw's helpers: the same distribution as a full sort and a full running sum --------
+
+def reference_nucleus(scores: np.ndarray, top_p: float) -> np.ndarray:
+    """The plain definition: a stable sort of the whole row, the smallest prefix reaching top_p."""
+    order = np.argsort(-scores, kind="stable")
+    probs = np.exp(scores[order] - scores.max())
+    cumulative = np.cumsum(probs / probs.sum())
+    return order[:int(np.searchsorted(cumulative, top_p, side="left")) + 1]
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 4.0])
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.99])
+def test_nucleus_equals_a_full_stable_sort(scale, top_p):
+    from worker_service.core.sampling import _nucleus, _weights
+
+    rng = np.random.default_rng(int(scale * 10 + top_p * 100))
+    scores = rng.standard_normal(5000) * scale
+    scores[rng.integers(0, 5000, 300)] = np.round(scores.max(), 1)  # ties at the top
+    scores[:50] = -np.inf  # masked tokens (a constraint, a suppressed EOS)
+    got = _nucleus(scores, _weights(scores), top_p)
+    want = reference_nucleus(scores, top_p)
+    # Equal but for float rounding at the very boundary (sums taken in another order).
+    assert abs(got.size - want.size) <= 1
+    common = min(got.size, want.size)
+    assert np.array_equal(got[:common], want[:common])
+
+
+@pytest.mark.parametrize("size", [7, 1000, 49152, 50001])
+def test_pick_draws_in_proportion_and_never_a_zero_weight(size):
+    from worker_service.core.sampling import _pick
+
+    rng = np.random.default_rng(size)
+    weights = np.zeros(size, dtype=np.float32)
+    hot = rng.choice(size, min(size, 5), replace=False)
+    weights[hot] = [1.0, 2.0, 3.0, 4.0, 10.0][:hot.size]
+    draws = Counter(_pick(weights, rng.random()) for _ in range(4000))
+    assert set(draws) <= set(hot.tolist())  # a zero weight is never picked
+    total = float(weights.sum())
+    for token, count in draws.items():
+        assert abs(count / 4000 - weights[token] / total) < 0.03
+    # The ends of [0, 1): the first and the last token that can be picked.
+    assert _pick(weights, 0.0) == int(np.flatnonzero(weights)[0])
+    assert _pick(weights, np.nextafter(1.0, 0.0)) == int(np.flatnonzero(weights)[-1])
+
+
+def test_a_temperature_draw_over_a_long_row_follows_the_softmax():
+    row = np.full(49152, -30.0, dtype=np.float32)
+    row[[5, 20_000, 49_151]] = [0.0, np.log(2.0), np.log(5.0)]  # softmax ~ 1 : 2 : 5
+    sampler = Sampler(SamplingConfig(temperature=1.0, seed=11), row.size)
+    draws = Counter(sampler(row, []) for _ in range(4000))
+    assert set(draws) <= {5, 20_000, 49_151}
+    assert abs(draws[49_151] / 4000 - 5 / 8) < 0.03
+    assert abs(draws[20_000] / 4000 - 2 / 8) < 0.03
