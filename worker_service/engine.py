@@ -79,7 +79,8 @@ class Engine:
                                          self.intra_op_threads, config.inter_op_threads,
                                          (("session.intra_op.allow_spinning",
                                            "1" if config.intra_op_spinning else "0"),
-                                          *config.ort_session_config))
+                                          *config.ort_session_config),
+                                         last_position_logits=config.last_position_logits)
         self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
         self.provider = self.providers[0]
         self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement

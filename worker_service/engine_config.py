@@ -41,6 +41,10 @@ class EngineConfig:
     # Arena layout: the first chunks of prompts that join in one step share one run
     # (right-padded; runtime/batch_runner.prefill_first) instead of one run each.
     batch_first_chunks: bool = True
+    # The LM head only at the positions the engine reads (runtime/last_logits.py): a
+    # prompt chunk computes one row of logits, not one per token. False: the graph as
+    # the folder has it (for A/B runs).
+    last_position_logits: bool = True
     # Extra ORT session config entries ((key, value), ...), e.g.
     # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()

@@ -11,9 +11,11 @@ mask's ones (right padding), so several waiting prompts prefill in one run
 (`prefill_first`).
 
 Both bind the arena rows as past input and present output (one buffer), so
-nothing is copied per step. Host arrays for ids, mask and logits are
-preallocated once; returned logits are views into them, valid until the
-next call.
+nothing is copied per step. A graph with a `logits_positions` input
+(runtime/last_logits.py) computes logits only at the position each row reads:
+its logits are [rows, 1, vocab] in every entry point. Host arrays for ids,
+mask and logits are preallocated once; returned logits are views into them,
+valid until the next call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.last_logits import LOGITS_POSITIONS
 from worker_service.runtime.model import ModelSpec
 
 
@@ -50,6 +53,9 @@ class BatchRunner:
         self._decode_logits = np.empty(rows * vocab, dtype=self.logits_dtype)
         # A chunk's logits are [1, n, vocab]; only the last row is used (grows on demand).
         self._prefill_logits = np.empty(vocab, dtype=self.logits_dtype)
+        # Row b's position within the run whose logits it reads, when the graph gathers.
+        self.gathers = LOGITS_POSITIONS in {i.name for i in session.get_inputs()}
+        self._logits_at = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
         self._decode_binding = session.io_binding()
         self._decode_rows = 0  # rows [0, n) bound in _decode_binding's KV, 0: none
         # One binding per row for prompt chunks: a row's address never changes (a
@@ -93,18 +99,19 @@ class BatchRunner:
             positions = self._positions[:n].reshape(1, n)
             positions[0] = np.arange(past_tokens, total)
             binding.bind_cpu_input(spec.position_ids_name, positions)
-        if self._prefill_logits.size < n * spec.vocab_size:
-            self._prefill_logits = np.empty(n * spec.vocab_size, dtype=self.logits_dtype)
-        logits = self._prefill_logits[:n * spec.vocab_size]
-        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype, [1, n, spec.vocab_size],
-                            logits.ctypes.data)
+        positions = self._bind_logits_at(binding, [n - 1])
+        if self._prefill_logits.size < positions * spec.vocab_size:
+            self._prefill_logits = np.empty(positions * spec.vocab_size, dtype=self.logits_dtype)
+        logits = self._prefill_logits[:positions * spec.vocab_size]
+        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
+                            [1, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
         self.arena.note_written(row, total)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, 1)
-        return logits[(n - 1) * spec.vocab_size:]
+        return logits[(positions - 1) * spec.vocab_size:]
 
     def prefill_first(self, start_row: int, chunks: Sequence[Sequence[int]]) -> np.ndarray:
         """First prompt chunks of rows [start, start + len(chunks)) in ONE run; those rows hold
@@ -141,11 +148,18 @@ class BatchRunner:
             positions = self._positions[:rows * width].reshape(rows, width)
             positions[:] = self._columns[:width]
             binding.bind_cpu_input(spec.position_ids_name, positions)
-        if self._prefill_logits.size < rows * width * spec.vocab_size:
-            self._prefill_logits = np.empty(rows * width * spec.vocab_size, dtype=self.logits_dtype)
-        logits = self._prefill_logits[:rows * width * spec.vocab_size]
+        last = [length - 1 for length in lengths]
+        positions = self._bind_logits_at(binding, last, width)
+        if self.gathers:
+            # Its own array: the caller keeps the rows (a full-width run's are copied out).
+            logits = np.empty(rows * spec.vocab_size, dtype=self.logits_dtype)
+        else:
+            if self._prefill_logits.size < rows * width * spec.vocab_size:
+                self._prefill_logits = np.empty(rows * width * spec.vocab_size,
+                                                dtype=self.logits_dtype)
+            logits = self._prefill_logits[:rows * width * spec.vocab_size]
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
-                            [rows, width, spec.vocab_size], logits.ctypes.data)
+                            [rows, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
@@ -153,8 +167,10 @@ class BatchRunner:
             self.arena.note_written(start_row + b, lengths[b], touched_tokens=width)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
+        if self.gathers:
+            return logits.reshape(rows, spec.vocab_size)
         by_position = logits.reshape(rows, width, spec.vocab_size)
-        return by_position[np.arange(rows), np.asarray(lengths) - 1]
+        return by_position[np.arange(rows), np.asarray(last)]
 
     def decode(self, rows: int, past_tokens_per_row: Sequence[int], next_ids: Sequence[int],
                active: Sequence[bool] | None = None) -> np.ndarray:
@@ -195,6 +211,7 @@ class BatchRunner:
             positions = self._positions[:rows].reshape(rows, 1)
             positions[:, 0] = past
             binding.bind_cpu_input(spec.position_ids_name, positions)
+        self._bind_logits_at(binding, [0] * rows)
         logits = self._decode_logits[:rows * spec.vocab_size]
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [rows, 1, spec.vocab_size], logits.ctypes.data)
@@ -209,6 +226,18 @@ class BatchRunner:
         self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
         return logits.reshape(rows, spec.vocab_size)
+
+    def _bind_logits_at(self, binding: ort.IOBinding, last: Sequence[int],
+                        width: int | None = None) -> int:
+        """Bind each row's read position (a gathering graph); the positions per row the
+        logits output has: 1 when the graph gathers, else the run's width (`width`, or
+        the one row's last + 1)."""
+        if not self.gathers:
+            return width if width is not None else last[0] + 1
+        at = self._logits_at[:len(last)].reshape(len(last), 1, 1)
+        at[:, 0, 0] = last
+        binding.bind_cpu_input(LOGITS_POSITIONS, at)
+        return 1
 
     def _check_room(self, row: int, past_tokens: int, total_tokens: int) -> None:
         # A run writes positions [past, total): never past the row's charge, never a gap.

@@ -23,6 +23,7 @@ import onnxruntime as ort
 import structlog
 
 from worker_service.core.errors import DeviceUnavailable, ModelLoadError
+from worker_service.runtime import last_logits
 from worker_service.runtime.model import ModelSpec
 
 log = structlog.get_logger(__name__)
@@ -97,9 +98,14 @@ def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1
 
 
 def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
-                   inter_op_threads: int = 1, config_entries: tuple[tuple[str, str], ...] = ()
-                   ) -> ort.InferenceSession:
-    """An ORT session for `spec` on `device`, verified to run where it was asked to."""
+                   inter_op_threads: int = 1, config_entries: tuple[tuple[str, str], ...] = (),
+                   last_position_logits: bool = True) -> ort.InferenceSession:
+    """An ORT session for `spec` on `device`, verified to run where it was asked to.
+
+    `last_position_logits`: the graph with the LM head only at the positions the engine
+    reads (runtime/last_logits.py), where the graph allows the edit; the runners see
+    which by its `logits_positions` input.
+    """
     if device not in ("cpu", "cuda"):
         raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
     options, profile_dir = _profiled_options(intra_op_threads, inter_op_threads)
@@ -114,8 +120,16 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
         preload_log = _preload_cuda_libraries()
     else:
         providers = [CPU]
+    model: str | bytes = str(spec.model_file)
+    if last_position_logits:
+        graph, folder, note = last_logits.edited_graph(spec.model_file, spec.logits_name)
+        if graph is not None:
+            model = graph
+            options.add_session_config_entry(last_logits.EXTERNAL_FOLDER_KEY, str(folder))
+        log.info("logits graph", model_file=str(spec.model_file), edited=graph is not None,
+                 note=note)
     try:
-        session = ort.InferenceSession(str(spec.model_file), options, providers=providers)
+        session = ort.InferenceSession(model, options, providers=providers)
     except Exception as exc:
         shutil.rmtree(profile_dir, ignore_errors=True)
         if device == "cuda" and "fallback" in str(exc).lower():
@@ -145,6 +159,8 @@ def _placement(session: ort.InferenceSession, spec: ModelSpec, profile_dir: str,
                  spec.attention_mask_name: np.ones((1, 1), dtype=np.int64)}
         if spec.position_ids_name:
             feeds[spec.position_ids_name] = np.zeros((1, 1), dtype=np.int64)
+        if last_logits.LOGITS_POSITIONS in {i.name for i in session.get_inputs()}:
+            feeds[last_logits.LOGITS_POSITIONS] = np.zeros((1, 1, 1), dtype=np.int64)
         empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
         for i in range(spec.num_layers):
             for name in (spec.past_key_name, spec.past_value_name):

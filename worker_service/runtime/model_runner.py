@@ -24,6 +24,7 @@ from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chu
 from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool
+from worker_service.runtime.last_logits import LOGITS_POSITIONS
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.runner import StepOutput
@@ -44,6 +45,9 @@ class ModelRunner:
         self._ones = np.ones(spec.context_length, dtype=np.int64)
         self._decode_logits = np.empty((1, 1, spec.vocab_size), dtype=self._logits_dtype)
         self._decode_logits_value = ort.OrtValue.ortvalue_from_numpy(self._decode_logits)
+        # A gathering graph (runtime/last_logits.py): one row of logits per run, at this.
+        self._gathers = LOGITS_POSITIONS in {i.name for i in session.get_inputs()}
+        self._logits_at = np.zeros((1, 1, 1), dtype=np.int64)
         self._bindings: dict[str, ort.IOBinding] = {}
 
     largest_batch = 1
@@ -109,7 +113,10 @@ class ModelRunner:
         if spec.position_ids_name:
             inputs.append(np.arange(past, total, dtype=np.int64).reshape(1, n))
             binding.bind_cpu_input(spec.position_ids_name, inputs[2])
-        if n == 1:
+        if self._gathers:
+            self._logits_at[0, 0, 0] = n - 1
+            binding.bind_cpu_input(LOGITS_POSITIONS, self._logits_at)
+        if n == 1 or self._gathers:
             logits, logits_value = self._decode_logits, self._decode_logits_value
         else:
             logits = np.empty((1, n, spec.vocab_size), dtype=self._logits_dtype)
@@ -119,7 +126,7 @@ class ModelRunner:
         started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
-        return logits[0, -1].copy() if n == 1 else logits[0, -1]
+        return logits[0, -1].copy() if n == 1 or self._gathers else logits[0, -1]
 
 
 class BatchedModelRunner:
