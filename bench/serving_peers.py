@@ -87,7 +87,8 @@ def burst(url: str, bodies: list[dict]) -> dict:
             "ttft_ms": [(o["t_first"] - o["t_send"]) * 1e3 for o in outs]}
 
 
-def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_dir: Path) -> dict:
+def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_dir: Path,
+            worker_args: tuple[str, ...] = ()) -> dict:
     """The comparison, or {"skipped": why} where llama.cpp cannot be built here."""
     from bench.dataplane import _served_model, start_gateway
     from devtools.cluster import LocalCluster, model_cache, stop_service
@@ -103,7 +104,7 @@ def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_
     llama = llama_peer.serve(found["llama-server"], gguf, parallel=max(clients), threads=threads)
     try:
         with LocalCluster(model_dir=int4, workers=1, log_dir=log_dir, threads=threads,
-                          kv_capacities=["2GiB"]) as cluster:
+                          kv_capacities=["2GiB"], worker_args=list(worker_args)) as cluster:
             gw = start_gateway(cluster.address, log_dir)
             try:
                 return _rounds(llama.url, f"http://{gw.address}", _served_model(gw.address),
@@ -171,11 +172,16 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    p.add_argument("--worker-arg", action="append", default=[],
+                   help="an extra ortserve-worker argument (repeat), e.g. --worker-arg=--spin-wait "
+                        "--worker-arg=off: for A/B runs")
     a = p.parse_args()
     from ortserve.logs import configure_logging
 
     configure_logging("warning")
-    section = compare(a.threads, a.clients, a.rounds, a.new_tokens, ROOT / "logs" / "bench-peers")
+    section = compare(a.threads, a.clients, a.rounds, a.new_tokens, ROOT / "logs" / "bench-peers",
+                      tuple(a.worker_arg))
+    section["worker_args"] = a.worker_arg
     section["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if "skipped" in section:
         print(f"serving-peers: skipped: {section['skipped']}", file=sys.stderr)

@@ -76,6 +76,11 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--device-id", type=int, default=int(_env("ORTSERVE_WORKER_DEVICE_ID", d.device_id)))
     p.add_argument("--threads", type=int, default=int(_env("ORTSERVE_WORKER_THREADS", d.intra_op_threads)),
                    help="ORT intra-op threads; 0 = every usable core")
+    p.add_argument("--spin-wait", choices=["on", "off"],
+                   default=_env("ORTSERVE_WORKER_SPIN_WAIT", "on" if d.intra_op_spinning else "off"),
+                   help="ORT's pool threads spin-wait for work between parallel sections (on: "
+                        "ORT's default); off yields the cores to other processes on a shared "
+                        "machine (docs/benchmarks.md)")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -144,7 +149,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     return WorkerConfig(
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
-        device_id=a.device_id, intra_op_threads=a.threads, kv_capacity_bytes=kv_capacity_bytes,
+        device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
+        kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         log_level=a.log_level, log_json=a.log_json, tls=tls,

@@ -19,6 +19,7 @@ class WorkerConfig:
     device: str = "auto"  # auto | cpu | cuda
     device_id: int = 0
     intra_op_threads: int = 0  # 0 -> every usable core
+    intra_op_spinning: bool = True  # ORT's pool threads spin-wait between parallel sections
     kv_capacity_bytes: int | None = None  # None -> kv_capacity_fraction of available memory (--kv-capacity)
     kv_capacity_fraction: float = 0.2
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port

@@ -121,6 +121,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
+                                 intra_op_spinning=config.intra_op_spinning,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes)
