@@ -88,7 +88,7 @@ def burst(url: str, bodies: list[dict]) -> dict:
 
 
 def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_dir: Path,
-            worker_args: tuple[str, ...] = ()) -> dict:
+            worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = ()) -> dict:
     """The comparison, or {"skipped": why} where llama.cpp cannot be built here."""
     from bench.dataplane import _served_model, start_gateway
     from devtools.cluster import LocalCluster, model_cache, stop_service
@@ -105,7 +105,7 @@ def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_
     try:
         with LocalCluster(model_dir=int4, workers=1, log_dir=log_dir, threads=threads,
                           kv_capacities=["2GiB"], worker_args=list(worker_args)) as cluster:
-            gw = start_gateway(cluster.address, log_dir)
+            gw = start_gateway(cluster.address, log_dir, list(gateway_args))
             try:
                 return _rounds(llama.url, f"http://{gw.address}", _served_model(gw.address),
                                clients, rounds, new_tokens, threads, gguf)
@@ -175,13 +175,16 @@ def main() -> None:
     p.add_argument("--worker-arg", action="append", default=[],
                    help="an extra ortserve-worker argument (repeat), e.g. --worker-arg=--spin-wait "
                         "--worker-arg=off: for A/B runs")
+    p.add_argument("--gateway-arg", action="append", default=[],
+                   help="an extra ortserve-gateway argument (repeat), e.g. "
+                        "--gateway-arg=--direct-to-workers")
     a = p.parse_args()
     from ortserve.logs import configure_logging
 
     configure_logging("warning")
     section = compare(a.threads, a.clients, a.rounds, a.new_tokens, ROOT / "logs" / "bench-peers",
-                      tuple(a.worker_arg))
-    section["worker_args"] = a.worker_arg
+                      tuple(a.worker_arg), tuple(a.gateway_arg))
+    section["worker_args"], section["gateway_args"] = a.worker_arg, a.gateway_arg
     section["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if "skipped" in section:
         print(f"serving-peers: skipped: {section['skipped']}", file=sys.stderr)
