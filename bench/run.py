@@ -11,7 +11,7 @@ machine used meanwhile (ForeignLoad); the headline ratio is the median over
 the quiet pairs (all pairs when none was quiet). `ratios_of_medians` keeps the
 plain estimate. Decode tokens/s counts, on both sides, the tokens after every
 stream's first token, over the time from the last stream's first token to the
-last token (the peer: the steps after its prefill). Progress goes to stderr,
+last token (the peer: the steps after its first token, each one run). Progress goes to stderr,
 the table to stdout, the JSON to --out.
 """
 
