@@ -71,7 +71,7 @@ def test_batched_first_chunks_read_each_rows_own_last_position(tiny):
     out = {}
     for name, session in (("plain", plain), ("gathered", gathered)):
         arena = KVArena(spec, 4, 2**30)
-        for chunk in chunks:
+        for _ in chunks:
             arena.allocate(16)  # room for the padded width (9)
         runner = BatchRunner(session, spec, arena, max_chunk_tokens=64)
         out[name] = runner.prefill_first(0, chunks).copy()
