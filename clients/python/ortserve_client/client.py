@@ -18,9 +18,11 @@ from .request import build_request
 from .types import (
     Admission,
     BudgetCap,
+    ConstraintResult,
     GenerateResult,
     Queued,
     TextChunk,
+    TokenLogprob,
     sampling_dict,
     timings_from_pb,
     usage_from_pb,
@@ -70,6 +72,7 @@ class GenerationStream:
         self.result: GenerateResult | None = None
         self._text: list[str] = []
         self._ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
 
     @property
     def budget_cap(self) -> BudgetCap | None:
@@ -119,9 +122,11 @@ class GenerationStream:
                 if self._on_admission is not None:
                     self._on_admission(self.admission)
             elif kind == "chunk":
+                logprobs = tuple(TokenLogprob.from_pb(lp) for lp in event.chunk.logprobs)
                 self._text.append(event.chunk.text)
                 self._ids.extend(event.chunk.token_ids)
-                yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids))
+                self._logprobs.extend(logprobs)
+                yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids), logprobs)
             elif kind == "finished":
                 self.result = self._result(event.finished)
 
@@ -136,7 +141,8 @@ class GenerationStream:
             usage=usage_from_pb(f.usage), timings=timings_from_pb(f.timings),
             admission=self.admission, worker_id=f.worker_id,
             execution_provider=f.execution_provider, sampling=sampling_dict(f.sampling),
-            queued=self.queued,
+            queued=self.queued, logprobs=tuple(self._logprobs),
+            constraint=ConstraintResult.from_pb(f.constraint) if f.HasField("constraint") else None,
         )
 
 
