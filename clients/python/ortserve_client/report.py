@@ -42,8 +42,9 @@ def queued_notice(q: Queued) -> str:
 
 
 def constraint_notice(c: ConstraintResult) -> str:
-    """One line saying that the output does not complete its constraint, and why."""
-    return f"CONSTRAINT NOT SATISFIED: the output is a truncated prefix of a match. {c.reason}"
+    """One line saying that the output does not complete its constraint, and why (the
+    server's reason names what ended it and what to change)."""
+    return f"CONSTRAINT NOT SATISFIED: {c.reason}"
 
 
 def logprob_line(index: int, lp: TokenLogprob) -> str:
