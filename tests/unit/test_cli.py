@@ -66,6 +66,49 @@ def test_a_number_at_the_edge_of_its_range_passes_parsing(flag, value):
     assert "error [UNAVAILABLE]" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("flag", "value", "range_text"), [
+    ("--logprobs", "-1", "from 0 to 4,294,967,295"),
+    ("--presence-penalty", "nan", "a finite number"),
+    ("--frequency-penalty", "1e39", "a finite number"),  # beyond float32: inf on the wire
+    ("--min-p", "inf", "a finite number"),
+])
+def test_the_newer_sampling_flags_check_their_proto_types_range(flag, value, range_text):
+    result = run_cli("generate", "hi", flag, value)
+    assert result.returncode == 2 and f"argument {flag}: " in result.stderr
+    assert range_text in result.stderr and result.stdout == ""
+
+
+def test_two_constraint_flags_are_bad_usage():
+    result = run_cli("generate", "hi", "--json-object", "--regex", "a+")
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
+def test_a_constraint_file_that_cannot_be_read_is_bad_usage_naming_it(flag, tmp_path):
+    missing = tmp_path / "missing.json"
+    result = run_cli("generate", "hi", flag, str(missing))
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: cannot read {str(missing)!r}" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--json-schema", '{"type": "object"}'), ("--json-object",), ("--regex", "a+"),
+    ("--logprobs", "2", "--presence-penalty", "-2", "--frequency-penalty", "2", "--min-p", "0"),
+])
+def test_the_constraint_and_logprobs_flags_pass_parsing(args):
+    # Past parsing, the call meets no server: UNAVAILABLE, exit 1, not usage (2).
+    result = run_cli("generate", "hi", *args)
+    assert result.returncode == 1 and "error [UNAVAILABLE]" in result.stderr, result.stderr
+
+
+def test_admit_takes_a_constraint_from_a_file(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object"}', encoding="utf-8")
+    result = run_cli("admit", "hi", "--json-schema", str(schema))
+    assert result.returncode == 1 and "error [UNAVAILABLE]" in result.stderr, result.stderr
+
+
 def test_version_prints_the_installed_package_version_on_stdout():
     result = subprocess.run([str(ORTSERVE), "--version"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

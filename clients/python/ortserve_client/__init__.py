@@ -13,12 +13,32 @@ from .errors import (
     QueueTimeout,
     Rejected,
 )
-from .report import cap_notice, notice, print_stats, queued_notice, stats_lines
-from .types import Admission, BudgetCap, GenerateResult, Queued, TextChunk, Timings, Usage
+from .report import (
+    cap_notice,
+    constraint_notice,
+    notice,
+    print_stats,
+    queued_notice,
+    stats_lines,
+)
+from .request import build_request
+from .types import (
+    Admission,
+    BudgetCap,
+    ConstraintResult,
+    GenerateResult,
+    Queued,
+    TextChunk,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 
 __all__ = [
-    "Admission", "BudgetBusy", "BudgetCap", "Client", "ContextLengthExceeded", "ExceedsCapacity",
-    "GenerateResult", "GenerationFailed", "GenerationStream", "InvalidRequest", "NoWorker",
-    "OrtserveError", "Queued", "QueueFull", "QueueTimeout", "Rejected", "Retry", "TextChunk",
-    "Timings", "Usage", "cap_notice", "notice", "print_stats", "queued_notice", "stats_lines",
+    "Admission", "BudgetBusy", "BudgetCap", "Client", "ConstraintResult", "ContextLengthExceeded",
+    "ExceedsCapacity", "GenerateResult", "GenerationFailed", "GenerationStream", "InvalidRequest",
+    "NoWorker", "OrtserveError", "Queued", "QueueFull", "QueueTimeout", "Rejected", "Retry",
+    "TextChunk", "Timings", "TokenLogprob", "TopLogprob", "Usage", "build_request", "cap_notice",
+    "constraint_notice", "notice", "print_stats", "queued_notice", "stats_lines",
 ]

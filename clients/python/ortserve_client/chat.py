@@ -19,9 +19,10 @@ from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, types_pb2
 
 from . import flags
-from .client import Client, GenerationStream, build_request
+from .client import Client, GenerationStream
 from .errors import from_rpc_error
 from .report import cap_notice, notice, stats_lines
+from .request import build_request
 from .types import Admission, GenerateResult
 
 _STATE = {types_pb2.SESSION_EMPTY: "empty", types_pb2.SESSION_BUSY: "busy",

@@ -2,6 +2,7 @@
 
   ortserve generate "What is the capital of France?" --chat --stats
   ortserve generate - --json < prompt.txt
+  ortserve generate "A person:" --json-schema person.json --json --logprobs 2
   ortserve admit "..." --max-new-tokens 512        (dry run: admitted, capped or rejected?)
   ortserve budget --leases
   ortserve chat --stats                            (one stdin line per turn, on a session)
@@ -10,7 +11,9 @@ Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid re
 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
 first token, and is in --stats and --json. So is a wait in the scheduler's admission
-queue (its place, on stderr; queue_wait_ms in --stats and --json).
+queue (its place, on stderr; queue_wait_ms in --stats and --json). An output that ends
+before completing its constraint (--json-schema, --regex, ...) is said on stderr after
+it, and the constraint's result is in --stats and --json; so are --logprobs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ortserve.version import package_version
 from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry
 from .errors import InvalidRequest, OrtserveError, Rejected
-from .report import cap_notice, notice, print_stats, queued_notice
+from .report import cap_notice, constraint_notice, notice, print_stats, queued_notice
 from .types import Admission
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED, EXIT_INVALID = 0, 1, 2, 3, 4
@@ -45,8 +48,9 @@ def _request_kwargs(a: argparse.Namespace) -> dict:
         kw["chat"] = turns
     else:
         kw["prompt"] = prompt
-    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "stop", "request_id",
-                 "stream_interval_ms"):
+    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "min_p", "logprobs", "stop", "request_id",
+                 "stream_interval_ms", "json_schema", "json_object", "regex", "grammar"):
         value = getattr(a, name, None)
         if value is not None:
             kw[name] = value
@@ -76,6 +80,11 @@ def cmd_generate(client: Client, a: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
     else:
         sys.stdout.write("\n")
+    if result.constraint is not None and not result.constraint.satisfied:
+        notice(constraint_notice(result.constraint))
+    if a.logprobs is not None and not (a.json or a.stats):
+        notice(f"--logprobs: the {len(result.logprobs):,} tokens' log-probabilities are "
+               "reported with --json (on stdout) or --stats (on stderr)")
     if a.stats:
         print_stats(result)
     return EXIT_OK
@@ -169,6 +178,17 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")
+    # One constraint at most (docs/structured-output.md); the server compiles it.
+    constraint = p.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", type=flags.json_schema, metavar="FILE|JSON",
+                            help="the output is one JSON value valid against this JSON Schema "
+                                 "(inline JSON, or a file)")
+    constraint.add_argument("--json-object", action="store_true",
+                            help="the output is any one JSON object")
+    constraint.add_argument("--regex", metavar="RE",
+                            help="the whole output matches this regular expression (Rust syntax)")
+    constraint.add_argument("--grammar", type=flags.text_file, metavar="FILE",
+                            help="the output derives from this Lark grammar (llguidance's dialect)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=flags.top_p, help="in (0, 1]; 1: no limit")
     g.add_argument("--seed", type=flags.uint64, help="0 to 2**64-1; unset: random, reported")
     g.add_argument("--repetition-penalty", type=flags.repetition_penalty, help="> 0; 1: none")
+    g.add_argument("--presence-penalty", type=flags.finite_float,
+                   help="in [-2, 2], once per generated token id; 0: none")
+    g.add_argument("--frequency-penalty", type=flags.finite_float,
+                   help="in [-2, 2], per time a token id was generated; 0: none")
+    g.add_argument("--min-p", type=flags.finite_float,
+                   help="in [0, 1]: keep tokens at least this times the likeliest's probability "
+                        "(sampling only); 0: no limit")
+    g.add_argument("--logprobs", type=flags.uint32, metavar="N",
+                   help="each token's log-probability and its N likeliest alternatives (0 to 20; "
+                        "0: the token's own only), in --json and --stats")
     g.add_argument("--stop", action="append", help="a stop sequence (repeatable)")
     g.add_argument("--stream-interval-ms", type=flags.uint32,
                    help="the shortest time between two chunks (the tokens meanwhile come as one: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,12 +14,15 @@ from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 
 from .direct import DirectCall
 from .errors import RETRYABLE, GenerationFailed, OrtserveError, from_rpc_error
+from .request import build_request
 from .types import (
     Admission,
     BudgetCap,
+    ConstraintResult,
     GenerateResult,
     Queued,
     TextChunk,
+    TokenLogprob,
     sampling_dict,
     timings_from_pb,
     usage_from_pb,
@@ -48,59 +51,6 @@ class Retry:
         return max(error.retry_delay_s(), backoff)
 
 
-def build_request(
-    prompt: str | Sequence[int] | Sequence[tuple[str, str]] | None = None,
-    *,
-    chat: Sequence[tuple[str, str]] | None = None,
-    max_new_tokens: int | None = None,
-    min_new_tokens: int = 0,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    repetition_penalty: float | None = None,
-    stop: Sequence[str] = (),
-    strict: bool = False,
-    wait_full: bool = False,
-    max_queue_wait_ms: int | None = None,
-    request_id: str = "",
-    model: str = "",
-    stream_interval_ms: int = 0,
-) -> types_pb2.GenerateRequest:
-    """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
-
-    `model`: the served model to answer with (`Client.budget().models` lists them); empty:
-    the cluster's one model (refused, listing them, while its workers serve several).
-    `stream_interval_ms`: the shortest time between two chunks (the tokens meanwhile come
-    as one chunk: fewer messages; the first token is never held); 0: each as it comes.
-    """
-    req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
-                                    stop=list(stop), model=model,
-                                    stream_interval_ms=stream_interval_ms)
-    if chat is not None:
-        req.chat.messages.extend(types_pb2.ChatMessage(role=r, content=c) for r, c in chat)
-    elif isinstance(prompt, str):
-        req.text = prompt
-    elif prompt is not None:
-        req.token_ids.ids.extend(prompt)
-    if max_new_tokens is not None:
-        req.max_new_tokens = max_new_tokens
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                        ("seed", seed), ("repetition_penalty", repetition_penalty)):
-        if value is not None:
-            setattr(req.sampling, name, value)
-    if strict and wait_full:
-        raise ValueError("strict and wait_full exclude each other: strict never caps, "
-                         "wait_full caps when its wait runs out")
-    if strict:
-        req.cap_policy = types_pb2.CAP_POLICY_STRICT
-    if wait_full:
-        req.cap_policy = types_pb2.CAP_POLICY_WAIT_FULL
-    if max_queue_wait_ms is not None:
-        req.max_queue_wait_ms = max_queue_wait_ms
-    return req
-
-
 class GenerationStream:
     """Iterate for TextChunks. `.admission` (and `.budget_cap`) are set before the
     first chunk is yielded; `.result` once the stream has ended; `.queued` is the
@@ -122,6 +72,7 @@ class GenerationStream:
         self.result: GenerateResult | None = None
         self._text: list[str] = []
         self._ids: list[int] = []
+        self._logprobs: list[TokenLogprob] = []
 
     @property
     def budget_cap(self) -> BudgetCap | None:
@@ -171,9 +122,11 @@ class GenerationStream:
                 if self._on_admission is not None:
                     self._on_admission(self.admission)
             elif kind == "chunk":
+                logprobs = tuple(TokenLogprob.from_pb(lp) for lp in event.chunk.logprobs)
                 self._text.append(event.chunk.text)
                 self._ids.extend(event.chunk.token_ids)
-                yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids))
+                self._logprobs.extend(logprobs)
+                yield TextChunk(event.chunk.text, tuple(event.chunk.token_ids), logprobs)
             elif kind == "finished":
                 self.result = self._result(event.finished)
 
@@ -188,7 +141,8 @@ class GenerationStream:
             usage=usage_from_pb(f.usage), timings=timings_from_pb(f.timings),
             admission=self.admission, worker_id=f.worker_id,
             execution_provider=f.execution_provider, sampling=sampling_dict(f.sampling),
-            queued=self.queued,
+            queued=self.queued, logprobs=tuple(self._logprobs),
+            constraint=ConstraintResult.from_pb(f.constraint) if f.HasField("constraint") else None,
         )
 
 

@@ -1,4 +1,5 @@
-"""argparse `type=` functions for the CLI's numeric flags, one per range of the proto field.
+"""argparse `type=` functions for the CLI's numeric flags, one per range of the proto field,
+and for the flags that take a file.
 
 A value outside its field's range would otherwise reach protobuf, which raises
 "Value out of range" from deep inside the request builder: argparse must refuse it
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
@@ -63,3 +65,22 @@ timeout_s = float_range(0.0, 365 * 86_400.0, "a number of seconds > 0", low_open
 # Whole milliseconds on the wire (uint32): at most ~49 days.
 queue_wait_s = float_range(0.0, UINT32_MAX / 1e3, "a number of seconds >= 0 (0: do not wait)")
 retries = int_range(0, 100, "an integer from 0 to 100")
+# NOTE: the newer SamplingParams fields get only their proto type's range here: their own
+# ranges are the server's to check (its INVALID_ARGUMENT names the field, exit 4).
+finite_float = float_range(-FLOAT32_MAX, FLOAT32_MAX, "a finite number")
+
+
+def text_file(path: str) -> str:
+    """The UTF-8 text of a file (a grammar, a schema)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: "
+                                         f"{getattr(error, 'strerror', None) or error}") from None
+
+
+def json_schema(text: str) -> str:
+    """A JSON Schema given inline (text that starts with `{`) or as a file's path; sent as it
+    is (the server compiles it and names constraint.json_schema when it cannot)."""
+    return text if text.lstrip().startswith("{") else text_file(text)
+

@@ -1,4 +1,5 @@
-"""Human-readable notices about a generation: the budget cap and the stats, for stderr.
+"""Human-readable notices about a generation: the budget cap, an unmet constraint and the
+stats, for stderr.
 
 Public so that tools besides the CLI (the local-cluster runner's demo, scripts,
 benchmarks) print them the same way; stdout stays free for the generated text.
@@ -12,7 +13,7 @@ from typing import TextIO
 
 from ortserve.units import human_bytes
 
-from .types import BudgetCap, GenerateResult, Queued
+from .types import BudgetCap, ConstraintResult, GenerateResult, Queued, TokenLogprob
 
 PREFIX = "ortserve: "
 
@@ -40,8 +41,22 @@ def queued_notice(q: Queued) -> str:
             f"{q.max_wait_ms / 1e3:.1f} s")
 
 
+def constraint_notice(c: ConstraintResult) -> str:
+    """One line saying that the output does not complete its constraint, and why (the
+    server's reason names what ended it and what to change)."""
+    return f"CONSTRAINT NOT SATISFIED: {c.reason}"
+
+
+def logprob_line(index: int, lp: TokenLogprob) -> str:
+    """One generated token's log-probability and its alternatives (texts quoted as JSON)."""
+    top = ", ".join(f"{t.token_id} {json.dumps(t.token)} {t.logprob:.4f}" for t in lp.top_logprobs)
+    return (f"stats: logprob[{index}] token_id={lp.token_id} token={json.dumps(lp.token)} "
+            f"logprob={lp.logprob:.4f}" + (f" top=[{top}]" if lp.top_logprobs else ""))
+
+
 def stats_lines(result: GenerateResult) -> list[str]:
-    """The usage, timings, placement and cap of a finished generation, as key=value lines."""
+    """The usage, timings, placement and cap of a finished generation, as key=value lines;
+    then the constraint's result and each token's log-probability, when they were asked."""
     u, t, cap = result.usage, result.timings, result.budget_cap
     ceiling = (f"{u.max_new_tokens:,} (capped from {cap.requested_max_new_tokens:,} by the KV budget)"
                if cap else f"{u.max_new_tokens:,}")
@@ -60,6 +75,11 @@ def stats_lines(result: GenerateResult) -> list[str]:
                      f"admitted={cap.admitted_max_new_tokens:,} requested_bytes={cap.requested_bytes:,} "
                      f"admitted_bytes={cap.admitted_bytes:,} available_bytes={cap.available_bytes:,} "
                      f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}")
+    if result.constraint is not None:
+        c = result.constraint
+        lines.append(f"stats: constraint satisfied={str(c.satisfied).lower()}"
+                     + (f" reason={c.reason}" if c.reason else ""))
+    lines.extend(logprob_line(i, lp) for i, lp in enumerate(result.logprobs))
     return lines
 
 

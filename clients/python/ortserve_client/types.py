@@ -96,16 +96,69 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a step (types.proto TopLogprob)."""
+
+    token_id: int
+    token: str  # its text; a piece of a multi-byte character shows U+FFFD: see token_bytes
+    token_bytes: bytes  # its exact UTF-8 bytes
+    logprob: float  # natural log; -inf when the sampler could not choose it
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.TopLogprob) -> TopLogprob:
+        return cls(pb.token_id, pb.token, pb.token_bytes, pb.logprob)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: token_bytes as a list of ints (OpenAI's `bytes`)."""
+        return {**asdict(self), "token_bytes": list(self.token_bytes)}
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the most likely alternatives (types.proto
+    TokenLogprob; which logits: LogprobsOptions there)."""
+
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()  # most likely first; the chosen one may be among them
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.TokenLogprob) -> TokenLogprob:
+        return cls(pb.token_id, pb.token, pb.token_bytes, pb.logprob,
+                   tuple(TopLogprob.from_pb(t) for t in pb.top_logprobs))
+
+    def to_dict(self) -> dict:
+        return {"token_id": self.token_id, "token": self.token,
+                "token_bytes": list(self.token_bytes), "logprob": self.logprob,
+                "top_logprobs": [t.to_dict() for t in self.top_logprobs]}
+
+
+@dataclass(frozen=True)
+class ConstraintResult:
+    """How a constrained output ended against its constraint (types.proto ConstraintResult)."""
+
+    satisfied: bool  # a complete match; False: cut short (max_new_tokens, a cap, a stop sequence)
+    reason: str  # when not satisfied: what ended it and what to change; empty when satisfied
+
+    @classmethod
+    def from_pb(cls, pb: types_pb2.ConstraintResult) -> ConstraintResult:
+        return cls(pb.satisfied, pb.reason)
+
+
+@dataclass(frozen=True)
 class TextChunk:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # with logprobs asked: one per token id, in order
 
 
 @dataclass(frozen=True)
 class GenerateResult:
     text: str
     token_ids: tuple[int, ...]
-    finish_reason: str  # "LENGTH" | "EOS" | "STOP_SEQUENCE"
+    finish_reason: str  # "LENGTH" | "EOS" | "STOP_SEQUENCE" | "CONSTRAINT_COMPLETE"
     stop_sequence: str
     budget_cap: BudgetCap | None
     usage: Usage
@@ -115,6 +168,8 @@ class GenerateResult:
     execution_provider: str
     sampling: dict = field(default_factory=dict)  # as applied (seed resolved)
     queued: Queued | None = None  # the last Queued event, when the request waited
+    logprobs: tuple[TokenLogprob, ...] = ()  # with logprobs asked: one per token id, in order
+    constraint: ConstraintResult | None = None  # set exactly when the request had a constraint
 
     @property
     def queue_wait_ms(self) -> float:
@@ -132,6 +187,7 @@ class GenerateResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
+        out["logprobs"] = [lp.to_dict() for lp in self.logprobs]
         out["queue_wait_ms"] = self.queue_wait_ms
         out["model"] = self.model
         return out
