@@ -349,6 +349,7 @@ class Engine:
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
         greedy = self._greedy_choices(output)
+        completed: dict[Sequence, Event] = {}  # finished after the loop, in the runner's order
         for step in output.steps.values():
             seq = step.seq
             if step.prefix_restored:
@@ -370,7 +371,9 @@ class Engine:
             seq.emit(TokenDelta(seq.sequence_id, (token,), text,
                                 (logprobs,) if logprobs is not None else ()))
             if finish_reason is not None:
-                self._finish(seq, seq.completed(finish_reason))
+                completed[seq] = seq.completed(finish_reason)
+        for seq in self.runner.leaving_order(list(completed)):
+            self._finish(seq, completed[seq])
         self._leave_cancelled()
 
     def _leave_cancelled(self) -> None:

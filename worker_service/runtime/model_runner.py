@@ -79,6 +79,9 @@ class ModelRunner:
             binding.clear_binding_inputs()
             binding.clear_binding_outputs()
 
+    def leaving_order(self, seqs: list[Sequence]) -> list[Sequence]:
+        return seqs  # one buffer each: any order frees the same
+
     def _run_guarded(self, out: StepOutput, seq: Sequence, n: int) -> None:
         step = out.step_of(seq)
         try:
@@ -304,6 +307,12 @@ class BatchedModelRunner:
         n = keys[0].shape[1] if keys else 0
         self.forget(seq)
         return HeldKV(tuple(seq.token_ids[:n]), keys, values)
+
+    def leaving_order(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Highest row first: a freed last row moves nothing, and a step whose sequences all
+        end frees them with no copy (in row order, half of them would move a row each)."""
+        row = {id(seq): i for i, seq in enumerate(self._by_row)}
+        return sorted(seqs, key=lambda seq: row.get(id(seq), -1), reverse=True)
 
     def forget(self, seq: Sequence) -> None:
         """Free the sequence's row; the last row moves into the hole (rows stay [0, n))."""

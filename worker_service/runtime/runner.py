@@ -83,3 +83,8 @@ class Runner(Protocol):
     def forget(self, seq: Sequence) -> None:
         """Drop what the runner holds for the sequence (before its KV charge is freed)."""
         ...
+
+    def leaving_order(self, seqs: list[Sequence]) -> list[Sequence]:
+        """The order in which to let these sequences go that moves the least K/V (the same
+        sequences)."""
+        ...
