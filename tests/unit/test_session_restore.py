@@ -136,3 +136,23 @@ def test_sessions_whose_lease_the_ledger_took_back_are_open_again_the_others_dro
     session = registry.get("s1")
     assert (session.lease_id, session.token_ids, session.turns) == ("l1", [1, 2, 3], 2)
     assert ledger.lease("l1").reserved_bytes == 16_000
+
+
+def test_a_later_turn_takes_the_sessions_tools_and_may_not_change_them():
+    import pytest
+
+    from ortserve.errors import InvalidField
+    from scheduler_service.sessions.rpcs import SessionRPCs
+
+    session = Session(session_id="s", worker_id="w1", address="w1:1", lease_id="l", kind="chat",
+                      tools=(chat_history.tool_of(WEATHER),))
+    later = types_pb2.GenerateRequest(chat=types_pb2.ChatMessages(messages=[
+        types_pb2.ChatMessage(role="tool", content="21", tool_call_id="call_1_0")]))
+    SessionRPCs._session_tools(session, later)
+    assert list(later.chat.tools) == [WEATHER]  # none sent: the session's apply
+    SessionRPCs._session_tools(session, later)  # the same list again: accepted as is
+    assert list(later.chat.tools) == [WEATHER]
+    later.chat.tools.add(name="get_time")
+    with pytest.raises(InvalidField) as info:
+        SessionRPCs._session_tools(session, later)
+    assert info.value.field == "request.chat.tools"
