@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
+from ortserve import chat_history
+from ortserve.chat_history import Message, ToolSpec
 from ortserve.errors import quoted
 from ortserve.v1 import scheduler_pb2, types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
@@ -48,18 +50,21 @@ class Conversation:
     """A session's conversation as of its last finished turn (the scheduler's copy's twin)."""
 
     kind: str = ""  # "chat" or "token_ids" after the first turn
-    messages: list[tuple[str, str]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # whole: tool calls and ids too
+    tools: tuple[ToolSpec, ...] = ()
     token_ids: list[int] = field(default_factory=list)
     turns: int = 0
     history_tokens: int = 0
 
     def remember(self, request: types_pb2.GenerateRequest, prompt_ids: Sequence[int],
                  reply_text: str, reply_ids: Sequence[int]) -> None:
-        """The turn's whole request (the scheduler sends the whole conversation) + its reply."""
+        """The turn's whole request (the scheduler sends the whole conversation and the
+        session's tools) + its reply, with the calls it made (named as the scheduler does)."""
         self.kind = request.WhichOneof("prompt") or ""
         if self.kind == "chat":
-            self.messages = [*((m.role, m.content) for m in request.chat.messages),
-                             ("assistant", reply_text)]
+            self.tools = tuple(chat_history.tool_of(t) for t in request.chat.tools)
+            self.messages = [*(chat_history.message_of(m) for m in request.chat.messages),
+                             chat_history.reply(reply_text, bool(self.tools), self.turns + 1)]
         else:
             self.token_ids = [*prompt_ids, *reply_ids]
         self.history_tokens = len(prompt_ids) + len(reply_ids)
@@ -158,10 +163,14 @@ class WorkerSessions:
             if session_id in self.leases.orphaned:
                 continue
             talk = self._conversations.get(session_id, Conversation())
-            live.append(scheduler_pb2.LiveSession(
+            pb = scheduler_pb2.LiveSession(
                 session_id=session_id, lease_id=lease.lease_id, kind=talk.kind,
-                messages=[types_pb2.ChatMessage(role=r, content=c) for r, c in talk.messages],
-                token_ids=talk.token_ids, turns=talk.turns, history_tokens=talk.history_tokens))
+                token_ids=talk.token_ids, turns=talk.turns, history_tokens=talk.history_tokens)
+            for message in talk.messages:
+                chat_history.add_message(pb.messages, message)
+            for tool in talk.tools:
+                chat_history.add_tool(pb.tools, tool)
+            live.append(pb)
         return live
 
     async def drop(self, session_ids: list[str], refused_lease_ids: list[str]) -> None:

@@ -202,7 +202,7 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ...) -> None: ...
 
 class LiveSession(_message.Message):
-    __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens")
+    __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens", "tools")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,7 @@ class LiveSession(_message.Message):
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     HISTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     lease_id: str
     kind: str
@@ -217,7 +218,8 @@ class LiveSession(_message.Message):
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     turns: int
     history_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., kind: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., token_ids: _Optional[_Iterable[int]] = ..., turns: _Optional[int] = ..., history_tokens: _Optional[int] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.Tool]
+    def __init__(self, session_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., kind: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_types_pb2.ChatMessage, _Mapping]]] = ..., token_ids: _Optional[_Iterable[int]] = ..., turns: _Optional[int] = ..., history_tokens: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[_types_pb2.Tool, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s", "lease_ttl_s", "refused_lease_ids", "dropped_session_ids")

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ortserve import chat_history
+from ortserve.chat_history import Message, ToolSpec
 from ortserve.errors import DomainError, ErrorReason, quoted
 from ortserve.units import tokens
 from scheduler_service.ledger.types import BudgetCap
@@ -39,7 +41,9 @@ class Session:
     address: str
     lease_id: str
     kind: str = ""  # "" until the first turn, then "chat" or "token_ids" for its life
-    messages: list[tuple[str, str]] = field(default_factory=list)  # the chat so far
+    # The chat so far, whole (tool calls and tool call ids too): the next turn renders it.
+    messages: list[Message] = field(default_factory=list)
+    tools: tuple[ToolSpec, ...] = ()  # the session's tools: its first chat turn's, for its life
     token_ids: list[int] = field(default_factory=list)  # the token-id conversation so far
     turns: int = 0
     history_tokens: int = 0  # the last turn's whole prompt + its output (for messages)
@@ -47,15 +51,21 @@ class Session:
     last_budget_cap: BudgetCap | None = None  # the last turn's cap: across swap and turns
     last_used: float = 0.0
 
-    def remember_turn(self, kind: str, new_messages: list[tuple[str, str]], prompt_ids: list[int],
-                      reply_text: str, reply_ids: list[int]) -> None:
+    def remember_turn(self, kind: str, new_messages: list[Message], prompt_ids: list[int],
+                      reply_text: str, reply_ids: list[int],
+                      tools: tuple[ToolSpec, ...] = ()) -> None:
         """The conversation grows by the turn's input and its reply (what the next turn renders).
 
-        `kind` is the turn's prompt ("chat" or "token_ids"), `prompt_ids` its whole prompt.
+        `kind` is the turn's prompt ("chat" or "token_ids"), `prompt_ids` its whole prompt,
+        `tools` the turn's (the session's, once set: SessionRPCs refuses a turn that changes
+        them). With tools, the reply remembered carries the calls it made (chat_history.reply:
+        the worker's copy names them the same).
         """
         self.kind = kind
         if kind == "chat":
-            self.messages += [*new_messages, ("assistant", reply_text)]
+            self.messages += [*new_messages,
+                              chat_history.reply(reply_text, bool(tools), self.turns + 1)]
+            self.tools = tools
         else:
             self.token_ids = [*prompt_ids, *reply_ids]
         self.history_tokens = len(prompt_ids) + len(reply_ids)

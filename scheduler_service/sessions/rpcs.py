@@ -21,7 +21,7 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 
-from ortserve import request_rules, rich_status
+from ortserve import chat_history, request_rules, rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
@@ -180,9 +180,9 @@ class SessionRPCs:
             full.token_ids.ids[:] = ids
             return full, ids
         full.chat.ClearField("messages")
-        for role, content in session.messages:
-            full.chat.messages.add(role=role, content=content)
-        full.chat.messages.extend(inner.chat.messages)
+        for message in session.messages:  # whole, so the history renders as it rendered before
+            chat_history.add_message(full.chat.messages, message)
+        full.chat.messages.extend(inner.chat.messages)  # chat.tools: _session_tools set them
         try:
             answer = await self._worker(session).Tokenize(worker_pb2.TokenizeRequest(request=full),
                                                           timeout=10.0)
@@ -199,6 +199,28 @@ class SessionRPCs:
                                    int(info.metadata.get("context_length", 0))) from None
             raise Relayed(error) from None
         return full, list(answer.token_ids)
+
+    @staticmethod
+    def _session_tools(session: Session, inner: types_pb2.GenerateRequest) -> None:
+        """A chat session's tools are its first turn's, for its life: a later turn sends
+        none (the session's apply, filled in here) or the same list. The session's KV holds
+        prompts rendered with them and its past calls were made against them."""
+        if inner.WhichOneof("prompt") != "chat" or session.kind != "chat":
+            return  # the first chat turn sets them (or a token-id turn, refused by _render)
+        sent = tuple(chat_history.tool_of(t) for t in inner.chat.tools)
+        if not sent:
+            for tool in session.tools:
+                chat_history.add_tool(inner.chat.tools, tool)
+        elif sent != session.tools:
+            names = ", ".join(t.name for t in session.tools) or "none"
+            raise InvalidField(
+                "request.chat.tools",
+                f"session {quoted(session.session_id)} has the tools its first turn offered "
+                f"({len(session.tools)}: {clip(names, 200)}); this turn sends {len(sent)} "
+                "different ones. Its history was rendered (and its KV computed) with the first "
+                "list and its past calls answer to it: leave chat.tools empty (the session's "
+                "apply) or send the same list, or open a new session to offer other tools",
+                session_tools=len(session.tools), sent_tools=len(sent))
 
     def _same_model(self, session: Session, inner: types_pb2.GenerateRequest) -> None:
         """A turn names no model or the session's own: its KV and template are that model's."""
@@ -262,6 +284,7 @@ class SessionRPCs:
                 inner = types_pb2.GenerateRequest()
                 inner.CopyFrom(request.request)
                 inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
+                self._session_tools(session, inner)  # before the checks: a constraint needs them
                 request_rules.generate_request(inner, prefix="request.")
                 self._same_model(session, inner)
                 full, ids = await self._render(session, inner)
@@ -321,8 +344,9 @@ class SessionRPCs:
 
         def on_finished(finished: types_pb2.Finished) -> None:
             session.remember_turn(inner.WhichOneof("prompt"),
-                                  [(m.role, m.content) for m in inner.chat.messages], ids,
-                                  "".join(text), generated)
+                                  [chat_history.message_of(m) for m in inner.chat.messages], ids,
+                                  "".join(text), generated,
+                                  tuple(chat_history.tool_of(t) for t in full.chat.tools))
             finished.session.CopyFrom(self._info_pb(session, finished.session))
             finished.session.turn_in_flight = False
             outcome.finished(finished)
