@@ -41,6 +41,24 @@ def start_cluster(tmp_path_factory, name: str, **kw) -> LocalCluster:
     return LocalCluster(model_dir=require_model(), log_dir=log_dir, **kw).start()
 
 
+def kill_and_restart_scheduler(cluster: LocalCluster, port: int) -> None:
+    """kill -9 the cluster's scheduler (no goodbye: its registry and ledger go with it) and
+    start a new one on the same public and internal ports, then wait until the worker has
+    registered again (with its leases and sessions: the restore path)."""
+    from devtools.cluster import start_service, wait_serving
+
+    old = cluster.services[0]
+    internal_port = cluster.internal_address.rsplit(":", 1)[1]  # where the worker dials
+    old.process.kill()
+    old.process.wait(10)
+    cluster.services[0] = start_service("scheduler-2", [
+        str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
+        "--internal-port", internal_port, "--heartbeat-interval-s", "0.5"],
+        old.log_path.parent)
+    wait_serving(cluster.services[0])
+    cluster.wait_registered(1)
+
+
 @pytest.fixture(scope="module")
 def roomy(tmp_path_factory):
     """A scheduler and one CPU worker with a 512 MiB KV budget."""

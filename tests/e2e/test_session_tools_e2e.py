@@ -16,7 +16,7 @@ import pytest
 
 from ortserve import tool_output
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import BIN, scheduler_stub, start_cluster
+from tests.e2e.conftest import kill_and_restart_scheduler, scheduler_stub, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -107,8 +107,6 @@ def test_a_tool_call_its_answer_and_the_next_turn_render_the_history_they_were_g
 
 
 def test_tool_calls_ids_and_tools_survive_a_scheduler_restart(tmp_path_factory):
-    from devtools.cluster import start_service, wait_serving
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -118,16 +116,7 @@ def test_tool_calls_ids_and_tools_survive_a_scheduler_restart(tmp_path_factory):
         stub = scheduler_stub(cluster.address)
         sid = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
         f1, reply1 = first_turn(stub, sid)
-        old = cluster.services[0]
-        internal_port = cluster.internal_address.rsplit(":", 1)[1]
-        old.process.kill()  # the registry goes with it: only the worker's copy is left
-        old.process.wait(10)
-        cluster.services[0] = start_service("scheduler-2", [
-            str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
-            "--internal-port", internal_port, "--heartbeat-interval-s", "0.5"],
-            old.log_path.parent)
-        wait_serving(cluster.services[0])
-        cluster.wait_registered(1)
+        kill_and_restart_scheduler(cluster, port)
         stub = scheduler_stub(cluster.address)
         assert stub.GetSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=10).turns == 1
         assert_tool_turn_renders_the_whole_history(stub, sid, f1, reply1)

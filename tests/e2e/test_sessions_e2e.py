@@ -21,6 +21,7 @@ from tests.e2e.conftest import (
     BIN,
     ROOT,
     grpcurl,
+    kill_and_restart_scheduler,
     reserved_bytes,
     scheduler_stub,
     start_cluster,
@@ -318,8 +319,6 @@ def test_a_session_continues_after_a_scheduler_restart_on_the_kv_its_worker_kept
         tmp_path_factory):
     import socket
 
-    from devtools.cluster import start_service, wait_serving
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -332,16 +331,7 @@ def test_a_session_continues_after_a_scheduler_restart_on_the_kv_its_worker_kept
         worker = cluster.worker_services[0].address
         held = worker_held_bytes(worker)
         assert held > 0 and reserved_bytes(cluster.address) == f1.session.reserved_bytes == held
-        old = cluster.services[0]
-        internal_port = cluster.internal_address.rsplit(":", 1)[1]  # where the worker dials
-        old.process.kill()  # kill -9: no goodbye, the registry is gone with it
-        old.process.wait(10)
-        cluster.services[0] = start_service("scheduler-2", [
-            str(BIN / "ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(port),
-            "--internal-port", internal_port, "--heartbeat-interval-s", "0.5"],
-            old.log_path.parent)
-        wait_serving(cluster.services[0])
-        cluster.wait_registered(1)
+        kill_and_restart_scheduler(cluster, port)
         stub = scheduler_stub(cluster.address)
         # The worker registered its session with its lease: the same bytes in the new ledger.
         budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=True), timeout=5)
