@@ -176,7 +176,10 @@ def test_a_stream_interval_sends_fewer_chunks_the_same_text_and_the_first_at_onc
         total_s = time.monotonic() - start
     assert [i for c in chunks for i in c.token_ids] == list(every.token_ids)
     assert "".join(c.text for c in chunks) == every.text == stream.result.text
-    assert len(chunks[0].token_ids) == 1 and first_s < 2.0  # the first token is not held
+    # The first chunk is not held for the interval: it leaves at once, with the tokens the
+    # reader found waiting (one when it keeps up; a loaded 2-core box has shown two). A
+    # held first chunk would carry everything generated in 2 s: all 120 here, or most.
+    assert first_s < 2.0 and len(chunks) >= 2 and len(chunks[0].token_ids) < 120 // 2
     # One chunk per interval at most after the first, and the end is not held either.
     assert len(chunks) <= 2 + int(total_s / 2.0)
     assert stream.result.usage.generated_tokens == 120
