@@ -208,7 +208,8 @@ def measure(variants: dict, metrics: str, rounds: int, new_tokens: int, streams:
 
 
 def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, log_dir: Path,
-                  gateway: bool = False, variants: tuple[str, ...] = ("relay",)) -> dict:
+                  gateway: bool = False, variants: tuple[str, ...] = ("relay",),
+                  scheduler_args: tuple[str, ...] = ()) -> dict:
     """A scheduler and one worker (1 intra-op thread); through the gateway when `gateway`.
     Returns {variant: run}."""
     from ortserve_client import Client
@@ -216,7 +217,8 @@ def dataplane_run(model_dir: Path, streams: int, new_tokens: int, rounds: int, l
 
     prompt_ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT).ids
     with LocalCluster(model_dir=model_dir, workers=1, log_dir=log_dir, threads=1,
-                      kv_capacities=["2GiB"], worker_args=["--metrics-port", "0"]) as cluster:
+                      kv_capacities=["2GiB"], worker_args=["--metrics-port", "0"],
+                      scheduler_args=list(scheduler_args)) as cluster:
         worker = cluster.worker_services[0]
         pids = {"scheduler": cluster.services[0].process.pid, "worker": worker.process.pid}
         metrics = metrics_address(worker)
@@ -275,7 +277,8 @@ def _served_model(address: str) -> str:
 
 
 def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
-                      variants: tuple[str, ...] | None = None) -> dict:
+                      variants: tuple[str, ...] | None = None,
+                      scheduler_args: tuple[str, ...] = ()) -> dict:
     """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
 
     Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
@@ -292,11 +295,12 @@ def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
                      "variants interleaved round by round on the same processes"}
     suffix = {"relay": "", "direct": "_direct", "interval": f"_interval{INTERVAL_MS}ms"}
     tiny = dataplane_run(models / "tiny-llama", 32, new_tokens, rounds, log_dir / "tiny",
-                         variants=variants)
+                         variants=variants, scheduler_args=scheduler_args)
     out.update({f"tiny_32streams{suffix[v]}": run for v, run in tiny.items()})
     if gateway:
         gw = dataplane_run(models / "smollm2-135m-instruct-int4", 16, 16 if quick else 128,
-                           rounds, log_dir / "gateway", gateway=True, variants=variants)
+                           rounds, log_dir / "gateway", gateway=True, variants=variants,
+                           scheduler_args=scheduler_args)
         out.update({f"int4_gateway_16streams{suffix[v]}": run for v, run in gw.items()})
     return out
 
@@ -320,14 +324,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-gateway", action="store_true", help="only the scheduler + worker run")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--scheduler-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the scheduler, e.g. --scheduler-arg=--relay-calls=per-request "
+                        "(repeat for more)")
     a = p.parse_args(argv)
     variants = tuple(v for v in a.variants.split(",") if v)
     if not variants or set(variants) - set(VARIANTS):
         p.error(f"--variants {a.variants!r}: name some of {', '.join(VARIANTS)}")
     load_start = os.getloadavg()
     doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway,
-                            variants=variants)
+                            variants=variants, scheduler_args=tuple(a.scheduler_arg))
     doc["load_average_start"] = load_start
+    doc["scheduler_args"] = a.scheduler_arg
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))
     print_section(doc)

@@ -98,12 +98,37 @@ def _status_of(error: BaseException, method: str):
         return error.code, message, _metadata(error.code, message, [], error.status_bin)
     if isinstance(error, grpc.aio.AioRpcError):
         return _status_of(Relayed(error), method)
+    if isinstance(error, NotImplementedError):
+        # A generated servicer's default body: the method is not served here (as gRPC
+        # answers for a method the server does not know).
+        message = f"{method} is not implemented by this server ({clip(error, 100)})"
+        return grpc.StatusCode.UNIMPLEMENTED, message, _metadata(
+            grpc.StatusCode.UNIMPLEMENTED, message, [])
     log.error("unexpected error; answering INTERNAL", method=method,
               error=f"{type(error).__name__}: {clip(error, 200)}", traceback=traceback.format_exc())
     message = (f"internal error in {method}: {type(error).__name__}: {clip(error, 200)}; this is "
                "a bug: the server logged its traceback, please report it")
     return grpc.StatusCode.INTERNAL, message, _metadata(
         grpc.StatusCode.INTERNAL, message, [rich_status.error_info(ErrorReason.INTERNAL.value, {})])
+
+
+def status_bytes(error: BaseException, method: str) -> bytes:
+    """A failure as a serialized google.rpc.Status: the code, message and details a call
+    failing with `error` would end with (Worker.Relay ends one of its requests with it)."""
+    code, message, metadata = _status_of(error, method)
+    packed = next((v for k, v in metadata if k == STATUS_DETAILS_KEY), None)
+    status = status_pb2.Status.FromString(packed) if packed else status_pb2.Status()
+    status.code, status.message = code.value[0], message
+    return status.SerializeToString()
+
+
+def error_of_status(status: bytes) -> grpc.aio.AioRpcError:
+    """The inverse of status_bytes: the error a call ending with that status raises, with
+    the Status in its trailers (as `Relayed` and rich_status read them)."""
+    parsed = status_pb2.Status.FromString(status)
+    code = _CODE_OF_VALUE.get(parsed.code, grpc.StatusCode.INTERNAL)
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(),
+                                grpc.aio.Metadata((STATUS_DETAILS_KEY, status)), parsed.message)
 
 
 # -- parsing raw requests -------------------------------------------------------------------
@@ -188,9 +213,14 @@ def register_service(server: grpc.aio.Server, service: descriptor.ServiceDescrip
         response_class = message_factory.GetMessageClass(method.output_type)
         impl = getattr(servicer, method.name)
         full = f"/{service.full_name}/{method.name}"
-        if method.client_streaming:
+        if method.client_streaming and method.server_streaming:
+            # The handler parses each request itself (one bad message names its field).
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _streaming(impl, None, full), request_deserializer=None,
+                response_serializer=_bytes_as_they_are(response_class.SerializeToString))
+        elif method.client_streaming:
             raise NotImplementedError(f"{full}: client streaming is not supported by the error path")
-        if method.server_streaming:
+        elif method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 _streaming(impl, request_class, full),
                 request_deserializer=None,
@@ -224,7 +254,8 @@ def _unary(impl, request_class, full):
 def _streaming(impl, request_class, full):
     async def handler(raw: bytes, context: grpc.aio.ServicerContext):
         try:
-            async for item in impl(parse_request(request_class, raw), context):
+            request = raw if request_class is None else parse_request(request_class, raw)
+            async for item in impl(request, context):
                 yield item
         except grpc.aio.AbortError:
             raise

@@ -62,6 +62,11 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
     p.add_argument("--session-ttl-s", type=float, default=_env("session_ttl_s", d.session_ttl_s),
                    help="an idle session is closed and its bytes released after this long")
+    p.add_argument("--relay-calls", choices=("shared", "per-request"),
+                   default=_env("relay_calls", d.relay_calls),
+                   help="shared: the relayed requests to a worker share one Worker.Relay call "
+                        "(one message per engine step for all of them); per-request: a "
+                        "Worker.Generate call each (env ORTSERVE_SCHEDULER_RELAY_CALLS)")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     metrics_port = os.environ.get(_ENV + "METRICS_PORT")
     p.add_argument("--metrics-port", type=int, default=int(metrics_port) if metrics_port else None,
@@ -89,7 +94,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
-                           session_ttl_s=a.session_ttl_s,
+                           session_ttl_s=a.session_ttl_s, relay_calls=a.relay_calls,
                            otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 

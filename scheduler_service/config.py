@@ -20,6 +20,9 @@ class SchedulerConfig:
     retry_after_s: float = 1.0  # RetryInfo for BUDGET_BUSY and NO_WORKER
     expiry_interval_s: float = 1.0
     drain_timeout_s: float = 30.0  # SIGTERM: relayed streams may finish within this
+    # How relayed requests reach a worker: "shared", one Worker.Relay call per worker
+    # carrying them all (one message per step); "per-request", a Worker.Generate call each.
+    relay_calls: str = "shared"
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port

@@ -9,7 +9,7 @@ read (the Finished), and passes chunks on as bytes.
 
 from __future__ import annotations
 
-from ortserve.wire import read_varint
+from ortserve.wire import read_varint, varint
 
 ADMISSION_TAG, CHUNK_TAG, FINISHED_TAG = 1 << 3 | 2, 2 << 3 | 2, 3 << 3 | 2
 _IDS_TAG, _TEXT_TAG = 1 << 3 | 2, 2 << 3 | 2
@@ -41,3 +41,19 @@ def chunk_tokens(frame: bytes) -> int:
         return 0
     ids = fields[0]
     return len(ids) - len(ids.translate(None, _VARINT_ENDS))
+
+
+def merge_chunks(frames: list[bytes]) -> bytes | None:
+    """Chunk frames as one chunk frame: the ids and the text in order, as if the worker
+    had sent them together. None when one holds more than ids and text (logprobs)."""
+    ids, text = [], []
+    for frame in frames:
+        fields = chunk_fields(frame)
+        if fields is None:
+            return None
+        ids.append(fields[0])
+        text.append(fields[1])
+    packed, utf8 = b"".join(ids), b"".join(text)
+    chunk = ((bytes((_IDS_TAG,)) + varint(len(packed)) + packed if packed else b"")
+             + (bytes((_TEXT_TAG,)) + varint(len(utf8)) + utf8 if utf8 else b""))
+    return bytes((CHUNK_TAG,)) + varint(len(chunk)) + chunk

@@ -105,7 +105,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     files = config.tls
     files.check("ortserve-scheduler", need_ca=True)  # the internal port is mutual TLS
     workers = WorkerClients(tls.channel_credentials(files.ca, files.cert, files.key)
-                            if files.enabled else None)
+                            if files.enabled else None, shared_relay=config.relay_calls == "shared")
     if not config.api_keys.enabled and not tls.is_loopback(config.host):
         log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
                     "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",

@@ -6,36 +6,47 @@ import grpc
 
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2, worker_pb2_grpc
+from scheduler_service.relay_call import RelayCall
 
 
 class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
     """The Worker stub whose Generate yields each event as its serialized bytes: the relay
-    reads the first byte (which event) and parses only the Finished (relay.py)."""
+    reads the first byte (which event) and parses only the Finished (relay.py).
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    With a shared relay, Generate starts the request on the worker's one Relay call
+    (relay_call.py) and answers the same bytes and failures as a call of its own.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, address: str, shared_relay: bool) -> None:
         super().__init__(channel)
-        self.Generate = channel.unary_stream(
+        per_request = channel.unary_stream(
             "/ortserve.v1.Worker/Generate",
             request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
             response_deserializer=None)  # None: the frame's bytes as they came
+        self.relay = RelayCall(channel, address, fallback=per_request) if shared_relay else None
+        self.Generate = self.relay.generate if self.relay is not None else per_request
 
 
 class WorkerClients:
-    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None,
+                 shared_relay: bool = True) -> None:
         self._credentials = credentials  # TLS towards workers; None: plaintext
+        self._shared_relay = shared_relay
         self._stubs: dict[str, tuple[grpc.aio.Channel, RelayingWorkerStub]] = {}
 
     def stub(self, address: str) -> RelayingWorkerStub:
         entry = self._stubs.get(address)
         if entry is None:
             channel = secure_or_insecure_channel(address, self._credentials)
-            entry = (channel, RelayingWorkerStub(channel))
+            entry = (channel, RelayingWorkerStub(channel, address, self._shared_relay))
             self._stubs[address] = entry
         return entry[1]
 
     async def forget(self, address: str) -> None:
         entry = self._stubs.pop(address, None)
         if entry is not None:
+            if entry[1].relay is not None:
+                await entry[1].relay.close()
             await entry[0].close()
 
     async def close(self) -> None:

@@ -95,6 +95,7 @@ class WorkerServer:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while leases.engine.active_sequences() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
+        self.servicer.end_relay_calls()
         left = leases.engine.active_sequences()
         if left:
             log.warning("drain timeout: cancelling live sequences", live_sequences=left,

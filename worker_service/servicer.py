@@ -17,6 +17,7 @@ from worker_service.core.errors import NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
 from worker_service.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
+from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
 
 
@@ -30,6 +31,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.metrics = None  # WorkerMetrics when --metrics-port is set
         self.stop_metrics = None
         self._sessions: WorkerSessions | None = None
+        self._relay_calls: set[RelayCall] = set()
 
     @property
     def engine(self) -> Engine | None:
@@ -59,7 +61,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._sessions = WorkerSessions(leases, self.address)
         return self._sessions
 
+    def end_relay_calls(self) -> None:
+        """Draining: each Relay call ends once its requests are done (the scheduler opens
+        no new one here: it places nothing on a draining worker)."""
+        for call in self._relay_calls:
+            call.end_when_idle()
+
     # -- RPCs ------------------------------------------------------------------
+
+    async def Relay(self, requests, context):
+        # Headers at once: the scheduler writes nothing before them (relay_call.py there).
+        await context.send_initial_metadata(())
+        call = RelayCall(lambda request: self.Generate(request, context))
+        if self.draining:
+            call.end_when_idle()
+        self._relay_calls.add(call)
+        try:
+            async for frames in call.serve(requests):
+                yield frames
+        finally:
+            self._relay_calls.discard(call)
 
     async def OpenSession(self, request, context):
         return await self._session_rpcs().open(request.session_id, request.lease_id)

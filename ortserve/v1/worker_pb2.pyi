@@ -27,6 +27,34 @@ class WorkerGenerateRequest(_message.Message):
     session_id: str
     def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
+class RelayRequest(_message.Message):
+    __slots__ = ("stream_id", "start", "cancel")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    start: WorkerGenerateRequest
+    cancel: bool
+    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[WorkerGenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class RelayFrames(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[RelayFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[RelayFrame, _Mapping]]] = ...) -> None: ...
+
+class RelayFrame(_message.Message):
+    __slots__ = ("stream_id", "event", "end", "status")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    event: bytes
+    end: bool
+    status: bytes
+    def __init__(self, stream_id: _Optional[int] = ..., event: _Optional[bytes] = ..., end: _Optional[bool] = ..., status: _Optional[bytes] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -41,6 +41,11 @@ class WorkerStub:
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerGenerateRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.GenerateEvent.FromString,
                 _registered_method=True)
+        self.Relay = channel.stream_stream(
+                '/ortserve.v1.Worker/Relay',
+                request_serializer=ortserve_dot_v1_dot_worker__pb2.RelayRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_worker__pb2.RelayFrames.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/ortserve.v1.Worker/Info',
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.InfoRequest.SerializeToString,
@@ -92,6 +97,21 @@ class WorkerServicer:
         a corrected retry may use it, or the caller releases it. The stream is
         Admission (from the lease, with its BudgetCap), token chunks, Finished.
         Once the worker starts serving, it releases the lease on every exit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relay(self, request_iterator, context):
+        """Generate for many requests over one call: the scheduler's relay opens
+        one per worker and starts and cancels its relayed requests on it. Each
+        request's events are the bytes Generate would send, in the same order;
+        the events that are ready together (one engine step's tokens for every
+        request) leave as one RelayFrames message, so the cost of a message is
+        paid per step, not per token and request. A request's failure ends only
+        that request (its frame carries the status Generate would end with);
+        the call's end ends every request still on it (cancelled on the
+        worker). A draining worker ends the call once its requests are done.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,6 +184,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerGenerateRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.GenerateEvent.SerializeToString,
             ),
+            'Relay': grpc.stream_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=ortserve_dot_v1_dot_worker__pb2.RelayRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_worker__pb2.RelayFrames.SerializeToString,
+            ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
                     request_deserializer=ortserve_dot_v1_dot_worker__pb2.InfoRequest.FromString,
@@ -228,6 +253,33 @@ class Worker:
             '/ortserve.v1.Worker/Generate',
             ortserve_dot_v1_dot_worker__pb2.WorkerGenerateRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ortserve.v1.Worker/Relay',
+            ortserve_dot_v1_dot_worker__pb2.RelayRequest.SerializeToString,
+            ortserve_dot_v1_dot_worker__pb2.RelayFrames.FromString,
             options,
             channel_credentials,
             insecure,

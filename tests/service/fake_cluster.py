@@ -19,6 +19,7 @@ from ortserve.v1 import (
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
+from worker_service.relay_call import RelayCall
 
 BPT = 1_024
 CTX = 4_096
@@ -30,7 +31,15 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
 
     def __init__(self) -> None:
         self.tokenize_calls = 0
+        self.relay_calls = 0
         self.generate_requests: list[worker_pb2.WorkerGenerateRequest] = []
+
+    async def Relay(self, requests, context):
+        """As the real worker: each request runs as this stand-in's Generate."""
+        self.relay_calls += 1
+        await context.send_initial_metadata(())
+        async for frames in RelayCall(lambda request: self.Generate(request, context)).serve(requests):
+            yield frames
 
     async def Tokenize(self, request, context):
         self.tokenize_calls += 1

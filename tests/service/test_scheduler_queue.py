@@ -10,12 +10,13 @@ import pytest
 from google.rpc import error_details_pb2
 
 from ortserve import rich_status
+from ortserve.error_path import register_service
 from ortserve.v1 import (
     internal_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
     types_pb2,
-    worker_pb2_grpc,
+    worker_pb2,
 )
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
@@ -29,7 +30,8 @@ class QueueCluster:
 
         async def start():
             server = grpc.aio.server()
-            worker_pb2_grpc.add_WorkerServicer_to_server(StandInWorker(), server)
+            # Through the one error path, as the real worker (its Relay reads raw requests).
+            register_service(server, worker_pb2.DESCRIPTOR.services_by_name["Worker"], StandInWorker())
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
             return server, port, await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5, **config))
