@@ -61,9 +61,9 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
 
 
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, worker: worker_pb2_grpc.WorkerServicer | None = None, **config) -> None:
         self.loop = LoopThread()
-        self.worker = StandInWorker()
+        self.worker = worker if worker is not None else StandInWorker()
 
         async def start():
             server = grpc.aio.server()
@@ -71,7 +71,8 @@ class Cluster:
             register_service(server, worker_pb2.DESCRIPTOR.services_by_name["Worker"], self.worker)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
-            return server, port, await build_server(SchedulerConfig(port=0, internal_port=0, retry_after_s=2.5))
+            return server, port, await build_server(SchedulerConfig(port=0, internal_port=0,
+                                                                    retry_after_s=2.5, **config))
 
         self._worker_server, worker_port, self.scheduler = self.loop.run(start())
         self.worker_address = f"127.0.0.1:{worker_port}"
