@@ -22,15 +22,24 @@ STREAMS = 32
 NEW_TOKENS = 64
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+@pytest.fixture(scope="module", params=["shared", "per-request"])
+def tiny(tmp_path_factory, request):
+    """`--relay-calls shared` (the default: one Worker.Relay call carries every stream) and
+    `per-request` (a Worker.Generate call each): the same behaviour either way."""
     model_dir = model_cache() / "models" / "tiny-llama"
     if not (model_dir / "genai_config.json").exists():
         pytest.fail(f"the tiny model is not prepared at {model_dir}: run `make tiny-model`")
     cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           scheduler_args=["--relay-calls", request.param],
                            log_dir=tmp_path_factory.mktemp("logs-token-path")).start()
+    cluster.relay_calls = request.param
     yield cluster
     cluster.stop()
+
+
+def relay_calls_opened(cluster: LocalCluster) -> int:
+    """The scheduler's log lines for a Relay call opened (one per worker until one ends)."""
+    return cluster.services[0].log_path.read_text().count("relay call opened")
 
 
 def prompts() -> list[list[int]]:
@@ -75,6 +84,8 @@ def test_concurrent_streams_equal_their_batch_1_greedy_runs_chunk_by_chunk(tiny)
         t = got["result"].timings
         assert 0 <= t.queue_ms <= t.ttft_ms <= t.total_ms  # composed once, in order
     print(f"chunks carrying more than one token: {multi}")
+    # 32 concurrent streams (and the 32 before them) went over one Relay call, or none.
+    assert relay_calls_opened(tiny) == (1 if tiny.relay_calls == "shared" else 0)
 
 
 def test_a_client_cancel_frees_the_workers_kv_promptly(tiny):
