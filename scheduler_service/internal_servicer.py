@@ -52,6 +52,7 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         dropped = restore_sessions(self._sessions, self._ledger, request)
         if previous is not None and previous.address != geometry.address:
             await self._workers.forget(previous.address)
+        self._workers.registered(geometry.address)
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # a new worker's bytes serve the queue
         log.info("worker registered", worker_id=geometry.worker_id, address=geometry.address,

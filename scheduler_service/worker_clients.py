@@ -42,6 +42,13 @@ class WorkerClients:
             self._stubs[address] = entry
         return entry[1]
 
+    def registered(self, address: str) -> None:
+        """A worker (re)registered at `address`: it may be a new version, one that serves
+        Relay where the one before did not, so the next request tries Relay again."""
+        entry = self._stubs.get(address)
+        if entry is not None and entry[1].relay is not None:
+            entry[1].relay.unsupported = False
+
     async def forget(self, address: str) -> None:
         entry = self._stubs.pop(address, None)
         if entry is not None:

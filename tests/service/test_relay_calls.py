@@ -163,6 +163,10 @@ def test_a_worker_without_relay_is_served_by_a_generate_call_per_request(make_cl
         assert not isinstance(events, grpc.RpcError), events
         assert texts(events) == "t0 t1 t2 t3 t4 " and events[-1].finished
     assert cluster.worker.ended == ["finished"] * 6
+    # Registered again (a restart may bring a version with Relay): Relay is tried again,
+    # and this worker still gets its requests through the fall-back.
+    cluster.register()
+    assert texts(run_concurrently(cluster, 1)[0]) == "t0 t1 t2 t3 t4 "
     assert cluster.reserved_bytes() == 0
 
 
