@@ -32,6 +32,11 @@ log = structlog.get_logger("relay_call")
 
 METHOD = "/ortserve.v1.Worker/Relay"
 
+# A RelayFrames message stays under this many bytes (the frames beyond go in the next):
+# gRPC refuses a message over 4 MiB by default, and one refused message would end the
+# call for every request on it. A frame this big alone (none is) still goes alone.
+MAX_MESSAGE_BYTES = 1 << 20
+
 Generate = Callable[[worker_pb2.WorkerGenerateRequest], AsyncIterator[types_pb2.GenerateEvent]]
 
 
@@ -64,8 +69,7 @@ class RelayCall:
                     if reader.done():
                         reader.result()  # a request that did not parse ends the call, named
                     return
-                frames, self._frames = self._frames, []
-                yield worker_pb2.RelayFrames(frames=frames)
+                yield worker_pb2.RelayFrames(frames=self._take())
         finally:
             reader.cancel()
             running = list(self._tasks.values())
@@ -73,6 +77,22 @@ class RelayCall:
                 task.cancel()  # the caller is gone: each request frees its KV and lease
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, *running, return_exceptions=True)
+
+    def _take(self) -> list[worker_pb2.RelayFrame]:
+        """The waiting frames, in order, up to MAX_MESSAGE_BYTES (at least one)."""
+        frames = self._frames
+        size = count = 0
+        for frame in frames:
+            size += len(frame.event) + len(frame.status) + 16  # + stream id and tags
+            if size > MAX_MESSAGE_BYTES and count:
+                break
+            count += 1
+        if count == len(frames):
+            self._frames = []
+            return frames
+        taken = frames[:count]
+        del frames[:count]
+        return taken
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         try:

@@ -216,3 +216,17 @@ def test_chunks_with_logprobs_are_not_merged():
         token_ids=[5], logprobs=[types_pb2.TokenLogprob(token_id=5, logprob=-0.5)]))
     assert merge_chunks([chunk([1], "a").SerializeToString(),
                          with_logprobs.SerializeToString()]) is None
+
+
+def test_a_message_stays_under_the_size_limit_and_keeps_the_order(monkeypatch):
+    monkeypatch.setattr("worker_service.relay_call.MAX_MESSAGE_BYTES", 100)
+    call = RelayCall(Script().generate)
+    for n in range(10):
+        call._push(worker_pb2.RelayFrame(stream_id=1, event=bytes([n]) * 30))
+    sizes = []
+    while call._frames:
+        taken = call._take()
+        sizes.append([f.event[0] for f in taken])
+    assert sizes == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # 46 bytes a frame: two fit in 100, three do not
+    call._push(worker_pb2.RelayFrame(stream_id=1, event=b"x" * 500))
+    assert len(call._take()) == 1  # one frame beyond the limit still goes, alone
