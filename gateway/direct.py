@@ -1,7 +1,9 @@
 """The gateway's opt-in two-step path (--direct-to-workers): Admit, then the worker streams.
 
 The scheduler admits (lease, cap, queue) and relays no token; the gateway reads
-the worker's stream itself. Errors are the relayed path's (a REJECTED Admit
+the worker's stream itself, on the one Worker.Relay call it keeps per worker
+(ortserve/relay_client.py: one message per engine step for all its streams
+there; a worker without Relay, or tracing on, gets a Generate call each). Errors are the relayed path's (a REJECTED Admit
 becomes the status Scheduler.Generate ends with; a worker's failure is worded as
 the scheduler's relay words it: ortserve_client.direct), so the HTTP mapping
 (errors.from_grpc) is one. The worker's own Admission is awaited before the
@@ -19,8 +21,10 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from ortserve_client.direct import SERVER_BOUND_MS, rejection_status, relabelled, worker_failure
 
+from ortserve import tracing
+from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
-from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 
 from .upstream import StreamBroken
 
@@ -28,11 +32,12 @@ _ADMIT_PREFIX = "request."
 
 
 class DirectStream:
-    """A worker's Generate call whose Admission has arrived (OpenStream's interface)."""
+    """A worker's stream whose Admission has arrived (OpenStream's interface)."""
 
-    def __init__(self, call, admission: types_pb2.Admission, started_s: float,
+    def __init__(self, call, frames, admission: types_pb2.Admission, started_s: float,
                  offset_ms: float) -> None:
         self.call = call
+        self._frames = frames  # the call's frames (bytes), the Admission already read
         self.admission = admission
         self._started_s = started_s  # perf_counter at the gateway's open
         self._offset_ms = offset_ms  # admission, queue and the worker call's setup
@@ -42,12 +47,12 @@ class DirectStream:
         tokens = 0
         while True:
             try:
-                event = await self.call.read()
+                event = types_pb2.GenerateEvent.FromString(await self._frames.__anext__())
             except grpc.RpcError as error:
                 raise worker_failure(error, self.admission, tokens, claimed=True) from None
-            if event is grpc.aio.EOF:
+            except StopAsyncIteration:
                 raise StreamBroken(f"worker {self.admission.worker_id}'s stream ended without a "
-                                   "Finished event")
+                                   "Finished event") from None
             kind = event.WhichOneof("event")
             if kind == "chunk":
                 tokens += len(event.chunk.token_ids)
@@ -68,20 +73,33 @@ class DirectStream:
 
 
 class Workers:
-    """The gateway's channels to workers, one per address, opened on first use."""
+    """The gateway's channels to workers, one per address, opened on first use; on each,
+    one Relay call for every stream (a Generate call each while tracing: a call carries
+    one trace context)."""
 
     def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
         self._credentials = credentials
-        self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+        self._calls: dict[str, tuple[grpc.aio.Channel, object]] = {}
 
-    def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
-        if address not in self._stubs:
+    def generate(self, address: str, request: worker_pb2.WorkerGenerateRequest,
+                 timeout: float):
+        """The worker's stream for `request`: its events as serialized bytes."""
+        if address not in self._calls:
             channel = secure_or_insecure_channel(address, self._credentials)
-            self._stubs[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
-        return self._stubs[address][1]
+            per_request = channel.unary_stream(
+                "/ortserve.v1.Worker/Generate",
+                request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
+                response_deserializer=None)  # None: the frames' bytes, as the Relay's
+            start = per_request if tracing.enabled() else RelayCall(
+                channel, address, fallback=per_request).generate
+            self._calls[address] = (channel, start)
+        return self._calls[address][1](request, timeout=timeout)
 
     async def close(self) -> None:
-        for channel, _ in self._stubs.values():
+        for channel, start in self._calls.values():
+            relay = getattr(start, "__self__", None)
+            if isinstance(relay, RelayCall):
+                await relay.close()
             await channel.close()
 
 
@@ -110,18 +128,23 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
     call = None
     claimed = False
     try:
-        call = workers.stub(admission.worker_address).Generate(
+        call = workers.generate(
+            admission.worker_address,
             worker_pb2.WorkerGenerateRequest(lease_id=admission.lease_id, request=inner),
             timeout=max(deadline - time.monotonic(), 0.0))
+        frames = call.__aiter__()
         try:
-            first = await call.read()
+            first = types_pb2.GenerateEvent.FromString(await frames.__anext__())
         except grpc.RpcError as error:
             raise worker_failure(error, admission, 0, claimed=False) from None
-        if first is grpc.aio.EOF or first.WhichOneof("event") != "admission":
+        except StopAsyncIteration:
+            first = None
+        if first is None or first.WhichOneof("event") != "admission":
             raise StreamBroken(f"worker {admission.worker_id}'s stream did not start with an "
                                "Admission")
         claimed = True
-        return DirectStream(call, admission, started, (time.perf_counter() - started) * 1e3)
+        return DirectStream(call, frames, admission, started,
+                            (time.perf_counter() - started) * 1e3)
     finally:
         if not claimed:
             if call is not None:

@@ -21,9 +21,9 @@ import grpc
 
 from ortserve.error_path import Relayed
 from ortserve.errors import clip
+from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
-from scheduler_service.frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission
 from scheduler_service.worker_clients import RelayingWorkerStub

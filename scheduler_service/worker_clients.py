@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
+from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2, worker_pb2_grpc
-from scheduler_service.relay_call import RelayCall
 
 
 class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
@@ -14,7 +14,7 @@ class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
     reads the first byte (which event) and parses only the Finished (relay.py).
 
     With a shared relay, Generate starts the request on the worker's one Relay call
-    (relay_call.py) and answers the same bytes and failures as a call of its own.
+    (ortserve/relay_client.py) and answers the same bytes and failures as a call of its own.
     """
 
     def __init__(self, channel: grpc.aio.Channel, address: str, shared_relay: bool) -> None:

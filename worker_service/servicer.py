@@ -70,7 +70,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # -- RPCs ------------------------------------------------------------------
 
     async def Relay(self, requests, context):
-        # Headers at once: the scheduler writes nothing before them (relay_call.py there).
+        # Headers at once: the scheduler writes nothing before them (ortserve/relay_client.py).
         await context.send_initial_metadata(())
         call = RelayCall(lambda request: self.Generate(request, context))
         if self.draining:

@@ -206,6 +206,20 @@ def test_the_gateway_direct_to_workers_streams_the_relayed_text(tiny, tmp_path_f
                 "temperature": 0, "extra_body": {"min_tokens": 24}}
         streamed = list(client.completions.create(**args, stream=True))
         assert "".join(c.choices[0].text for c in streamed if c.choices) == want.text
+        # Concurrent streams share the gateway's one Relay call to the worker, each its own.
+        texts: list[str] = [""] * 4
+
+        def one(i: int) -> None:
+            chunks = client.completions.create(**args, stream=True)
+            texts[i] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert texts == [want.text] * 4
+        assert gateway.log_path.read_text().count("relay call opened") == 1
         raw = client.completions.with_raw_response.create(**{**args, "max_tokens": 1900})
         assert raw.headers["x-ortserve-decision"] == "CAPPED"  # the cap, in the headers
         assert raw.parse().usage.completion_tokens >= 24

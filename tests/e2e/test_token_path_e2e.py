@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from ortserve_client import Client
+from ortserve_client import Client, GenerationFailed
 
 from devtools.cluster import LocalCluster, model_cache
 from tests.e2e.conftest import reserved_bytes, worker_held_bytes
@@ -111,3 +111,35 @@ def test_a_client_cancel_frees_the_workers_kv_promptly(tiny):
             assert reserved_bytes(tiny.address) == 0
     print(f"cancel -> worker KV freed and ledger at zero: {[round(w * 1e3) for w in waits]} ms")
     assert min(waits) < 2.0
+
+
+def test_a_scheduler_killed_mid_stream_leaves_the_worker_holding_nothing(tmp_path_factory):
+    """kill -9 of the scheduler ends its Relay call: the worker cancels every sequence on
+    it and frees their KV at once (the clients see the scheduler gone, UNAVAILABLE)."""
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-scheduler-kill")).start()
+    try:
+        worker = cluster.worker_services[0].address
+        with Client(cluster.address, timeout_s=60) as client:
+            streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
+                       for p in prompts()[:4]]
+            for stream in streams:
+                next(stream)  # each is running
+            assert worker_held_bytes(worker) > 0
+            killed = time.perf_counter()
+            cluster.services[0].process.kill()
+            cluster.services[0].process.wait(10)
+            while worker_held_bytes(worker) and time.perf_counter() - killed < 10:
+                time.sleep(0.005)
+            freed_s = time.perf_counter() - killed
+            assert worker_held_bytes(worker) == 0
+            for stream in streams:
+                with pytest.raises(GenerationFailed) as failure:
+                    for _ in stream:
+                        pass
+                assert failure.value.code.name == "UNAVAILABLE", failure.value
+        print(f"scheduler killed -> the worker's KV freed: {freed_s * 1e3:.0f} ms")
+        assert freed_s < 2.0
+    finally:
+        cluster.stop()

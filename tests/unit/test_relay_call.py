@@ -13,8 +13,8 @@ from google.rpc import error_details_pb2, status_pb2
 from ortserve import rich_status
 from ortserve.error_path import error_of_status
 from ortserve.errors import DomainError, ErrorReason
+from ortserve.relay_frames import chunk_tokens, merge_chunks
 from ortserve.v1 import types_pb2, worker_pb2
-from scheduler_service.frames import chunk_tokens, merge_chunks
 from worker_service.relay_call import RelayCall
 
 

@@ -3,14 +3,14 @@ frame is recognised and its tokens counted from its bytes."""
 
 from __future__ import annotations
 
-from ortserve.v1 import types_pb2
-from scheduler_service.frames import (
+from ortserve.relay_frames import (
     ADMISSION_TAG,
     CHUNK_TAG,
     FINISHED_TAG,
     chunk_fields,
     chunk_tokens,
 )
+from ortserve.v1 import types_pb2
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sequence import Cancelled, TokenDelta
 from worker_service.lease_lifecycle import coalesced

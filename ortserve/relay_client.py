@@ -1,6 +1,7 @@
-"""The scheduler's end of Worker.Relay: one call per worker carries every relayed request.
+"""The calling end of Worker.Relay: one call per worker carries every request sent to it.
 
-relay.py asks for a worker's stream as it would ask Worker.Generate
+Used by the scheduler's relay and by the gateway's two-step path
+(--direct-to-workers): each asks for a worker's stream as it would ask Worker.Generate
 (`RelayCall.generate(request, timeout)`) and gets a `RelayedStream`: the
 same frames, as bytes, in the same order; the same failure, as the same
 grpc.aio.AioRpcError (code, message, details); `cancel()` and `done()` as a
@@ -8,8 +9,8 @@ call has them. Underneath, the requests to one worker share one Relay call:
 the worker sends one message per step for all of them instead of one per
 token and request (worker_service/relay_call.py).
 
-A stream's frames wait in its own list until its relay reads them; chunks that
-queued up while the relay was busy (its client reads slowly) leave as one
+A stream's frames wait in its own list until its reader takes them; chunks that
+queued up while the reader was busy (its own client reads slowly) leave as one
 chunk, so a slow reader gets fewer, larger messages and never holds up the
 others. What waits is bounded by the request's max_new_tokens.
 """
@@ -23,8 +24,8 @@ import grpc
 import structlog
 
 from ortserve.error_path import error_of_status
+from ortserve.relay_frames import CHUNK_TAG, merge_chunks
 from ortserve.v1 import worker_pb2
-from scheduler_service.frames import CHUNK_TAG, merge_chunks
 
 log = structlog.get_logger("relay_call")
 
