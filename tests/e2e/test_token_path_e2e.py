@@ -7,6 +7,7 @@ model keeps the model's share small, so 32 streams load the path itself.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -143,3 +144,45 @@ def test_a_scheduler_killed_mid_stream_leaves_the_worker_holding_nothing(tmp_pat
         assert freed_s < 2.0
     finally:
         cluster.stop()
+
+
+def test_many_streams_with_random_cancels_end_complete_or_cancelled_and_hold_nothing(tiny):
+    """96 overlapping streams on the worker, a third cancelled at random points: the rest
+    each get their whole ids, and the worker and the ledger end holding nothing."""
+    rng = random.Random(7)
+    plan = [(i, rng.random() < 1 / 3, rng.randrange(1, 20)) for i in range(96)]
+    outcomes: list = [None] * len(plan)
+    with Client(tiny.address, timeout_s=300) as client:
+        def one(i: int, cancel: bool, after: int) -> None:
+            prompt = prompts()[i % STREAMS]
+            stream = client.stream(prompt, max_new_tokens=48, min_new_tokens=48)
+            ids = []
+            try:
+                for n, chunk in enumerate(stream):
+                    ids.extend(chunk.token_ids)
+                    if cancel and n == after:
+                        stream.cancel()
+                        outcomes[i] = "cancelled"
+                        return
+            except Exception as error:  # noqa: BLE001 - the assertion below names it
+                outcomes[i] = error
+                return
+            outcomes[i] = ids
+
+        threads = [threading.Thread(target=one, args=p) for p in plan]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        alone = {p: client.generate(prompts()[p], max_new_tokens=48, min_new_tokens=48).token_ids
+                 for p in range(STREAMS)}
+    for (i, _cancel, _after), got in zip(plan, outcomes, strict=True):
+        assert not isinstance(got, Exception), f"stream {i}: {got!r}"
+        if got != "cancelled":  # a cancel after the last chunk reads as complete
+            assert tuple(got) == tuple(alone[i % STREAMS]), i
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (worker_held_bytes(tiny.worker_services[0].address)
+                                           or reserved_bytes(tiny.address)):
+        time.sleep(0.02)
+    assert worker_held_bytes(tiny.worker_services[0].address) == 0
+    assert reserved_bytes(tiny.address) == 0

@@ -175,3 +175,34 @@ def test_the_cuda_check_script_runs_end_to_end_as_a_dry_run_on_cpu(tiny_dir):
     assert summary["dry_run"] and set(summary["checks"]) >= {
         "cuda_provider_active", "every_node_on_the_provider", "kv_on_device",
         "greedy_equal_prompt_0"}
+
+
+def test_more_sequences_than_arena_rows_wait_for_a_row_and_all_complete(tiny_dir):
+    """Submitted together, 7 sequences on an arena of 3 rows: the ones without a row wait
+    in the queue (their KV was charged; a row frees as others finish), never fail."""
+    import threading
+
+    from worker_service.core.sequence import Completed
+
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2, max_batch_rows=3)) as engine:
+        assert engine.max_batch_rows == 3
+        prompts = [tuple(engine.tokenizer.encode(f"Story number {i} begins")) for i in range(7)]
+        alone = [engine.generate(SequenceRequest(f"alone-{i}", p, 12, min_new_tokens=12)).token_ids
+                 for i, p in enumerate(prompts)]
+        ends: dict[int, object] = {}
+        done = threading.Event()
+
+        def on_event(i: int):
+            def record(event) -> None:
+                if isinstance(event, Completed) or type(event).__name__ in ("Failed", "Cancelled"):
+                    ends[i] = event
+                    if len(ends) == len(prompts):
+                        done.set()
+            return record
+
+        for i, p in enumerate(prompts):
+            engine.submit(SequenceRequest(f"together-{i}", p, 12, min_new_tokens=12), on_event(i))
+        assert done.wait(60)
+        assert [type(ends[i]).__name__ for i in range(7)] == ["Completed"] * 7, ends
+        assert [ends[i].token_ids for i in range(7)] == alone
+        assert engine.runner.largest_batch <= 3

@@ -83,13 +83,26 @@ def test_waiting_sequences_join_in_arrival_order_and_a_blocked_head_is_not_overt
     startable = {"ok": False}
     big, small = FakeSeq(prompt_tokens=8), FakeSeq(prompt_tokens=2)
     scheduler = StepScheduler(max_prefill_tokens=64,
-                              can_start=lambda seq: seq is not big or startable["ok"])
+                              can_start=lambda seq, starting: seq is not big or startable["ok"])
     scheduler.add(big)
     scheduler.add(small)
     assert run_step(scheduler).empty  # the head cannot start: nobody passes it
     startable["ok"] = True
     plan = run_step(scheduler)
     assert [c.seq for c in plan.prefills] == [big, small]
+
+
+def test_can_start_counts_the_sequences_starting_in_the_same_step():
+    """Rows are taken when the step runs: three free rows start three of five, not five."""
+    rows_free = 3
+    seqs = [FakeSeq(prompt_tokens=2) for _ in range(5)]
+    scheduler = StepScheduler(max_prefill_tokens=64,
+                              can_start=lambda seq, starting: len(starting) < rows_free)
+    for seq in seqs:
+        scheduler.add(seq)
+    plan = run_step(scheduler)
+    assert [c.seq for c in plan.prefills] == seqs[:3]
+    assert list(scheduler.waiting) == seqs[3:]
 
 
 def test_remove_takes_a_sequence_out_wherever_it_is():

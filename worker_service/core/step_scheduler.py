@@ -67,12 +67,15 @@ class StepScheduler:
     """FIFO admission into `running`, chunked prefill, batched decode. Engine thread only."""
 
     def __init__(self, max_prefill_tokens: int = 512, max_batch: int | None = None,
-                 can_start: Callable[[Schedulable], bool] = lambda seq: True) -> None:
+                 can_start: Callable[[Schedulable, list[Schedulable]], bool] =
+                 lambda seq, starting: True) -> None:
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         self.max_prefill_tokens = max_prefill_tokens
         self.max_batch = max_batch  # None: every decoding sequence in one run
-        self._can_start = can_start  # e.g. a free row in the KV layout
+        # Whether a sequence can start now besides those starting in the same step (e.g. a
+        # free row in the KV layout: rows are taken when the step runs, after this pass).
+        self._can_start = can_start
         self.waiting: deque[Schedulable] = deque()
         self.running: list[Schedulable] = []
 
@@ -105,9 +108,11 @@ class StepScheduler:
                 budget -= n
         # FIFO: a waiting sequence that cannot start blocks the ones behind it,
         # so a large request is not overtaken forever by small ones.
-        while budget > 0 and self.waiting and self._can_start(self.waiting[0]):
+        starting: list[Schedulable] = []
+        while budget > 0 and self.waiting and self._can_start(self.waiting[0], starting):
             seq = self.waiting.popleft()
             self.running.append(seq)
+            starting.append(seq)
             n = min(seq.num_pending_tokens, budget)
             chunks.append(PrefillChunk(seq, n, first=seq.num_computed_tokens == 0))
             budget -= n

@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import math
 import mmap
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,9 +158,13 @@ class KVArena:
 
     # --- allocate / free -----------------------------------------------------
 
-    def can_allocate(self, max_tokens: int) -> bool:
-        return (len(self._rows) < self.max_rows and 1 <= max_tokens <= self.spec.context_length
-                and self.charged_bytes() + self.bytes_for(max_tokens) <= self.capacity_bytes)
+    def can_allocate(self, max_tokens: int, also: Sequence[int] = ()) -> bool:
+        """Whether a row of `max_tokens` fits now, after rows for `also` (token counts of
+        rows about to be allocated)."""
+        return (len(self._rows) + len(also) < self.max_rows
+                and 1 <= max_tokens <= self.spec.context_length
+                and self.charged_bytes() + sum(map(self.bytes_for, also))
+                + self.bytes_for(max_tokens) <= self.capacity_bytes)
 
     def allocate(self, max_tokens: int) -> int:
         """A new row (the next index) for a sequence of up to max_tokens tokens."""

@@ -53,7 +53,7 @@ class ModelRunner:
     largest_batch = 1
     ort_cpu_s = 0.0  # CPU seconds of this thread inside session runs (as BatchRunner's)
 
-    def can_start(self, seq: Sequence) -> bool:
+    def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
         return True  # its buffer was charged at submit; it is made on first use
 
     def run(self, plan: StepPlan) -> StepOutput:
@@ -160,8 +160,8 @@ class BatchedModelRunner:
     def ort_cpu_s(self) -> float:
         return self.batch.ort_cpu_s
 
-    def can_start(self, seq: Sequence) -> bool:
-        return self.arena.can_allocate(seq.kv.max_tokens)
+    def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
+        return self.arena.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])
 
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()

@@ -62,8 +62,9 @@ class Runner(Protocol):
         """CPU seconds the engine thread has spent inside ORT session runs (for the bench)."""
         ...
 
-    def can_start(self, seq: Sequence) -> bool:
-        """Whether the sequence can join the running ones now (e.g. a free KV row)."""
+    def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
+        """Whether the sequence can join the running ones now, besides `starting` (those
+        joining in the same step, whose rows are not taken yet): e.g. a free KV row."""
         ...
 
     def run(self, plan: StepPlan) -> StepOutput:
