@@ -3,7 +3,7 @@
 The scheduler admits (lease, cap, queue) and relays no token; the gateway reads
 the worker's stream itself, on the one Worker.Relay call it keeps per worker
 (ortserve/relay_client.py: one message per engine step for all its streams
-there; a worker without Relay, or tracing on, gets a Generate call each). Errors are the relayed path's (a REJECTED Admit
+there; a worker without Relay gets a Generate call each). Errors are the relayed path's (a REJECTED Admit
 becomes the status Scheduler.Generate ends with; a worker's failure is worded as
 the scheduler's relay words it: ortserve_client.direct), so the HTTP mapping
 (errors.from_grpc) is one. The worker's own Admission is awaited before the
@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from ortserve_client.direct import SERVER_BOUND_MS, rejection_status, relabelled, worker_failure
 
-from ortserve import tracing
 from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
@@ -74,8 +73,7 @@ class DirectStream:
 
 class Workers:
     """The gateway's channels to workers, one per address, opened on first use; on each,
-    one Relay call for every stream (a Generate call each while tracing: a call carries
-    one trace context)."""
+    one Relay call for every stream."""
 
     def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
         self._credentials = credentials
@@ -90,8 +88,7 @@ class Workers:
                 "/ortserve.v1.Worker/Generate",
                 request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
                 response_deserializer=None)  # None: the frames' bytes, as the Relay's
-            start = per_request if tracing.enabled() else RelayCall(
-                channel, address, fallback=per_request).generate
+            start = RelayCall(channel, address, fallback=per_request).generate
             self._calls[address] = (channel, start)
         return self._calls[address][1](request, timeout=timeout)
 

@@ -23,6 +23,7 @@ import contextlib
 import grpc
 import structlog
 
+from ortserve import tracing
 from ortserve.error_path import error_of_status
 from ortserve.relay_frames import CHUNK_TAG, merge_chunks
 from ortserve.v1 import worker_pb2
@@ -179,7 +180,8 @@ class RelayCall:
         if timeout is not None:
             stream.expire_in(timeout)
         self._streams[stream.stream_id] = stream
-        self._outbox.put_nowait(worker_pb2.RelayRequest(stream_id=stream.stream_id, start=request))
+        self._outbox.put_nowait(worker_pb2.RelayRequest(
+            stream_id=stream.stream_id, start=request, trace_context=tracing.trace_context()))
         return stream
 
     def cancel(self, stream_id: int) -> None:

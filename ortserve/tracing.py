@@ -31,7 +31,9 @@ _tracer = None
 
 FLAG = "--otlp-traces-endpoint"
 # Periodic or probing RPCs: a trace of their own each time, and nothing to follow.
-UNTRACED_METHODS = ("Heartbeat",)
+# Worker.Relay carries many requests for its whole life: each of them is traced instead
+# (trace_context() on the caller's side, span_from() on the worker's).
+UNTRACED_METHODS = ("Heartbeat", "Relay")
 UNTRACED_SERVICE_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
 
 
@@ -159,6 +161,32 @@ def span(name: str, **attributes: object) -> Iterator[None]:
         yield
         return
     with _tracer.start_as_current_span(name, attributes=_clean(attributes)):
+        yield
+
+
+def trace_context() -> dict[str, str]:
+    """The current span's W3C trace context as a mapping ({} when off): what a request
+    carries where the call's metadata cannot (RelayRequest.trace_context)."""
+    if not _enabled:
+        return {}
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextmanager
+def span_from(carrier: Mapping[str, str], name: str) -> Iterator[None]:
+    """A server span named `name` in the trace `carrier` names (trace_context()'s), current
+    inside the block: the worker's side of one request on a Relay call."""
+    if not _enabled:
+        yield
+        return
+    from opentelemetry import propagate, trace
+
+    with _tracer.start_as_current_span(name, context=propagate.extract(dict(carrier)),
+                                       kind=trace.SpanKind.SERVER):
         yield
 
 

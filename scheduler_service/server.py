@@ -11,7 +11,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
-from ortserve import ports, tls, tracing
+from ortserve import ports, tls
 from ortserve.auth import ApiKeyInterceptor
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
@@ -104,14 +104,8 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
         log.info("metrics serving", address=f"{config.host}:{metrics_port}", path="/metrics")
     files = config.tls
     files.check("ortserve-scheduler", need_ca=True)  # the internal port is mutual TLS
-    # NOTE: traced, each relayed request is a Worker.Generate call of its own: the trace
-    # context travels in a call's metadata, and a shared Relay call has one for all.
-    shared_relay = config.relay_calls == "shared" and not tracing.enabled()
-    if config.relay_calls == "shared" and not shared_relay:
-        log.info("tracing is on: relayed requests go as a Worker.Generate call each "
-                 "(--relay-calls shared needs tracing off)")
     workers = WorkerClients(tls.channel_credentials(files.ca, files.cert, files.key)
-                            if files.enabled else None, shared_relay=shared_relay)
+                            if files.enabled else None, shared_relay=config.relay_calls == "shared")
     if not config.api_keys.enabled and not tls.is_loopback(config.host):
         log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
                     "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
+from ortserve import tracing
 from ortserve.error_path import parse_request, status_bytes
 from ortserve.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2, worker_pb2
@@ -107,7 +108,8 @@ class RelayCall:
                                         "call; number each request anew", field="stream_id"),
                             METHOD)))
                         continue
-                    task = asyncio.create_task(self._serve_one(stream_id, request.start))
+                    task = asyncio.create_task(self._serve_one(stream_id, request.start,
+                                                               dict(request.trace_context)))
                     # NOTE: a callback, not the coroutine's finally: a task cancelled before
                     # it first runs never runs its body (its lease was never claimed).
                     task.add_done_callback(lambda _, stream_id=stream_id: self._forget(stream_id))
@@ -120,12 +122,16 @@ class RelayCall:
             self._reading = False
             self._ready.set()
 
-    async def _serve_one(self, stream_id: int, request: worker_pb2.WorkerGenerateRequest) -> None:
+    async def _serve_one(self, stream_id: int, request: worker_pb2.WorkerGenerateRequest,
+                         trace_context: dict[str, str]) -> None:
         try:
-            async with contextlib.aclosing(self._generate(request)) as events:
-                async for event in events:
-                    self._push(worker_pb2.RelayFrame(stream_id=stream_id,
-                                                     event=event.SerializeToString()))
+            # The request's spans (claim, prefill, decode) under a Generate span of its own,
+            # in its caller's trace: what a Generate call of its own would record.
+            with tracing.span_from(trace_context, "/ortserve.v1.Worker/Generate"):
+                async with contextlib.aclosing(self._generate(request)) as events:
+                    async for event in events:
+                        self._push(worker_pb2.RelayFrame(stream_id=stream_id,
+                                                         event=event.SerializeToString()))
             self._push(worker_pb2.RelayFrame(stream_id=stream_id, end=True))
         except asyncio.CancelledError:
             pass  # cancelled by the caller, who expects nothing more for it

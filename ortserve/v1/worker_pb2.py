@@ -25,35 +25,39 @@ _sym_db = _symbol_database.Default()
 from ortserve.v1 import types_pb2 as ortserve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ortserve/v1/worker.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"<\n\x14WorkerSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\x86\x01\n\x15WorkerGenerateRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12-\n\x07request\x18\x02 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\nsession_id\x18\x04 \x01(\t\"r\n\x0cRelayRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x33\n\x05start\x18\x02 \x01(\x0b\x32\".ortserve.v1.WorkerGenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x42\x08\n\x06\x61\x63tion\"6\n\x0bRelayFrames\x12\'\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x17.ortserve.v1.RelayFrame\"Z\n\nRelayFrame\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x0f\n\x05\x65vent\x18\x02 \x01(\x0cH\x00\x12\r\n\x03\x65nd\x18\x03 \x01(\x08H\x00\x12\x10\n\x06status\x18\x04 \x01(\x0cH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\"\x8b\x05\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x12\n\nheld_bytes\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x18\n\x10requested_device\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0b \x01(\t\x12\x12\n\nnum_layers\x18\x0c \x01(\r\x12\x10\n\x08kv_heads\x18\r \x01(\r\x12\x10\n\x08head_dim\x18\x0e \x01(\r\x12\x10\n\x08kv_dtype\x18\x0f \x01(\t\x12\x15\n\reos_token_ids\x18\x10 \x03(\r\x12\x12\n\nvocab_size\x18\x11 \x01(\r\x12\x18\n\x10intra_op_threads\x18\x12 \x01(\r\x12\x18\n\x10\x61\x63tive_sequences\x18\x13 \x01(\r\x12\x11\n\tkv_layout\x18\x14 \x01(\t\x12\x12\n\nbatch_rows\x18\x15 \x01(\r\x12\x16\n\x0emax_batch_rows\x18\x16 \x01(\r\x12\x15\n\rlargest_batch\x18\x17 \x01(\r\x12G\n\x11nodes_by_provider\x18\x18 \x03(\x0b\x32,.ortserve.v1.WorkerInfo.NodesByProviderEntry\x12\x0f\n\x07version\x18\x19 \x01(\t\x1a\x36\n\x14NodesByProviderEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"@\n\x0fTokenizeRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\"=\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r2\x9e\x05\n\x06Worker\x12L\n\x08Generate\x12\".ortserve.v1.WorkerGenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12@\n\x05Relay\x12\x19.ortserve.v1.RelayRequest\x1a\x18.ortserve.v1.RelayFrames(\x01\x30\x01\x12\x39\n\x04Info\x12\x18.ortserve.v1.InfoRequest\x1a\x17.ortserve.v1.WorkerInfo\x12G\n\x08Tokenize\x12\x1c.ortserve.v1.TokenizeRequest\x1a\x1d.ortserve.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.ortserve.v1.DetokenizeRequest\x1a\x1f.ortserve.v1.DetokenizeResponse\x12J\n\x0bOpenSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12I\n\nGetSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12M\n\x0eSwapOutSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12K\n\x0c\x43loseSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ortserve/v1/worker.proto\x12\x0bortserve.v1\x1a\x17ortserve/v1/types.proto\"<\n\x14WorkerSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"\x86\x01\n\x15WorkerGenerateRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12-\n\x07request\x18\x02 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x12\n\nsession_id\x18\x04 \x01(\t\"\xeb\x01\n\x0cRelayRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x33\n\x05start\x18\x02 \x01(\x0b\x32\".ortserve.v1.WorkerGenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x42\n\rtrace_context\x18\x04 \x03(\x0b\x32+.ortserve.v1.RelayRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"6\n\x0bRelayFrames\x12\'\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x17.ortserve.v1.RelayFrame\"Z\n\nRelayFrame\x12\x11\n\tstream_id\x18\x01 \x01(\x04\x12\x0f\n\x05\x65vent\x18\x02 \x01(\x0cH\x00\x12\r\n\x03\x65nd\x18\x03 \x01(\x08H\x00\x12\x10\n\x06status\x18\x04 \x01(\x0cH\x00\x42\x07\n\x05\x66rame\"\r\n\x0bInfoRequest\"\x8b\x05\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmodel_dir\x18\x03 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x04 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\x05 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x06 \x01(\x04\x12\x12\n\nheld_bytes\x18\x07 \x01(\x04\x12\x14\n\x0c\x62lock_tokens\x18\x08 \x01(\r\x12\x18\n\x10requested_device\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0b \x01(\t\x12\x12\n\nnum_layers\x18\x0c \x01(\r\x12\x10\n\x08kv_heads\x18\r \x01(\r\x12\x10\n\x08head_dim\x18\x0e \x01(\r\x12\x10\n\x08kv_dtype\x18\x0f \x01(\t\x12\x15\n\reos_token_ids\x18\x10 \x03(\r\x12\x12\n\nvocab_size\x18\x11 \x01(\r\x12\x18\n\x10intra_op_threads\x18\x12 \x01(\r\x12\x18\n\x10\x61\x63tive_sequences\x18\x13 \x01(\r\x12\x11\n\tkv_layout\x18\x14 \x01(\t\x12\x12\n\nbatch_rows\x18\x15 \x01(\r\x12\x16\n\x0emax_batch_rows\x18\x16 \x01(\r\x12\x15\n\rlargest_batch\x18\x17 \x01(\r\x12G\n\x11nodes_by_provider\x18\x18 \x03(\x0b\x32,.ortserve.v1.WorkerInfo.NodesByProviderEntry\x12\x0f\n\x07version\x18\x19 \x01(\t\x1a\x36\n\x14NodesByProviderEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"@\n\x0fTokenizeRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.ortserve.v1.GenerateRequest\"=\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r2\x9e\x05\n\x06Worker\x12L\n\x08Generate\x12\".ortserve.v1.WorkerGenerateRequest\x1a\x1a.ortserve.v1.GenerateEvent0\x01\x12@\n\x05Relay\x12\x19.ortserve.v1.RelayRequest\x1a\x18.ortserve.v1.RelayFrames(\x01\x30\x01\x12\x39\n\x04Info\x12\x18.ortserve.v1.InfoRequest\x1a\x17.ortserve.v1.WorkerInfo\x12G\n\x08Tokenize\x12\x1c.ortserve.v1.TokenizeRequest\x1a\x1d.ortserve.v1.TokenizeResponse\x12M\n\nDetokenize\x12\x1e.ortserve.v1.DetokenizeRequest\x1a\x1f.ortserve.v1.DetokenizeResponse\x12J\n\x0bOpenSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12I\n\nGetSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12M\n\x0eSwapOutSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfo\x12K\n\x0c\x43loseSession\x12!.ortserve.v1.WorkerSessionRequest\x1a\x18.ortserve.v1.SessionInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ortserve.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_RELAYREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_RELAYREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._loaded_options = None
   _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSESSIONREQUEST']._serialized_start=66
   _globals['_WORKERSESSIONREQUEST']._serialized_end=126
   _globals['_WORKERGENERATEREQUEST']._serialized_start=129
   _globals['_WORKERGENERATEREQUEST']._serialized_end=263
-  _globals['_RELAYREQUEST']._serialized_start=265
-  _globals['_RELAYREQUEST']._serialized_end=379
-  _globals['_RELAYFRAMES']._serialized_start=381
-  _globals['_RELAYFRAMES']._serialized_end=435
-  _globals['_RELAYFRAME']._serialized_start=437
-  _globals['_RELAYFRAME']._serialized_end=527
-  _globals['_INFOREQUEST']._serialized_start=529
-  _globals['_INFOREQUEST']._serialized_end=542
-  _globals['_WORKERINFO']._serialized_start=545
-  _globals['_WORKERINFO']._serialized_end=1196
-  _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._serialized_start=1142
-  _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._serialized_end=1196
-  _globals['_TOKENIZEREQUEST']._serialized_start=1198
-  _globals['_TOKENIZEREQUEST']._serialized_end=1262
-  _globals['_TOKENIZERESPONSE']._serialized_start=1264
-  _globals['_TOKENIZERESPONSE']._serialized_end=1325
-  _globals['_WORKER']._serialized_start=1328
-  _globals['_WORKER']._serialized_end=1998
+  _globals['_RELAYREQUEST']._serialized_start=266
+  _globals['_RELAYREQUEST']._serialized_end=501
+  _globals['_RELAYREQUEST_TRACECONTEXTENTRY']._serialized_start=440
+  _globals['_RELAYREQUEST_TRACECONTEXTENTRY']._serialized_end=491
+  _globals['_RELAYFRAMES']._serialized_start=503
+  _globals['_RELAYFRAMES']._serialized_end=557
+  _globals['_RELAYFRAME']._serialized_start=559
+  _globals['_RELAYFRAME']._serialized_end=649
+  _globals['_INFOREQUEST']._serialized_start=651
+  _globals['_INFOREQUEST']._serialized_end=664
+  _globals['_WORKERINFO']._serialized_start=667
+  _globals['_WORKERINFO']._serialized_end=1318
+  _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._serialized_start=1264
+  _globals['_WORKERINFO_NODESBYPROVIDERENTRY']._serialized_end=1318
+  _globals['_TOKENIZEREQUEST']._serialized_start=1320
+  _globals['_TOKENIZEREQUEST']._serialized_end=1384
+  _globals['_TOKENIZERESPONSE']._serialized_start=1386
+  _globals['_TOKENIZERESPONSE']._serialized_end=1447
+  _globals['_WORKER']._serialized_start=1450
+  _globals['_WORKER']._serialized_end=2120
 # @@protoc_insertion_point(module_scope)

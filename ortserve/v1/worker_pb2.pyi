@@ -28,14 +28,23 @@ class WorkerGenerateRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class RelayRequest(_message.Message):
-    __slots__ = ("stream_id", "start", "cancel")
+    __slots__ = ("stream_id", "start", "cancel", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     start: WorkerGenerateRequest
     cancel: bool
-    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[WorkerGenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[WorkerGenerateRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RelayFrames(_message.Message):
     __slots__ = ("frames",)
