@@ -37,6 +37,9 @@ def test_every_helper_is_a_no_op_when_off():
     tracing.record("prefill", 1, 2, prompt_tokens=3)
     with tracing.span("claim", lease_id="l"):
         pass
+    assert tracing.trace_context() == {}  # a RelayRequest carries nothing
+    with tracing.span_from({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, "x"):
+        pass
 
 
 def test_each_service_takes_vllms_flag_and_its_environment_variable(monkeypatch, tmp_path):
