@@ -1,9 +1,10 @@
-"""Worker.Relay: the scheduler's relayed requests on one call, their events sent per step.
+"""Worker.Relay: a caller's requests on one call, their events sent per engine step.
 
 A Worker.Generate call per request costs a gRPC message per token and request,
 paid in Python on both ends (~100 us each on the worker's event loop and the
-scheduler's, issue 28). On one Relay call the scheduler starts and cancels
-all of its requests to this worker, and every event that is ready when the
+caller's, issue 28). On one Relay call a caller (the scheduler's relay, the
+gateway's two-step path: ortserve/relay_client.py) starts and cancels all of
+its requests to this worker, and every event that is ready when the
 call's writer runs (an engine step's tokens for all of them) leaves as one
 RelayFrames message.
 
@@ -22,14 +23,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-import structlog
-
 from ortserve import tracing
 from ortserve.error_path import parse_request, status_bytes
 from ortserve.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2, worker_pb2
-
-log = structlog.get_logger("relay_call")
 
 METHOD = "/ortserve.v1.Worker/Relay"
 
