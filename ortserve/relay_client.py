@@ -140,11 +140,10 @@ class RelayedStream:
         """The worker has no Relay (an older version during a rolling upgrade): this request
         goes as a Generate call of its own, as will the next ones to that worker."""
         self._owner.unsupported = True
-        if self._timer is not None:
-            self._timer.cancel()
-        remaining = None
+        remaining = None  # the caller's deadline passes to the call
         if self._timer is not None:
             remaining = max(self._timer.when() - asyncio.get_running_loop().time(), 0.0)
+            self._timer.cancel()
         self._call = self._owner.fallback(self._request, timeout=remaining)
         self._call_frames = self._call.__aiter__()
         return await self._call_frames.__anext__()
