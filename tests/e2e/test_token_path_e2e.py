@@ -186,3 +186,41 @@ def test_many_streams_with_random_cancels_end_complete_or_cancelled_and_hold_not
         time.sleep(0.02)
     assert worker_held_bytes(tiny.worker_services[0].address) == 0
     assert reserved_bytes(tiny.address) == 0
+
+
+def test_a_worker_killed_and_restarted_on_its_port_serves_again_on_a_new_relay_call(
+        tmp_path_factory):
+    """kill -9 of the worker fails the streams on its Relay call UNAVAILABLE; the same
+    worker back on the same address registers, and the next request opens a new call."""
+    from devtools.cluster import wait_serving
+
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-worker-restart")).start()
+    try:
+        old = cluster.worker_services[0]
+        port = old.address.rsplit(":", 1)[1]
+        with Client(cluster.address, timeout_s=60) as client:
+            want = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
+            streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
+                       for p in prompts()[:3]]
+            for stream in streams:
+                next(stream)
+            old.process.kill()
+            old.process.wait(10)
+            for stream in streams:
+                with pytest.raises(GenerationFailed) as failure:
+                    for _ in stream:
+                        pass
+                assert failure.value.code.name == "UNAVAILABLE", failure.value
+            cluster.services.remove(old)
+            wait_serving(cluster.start_worker(0, ["--port", port]))  # SERVING once registered
+            again = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
+            assert again.token_ids == want.token_ids
+        deadline = time.monotonic() + 10
+        while reserved_bytes(cluster.address) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reserved_bytes(cluster.address) == 0  # the killed worker's leases went with it
+        assert cluster.services[0].log_path.read_text().count("relay call opened") == 2
+    finally:
+        cluster.stop()
