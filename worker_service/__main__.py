@@ -81,6 +81,11 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
+    p.add_argument("--max-batch-rows", type=int,
+                   default=int(_env("ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows)),
+                   help="the most sequences running at once (the CPU KV arena's rows); admitted "
+                        "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
+                        "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -109,6 +114,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
     a = p.parse_args(argv)
+    if not 1 <= a.max_batch_rows <= 1024:
+        p.error(f"--max-batch-rows {a.max_batch_rows}: give 1 to 1024 (sequences running at once)")
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")
@@ -151,7 +158,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
         kv_capacity_bytes=kv_capacity_bytes,
-        kv_capacity_fraction=fraction, drain_timeout_s=a.drain_timeout_s,
+        kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
+        drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         log_level=a.log_level, log_json=a.log_json, tls=tls,
         otlp_traces_endpoint=a.otlp_traces_endpoint,

@@ -22,6 +22,9 @@ class WorkerConfig:
     intra_op_spinning: bool = True  # ORT's pool threads spin-wait between parallel sections
     kv_capacity_bytes: int | None = None  # None -> kv_capacity_fraction of available memory (--kv-capacity)
     kv_capacity_fraction: float = 0.2
+    # The KV arena's rows: the most sequences running at once; admitted ones beyond wait
+    # in the engine's queue for a row (--max-batch-rows).
+    max_batch_rows: int = 32
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)

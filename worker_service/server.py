@@ -123,6 +123,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
                                  intra_op_spinning=config.intra_op_spinning,
+                                 max_batch_rows=config.max_batch_rows,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes)

@@ -224,3 +224,37 @@ def test_a_worker_killed_and_restarted_on_its_port_serves_again_on_a_new_relay_c
         assert cluster.services[0].log_path.read_text().count("relay call opened") == 2
     finally:
         cluster.stop()
+
+
+def test_a_worker_with_two_rows_runs_six_streams_two_at_a_time_all_complete(tmp_path_factory):
+    """--max-batch-rows 2: six admitted streams, at most two running; the rest wait for a
+    row (their KV reserved) and every one ends with the batch-1 greedy ids."""
+    from ortserve.v1 import worker_pb2
+    from tests.e2e.conftest import worker_stub
+
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           worker_args=["--max-batch-rows", "2"],
+                           log_dir=tmp_path_factory.mktemp("logs-two-rows")).start()
+    try:
+        worker = worker_stub(cluster.worker_services[0].address)
+        assert worker.Info(worker_pb2.InfoRequest(), timeout=10).max_batch_rows == 2
+        with Client(cluster.address, timeout_s=120) as client:
+            alone = [client.generate(p, max_new_tokens=24, min_new_tokens=24).token_ids
+                     for p in prompts()[:6]]
+            got: list = [None] * 6
+
+            def one(i: int) -> None:
+                got[i] = client.generate(prompts()[i], max_new_tokens=24,
+                                         min_new_tokens=24).token_ids
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        assert got == alone
+        assert worker.Info(worker_pb2.InfoRequest(), timeout=10).largest_batch <= 2
+        assert reserved_bytes(cluster.address) == 0
+    finally:
+        cluster.stop()

@@ -74,3 +74,14 @@ def test_shipped_deployments_use_the_new_names():
                  ROOT / "Makefile", *sorted((ROOT / "deploy").rglob("*.yaml"))]:
         text = path.read_text()
         assert "KV_BUDGET" not in text and "--kv-budget" not in text, path
+
+
+def test_max_batch_rows_from_the_flag_or_its_variable_and_out_of_range_names_the_flag(
+        monkeypatch, capsys):
+    assert parse_config(["--model-dir", "m"]).max_batch_rows == 32
+    assert parse_config(["--model-dir", "m", "--max-batch-rows", "64"]).max_batch_rows == 64
+    monkeypatch.setenv("ORTSERVE_WORKER_MAX_BATCH_ROWS", "8")
+    assert parse_config(["--model-dir", "m"]).max_batch_rows == 8
+    with pytest.raises(SystemExit):
+        parse_config(["--model-dir", "m", "--max-batch-rows", "0"])
+    assert "--max-batch-rows 0: give 1 to 1024" in capsys.readouterr().err
