@@ -77,26 +77,19 @@ class Workers:
 
     def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
         self._credentials = credentials
-        self._calls: dict[str, tuple[grpc.aio.Channel, object]] = {}
+        self._calls: dict[str, tuple[grpc.aio.Channel, RelayCall]] = {}
 
     def generate(self, address: str, request: worker_pb2.WorkerGenerateRequest,
                  timeout: float):
         """The worker's stream for `request`: its events as serialized bytes."""
         if address not in self._calls:
             channel = secure_or_insecure_channel(address, self._credentials)
-            per_request = channel.unary_stream(
-                "/ortserve.v1.Worker/Generate",
-                request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
-                response_deserializer=None)  # None: the frames' bytes, as the Relay's
-            start = RelayCall(channel, address, fallback=per_request).generate
-            self._calls[address] = (channel, start)
-        return self._calls[address][1](request, timeout=timeout)
+            self._calls[address] = (channel, RelayCall(channel, address))
+        return self._calls[address][1].generate(request, timeout=timeout)
 
     async def close(self) -> None:
-        for channel, start in self._calls.values():
-            relay = getattr(start, "__self__", None)
-            if isinstance(relay, RelayCall):
-                await relay.close()
+        for channel, relay in self._calls.values():
+            await relay.close()
             await channel.close()
 
 

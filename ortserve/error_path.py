@@ -252,9 +252,11 @@ def _unary(impl, request_class, full):
 
 
 def _streaming(impl, request_class, full):
-    async def handler(raw: bytes, context: grpc.aio.ServicerContext):
+    """A server-streaming handler; with request_class None a bidirectional one, whose
+    implementation reads (and parses) the request stream itself."""
+    async def handler(received, context: grpc.aio.ServicerContext):
         try:
-            request = raw if request_class is None else parse_request(request_class, raw)
+            request = received if request_class is None else parse_request(request_class, received)
             async for item in impl(request, context):
                 yield item
         except grpc.aio.AbortError:

@@ -149,13 +149,22 @@ class RelayedStream:
         return await self._call_frames.__anext__()
 
 
+def generate_call(channel: grpc.aio.Channel):
+    """Worker.Generate on `channel`, its events as the bytes they came in (a call per
+    request: --relay-calls per-request, and the fall-back for a worker without Relay)."""
+    return channel.unary_stream(
+        "/ortserve.v1.Worker/Generate",
+        request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
+        response_deserializer=None)  # None: the frame's bytes as they came
+
+
 class RelayCall:
     """The Relay calls to one worker: at most one open at a time, opened on demand."""
 
-    def __init__(self, channel: grpc.aio.Channel, address: str, fallback) -> None:
+    def __init__(self, channel: grpc.aio.Channel, address: str) -> None:
         self._address = address
-        # A worker without Relay: each request is a call of `fallback` (Worker.Generate).
-        self.fallback = fallback
+        # A worker without Relay: each request is a Worker.Generate call of its own.
+        self.fallback = generate_call(channel)
         self.unsupported = False
         self._method = channel.stream_stream(
             "/ortserve.v1.Worker/Relay",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from ortserve.relay_client import RelayCall
+from ortserve.relay_client import RelayCall, generate_call
 from ortserve.tls import secure_or_insecure_channel
-from ortserve.v1 import worker_pb2, worker_pb2_grpc
+from ortserve.v1 import worker_pb2_grpc
 
 
 class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
@@ -19,12 +19,8 @@ class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
 
     def __init__(self, channel: grpc.aio.Channel, address: str, shared_relay: bool) -> None:
         super().__init__(channel)
-        per_request = channel.unary_stream(
-            "/ortserve.v1.Worker/Generate",
-            request_serializer=worker_pb2.WorkerGenerateRequest.SerializeToString,
-            response_deserializer=None)  # None: the frame's bytes as they came
-        self.relay = RelayCall(channel, address, fallback=per_request) if shared_relay else None
-        self.Generate = self.relay.generate if self.relay is not None else per_request
+        self.relay = RelayCall(channel, address) if shared_relay else None
+        self.Generate = self.relay.generate if self.relay is not None else generate_call(channel)
 
 
 class WorkerClients:
