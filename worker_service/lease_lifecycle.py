@@ -129,7 +129,10 @@ class LeaseStream:
         self._wake: asyncio.Future | None = None  # the reader waiting for _queued
         self._holding = False  # the reader holds tokens for the interval: only an end wakes it
         self._handle = None
-        self._ended = False  # the engine's terminal event for this sequence has arrived
+        self._ended = False  # the engine's terminal event for this sequence has been read
+        # ... or has arrived (its KV is freed before it is sent): a reader cancelled while
+        # it held a taken batch never reads the terminal event that batch carried.
+        self._engine_done = False
         self.log = log.bind(lease_id=lease.lease_id, worker_id=lifecycle.worker_id,
                             request_id=req.request_id)
 
@@ -139,6 +142,8 @@ class LeaseStream:
                                      session_id=self.session_id, checked=True)  # open checked it
 
     def _arrived(self, event: Event) -> None:
+        if isinstance(event, TERMINAL):
+            self._engine_done = True
         self._queued.append(event)
         if self._wake is not None and not self._wake.done() and (
                 not self._holding or isinstance(event, TERMINAL)):
@@ -197,8 +202,13 @@ class LeaseStream:
         """Cancel if still running, wait until the KV is freed, then release the lease once."""
         try:
             if self._handle is not None and not self._ended:
-                self._handle.cancel()
-                await self._drain()
+                if self._engine_done:
+                    # NOTE: not a drain: the terminal event may sit in a batch the cancelled
+                    # reader took and dropped; waiting for it held the lease for 30 s.
+                    self._ended = True
+                else:
+                    self._handle.cancel()
+                    await self._drain()
         finally:
             self._lifecycle._live.pop(self.lease.lease_id, None)
             if self.session_id in self._lifecycle.orphaned:

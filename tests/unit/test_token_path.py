@@ -139,3 +139,43 @@ def test_a_stream_interval_holds_tokens_between_chunks_but_never_the_first_or_th
     free = asyncio.run(run(0.0))
     assert [e for _, e in free if isinstance(e, TokenDelta)] == [
         TokenDelta("s", (i,), "abcdef"[i]) for i in range(6)]  # a reader keeping up: each alone
+
+
+def test_a_reader_cancelled_holding_the_end_closes_at_once_and_releases_once():
+    """The consumer is cancelled after reading a token of a batch that also held the
+    Completed event: close() must not wait for a terminal event that was taken and
+    dropped (it held the lease for CANCEL_WAIT_S, 30 s); the KV is already freed."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from worker_service.core.sequence import Completed, FinishReason
+    from worker_service.lease_lifecycle import LeaseStream
+
+    released: list[str] = []
+
+    async def release(lease_id: str) -> int:
+        released.append(lease_id)
+        return 0
+
+    lifecycle = SimpleNamespace(worker_id="w", _live={}, orphaned=set(),
+                                link=SimpleNamespace(release=release))
+    done = Completed(sequence_id="s", finish_reason=FinishReason.LENGTH, stop_sequence="",
+                     prompt_tokens=1, generated_tokens=1, max_new_tokens=1, queue_ms=0,
+                     prefill_ms=0, ttft_ms=0, decode_ms=0, decode_tokens_per_s=0, total_ms=0,
+                     seed=None, text="a", token_ids=(0,))
+    cancels: list[bool] = []
+
+    async def scenario() -> float:
+        s = LeaseStream(lifecycle, types_pb2.Lease(lease_id="l"), SimpleNamespace(request_id="r"))
+        s._handle = SimpleNamespace(cancel=lambda: cancels.append(True))
+        s._arrived(TokenDelta("s", (0,), "a"))
+        s._arrived(done)  # both queued: the reader takes them as one batch
+        events = s.events()
+        assert await events.__anext__() == TokenDelta("s", (0,), "a")
+        await events.aclose()  # the client went away holding the batch's rest
+        start = asyncio.get_running_loop().time()
+        await asyncio.wait_for(s.close(), 5)
+        return asyncio.get_running_loop().time() - start
+
+    assert asyncio.run(scenario()) < 1.0
+    assert released == ["l"] and cancels == []  # nothing left to cancel: it had ended
