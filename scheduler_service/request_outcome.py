@@ -91,8 +91,9 @@ class RequestOutcome:
     """`with RequestOutcome(...) as outcome:` around one request's handler body.
 
     The handler says `outcome.relaying = True` once its admission is decided and the
-    worker's stream starts, and `outcome.finished(event)` when the Finished goes out;
-    the exit does the rest. `count(rpc, outcome, cause, finished)` is called once.
+    worker's stream starts, and `outcome.finished(event)` when the Finished goes out
+    (counted then); the exit does the rest. `count(rpc, outcome, cause, finished)` is
+    called once.
     """
 
     def __init__(self, rpc: str, time_remaining: Callable[[], float | None],
@@ -105,19 +106,27 @@ class RequestOutcome:
         self.outcome: tuple[str, str] | None = None
 
     def finished(self, finished: types_pb2.Finished) -> None:
+        """Counted now, before the Finished is sent: whatever follows cannot change the
+        outcome (see classify), and a caller that has the Finished and then reads the
+        metrics must find its request counted (the handler's exit runs only when grpc
+        asks the generator for more, after the caller may have read on)."""
         self._finished = finished
+        self._close(None)
 
     def __enter__(self) -> RequestOutcome:
         return self
 
     def __exit__(self, exc_type, error, traceback) -> bool:
+        self._close(error)
+        return False  # the error goes on to the error path
+
+    def _close(self, error: BaseException | None) -> None:
         if self.outcome is None:  # once, whatever calls it
             reason = (finish_reason_label(self._finished.finish_reason)
                       if self._finished is not None else None)
             self.outcome = classify(error, self.relaying, reason, self._time_remaining())
             self._count(self.rpc, *self.outcome, self._finished)
             tracing.annotate(outcome=self.outcome[0], outcome_cause=self.outcome[1])
-        return False  # the error goes on to the error path
 
 
 def request_outcome(rpc: str, context, metrics=None) -> RequestOutcome:

@@ -50,3 +50,15 @@ def test_the_exit_counts_once_with_the_finished_event():
         raise asyncio.CancelledError
     outcome.__exit__(None, None, None)  # a second exit counts nothing
     assert counted == [("generate", "finished", "eos", finished)]
+
+
+def test_a_finished_request_is_counted_before_its_finished_is_sent():
+    # grpc resumes a generator handler (and so runs its exit) only when it asks for the
+    # next item, after the caller may already hold the Finished and read the metrics.
+    counted = []
+    outcome = RequestOutcome("generate", lambda: 5.0, lambda *args: counted.append(args))
+    with outcome:
+        outcome.relaying = True
+        outcome.finished(types_pb2.Finished(finish_reason=types_pb2.LENGTH))
+        assert [args[:3] for args in counted] == [("generate", "finished", "length")]
+    assert len(counted) == 1
