@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from ortserve_client.direct import SERVER_BOUND_MS, rejection_status, relabelled, worker_failure
 
+from ortserve import keepalive
 from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
@@ -83,7 +84,9 @@ class Workers:
                  timeout: float):
         """The worker's stream for `request`: its events as serialized bytes."""
         if address not in self._calls:
-            channel = secure_or_insecure_channel(address, self._credentials)
+            channel = secure_or_insecure_channel(address, self._credentials,
+                                                 options=keepalive.channel_options(
+                                                     keepalive.DEFAULT_INTERVAL_S))
             self._calls[address] = (channel, RelayCall(channel, address))
         return self._calls[address][1].generate(request, timeout=timeout)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ortserve import tracing
+from ortserve import keepalive, tracing
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
@@ -76,7 +76,8 @@ class Upstream:
         self.tls = credentials is not None
         self.timeout_s = request_timeout_s
         self._models_cache_s = models_cache_s
-        self._channel = secure_or_insecure_channel(address, credentials)
+        self._channel = secure_or_insecure_channel(
+            address, credentials, options=keepalive.channel_options(keepalive.DEFAULT_INTERVAL_S))
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         # GetBudget answers per caller key (with API keys on, the scheduler checks

@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 
-from ortserve import banner, ports, tracing
+from ortserve import banner, keepalive, ports, tracing
 from ortserve.auth import load_keys
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
@@ -67,6 +67,13 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="shared: the relayed requests to a worker share one Worker.Relay call "
                         "(one message per engine step for all of them); per-request: a "
                         "Worker.Generate call each (env ORTSERVE_SCHEDULER_RELAY_CALLS)")
+    p.add_argument("--worker-keepalive-s", type=float,
+                   default=_env("worker_keepalive_s", d.worker_keepalive_s),
+                   help="ping each worker's connection this often while requests run on it; "
+                        "one that does not answer within as long (a host gone, a process "
+                        "stopped) fails its streams UNAVAILABLE instead of leaving them to "
+                        f"their deadlines; 0: off, else >= {keepalive.MIN_INTERVAL_S:g} "
+                        "(env ORTSERVE_SCHEDULER_WORKER_KEEPALIVE_S)")
     p.add_argument("--log-level", default=_env("log_level", d.log_level))
     metrics_port = os.environ.get(_ENV + "METRICS_PORT")
     p.add_argument("--metrics-port", type=int, default=int(metrics_port) if metrics_port else None,
@@ -82,6 +89,10 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     if a.max_queue_length < 0 or a.max_queue_wait_s < 0:
         p.error(f"--max-queue-length ({a.max_queue_length}) and --max-queue-wait-s "
                 f"({a.max_queue_wait_s:g}) must be >= 0")
+    try:
+        keepalive.channel_options(a.worker_keepalive_s)
+    except ValueError as error:
+        p.error(f"--worker-keepalive-s: {error}")
     tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
     try:
         tls.check("ortserve-scheduler", need_ca=True)
@@ -95,6 +106,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
                            session_ttl_s=a.session_ttl_s, relay_calls=a.relay_calls,
+                           worker_keepalive_s=a.worker_keepalive_s,
                            otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 

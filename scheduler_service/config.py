@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ortserve import keepalive
 from ortserve.auth import ApiKeys
 from ortserve.tls import TlsFiles
 
@@ -23,6 +24,9 @@ class SchedulerConfig:
     # How relayed requests reach a worker: "shared", one Worker.Relay call per worker
     # carrying them all (one message per step); "per-request", a Worker.Generate call each.
     relay_calls: str = "shared"
+    # gRPC keepalive pings on the channels to workers (ortserve/keepalive.py): a worker
+    # that stops answering fails its streams after about twice this; 0: off.
+    worker_keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port

@@ -11,7 +11,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
-from ortserve import ports, tls
+from ortserve import keepalive, ports, tls
 from ortserve.auth import ApiKeyInterceptor
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
@@ -105,13 +105,14 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     files = config.tls
     files.check("ortserve-scheduler", need_ca=True)  # the internal port is mutual TLS
     workers = WorkerClients(tls.channel_credentials(files.ca, files.cert, files.key)
-                            if files.enabled else None, shared_relay=config.relay_calls == "shared")
+                            if files.enabled else None, shared_relay=config.relay_calls == "shared",
+                            keepalive_s=config.worker_keepalive_s)
     if not config.api_keys.enabled and not tls.is_loopback(config.host):
         log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
                     "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",
                     address=f"{config.host}:{config.port}")
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
-                             options=ports.GRPC_SERVER_OPTIONS)
+                             options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
     session_registry = SessionRegistry()  # the session RPCs' and registration's (restored)
     sessions = SessionRPCs(config, ledger, workers, waiter, registry=session_registry,
                            metrics=metrics)
@@ -124,7 +125,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     # NOTE: a server of its own, not a second port on the same one: a grpc server
     # serves every service on every port, and the point is that the public port
     # has no worker RPCs at all.
-    internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS)
+    internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
     register_service(internal, INTERNAL_SERVICE,
                      SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics,
                                                sessions=session_registry))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from ortserve import keepalive
 from ortserve.relay_client import RelayCall, generate_call
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2_grpc
@@ -25,15 +26,18 @@ class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
 
 class WorkerClients:
     def __init__(self, credentials: grpc.ChannelCredentials | None = None,
-                 shared_relay: bool = True) -> None:
+                 shared_relay: bool = True,
+                 keepalive_s: float = keepalive.DEFAULT_INTERVAL_S) -> None:
         self._credentials = credentials  # TLS towards workers; None: plaintext
         self._shared_relay = shared_relay
+        # A worker gone silent fails its streams in ~2x this, not at their deadlines.
+        self._options = keepalive.channel_options(keepalive_s)
         self._stubs: dict[str, tuple[grpc.aio.Channel, RelayingWorkerStub]] = {}
 
     def stub(self, address: str) -> RelayingWorkerStub:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = secure_or_insecure_channel(address, self._credentials)
+            channel = secure_or_insecure_channel(address, self._credentials, options=self._options)
             entry = (channel, RelayingWorkerStub(channel, address, self._shared_relay))
             self._stubs[address] = entry
         return entry[1]

@@ -226,6 +226,52 @@ def test_a_worker_killed_and_restarted_on_its_port_serves_again_on_a_new_relay_c
         cluster.stop()
 
 
+def test_a_worker_that_stops_answering_fails_its_streams_in_seconds_not_at_their_deadline(
+        tmp_path_factory):
+    """A worker stopped (SIGSTOP: its connection stays open, nothing answers, as with a host
+    gone without a reset) fails the streams on its Relay call UNAVAILABLE once a keepalive
+    ping goes unanswered, long before their 120 s deadline; resumed, it frees their KV and
+    the ledger returns to zero."""
+    import signal
+
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           scheduler_args=["--worker-keepalive-s", "1"],
+                           log_dir=tmp_path_factory.mktemp("logs-worker-stopped")).start()
+    worker = cluster.worker_services[0]
+    try:
+        with Client(cluster.address, timeout_s=120) as client:
+            want = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
+            streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
+                       for p in prompts()[:3]]
+            for stream in streams:
+                next(stream)  # each is running
+            stopped = time.perf_counter()
+            worker.process.send_signal(signal.SIGSTOP)
+            try:
+                for stream in streams:
+                    with pytest.raises(GenerationFailed) as failure:
+                        for _ in stream:
+                            pass
+                    assert failure.value.code.name == "UNAVAILABLE", failure.value
+                    assert worker.address in str(failure.value) or "worker-0" in str(failure.value)
+                failed_s = time.perf_counter() - stopped
+            finally:
+                worker.process.send_signal(signal.SIGCONT)
+            print(f"worker stopped -> its streams failed: {failed_s:.1f} s")
+            assert failed_s < 30  # pings every 1 s, each answered within 1 s or given up
+            deadline = time.monotonic() + 30
+            while ((worker_held_bytes(worker.address) or reserved_bytes(cluster.address))
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            assert worker_held_bytes(worker.address) == 0
+            assert reserved_bytes(cluster.address) == 0
+            again = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
+            assert again.token_ids == want.token_ids
+    finally:
+        cluster.stop()
+
+
 def test_a_worker_with_two_rows_runs_six_streams_two_at_a_time_all_complete(tmp_path_factory):
     """--max-batch-rows 2: six admitted streams, at most two running; the rest wait for a
     row (their KV reserved) and every one ends with the batch-1 greedy ids."""

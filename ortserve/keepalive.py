@@ -1,0 +1,44 @@
+"""gRPC keepalive pings: a peer that vanished without closing its connection is found in
+seconds, not at each call's deadline.
+
+A worker host powered off, a partition, a process stopped (SIGSTOP, a hung VM): TCP
+sees nothing while no data moves, so without pings every stream relayed to that worker
+waits for its caller's deadline (minutes), and a shared Relay call holds them all. An
+HTTP/2 PING unanswered within the timeout makes the channel give the connection up;
+every call on it then fails UNAVAILABLE (the relay names the worker), and the next
+request connects again.
+
+Two ends: a channel pings every `interval_s` while it has calls open (not when idle:
+nothing waits there), and every ortserve server accepts pings that often (a gRPC server
+answers pings more frequent than it allows with GOAWAY "too_many_pings").
+"""
+
+from __future__ import annotations
+
+DEFAULT_INTERVAL_S = 10.0  # a silent peer is given up after about twice this
+MIN_INTERVAL_S = 1.0  # the most frequent pings an ortserve server accepts
+
+# For every grpc server ortserve starts.
+SERVER_OPTIONS = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
+)
+
+
+def channel_options(interval_s: float) -> tuple[tuple[str, int], ...]:
+    """grpc channel options that ping every `interval_s` while calls are open and give the
+    connection up when a ping is not answered within as long; 0: no pings (gRPC's default)."""
+    if interval_s == 0:
+        return ()
+    if interval_s < MIN_INTERVAL_S:
+        raise ValueError(f"a keepalive interval of {interval_s:g} s is below the "
+                         f"{MIN_INTERVAL_S:g} s ortserve's servers accept; use 0 (off) or >= "
+                         f"{MIN_INTERVAL_S:g}")
+    interval_ms = round(interval_s * 1000)
+    return (("grpc.keepalive_time_ms", interval_ms),
+            ("grpc.keepalive_timeout_ms", interval_ms),
+            # Any ping's answer, not only keepalive's: a flow-control (BDP) ping may be
+            # the one in flight when the peer stops, and it waits 60 s by default.
+            ("grpc.http2.ping_timeout_ms", interval_ms),
+            # gRPC stops pinging after 2 pings without a data frame from us; a relay that
+            # only receives (a long generation) would then be unwatched.
+            ("grpc.http2.max_pings_without_data", 0))
