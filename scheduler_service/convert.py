@@ -123,7 +123,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
     return pb
 
 
-def lease_from_pb(pb: types_pb2.Lease, now: float) -> Lease:
+def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lease:
     return Lease(
         lease_id=pb.lease_id,
         worker_id=pb.worker_id,
@@ -135,7 +135,15 @@ def lease_from_pb(pb: types_pb2.Lease, now: float) -> Lease:
         created_at=now - pb.age_s,
         claimed=True,
         claimed_at=now,
+        session=session,
     )
+
+
+def live_leases_from_pb(pb: scheduler_pb2.RegisterWorkerRequest, now: float) -> list[Lease]:
+    """A registering worker's live leases, its sessions' marked as such."""
+    sessions = {session.lease_id for session in pb.live_sessions}
+    return [lease_from_pb(lease, now, session=lease.lease_id in sessions)
+            for lease in pb.live_leases]
 
 
 def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
@@ -151,6 +159,7 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         vocab_size=pb.vocab_size,
         version=pb.version,
         device=pb.device,
+        max_batch_rows=pb.max_batch_rows,
     )
 
 

@@ -45,7 +45,7 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         request_rules.bounded("address", request.address, request_rules.MAX_ADDRESS_CHARS)
         geometry = convert.geometry_from_pb(request)
         now = time.monotonic()
-        leases = [convert.lease_from_pb(pb, now) for pb in request.live_leases]
+        leases = convert.live_leases_from_pb(request, now)
         previous = self._ledger.geometry(geometry.worker_id)
         refused = self._ledger.register(geometry, leases)  # raises WORKER_ID_IN_USE
         # The worker's sessions, once their leases are back (a restart left none here).

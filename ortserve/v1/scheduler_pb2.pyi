@@ -172,7 +172,7 @@ class ModelBudget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions")
+    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class RegisterWorkerRequest(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -199,7 +200,8 @@ class RegisterWorkerRequest(_message.Message):
     version: str
     device: str
     live_sessions: _containers.RepeatedCompositeFieldContainer[LiveSession]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ...) -> None: ...
+    max_batch_rows: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ..., max_batch_rows: _Optional[int] = ...) -> None: ...
 
 class LiveSession(_message.Message):
     __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens", "tools")

@@ -344,7 +344,7 @@ class Ledger:
                                                     w.geometry.worker_id))
             lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
                           request_id=request_id, prompt_tokens=0, max_new_tokens=0,
-                          reserved_bytes=0, created_at=self._clock())
+                          reserved_bytes=0, created_at=self._clock(), session=True)
             self._hold(worker, lease)
             return lease
 

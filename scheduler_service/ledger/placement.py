@@ -2,10 +2,11 @@
 
 Also which leases a re-registering worker takes back. The ledger calls these
 under its lock with its workers' state; nothing here reserves anything.
-Balance over packing: a request that fits whole goes to the worker whose prefix
-cache holds the longest prefix of its prompt, then to the one with the most
-free bytes; otherwise to the one where the cap is largest. Only workers
-serving the request's model are ever considered (resolve_model names it).
+Balance over packing: a request that fits whole goes to a worker with a batch row
+free (one whose rows are all taken would queue it behind a whole generation),
+then to the one whose prefix cache holds the longest prefix of its prompt, then to
+the one with the most free bytes; otherwise to the one where the cap is largest.
+Only workers serving the request's model are ever considered (resolve_model names it).
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     options = [option(req, w) for w in in_context]
     whole = [o for o in options if o.fits_whole]
     if whole:
-        # NOTE: a cached prefix first (seconds of prefill saved, docs/prefix-cache.md),
-        # then spread whole fits over workers (most free bytes first): decode speed
+        # NOTE: a free row first (where all are taken it waits a whole generation),
+        # then a cached prefix (seconds of prefill saved, docs/prefix-cache.md), then spread whole fits over workers (most free bytes first): decode speed
         # per worker is the bottleneck, so balance beats packing here.
         best = max(whole, key=lambda o: (
+            has_free_row(o.worker),
             o.worker.prefix.cached_tokens(req, o.worker.geometry.block_tokens),
             o.worker.available_bytes, -len(o.worker.leases), o.worker.geometry.worker_id))
         g = best.worker.geometry
@@ -110,6 +112,17 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     )
     cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
     return reject(req, cause, options, retry_after_s=retry_after_s)
+
+
+def has_free_row(worker) -> bool:
+    """Whether a sequence placed on `worker` now starts at once: fewer of its leases
+    need a row (sessions' leases hold KV between turns, out of the batch) than it has
+    rows. Unknown limits (0) count as free."""
+    rows = worker.geometry.max_batch_rows
+    if not rows:
+        return True
+    return sum(1 for lease in worker.leases.values() if not lease.session) < rows
+
 
 def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
     """ADMITTED, CAPPED or REJECTED for `req` on this one worker, whose context it fits.

@@ -47,6 +47,9 @@ class WorkerGeometry:
     vocab_size: int = 0  # 0: unknown (token-id prompts then go through Tokenize)
     version: str = ""  # the worker's ortserve version, reported, not acted on
     device: str = ""  # the device it resolved ("cpu", "cuda:0"), reported
+    # The most sequences it runs at once; admitted ones beyond wait there for a row.
+    # 0: no limit (a layout without rows, or an older worker that does not say).
+    max_batch_rows: int = 0
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -146,6 +149,9 @@ class Lease:
     created_at: float = 0.0
     claimed: bool = False
     claimed_at: float = 0.0
+    # A session's lease: it holds the session's KV between turns, out of the worker's
+    # batch rows (placement counts only the others as sequences that need a row).
+    session: bool = False
 
 
 @dataclass(frozen=True)

@@ -304,3 +304,35 @@ def test_a_worker_with_two_rows_runs_six_streams_two_at_a_time_all_complete(tmp_
         assert reserved_bytes(cluster.address) == 0
     finally:
         cluster.stop()
+
+
+def test_placement_sends_a_stream_to_a_worker_with_a_row_free_before_more_free_bytes(
+        tmp_path_factory):
+    """worker-1 has twice worker-0's bytes and one row: the first stream goes there (most
+    free bytes), the second to worker-0, which has a row free, instead of waiting behind
+    the first for worker-1's row."""
+    from devtools.cluster import wait_serving
+
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1,
+                           kv_capacities=["1GiB", "2GiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-rows-placement")).start()
+    try:
+        wait_serving(cluster.start_worker(1, ["--max-batch-rows", "1"]))
+        cluster.wait_registered(2)
+        with Client(cluster.address, timeout_s=120) as client:
+            placed: list[str] = []
+            streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500,
+                                          on_admission=lambda a: placed.append(a.worker_id)))
+                       for p in prompts()[:2]]
+            for stream in streams:
+                next(stream)  # admitted and running
+            assert placed == ["worker-1", "worker-0"]
+            for stream in streams:
+                stream.close()
+        deadline = time.monotonic() + 10
+        while reserved_bytes(cluster.address) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reserved_bytes(cluster.address) == 0
+    finally:
+        cluster.stop()

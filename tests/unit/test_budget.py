@@ -185,6 +185,34 @@ def test_placement_takes_a_whole_fit_and_spreads_over_free_workers():
     assert third.worker.worker_id == "b"  # b has 400 free, a 200
 
 
+def test_placement_prefers_a_worker_with_a_batch_row_free_over_more_free_bytes():
+    # a: more bytes but 2 rows; b: fewer bytes, 8 rows. A sequence beyond a's rows would
+    # wait there for a whole generation while b could start it at once.
+    from dataclasses import replace
+    ledger = ledger_with(replace(geometry("a", capacity_bytes=1_000 * BPT), max_batch_rows=2),
+                         replace(geometry("b", capacity_bytes=500 * BPT), max_batch_rows=8))
+    placed = [ledger.admit(AdmissionRequest(str(i), prompt_tokens=10, max_new_tokens=10))
+              for i in range(4)]
+    assert [a.worker.worker_id for a in placed] == ["a", "a", "b", "b"]
+    ledger.release(placed[0].lease.lease_id, worker_id="a")  # a row frees on a
+    assert ledger.admit(AdmissionRequest("5", prompt_tokens=10,
+                                         max_new_tokens=10)).worker.worker_id == "a"
+
+
+def test_a_sessions_lease_takes_no_row_and_all_rows_busy_still_admits():
+    from dataclasses import replace
+    ledger = ledger_with(replace(geometry("a", capacity_bytes=1_000 * BPT), max_batch_rows=1),
+                         replace(geometry("b", capacity_bytes=500 * BPT), max_batch_rows=1))
+    assert ledger.open_session_lease("s").worker_id == "a"  # idle sessions sit out of the batch
+    assert ledger.admit(AdmissionRequest("1", prompt_tokens=10,
+                                         max_new_tokens=10)).worker.worker_id == "a"
+    assert ledger.admit(AdmissionRequest("2", prompt_tokens=10,
+                                         max_new_tokens=10)).worker.worker_id == "b"
+    # Every row busy: admitted by bytes as before (it waits for a row on its worker).
+    third = ledger.admit(AdmissionRequest("3", prompt_tokens=10, max_new_tokens=10))
+    assert third.decision is Decision.ADMITTED and third.worker.worker_id == "a"
+
+
 def test_placement_without_a_whole_fit_goes_where_the_cap_is_largest():
     ledger = ledger_with(geometry("a", capacity_bytes=300 * BPT), geometry("b", capacity_bytes=500 * BPT))
     adm = ledger.admit(AdmissionRequest("r", prompt_tokens=100))

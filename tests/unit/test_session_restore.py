@@ -156,3 +156,25 @@ def test_a_later_turn_takes_the_sessions_tools_and_may_not_change_them():
     with pytest.raises(InvalidField) as info:
         SessionRPCs._session_tools(session, later)
     assert info.value.field == "request.chat.tools"
+
+
+def test_a_registrations_session_leases_are_marked_and_take_no_batch_row():
+    from scheduler_service import convert
+    from scheduler_service.ledger import placement
+
+    request = scheduler_pb2.RegisterWorkerRequest(
+        worker_id="w1", address="w1:1", model="m", context_length=4_096, bytes_per_token=1_000,
+        capacity_bytes=100_000, max_batch_rows=1,
+        live_leases=[types_pb2.Lease(lease_id="l1", worker_id="w1", reserved_bytes=5_000),
+                     types_pb2.Lease(lease_id="l2", worker_id="w1", reserved_bytes=5_000)],
+        live_sessions=[scheduler_pb2.LiveSession(session_id="s1", lease_id="l1")])
+    leases = convert.live_leases_from_pb(request, now=100.0)
+    assert [(lease.lease_id, lease.session) for lease in leases] == [("l1", True), ("l2", False)]
+    geometry = convert.geometry_from_pb(request)
+    assert geometry.max_batch_rows == 1
+    ledger = Ledger()
+    assert ledger.register(geometry, leases) == []
+    [worker] = ledger._workers.values()
+    assert not placement.has_free_row(worker)  # l2 runs; the session's l1 holds no row
+    ledger.release("l2", worker_id="w1")
+    assert placement.has_free_row(worker)
