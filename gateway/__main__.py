@@ -14,6 +14,7 @@ import os
 import uvicorn
 
 from ortserve import banner, ports, tracing
+from ortserve.env_defaults import boolean, from_env
 from ortserve.logs import configure_logging
 from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.version import package_version
@@ -24,9 +25,8 @@ from .config import GatewayConfig
 _ENV = "ORTSERVE_GATEWAY_"
 
 
-def _env(name: str, default):
-    value = os.environ.get(_ENV + name.upper())
-    return default if value is None else type(default)(value)
+def _env(p: argparse.ArgumentParser, name: str, default, **checks):
+    return from_env(p, _ENV + name.upper(), default, **checks)
 
 
 def parse_config(argv: list[str] | None = None) -> GatewayConfig:
@@ -34,39 +34,36 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     p = argparse.ArgumentParser(prog="ortserve-gateway", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    p.add_argument("--host", default=_env("host", d.host), help="address to bind")
-    p.add_argument("--port", type=int, default=_env("port", d.port), help="HTTP port; 0 picks a free one")
-    p.add_argument("--scheduler", default=_env("scheduler", os.environ.get(
+    p.add_argument("--host", default=_env(p, "host", d.host), help="address to bind")
+    p.add_argument("--port", type=int, default=_env(p, "port", d.port), help="HTTP port; 0 picks a free one")
+    p.add_argument("--scheduler", default=_env(p, "scheduler", os.environ.get(
         "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address)), help="the scheduler's host:port")
-    p.add_argument("--cacert", default=_env("cacert", d.scheduler_cacert),
+    p.add_argument("--cacert", default=_env(p, "cacert", d.scheduler_cacert),
                    help="TLS to the scheduler: the CA (PEM) its certificate chains to; "
                         "empty: plaintext")
     p.add_argument("--request-timeout-s", type=float,
-                   default=_env("request_timeout_s", d.request_timeout_s),
+                   default=_env(p, "request_timeout_s", d.request_timeout_s),
                    help="deadline of one generation's gRPC call")
-    p.add_argument("--models-cache-s", type=float, default=_env("models_cache_s", d.models_cache_s))
-    direct = os.environ.get(_ENV + "DIRECT_TO_WORKERS")
+    p.add_argument("--models-cache-s", type=float, default=_env(p, "models_cache_s", d.models_cache_s))
     p.add_argument("--direct-to-workers", action=argparse.BooleanOptionalAction,
-                   default=d.direct_to_workers if direct is None
-                   else direct.lower() in ("1", "true", "yes"),
+                   default=_env(p, "direct_to_workers", d.direct_to_workers, kind=boolean),
                    help="the two-step path: Admit on the scheduler, then stream from the worker "
                         "directly (the scheduler relays no token; the gateway must reach the "
                         "workers' addresses)")
     p.add_argument("--stream-interval-ms", type=int,
-                   default=_env("stream_interval_ms", d.stream_interval_ms),
+                   default=_env(p, "stream_interval_ms", d.stream_interval_ms),
                    help="the shortest time between two streamed chunks, for every request (the "
                         "tokens meanwhile leave as one SSE event: fewer messages; the first "
                         "token never waits); 0: every token as it comes; at most 10,000")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):
-        p.add_argument(f"--worker-tls-{name}", default=_env(f"worker_tls_{name}", ""),
+        p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
-    p.add_argument("--log-level", default=_env("log_level", d.log_level))
+    p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
     tracing.add_argument(p, _ENV)
-    log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
-                   default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
+                   default=_env(p, "log_json", None, kind=boolean))
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65_535:
         p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")

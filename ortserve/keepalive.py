@@ -17,6 +17,7 @@ from __future__ import annotations
 
 DEFAULT_INTERVAL_S = 10.0  # a silent peer is given up after about twice this
 MIN_INTERVAL_S = 1.0  # the most frequent pings an ortserve server accepts
+MAX_INTERVAL_S = 86_400.0  # a day: beyond, 0 (off) says it better
 
 # For every grpc server ortserve starts.
 SERVER_OPTIONS = (
@@ -29,10 +30,10 @@ def channel_options(interval_s: float) -> tuple[tuple[str, int], ...]:
     connection up when a ping is not answered within as long; 0: no pings (gRPC's default)."""
     if interval_s == 0:
         return ()
-    if interval_s < MIN_INTERVAL_S:
-        raise ValueError(f"a keepalive interval of {interval_s:g} s is below the "
-                         f"{MIN_INTERVAL_S:g} s ortserve's servers accept; use 0 (off) or >= "
-                         f"{MIN_INTERVAL_S:g}")
+    if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:  # NaN included
+        raise ValueError(f"a keepalive interval of {interval_s:g} s is outside "
+                         f"{MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} s (ortserve's servers accept "
+                         f"pings every {MIN_INTERVAL_S:g} s at most); use 0 for off")
     interval_ms = round(interval_s * 1000)
     return (("grpc.keepalive_time_ms", interval_ms),
             ("grpc.keepalive_timeout_ms", interval_ms),

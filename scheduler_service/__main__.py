@@ -13,6 +13,7 @@ import signal
 
 from ortserve import banner, keepalive, ports, tracing
 from ortserve.auth import load_keys
+from ortserve.env_defaults import boolean, from_env
 from ortserve.logs import configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -23,9 +24,8 @@ from scheduler_service.server import build_server
 _ENV = "ORTSERVE_SCHEDULER_"
 
 
-def _env(name: str, default):
-    value = os.environ.get(_ENV + name.upper())
-    return default if value is None else type(default)(value)
+def _env(p: argparse.ArgumentParser, name: str, default, **checks):
+    return from_env(p, _ENV + name.upper(), default, **checks)
 
 
 def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
@@ -33,12 +33,12 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p = argparse.ArgumentParser(prog="ortserve-scheduler", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    p.add_argument("--host", default=_env("host", d.host), help="address to bind (env ORTSERVE_SCHEDULER_HOST)")
-    p.add_argument("--port", type=int, default=_env("port", d.port), help="port; 0 picks a free one")
-    p.add_argument("--internal-port", type=int, default=_env("internal_port", d.internal_port),
+    p.add_argument("--host", default=_env(p, "host", d.host), help="address to bind (env ORTSERVE_SCHEDULER_HOST)")
+    p.add_argument("--port", type=int, default=_env(p, "port", d.port), help="port; 0 picks a free one")
+    p.add_argument("--internal-port", type=int, default=_env(p, "internal_port", d.internal_port),
                    help="the worker-facing SchedulerInternal service's port (workers' --scheduler "
                         "points here); 0 picks a free one (env ORTSERVE_SCHEDULER_INTERNAL_PORT)")
-    p.add_argument("--api-keys-file", default=_env("api_keys_file", ""),
+    p.add_argument("--api-keys-file", default=_env(p, "api_keys_file", ""),
                    help="client API keys, one 'role:key' per line (roles: generate, admin); "
                         "also read from env ORTSERVE_SCHEDULER_API_KEYS; none: open to all")
     add_tls_arguments(p, _ENV, {
@@ -47,44 +47,42 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
         "key": "its private key (PEM)",
         "ca": "the CA workers' certificates must chain to (the internal port requires one: "
               "mutual TLS)"})
-    p.add_argument("--heartbeat-interval-s", type=float, default=_env("heartbeat_interval_s", d.heartbeat_interval_s))
-    p.add_argument("--lease-ttl-s", type=float, default=_env("lease_ttl_s", d.lease_ttl_s),
+    p.add_argument("--heartbeat-interval-s", type=float, default=_env(p, "heartbeat_interval_s", d.heartbeat_interval_s))
+    p.add_argument("--lease-ttl-s", type=float, default=_env(p, "lease_ttl_s", d.lease_ttl_s),
                    help="a worker silent this long is dropped and its leases return")
-    p.add_argument("--claim-ttl-s", type=float, default=_env("claim_ttl_s", d.claim_ttl_s),
+    p.add_argument("--claim-ttl-s", type=float, default=_env(p, "claim_ttl_s", d.claim_ttl_s),
                    help="an admitted lease no worker claimed this long is dropped")
-    p.add_argument("--retry-after-s", type=float, default=_env("retry_after_s", d.retry_after_s))
-    p.add_argument("--max-queue-length", type=int, default=_env("max_queue_length", d.max_queue_length),
+    p.add_argument("--retry-after-s", type=float, default=_env(p, "retry_after_s", d.retry_after_s))
+    p.add_argument("--max-queue-length", type=int, default=_env(p, "max_queue_length", d.max_queue_length),
                    help="requests that may wait for KV budget at once; beyond: QUEUE_FULL "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_LENGTH)")
-    p.add_argument("--max-queue-wait-s", type=float, default=_env("max_queue_wait_s", d.max_queue_wait_s),
+    p.add_argument("--max-queue-wait-s", type=float, default=_env(p, "max_queue_wait_s", d.max_queue_wait_s),
                    help="the longest a request waits for KV budget (its deadline may be "
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
-    p.add_argument("--session-ttl-s", type=float, default=_env("session_ttl_s", d.session_ttl_s),
+    p.add_argument("--session-ttl-s", type=float, default=_env(p, "session_ttl_s", d.session_ttl_s),
                    help="an idle session is closed and its bytes released after this long")
     p.add_argument("--relay-calls", choices=("shared", "per-request"),
-                   default=_env("relay_calls", d.relay_calls),
+                   default=_env(p, "relay_calls", d.relay_calls, choices=("shared", "per-request")),
                    help="shared: the relayed requests to a worker share one Worker.Relay call "
                         "(one message per engine step for all of them); per-request: a "
                         "Worker.Generate call each (env ORTSERVE_SCHEDULER_RELAY_CALLS)")
     p.add_argument("--worker-keepalive-s", type=float,
-                   default=_env("worker_keepalive_s", d.worker_keepalive_s),
+                   default=_env(p, "worker_keepalive_s", d.worker_keepalive_s),
                    help="ping each worker's connection this often while requests run on it; "
                         "one that does not answer within as long (a host gone, a process "
                         "stopped) fails its streams UNAVAILABLE instead of leaving them to "
-                        f"their deadlines; 0: off, else >= {keepalive.MIN_INTERVAL_S:g} "
+                        f"their deadlines; 0: off, else {keepalive.MIN_INTERVAL_S:g} to {keepalive.MAX_INTERVAL_S:g} "
                         "(env ORTSERVE_SCHEDULER_WORKER_KEEPALIVE_S)")
-    p.add_argument("--log-level", default=_env("log_level", d.log_level))
-    metrics_port = os.environ.get(_ENV + "METRICS_PORT")
-    p.add_argument("--metrics-port", type=int, default=int(metrics_port) if metrics_port else None,
+    p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
+    p.add_argument("--metrics-port", type=int, default=_env(p, "metrics_port", None, kind=int),
                    help="serve Prometheus metrics on this port (0: any free port); off if unset")
     p.add_argument("--drain-timeout-s", type=float,
-                   default=float(os.environ.get(_ENV + "DRAIN_TIMEOUT_S", d.drain_timeout_s)),
+                   default=_env(p, "drain_timeout_s", d.drain_timeout_s),
                    help="on SIGTERM, how long relayed streams may run before they are cut")
     tracing.add_argument(p, _ENV)
-    log_json = os.environ.get(_ENV + "LOG_JSON")
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
-                   default=None if log_json is None else log_json.lower() in ("1", "true", "yes"))
+                   default=_env(p, "log_json", None, kind=boolean))
     a = p.parse_args(argv)
     if a.max_queue_length < 0 or a.max_queue_wait_s < 0:
         p.error(f"--max-queue-length ({a.max_queue_length}) and --max-queue-wait-s "

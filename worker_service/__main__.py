@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import structlog
 
 from ortserve import banner, ports, tracing
+from ortserve.env_defaults import boolean, from_env
 from ortserve.logs import configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -26,12 +26,8 @@ from worker_service.core.errors import EngineError
 from worker_service.server import build_server
 
 
-def _env(name: str, default=None):
-    return os.environ.get(name, default)
-
-
-def _flag(value: str | None) -> bool | None:
-    return None if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+def _env(p: argparse.ArgumentParser, name: str, default=None, **checks):
+    return from_env(p, name, default, **checks)
 
 
 # Issue 27: one word, "capacity", for what --kv-capacity sets, the ledger charges
@@ -54,9 +50,9 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    p.add_argument("--model-dir", default=_env("ORTSERVE_WORKER_MODEL_DIR"),
+    p.add_argument("--model-dir", default=_env(p, "ORTSERVE_WORKER_MODEL_DIR"),
                    help="a model folder written by the onnxruntime-genai model builder")
-    p.add_argument("--scheduler", default=_env("ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
+    p.add_argument("--scheduler", default=_env(p, "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
                    help="the scheduler's internal host:port (its --internal-port)")
     add_tls_arguments(p, "ORTSERVE_WORKER_", {
         "cert": "this worker's certificate (PEM; its port, and its client certificate towards "
@@ -64,25 +60,26 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         "key": "its private key (PEM)",
         "ca": "the CA the scheduler's certificate (and every caller's client certificate: "
               "mutual TLS) must chain to"})
-    p.add_argument("--host", default=_env("ORTSERVE_WORKER_HOST", d.host))
-    p.add_argument("--port", type=int, default=int(_env("ORTSERVE_WORKER_PORT", d.port)),
+    p.add_argument("--host", default=_env(p, "ORTSERVE_WORKER_HOST", d.host))
+    p.add_argument("--port", type=int, default=_env(p, "ORTSERVE_WORKER_PORT", d.port),
                    help="0 picks a free port")
-    p.add_argument("--advertise-address", default=_env("ORTSERVE_WORKER_ADVERTISE_ADDRESS", ""),
+    p.add_argument("--advertise-address", default=_env(p, "ORTSERVE_WORKER_ADVERTISE_ADDRESS", ""),
                    help="host:port the scheduler should dial (default: --host:--port, or this host's IP)")
-    p.add_argument("--worker-id", default=_env("ORTSERVE_WORKER_ID", ""))
+    p.add_argument("--worker-id", default=_env(p, "ORTSERVE_WORKER_ID", ""))
     p.add_argument("--device", choices=["auto", "cpu", "cuda"],
-                   default=_env("ORTSERVE_WORKER_DEVICE", d.device),
+                   default=_env(p, "ORTSERVE_WORKER_DEVICE", d.device, choices=("auto", "cpu", "cuda")),
                    help="cuda is an error where CUDA is unavailable (never a silent CPU fallback)")
-    p.add_argument("--device-id", type=int, default=int(_env("ORTSERVE_WORKER_DEVICE_ID", d.device_id)))
-    p.add_argument("--threads", type=int, default=int(_env("ORTSERVE_WORKER_THREADS", d.intra_op_threads)),
+    p.add_argument("--device-id", type=int, default=_env(p, "ORTSERVE_WORKER_DEVICE_ID", d.device_id))
+    p.add_argument("--threads", type=int, default=_env(p, "ORTSERVE_WORKER_THREADS", d.intra_op_threads),
                    help="ORT intra-op threads; 0 = every usable core")
     p.add_argument("--spin-wait", choices=["on", "off"],
-                   default=_env("ORTSERVE_WORKER_SPIN_WAIT", "on" if d.intra_op_spinning else "off"),
+                   default=_env(p, "ORTSERVE_WORKER_SPIN_WAIT", "on" if d.intra_op_spinning else "off",
+                                choices=("on", "off")),
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
     p.add_argument("--max-batch-rows", type=int,
-                   default=int(_env("ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows)),
+                   default=_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows),
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
                         "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
                         "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
@@ -95,24 +92,23 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                         "ORTSERVE_WORKER_KV_CAPACITY_FRACTION)")
     p.add_argument("--kv-budget", help=argparse.SUPPRESS)  # deprecated: --kv-capacity
     p.add_argument("--kv-budget-fraction", help=argparse.SUPPRESS)  # deprecated
-    metrics_port = _env("ORTSERVE_WORKER_METRICS_PORT")
     p.add_argument("--metrics-port", type=int,
-                   default=int(metrics_port) if metrics_port else None,
+                   default=_env(p, "ORTSERVE_WORKER_METRICS_PORT", None, kind=int),
                    help="serve Prometheus metrics on this port (0: any free port); off if unset")
     tracing.add_argument(p, "ORTSERVE_WORKER_")
     p.add_argument("--drain-timeout-s", type=float,
-                   default=float(_env("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s)),
+                   default=_env(p, "ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s),
                    help="on SIGTERM, how long live streams may run before they are cut")
-    p.add_argument("--session-swap-bytes", default=_env("ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
+    p.add_argument("--session-swap-bytes", default=_env(p, "ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
                    help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
                         "a swapped-out session's KV is dropped and its next turn recomputes")
-    p.add_argument("--prefix-cache-bytes", default=_env("ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
+    p.add_argument("--prefix-cache-bytes", default=_env(p, "ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
                         "(default: half the KV capacity; docs/prefix-cache.md)")
-    p.add_argument("--log-level", default=_env("ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
+    p.add_argument("--log-level", default=_env(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
-                   default=_flag(_env("ORTSERVE_WORKER_LOG_JSON")))
+                   default=_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
     a = p.parse_args(argv)
     if not 1 <= a.max_batch_rows <= 1024:
         p.error(f"--max-batch-rows {a.max_batch_rows}: give 1 to 1024 (sequences running at once)")
@@ -122,15 +118,15 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     kv_capacity = _first_given(
         notices, (a.kv_capacity, None),
         (a.kv_budget, _DEPRECATED.format(old="--kv-budget", new="--kv-capacity")),
-        (_env("ORTSERVE_WORKER_KV_CAPACITY"), None),
-        (_env("ORTSERVE_WORKER_KV_BUDGET"), _DEPRECATED.format(
+        (_env(p, "ORTSERVE_WORKER_KV_CAPACITY"), None),
+        (_env(p, "ORTSERVE_WORKER_KV_BUDGET"), _DEPRECATED.format(
             old="ORTSERVE_WORKER_KV_BUDGET", new="ORTSERVE_WORKER_KV_CAPACITY")))
     fraction = _first_given(
         notices, (a.kv_capacity_fraction, None),
         (a.kv_budget_fraction, _DEPRECATED.format(old="--kv-budget-fraction",
                                                   new="--kv-capacity-fraction")),
-        (_env("ORTSERVE_WORKER_KV_CAPACITY_FRACTION"), None),
-        (_env("ORTSERVE_WORKER_KV_BUDGET_FRACTION"), _DEPRECATED.format(
+        (_env(p, "ORTSERVE_WORKER_KV_CAPACITY_FRACTION"), None),
+        (_env(p, "ORTSERVE_WORKER_KV_BUDGET_FRACTION"), _DEPRECATED.format(
             old="ORTSERVE_WORKER_KV_BUDGET_FRACTION", new="ORTSERVE_WORKER_KV_CAPACITY_FRACTION")))
     try:
         kv_capacity_bytes = parse_bytes(kv_capacity) if kv_capacity else None

@@ -229,11 +229,11 @@ def test_every_env_name_is_one_the_services_read(overlay):
     _, objects = overlay
     scheduler_src = (ROOT / "scheduler_service" / "__main__.py").read_text()
     worker_src = (ROOT / "worker_service" / "__main__.py").read_text()
-    read = {"ORTSERVE_SCHEDULER_" + n.upper() for n in re.findall(r'_env\("(\w+)"', scheduler_src)}
+    read = {"ORTSERVE_SCHEDULER_" + n.upper() for n in re.findall(r'_env\(p, f?"(\w+)"', scheduler_src)}
     read |= {"ORTSERVE_SCHEDULER_" + n for n in re.findall(r'_ENV \+ "(\w+)"', scheduler_src)}
-    read |= set(re.findall(r'_env\("(ORTSERVE_\w+)"', worker_src))
+    read |= set(re.findall(r'_env\(p, "(ORTSERVE_\w+)"', worker_src))
     gateway_src = (ROOT / "gateway" / "__main__.py").read_text()
-    read |= {"ORTSERVE_GATEWAY_" + n.upper() for n in re.findall(r'_env\("(\w+)"', gateway_src)}
+    read |= {"ORTSERVE_GATEWAY_" + n.upper() for n in re.findall(r'_env\(p, f?"(\w+)"', gateway_src)}
     read |= {"ORTSERVE_GATEWAY_" + n for n in re.findall(r'_ENV \+ "(\w+)"', gateway_src)}
     assert "ORTSERVE_WORKER_ADVERTISE_ADDRESS" in read and "ORTSERVE_SCHEDULER_LOG_JSON" in read
     assert {"ORTSERVE_GATEWAY_SCHEDULER", "ORTSERVE_GATEWAY_LOG_JSON"} <= read

@@ -1,0 +1,69 @@
+"""A flag's environment variable is checked as the flag would be, and a bad one is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.__main__ import parse_config as gateway_config
+from scheduler_service.__main__ import parse_config as scheduler_config
+from worker_service.__main__ import parse_config as worker_config
+
+
+def refused(parse, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        parse()
+    assert exit_.value.code == 2  # as a bad flag: the environment must change
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("ORTSERVE_SCHEDULER_LEASE_TTL_S", "abc", "is not a number"),
+    ("ORTSERVE_SCHEDULER_PORT", "50051.5", "is not a whole number"),
+    ("ORTSERVE_SCHEDULER_METRICS_PORT", "x", "is not a whole number"),
+    ("ORTSERVE_SCHEDULER_DRAIN_TIMEOUT_S", "soon", "is not a number"),
+    # argparse never checks a default against its choices: per-request would have been
+    # taken silently for any word but "shared".
+    ("ORTSERVE_SCHEDULER_RELAY_CALLS", "bogus", "is not one of shared, per-request"),
+    ("ORTSERVE_SCHEDULER_LOG_JSON", "ture", "is not a yes or no"),
+])
+def test_the_schedulers_bad_variables_are_named(monkeypatch, capsys, key, value, says):
+    monkeypatch.setenv(key, value)
+    assert f"{key}={value!r} {says}" in refused(lambda: scheduler_config([]), capsys)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("ORTSERVE_WORKER_MAX_BATCH_ROWS", "abc", "is not a whole number"),
+    ("ORTSERVE_WORKER_DEVICE", "gpu", "is not one of auto, cpu, cuda"),
+    ("ORTSERVE_WORKER_SPIN_WAIT", "maybe", "is not one of on, off"),
+    ("ORTSERVE_WORKER_DRAIN_TIMEOUT_S", "1m", "is not a number"),
+    ("ORTSERVE_WORKER_LOG_JSON", "2", "is not a yes or no"),
+])
+def test_the_workers_bad_variables_are_named(monkeypatch, capsys, key, value, says):
+    monkeypatch.setenv(key, value)
+    assert f"{key}={value!r} {says}" in refused(lambda: worker_config(["--model-dir", "m"]),
+                                                 capsys)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("ORTSERVE_GATEWAY_STREAM_INTERVAL_MS", "fast", "is not a whole number"),
+    ("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "sure", "is not a yes or no"),
+])
+def test_the_gateways_bad_variables_are_named(monkeypatch, capsys, key, value, says):
+    monkeypatch.setenv(key, value)
+    assert f"{key}={value!r} {says}" in refused(lambda: gateway_config([]), capsys)
+
+
+def test_good_variables_are_taken_and_flags_override_them(monkeypatch):
+    monkeypatch.setenv("ORTSERVE_SCHEDULER_RELAY_CALLS", "per-request")
+    monkeypatch.setenv("ORTSERVE_SCHEDULER_LOG_JSON", "Off")
+    monkeypatch.setenv("ORTSERVE_SCHEDULER_METRICS_PORT", "9100")
+    config = scheduler_config([])
+    assert (config.relay_calls, config.log_json, config.metrics_port) == ("per-request", False, 9100)
+    assert scheduler_config(["--relay-calls", "shared"]).relay_calls == "shared"
+    monkeypatch.setenv("ORTSERVE_WORKER_DEVICE", "cpu")
+    monkeypatch.setenv("ORTSERVE_WORKER_SPIN_WAIT", "off")
+    worker = worker_config(["--model-dir", "m"])
+    assert worker.device == "cpu" and worker.intra_op_spinning is False
+    monkeypatch.setenv("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "yes")
+    assert gateway_config([]).direct_to_workers is True
+    assert gateway_config(["--no-direct-to-workers"]).direct_to_workers is False
