@@ -146,6 +146,44 @@ def test_a_scheduler_killed_mid_stream_leaves_the_worker_holding_nothing(tmp_pat
         cluster.stop()
 
 
+def test_a_scheduler_that_stops_answering_fails_the_clients_stream_in_seconds(tmp_path_factory):
+    """The scheduler stopped (SIGSTOP: its connections stay open, nothing answers): the
+    Python client's keepalive gives the call up, UNAVAILABLE, long before its 120 s
+    deadline; resumed, the scheduler sees its caller gone, the worker frees the KV and
+    the ledger returns to zero."""
+    import signal
+
+    model_dir = model_cache() / "models" / "tiny-llama"
+    cluster = LocalCluster(model_dir=model_dir, workers=1, threads=1, kv_capacities=["1GiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-scheduler-stopped")).start()
+    scheduler = cluster.services[0].process
+    try:
+        with Client(cluster.address, timeout_s=120, keepalive_s=1) as client:
+            stream = iter(client.stream(prompts()[0], max_new_tokens=1500, min_new_tokens=1500))
+            next(stream)  # running
+            stopped = time.perf_counter()
+            scheduler.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(GenerationFailed) as failure:
+                    for _ in stream:
+                        pass
+                failed_s = time.perf_counter() - stopped
+            finally:
+                scheduler.send_signal(signal.SIGCONT)
+            assert failure.value.code.name == "UNAVAILABLE", failure.value
+            print(f"scheduler stopped -> the client's stream failed: {failed_s:.1f} s")
+            assert failed_s < 30
+        worker = cluster.worker_services[0].address
+        deadline = time.monotonic() + 30
+        while ((worker_held_bytes(worker) or reserved_bytes(cluster.address))
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert worker_held_bytes(worker) == 0
+        assert reserved_bytes(cluster.address) == 0
+    finally:
+        cluster.stop()
+
+
 def test_many_streams_with_random_cancels_end_complete_or_cancelled_and_hold_nothing(tiny):
     """96 overlapping streams on the worker, a third cancelled at random points: the rest
     each get their whole ids, and the worker and the ledger end holding nothing."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 
+from ortserve import keepalive
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
 
 from .direct import DirectCall
@@ -156,22 +157,28 @@ class Client:
     client; ortserve_client/direct.py): the scheduler relays no token. The client must
     reach the workers' registered addresses; where workers serve TLS (mutual), give
     `worker_tls=(ca, cert, key)`: PEM files of the cluster's CA and a certificate it signed.
+    `keepalive_s`: while a call runs, ping the connection this often; a peer that does not
+    answer within as long (a host gone, a process stopped) fails the call UNAVAILABLE
+    instead of leaving it to its deadline (ortserve/keepalive.py); 0: off, else >= 1.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,
                  retry: Retry | None = None, *, cacert: str | None = None, tls: bool = False,
                  api_key: str | None = None, direct: bool = False,
-                 worker_tls: tuple[str, str, str] | None = None) -> None:
+                 worker_tls: tuple[str, str, str] | None = None,
+                 keepalive_s: float = keepalive.DEFAULT_INTERVAL_S) -> None:
         self.address = address
+        self._options = keepalive.channel_options(keepalive_s)  # raises on a bad interval
         self.timeout_s = timeout_s
         self.retry = retry
         self.direct = direct
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         if cacert or tls:
             roots = Path(cacert).read_bytes() if cacert else None
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots))
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots),
+                                                options=self._options)
         else:
-            self._channel = grpc.insecure_channel(address)
+            self._channel = grpc.insecure_channel(address, options=self._options)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._worker_credentials = None
         if worker_tls is not None:
@@ -182,8 +189,9 @@ class Client:
     def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         """One channel per worker address, kept for the client's life (the direct path)."""
         if address not in self._workers:
-            channel = (grpc.secure_channel(address, self._worker_credentials)
-                       if self._worker_credentials is not None else grpc.insecure_channel(address))
+            channel = (grpc.secure_channel(address, self._worker_credentials, options=self._options)
+                       if self._worker_credentials is not None
+                       else grpc.insecure_channel(address, options=self._options))
             self._workers[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
         return self._workers[address][1]
 
