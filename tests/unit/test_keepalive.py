@@ -23,10 +23,14 @@ def test_zero_is_off_and_outside_what_servers_accept_is_refused():
             keepalive.channel_options(bad)
 
 
-def test_servers_accept_pings_as_often_as_any_channel_may_send_them():
-    allowed = dict(keepalive.SERVER_OPTIONS)
-    assert allowed["grpc.http2.min_recv_ping_interval_without_data_ms"] <= \
+def test_servers_accept_pings_as_often_as_any_channel_may_send_them_and_ping_their_callers():
+    options = dict(keepalive.SERVER_OPTIONS)
+    assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] <= \
         keepalive.MIN_INTERVAL_S * 1000
+    pings = dict(keepalive.channel_options(keepalive.DEFAULT_INTERVAL_S))
+    for name in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
+                 "grpc.http2.ping_timeout_ms", "grpc.http2.max_pings_without_data"):
+        assert options[name] == pings[name]
 
 
 def test_the_schedulers_flag_and_its_variable(monkeypatch):
