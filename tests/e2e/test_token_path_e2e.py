@@ -360,11 +360,14 @@ def test_placement_sends_a_stream_to_a_worker_with_a_row_free_before_more_free_b
         cluster.wait_registered(2)
         with Client(cluster.address, timeout_s=120) as client:
             placed: list[str] = []
-            streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500,
-                                          on_admission=lambda a: placed.append(a.worker_id)))
-                       for p in prompts()[:2]]
-            for stream in streams:
-                next(stream)  # admitted and running
+            streams = []
+            for prompt in prompts()[:2]:
+                # One after the other: a stream's call starts when it is made, so two made
+                # together may reach the scheduler in either order.
+                streams.append(iter(client.stream(
+                    prompt, max_new_tokens=1500, min_new_tokens=1500,
+                    on_admission=lambda a: placed.append(a.worker_id))))
+                next(streams[-1])  # admitted and running
             assert placed == ["worker-1", "worker-0"]
             for stream in streams:
                 stream.close()
