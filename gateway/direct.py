@@ -85,8 +85,7 @@ class Workers:
         """The worker's stream for `request`: its events as serialized bytes."""
         if address not in self._calls:
             channel = secure_or_insecure_channel(address, self._credentials,
-                                                 options=keepalive.channel_options(
-                                                     keepalive.DEFAULT_INTERVAL_S))
+                                                 options=keepalive.CHANNEL_OPTIONS)
             self._calls[address] = (channel, RelayCall(channel, address))
         return self._calls[address][1].generate(request, timeout=timeout)
 

@@ -76,8 +76,8 @@ class Upstream:
         self.tls = credentials is not None
         self.timeout_s = request_timeout_s
         self._models_cache_s = models_cache_s
-        self._channel = secure_or_insecure_channel(
-            address, credentials, options=keepalive.channel_options(keepalive.DEFAULT_INTERVAL_S))
+        self._channel = secure_or_insecure_channel(address, credentials,
+                                                   options=keepalive.CHANNEL_OPTIONS)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         # GetBudget answers per caller key (with API keys on, the scheduler checks

@@ -20,19 +20,6 @@ DEFAULT_INTERVAL_S = 10.0  # a silent peer is given up after about twice this
 MIN_INTERVAL_S = 1.0  # the most frequent pings an ortserve server accepts
 MAX_INTERVAL_S = 86_400.0  # a day: beyond, 0 (off) says it better
 
-# For every grpc server ortserve starts: it accepts pings every MIN_INTERVAL_S, and pings
-# its own callers every DEFAULT_INTERVAL_S, so a caller gone silent (a client host lost,
-# a scheduler stopped) has its calls cancelled, and what they hold released, in about
-# twice that instead of when each generation ends.
-SERVER_OPTIONS = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
-    ("grpc.keepalive_time_ms", int(DEFAULT_INTERVAL_S * 1000)),
-    ("grpc.keepalive_timeout_ms", int(DEFAULT_INTERVAL_S * 1000)),
-    ("grpc.http2.ping_timeout_ms", int(DEFAULT_INTERVAL_S * 1000)),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-
-
 def channel_options(interval_s: float) -> tuple[tuple[str, int], ...]:
     """grpc channel options that ping every `interval_s` while calls are open and give the
     connection up when a ping is not answered within as long; 0: no pings (gRPC's default)."""
@@ -51,3 +38,16 @@ def channel_options(interval_s: float) -> tuple[tuple[str, int], ...]:
             # gRPC stops pinging after 2 pings without a data frame from us; a relay that
             # only receives (a long generation) would then be unwatched.
             ("grpc.http2.max_pings_without_data", 0))
+
+
+# A channel at the default interval (the gateway's to the scheduler and to workers).
+CHANNEL_OPTIONS = channel_options(DEFAULT_INTERVAL_S)
+
+# For every grpc server ortserve starts (serving.new_server): it accepts pings every
+# MIN_INTERVAL_S, and pings its own callers as CHANNEL_OPTIONS do, so a caller gone silent
+# (a client host lost, a scheduler stopped) has its calls cancelled, and what they hold
+# released, in about twice DEFAULT_INTERVAL_S instead of when each generation ends.
+SERVER_OPTIONS = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
+    *CHANNEL_OPTIONS,
+)

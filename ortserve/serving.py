@@ -1,12 +1,24 @@
-"""What every ortserve gRPC server has: health (grpc.health.v1) and reflection."""
+"""What every ortserve gRPC server has: its port bound exclusively, keepalive pings,
+health (grpc.health.v1) and reflection."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ortserve import keepalive, ports
+
 OVERALL = ""  # grpc.health.v1's name for the server as a whole
+
+
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+    """A grpc.aio server with the options every ortserve server takes: no second process
+    on its port (ports.py) and keepalive both ways (keepalive.py)."""
+    return grpc.aio.server(interceptors=list(interceptors) or None,
+                           options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
 
 
 def add_health_and_reflection(

@@ -11,12 +11,12 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
-from ortserve import keepalive, ports, tls
+from ortserve import ports, tls
 from ortserve.auth import ApiKeyInterceptor
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
-from ortserve.serving import add_health_and_reflection, set_serving
+from ortserve.serving import add_health_and_reflection, new_server, set_serving
 from ortserve.v1 import internal_pb2, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_decided, log_expired
@@ -111,8 +111,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
         log.warning("NO API KEYS: anyone who reaches this port may generate and read the "
                     "ledger; give --api-keys-file (or ORTSERVE_SCHEDULER_API_KEYS)",
                     address=f"{config.host}:{config.port}")
-    server = grpc.aio.server(interceptors=[ApiKeyInterceptor(config.api_keys)],
-                             options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
+    server = new_server([ApiKeyInterceptor(config.api_keys)])
     session_registry = SessionRegistry()  # the session RPCs' and registration's (restored)
     sessions = SessionRPCs(config, ledger, workers, waiter, registry=session_registry,
                            metrics=metrics)
@@ -125,7 +124,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     # NOTE: a server of its own, not a second port on the same one: a grpc server
     # serves every service on every port, and the point is that the public port
     # has no worker RPCs at all.
-    internal = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
+    internal = new_server()
     register_service(internal, INTERNAL_SERVICE,
                      SchedulerInternalServicer(config, ledger, workers, waiter.kick, metrics,
                                                sessions=session_registry))

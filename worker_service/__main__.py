@@ -25,11 +25,6 @@ from worker_service.config import WorkerConfig
 from worker_service.core.errors import EngineError
 from worker_service.server import build_server
 
-
-def _env(p: argparse.ArgumentParser, name: str, default=None, **checks):
-    return from_env(p, name, default, **checks)
-
-
 # Issue 27: one word, "capacity", for what --kv-capacity sets, the ledger charges
 # against and the protos call capacity_bytes. The old "budget" names still work.
 _DEPRECATED = "{old} is deprecated: use {new} (same meaning)"
@@ -50,9 +45,9 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p = argparse.ArgumentParser(prog="ortserve-worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    p.add_argument("--model-dir", default=_env(p, "ORTSERVE_WORKER_MODEL_DIR"),
+    p.add_argument("--model-dir", default=from_env(p, "ORTSERVE_WORKER_MODEL_DIR"),
                    help="a model folder written by the onnxruntime-genai model builder")
-    p.add_argument("--scheduler", default=_env(p, "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
+    p.add_argument("--scheduler", default=from_env(p, "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address),
                    help="the scheduler's internal host:port (its --internal-port)")
     add_tls_arguments(p, "ORTSERVE_WORKER_", {
         "cert": "this worker's certificate (PEM; its port, and its client certificate towards "
@@ -60,26 +55,26 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         "key": "its private key (PEM)",
         "ca": "the CA the scheduler's certificate (and every caller's client certificate: "
               "mutual TLS) must chain to"})
-    p.add_argument("--host", default=_env(p, "ORTSERVE_WORKER_HOST", d.host))
-    p.add_argument("--port", type=int, default=_env(p, "ORTSERVE_WORKER_PORT", d.port),
+    p.add_argument("--host", default=from_env(p, "ORTSERVE_WORKER_HOST", d.host))
+    p.add_argument("--port", type=int, default=from_env(p, "ORTSERVE_WORKER_PORT", d.port),
                    help="0 picks a free port")
-    p.add_argument("--advertise-address", default=_env(p, "ORTSERVE_WORKER_ADVERTISE_ADDRESS", ""),
+    p.add_argument("--advertise-address", default=from_env(p, "ORTSERVE_WORKER_ADVERTISE_ADDRESS", ""),
                    help="host:port the scheduler should dial (default: --host:--port, or this host's IP)")
-    p.add_argument("--worker-id", default=_env(p, "ORTSERVE_WORKER_ID", ""))
+    p.add_argument("--worker-id", default=from_env(p, "ORTSERVE_WORKER_ID", ""))
     p.add_argument("--device", choices=["auto", "cpu", "cuda"],
-                   default=_env(p, "ORTSERVE_WORKER_DEVICE", d.device, choices=("auto", "cpu", "cuda")),
+                   default=from_env(p, "ORTSERVE_WORKER_DEVICE", d.device, choices=("auto", "cpu", "cuda")),
                    help="cuda is an error where CUDA is unavailable (never a silent CPU fallback)")
-    p.add_argument("--device-id", type=int, default=_env(p, "ORTSERVE_WORKER_DEVICE_ID", d.device_id))
-    p.add_argument("--threads", type=int, default=_env(p, "ORTSERVE_WORKER_THREADS", d.intra_op_threads),
+    p.add_argument("--device-id", type=int, default=from_env(p, "ORTSERVE_WORKER_DEVICE_ID", d.device_id))
+    p.add_argument("--threads", type=int, default=from_env(p, "ORTSERVE_WORKER_THREADS", d.intra_op_threads),
                    help="ORT intra-op threads; 0 = every usable core")
     p.add_argument("--spin-wait", choices=["on", "off"],
-                   default=_env(p, "ORTSERVE_WORKER_SPIN_WAIT", "on" if d.intra_op_spinning else "off",
+                   default=from_env(p, "ORTSERVE_WORKER_SPIN_WAIT", "on" if d.intra_op_spinning else "off",
                                 choices=("on", "off")),
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
     p.add_argument("--max-batch-rows", type=int,
-                   default=_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows),
+                   default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows),
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
                         "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
                         "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
@@ -93,22 +88,22 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--kv-budget", help=argparse.SUPPRESS)  # deprecated: --kv-capacity
     p.add_argument("--kv-budget-fraction", help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--metrics-port", type=int,
-                   default=_env(p, "ORTSERVE_WORKER_METRICS_PORT", None, kind=int),
+                   default=from_env(p, "ORTSERVE_WORKER_METRICS_PORT", None, kind=int),
                    help="serve Prometheus metrics on this port (0: any free port); off if unset")
     tracing.add_argument(p, "ORTSERVE_WORKER_")
     p.add_argument("--drain-timeout-s", type=float,
-                   default=_env(p, "ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s),
+                   default=from_env(p, "ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s),
                    help="on SIGTERM, how long live streams may run before they are cut")
-    p.add_argument("--session-swap-bytes", default=_env(p, "ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
+    p.add_argument("--session-swap-bytes", default=from_env(p, "ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
                    help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
                         "a swapped-out session's KV is dropped and its next turn recomputes")
-    p.add_argument("--prefix-cache-bytes", default=_env(p, "ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
+    p.add_argument("--prefix-cache-bytes", default=from_env(p, "ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
                         "(default: half the KV capacity; docs/prefix-cache.md)")
-    p.add_argument("--log-level", default=_env(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
+    p.add_argument("--log-level", default=from_env(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
-                   default=_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
+                   default=from_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
     a = p.parse_args(argv)
     if not 1 <= a.max_batch_rows <= 1024:
         p.error(f"--max-batch-rows {a.max_batch_rows}: give 1 to 1024 (sequences running at once)")
@@ -118,15 +113,15 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     kv_capacity = _first_given(
         notices, (a.kv_capacity, None),
         (a.kv_budget, _DEPRECATED.format(old="--kv-budget", new="--kv-capacity")),
-        (_env(p, "ORTSERVE_WORKER_KV_CAPACITY"), None),
-        (_env(p, "ORTSERVE_WORKER_KV_BUDGET"), _DEPRECATED.format(
+        (from_env(p, "ORTSERVE_WORKER_KV_CAPACITY"), None),
+        (from_env(p, "ORTSERVE_WORKER_KV_BUDGET"), _DEPRECATED.format(
             old="ORTSERVE_WORKER_KV_BUDGET", new="ORTSERVE_WORKER_KV_CAPACITY")))
     fraction = _first_given(
         notices, (a.kv_capacity_fraction, None),
         (a.kv_budget_fraction, _DEPRECATED.format(old="--kv-budget-fraction",
                                                   new="--kv-capacity-fraction")),
-        (_env(p, "ORTSERVE_WORKER_KV_CAPACITY_FRACTION"), None),
-        (_env(p, "ORTSERVE_WORKER_KV_BUDGET_FRACTION"), _DEPRECATED.format(
+        (from_env(p, "ORTSERVE_WORKER_KV_CAPACITY_FRACTION"), None),
+        (from_env(p, "ORTSERVE_WORKER_KV_BUDGET_FRACTION"), _DEPRECATED.format(
             old="ORTSERVE_WORKER_KV_BUDGET_FRACTION", new="ORTSERVE_WORKER_KV_CAPACITY_FRACTION")))
     try:
         kv_capacity_bytes = parse_bytes(kv_capacity) if kv_capacity else None

@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
-from ortserve import keepalive, ports, tls
+from ortserve import ports, tls
 from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
-from ortserve.serving import add_health_and_reflection, set_serving
+from ortserve.serving import add_health_and_reflection, new_server, set_serving
 from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, worker_pb2
 from ortserve.version import package_version
@@ -191,7 +191,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:
     """Bind and start; returns the server and the task that loads the model and then
     registers and heartbeats (it raises if the model or device cannot be had)."""
-    server = grpc.aio.server(options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
+    server = new_server()
     config.tls.check("ortserve-worker", need_ca=True)
     # NOTE: mutual TLS: the worker's port serves leases the scheduler handed out, so
     # only holders of a cluster certificate (the scheduler) may call it.

@@ -231,7 +231,7 @@ def test_every_env_name_is_one_the_services_read(overlay):
     worker_src = (ROOT / "worker_service" / "__main__.py").read_text()
     read = {"ORTSERVE_SCHEDULER_" + n.upper() for n in re.findall(r'_env\(p, f?"(\w+)"', scheduler_src)}
     read |= {"ORTSERVE_SCHEDULER_" + n for n in re.findall(r'_ENV \+ "(\w+)"', scheduler_src)}
-    read |= set(re.findall(r'_env\(p, "(ORTSERVE_\w+)"', worker_src))
+    read |= set(re.findall(r'from_env\(p, "(ORTSERVE_\w+)"', worker_src))
     gateway_src = (ROOT / "gateway" / "__main__.py").read_text()
     read |= {"ORTSERVE_GATEWAY_" + n.upper() for n in re.findall(r'_env\(p, f?"(\w+)"', gateway_src)}
     read |= {"ORTSERVE_GATEWAY_" + n for n in re.findall(r'_ENV \+ "(\w+)"', gateway_src)}
