@@ -15,7 +15,7 @@ import uvicorn
 
 from ortserve import banner, ports, tracing
 from ortserve.env_defaults import boolean, from_env
-from ortserve.logs import configure_logging
+from ortserve.logs import add_level_argument, configure_logging
 from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.version import package_version
 
@@ -60,7 +60,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                        ("key", "its private key (PEM)")):
         p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
-    p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
+    add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))

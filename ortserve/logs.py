@@ -13,16 +13,36 @@ them (structlog contextvars or bound loggers).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import threading
 
 import structlog
 
+from ortserve.env_defaults import from_env
 from ortserve.native_stderr import NativeStderr
 
 _configured = False
 _json = False
+
+# What --log-level takes (any case), so a main can refuse anything else with exit 2
+# naming the flag or its variable (argparse choices), before logging starts.
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def level_name(text: str) -> str:
+    """A --log-level value as given (any case) -> the lower-case level name."""
+    return text.strip().lower()
+
+
+def add_level_argument(parser: argparse.ArgumentParser, env_key: str, default: str) -> None:
+    """--log-level, defaulting to the variable `env_key`: a level not in LEVELS (flag or
+    variable) stops the program with exit 2 naming it, as every other bad flag does."""
+    parser.add_argument(
+        "--log-level", type=level_name, choices=LEVELS,
+        default=from_env(parser, env_key, default, kind=level_name, choices=LEVELS),
+        help=f"the least severe records written: {', '.join(LEVELS)} (env {env_key})")
 
 
 def json_enabled() -> bool:

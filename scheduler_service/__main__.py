@@ -14,7 +14,7 @@ import signal
 from ortserve import banner, keepalive, ports, tracing
 from ortserve.auth import load_keys
 from ortserve.env_defaults import boolean, from_env
-from ortserve.logs import configure_logging
+from ortserve.logs import add_level_argument, configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.version import package_version
@@ -74,7 +74,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                         "stopped) fails its streams UNAVAILABLE instead of leaving them to "
                         f"their deadlines; 0: off, else {keepalive.MIN_INTERVAL_S:g} to {keepalive.MAX_INTERVAL_S:g} "
                         "(env ORTSERVE_SCHEDULER_WORKER_KEEPALIVE_S)")
-    p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
+    add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     p.add_argument("--metrics-port", type=int, default=_env(p, "metrics_port", None, kind=int),
                    help="serve Prometheus metrics on this port (0: any free port); off if unset")
     p.add_argument("--drain-timeout-s", type=float,

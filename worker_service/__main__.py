@@ -16,7 +16,7 @@ import structlog
 
 from ortserve import banner, ports, tracing
 from ortserve.env_defaults import boolean, from_env
-from ortserve.logs import configure_logging, json_enabled
+from ortserve.logs import add_level_argument, configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.units import parse_bytes
@@ -101,7 +101,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
                         "(default: half the KV capacity; docs/prefix-cache.md)")
-    p.add_argument("--log-level", default=from_env(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level))
+    add_level_argument(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=from_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
     a = p.parse_args(argv)

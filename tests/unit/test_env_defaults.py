@@ -30,6 +30,10 @@ PARSE = {"ORTSERVE_SCHEDULER_": lambda: scheduler_config([]),
     ("ORTSERVE_WORKER_LOG_JSON", "2", "is not a yes or no"),
     ("ORTSERVE_GATEWAY_STREAM_INTERVAL_MS", "fast", "is not a whole number"),
     ("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "sure", "is not a yes or no"),
+    # A level logging does not know was a traceback from configure_logging (exit 1).
+    ("ORTSERVE_SCHEDULER_LOG_LEVEL", "loud", "is not one of debug, info, warning, error"),
+    ("ORTSERVE_WORKER_LOG_LEVEL", "loud", "is not one of debug, info, warning, error"),
+    ("ORTSERVE_GATEWAY_LOG_LEVEL", "loud", "is not one of debug, info, warning, error"),
 ])
 def test_a_bad_variable_is_named_and_stops_the_service(monkeypatch, capsys, key, value, says):
     monkeypatch.setenv(key, value)
@@ -54,3 +58,18 @@ def test_good_variables_are_taken_and_flags_override_them(monkeypatch):
     monkeypatch.setenv("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "yes")
     assert gateway_config([]).direct_to_workers is True
     assert gateway_config(["--no-direct-to-workers"]).direct_to_workers is False
+
+
+@pytest.mark.parametrize("prefix", list(PARSE))
+def test_a_bad_log_level_flag_is_named_and_any_case_is_taken(monkeypatch, capsys, prefix):
+    flags = {"ORTSERVE_WORKER_": ["--model-dir", "m"]}.get(prefix, [])
+    parse = {"ORTSERVE_SCHEDULER_": scheduler_config, "ORTSERVE_WORKER_": worker_config,
+             "ORTSERVE_GATEWAY_": gateway_config}[prefix]
+    with pytest.raises(SystemExit) as exit_:
+        parse([*flags, "--log-level", "loud"])
+    assert exit_.value.code == 2
+    assert "argument --log-level: invalid choice: 'loud'" in capsys.readouterr().err
+    assert parse([*flags, "--log-level", "WARNING"]).log_level == "warning"
+    monkeypatch.setenv(prefix + "LOG_LEVEL", "Debug")
+    assert parse(flags).log_level == "debug"
+
