@@ -14,7 +14,7 @@ import os
 import uvicorn
 
 from ortserve import banner, ports, tracing
-from ortserve.env_defaults import boolean, from_env
+from ortserve.env_defaults import Checked, boolean, from_env, in_range
 from ortserve.logs import add_level_argument, configure_logging
 from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.version import package_version
@@ -35,14 +35,17 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     p.add_argument("--host", default=_env(p, "host", d.host), help="address to bind")
-    p.add_argument("--port", type=int, default=_env(p, "port", d.port), help="HTTP port; 0 picks a free one")
+    port = in_range(int, 0, 65_535, what="a TCP port; 0: any free port")
+    p.add_argument("--port", type=port, default=_env(p, "port", d.port, kind=port),
+                   help="HTTP port; 0 picks a free one")
     p.add_argument("--scheduler", default=_env(p, "scheduler", os.environ.get(
         "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address)), help="the scheduler's host:port")
     p.add_argument("--cacert", default=_env(p, "cacert", d.scheduler_cacert),
                    help="TLS to the scheduler: the CA (PEM) its certificate chains to; "
                         "empty: plaintext")
-    p.add_argument("--request-timeout-s", type=float,
-                   default=_env(p, "request_timeout_s", d.request_timeout_s),
+    timeout_s = Checked(float, lambda s: None if s > 0 else f"{s:g} s must be above 0")
+    p.add_argument("--request-timeout-s", type=timeout_s,
+                   default=_env(p, "request_timeout_s", d.request_timeout_s, kind=timeout_s),
                    help="deadline of one generation's gRPC call")
     p.add_argument("--models-cache-s", type=float, default=_env(p, "models_cache_s", d.models_cache_s))
     p.add_argument("--direct-to-workers", action=argparse.BooleanOptionalAction,
@@ -50,8 +53,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="the two-step path: Admit on the scheduler, then stream from the worker "
                         "directly (the scheduler relays no token; the gateway must reach the "
                         "workers' addresses)")
-    p.add_argument("--stream-interval-ms", type=int,
-                   default=_env(p, "stream_interval_ms", d.stream_interval_ms),
+    interval_ms = in_range(int, 0, MAX_STREAM_INTERVAL_MS, " ms", "0: every token as it comes")
+    p.add_argument("--stream-interval-ms", type=interval_ms,
+                   default=_env(p, "stream_interval_ms", d.stream_interval_ms, kind=interval_ms),
                    help="the shortest time between two streamed chunks, for every request (the "
                         "tokens meanwhile leave as one SSE event: fewer messages; the first "
                         "token never waits); 0: every token as it comes; at most 10,000")
@@ -65,13 +69,6 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
     a = p.parse_args(argv)
-    if not 0 <= a.port <= 65_535:
-        p.error(f"--port {a.port} is not a TCP port from 0 to 65,535 (0: any free port)")
-    if not 0 <= a.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
-        p.error(f"--stream-interval-ms {a.stream_interval_ms} is outside 0 to "
-                f"{MAX_STREAM_INTERVAL_MS:,} ms (0: every token as it comes)")
-    if a.request_timeout_s <= 0:
-        p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
     if any(worker_tls.values()):
         missing = [f"--worker-tls-{n}" for n, path in worker_tls.items() if not path]

@@ -128,7 +128,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     n = _int(params, "n", 1, MAX_CHOICES)
     n = 1 if n is None else n
     if kind == "completion":
-        _int(params, "best_of", n, n)  # best_of == n is the same request; more is refused
+        _best_of(params, n)
     req.stop.extend(_stop_list(params.get("stop")))
     _set_response_format(req, params.get("response_format"))
     calls = kind == "chat" and tools.set_tools(req, params)
@@ -360,6 +360,16 @@ def _int(params: Mapping[str, Any], key: str, low: int, high: int) -> int | None
     if not _is_int(value) or not low <= value <= high:
         raise ParamError(key, f"{value!r} is not an integer from {low:,} to {high:,}")
     return value
+
+
+def _best_of(params: Mapping[str, Any], n: int) -> None:
+    """best_of equal to n is the same request; any other is refused, saying what is."""
+    best_of = _int(params, "best_of", 1, MAX_CHOICES)
+    if best_of is not None and best_of != n:
+        raise ParamError("best_of", f"best_of {best_of} with n {n} is not supported: ortserve "
+                         f"returns every candidate it generates and ranks none by log "
+                         f"probability, so only best_of equal to n ({n}) is taken; drop "
+                         f"best_of, or ask for n {best_of} choices and pick one yourself")
 
 
 def _number(params: Mapping[str, Any], key: str, default: float | None) -> float | None:

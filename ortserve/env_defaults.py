@@ -5,7 +5,9 @@ taken as it is (a string default goes through `type`, its error naming the flag 
 user never typed; `choices` are never checked, so ORTSERVE_WORKER_DEVICE=gpu would
 reach the engine). Every service reads its variables here instead: a value that does
 not parse, or is not one of the choices, stops the program with exit 2 and a message
-naming the variable, its value and what it takes.
+naming the variable, its value and what it takes. A flag with a rule beyond its type (a
+range) takes a `Checked` type, so the rule is checked on the flag and on its variable
+alike, and each is named as the user gave it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,34 @@ _WHAT = {int: "a whole number", float: "a number",
          boolean: f"a yes or no ({'/'.join(_TRUE)} or {'/'.join(_FALSE)})"}
 
 
+class Checked:
+    """A flag's type: the text parsed by `kind`, then `rule(value)`, which returns what is
+    wrong with it (None: nothing). argparse names the flag (`argument --x: <problem>`),
+    from_env the variable (`KEY: <problem>`); neither names what the user did not type."""
+
+    def __init__(self, kind: Callable[[str], Any], rule: Callable[[Any], str | None]):
+        self.kind, self.rule = kind, rule
+        self.__name__ = getattr(kind, "__name__", "value")  # argparse's "invalid int value"
+
+    def __call__(self, text: str) -> Any:
+        value = self.kind(text)
+        problem = self.rule(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+
+def in_range(kind: Callable[[str], Any], low: float, high: float, unit: str = "",
+             what: str = "") -> Checked:
+    """A number from `low` to `high` (NaN refused), e.g. in_range(int, 1, 1024)."""
+    def rule(value):
+        if low <= value <= high:
+            return None
+        return (f"{value:,g}{unit} is outside {low:,g} to {high:,g}{unit}"
+                + (f" ({what})" if what else ""))
+    return Checked(kind, rule)
+
+
 def from_env(parser: argparse.ArgumentParser, key: str, default: Any = None,
              kind: Callable[[str], Any] | None = None,
              choices: Collection[str] | None = None) -> Any:
@@ -40,10 +70,13 @@ def from_env(parser: argparse.ArgumentParser, key: str, default: Any = None,
     if value is None:
         return default
     kind = kind or (str if default is None else type(default))
+    base = kind.kind if isinstance(kind, Checked) else kind
     try:
         parsed = kind(value)
     except ValueError:
-        parser.error(f"{key}={value!r} is not {_WHAT.get(kind, kind.__name__)}")
+        parser.error(f"{key}={value!r} is not {_WHAT.get(base, base.__name__)}")
+    except argparse.ArgumentTypeError as problem:
+        parser.error(f"{key}: {problem}")
     if choices is not None and parsed not in choices:
         parser.error(f"{key}={value!r} is not one of {', '.join(choices)}")
     return parsed

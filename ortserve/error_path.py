@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from . import rich_status
-from .errors import ECHO_LIMIT, MESSAGE_LIMIT, DomainError, ErrorReason, clip
+from .errors import MESSAGE_LIMIT, METADATA_ECHO_LIMIT, DomainError, ErrorReason, clip
 from .status_table import STATUS_OF_REASON
 from .wire import read_varint
 
@@ -80,10 +80,10 @@ def domain_status(error: DomainError) -> tuple[grpc.StatusCode, str, tuple[tuple
         log.error("reason missing from STATUS_OF_REASON; answering INTERNAL", reason=error.reason)
         code = grpc.StatusCode.INTERNAL
     message = clip(error.message, MESSAGE_LIMIT)
-    numbers = {k: clip(v, ECHO_LIMIT * 2) for k, v in error.metadata.items()}
+    numbers = {k: clip(v, METADATA_ECHO_LIMIT) for k, v in error.metadata.items()}
     details: list[Message] = [*error.details, rich_status.error_info(error.reason.value, numbers)]
     if error.field:
-        details.append(rich_status.bad_request(clip(error.field, ECHO_LIMIT * 2),
+        details.append(rich_status.bad_request(clip(error.field, METADATA_ECHO_LIMIT),
                                                clip(error.message, _DESCRIPTION_LIMIT)))
     if error.retry_after_s > 0:
         details.append(rich_status.retry_info(error.retry_after_s))

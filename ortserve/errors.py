@@ -17,6 +17,10 @@ from .units import tokens
 # An echoed caller string (a lease id, a role) is clipped to this: a 5,000-char
 # id echoed into a status once overflowed the metadata limit (issue 12 #7).
 ECHO_LIMIT = 64
+# In ErrorInfo metadata and BadRequest field paths, where a program reads them, an echo
+# is clipped to this: the longest lease and worker id a request may carry (128 chars,
+# ortserve.request_rules) comes back whole, so a client can match it.
+METADATA_ECHO_LIMIT = 128
 # A whole status message is clipped to this; messages plus details stay far
 # below gRPC's 8 KiB metadata soft limit.
 MESSAGE_LIMIT = 1_000

@@ -13,7 +13,7 @@ import signal
 
 from ortserve import banner, keepalive, ports, tracing
 from ortserve.auth import load_keys
-from ortserve.env_defaults import boolean, from_env
+from ortserve.env_defaults import Checked, boolean, from_env
 from ortserve.logs import add_level_argument, configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -26,6 +26,18 @@ _ENV = "ORTSERVE_SCHEDULER_"
 
 def _env(p: argparse.ArgumentParser, name: str, default, **checks):
     return from_env(p, _ENV + name.upper(), default, **checks)
+
+
+def _not_negative(value: float) -> str | None:
+    return None if value >= 0 else f"{value:g} is below 0"  # NaN included
+
+
+def _keepalive_problem(interval_s: float) -> str | None:
+    try:
+        keepalive.channel_options(interval_s)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
@@ -53,10 +65,14 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--claim-ttl-s", type=float, default=_env(p, "claim_ttl_s", d.claim_ttl_s),
                    help="an admitted lease no worker claimed this long is dropped")
     p.add_argument("--retry-after-s", type=float, default=_env(p, "retry_after_s", d.retry_after_s))
-    p.add_argument("--max-queue-length", type=int, default=_env(p, "max_queue_length", d.max_queue_length),
+    length = Checked(int, _not_negative)
+    p.add_argument("--max-queue-length", type=length,
+                   default=_env(p, "max_queue_length", d.max_queue_length, kind=length),
                    help="requests that may wait for KV budget at once; beyond: QUEUE_FULL "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_LENGTH)")
-    p.add_argument("--max-queue-wait-s", type=float, default=_env(p, "max_queue_wait_s", d.max_queue_wait_s),
+    wait_s = Checked(float, _not_negative)
+    p.add_argument("--max-queue-wait-s", type=wait_s,
+                   default=_env(p, "max_queue_wait_s", d.max_queue_wait_s, kind=wait_s),
                    help="the longest a request waits for KV budget (its deadline may be "
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
@@ -67,8 +83,9 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="shared: the relayed requests to a worker share one Worker.Relay call "
                         "(one message per engine step for all of them); per-request: a "
                         "Worker.Generate call each (env ORTSERVE_SCHEDULER_RELAY_CALLS)")
-    p.add_argument("--worker-keepalive-s", type=float,
-                   default=_env(p, "worker_keepalive_s", d.worker_keepalive_s),
+    interval_s = Checked(float, _keepalive_problem)
+    p.add_argument("--worker-keepalive-s", type=interval_s,
+                   default=_env(p, "worker_keepalive_s", d.worker_keepalive_s, kind=interval_s),
                    help="ping each worker's connection this often while requests run on it; "
                         "one that does not answer within as long (a host gone, a process "
                         "stopped) fails its streams UNAVAILABLE instead of leaving them to "
@@ -84,13 +101,6 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
     a = p.parse_args(argv)
-    if a.max_queue_length < 0 or a.max_queue_wait_s < 0:
-        p.error(f"--max-queue-length ({a.max_queue_length}) and --max-queue-wait-s "
-                f"({a.max_queue_wait_s:g}) must be >= 0")
-    try:
-        keepalive.channel_options(a.worker_keepalive_s)
-    except ValueError as error:
-        p.error(f"--worker-keepalive-s: {error}")
     tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
     try:
         tls.check("ortserve-scheduler", need_ca=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 
 from ortserve import banner, ports, tracing
-from ortserve.env_defaults import boolean, from_env
+from ortserve.env_defaults import boolean, from_env, in_range
 from ortserve.logs import add_level_argument, configure_logging, json_enabled
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
@@ -73,8 +73,9 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
-    p.add_argument("--max-batch-rows", type=int,
-                   default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows),
+    rows = in_range(int, 1, 1024, what="sequences running at once")
+    p.add_argument("--max-batch-rows", type=rows,
+                   default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows, kind=rows),
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
                         "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
                         "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
@@ -105,8 +106,6 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=from_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
     a = p.parse_args(argv)
-    if not 1 <= a.max_batch_rows <= 1024:
-        p.error(f"--max-batch-rows {a.max_batch_rows}: give 1 to 1024 (sequences running at once)")
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")

@@ -90,3 +90,19 @@ def test_each_tested_block_is_on_the_page_its_test_reads(marker, page):
     text = (ROOT / page).read_text(encoding="utf-8")
     assert re.search(rf"<!-- {marker} -->\s*```(?:bash|sh)?\n", text), (
         f"{page} lost its {marker} block")
+
+
+def test_the_echo_limits_the_errors_page_states_are_the_codes():
+    from ortserve import errors, request_rules
+    text = " ".join((ROOT / "docs" / "errors.md").read_text(encoding="utf-8").split())
+    assert f"to {errors.ECHO_LIMIT} characters in a message" in text
+    assert f"to {errors.METADATA_ECHO_LIMIT} in ErrorInfo metadata" in text
+    # The reason metadata echoes more: an id a request may carry comes back whole.
+    longest_id = max(request_rules.MAX_LEASE_ID_CHARS, request_rules.MAX_WORKER_ID_CHARS)
+    assert longest_id <= errors.METADATA_ECHO_LIMIT
+
+
+def test_no_page_shows_a_deprecated_worker_flag():
+    for page in PAGES:
+        for old in ("--kv-budget", "ORTSERVE_WORKER_KV_BUDGET"):
+            assert old not in page.read_text(encoding="utf-8"), f"{page.name} shows {old}"

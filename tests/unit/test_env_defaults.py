@@ -73,3 +73,23 @@ def test_a_bad_log_level_flag_is_named_and_any_case_is_taken(monkeypatch, capsys
     monkeypatch.setenv(prefix + "LOG_LEVEL", "Debug")
     assert parse(flags).log_level == "debug"
 
+
+@pytest.mark.parametrize("key, value, says", [
+    ("ORTSERVE_WORKER_MAX_BATCH_ROWS", "2000", "2,000 is outside 1 to 1,024"),
+    ("ORTSERVE_SCHEDULER_MAX_QUEUE_LENGTH", "-1", "-1 is below 0"),
+    ("ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S", "-0.5", "-0.5 is below 0"),
+    ("ORTSERVE_SCHEDULER_WORKER_KEEPALIVE_S", "0.2", "a keepalive interval of 0.2 s is outside"),
+    ("ORTSERVE_GATEWAY_PORT", "70000", "70,000 is outside 0 to 65,535"),
+    ("ORTSERVE_GATEWAY_STREAM_INTERVAL_MS", "10001", "10,001 ms is outside 0 to 10,000 ms"),
+    ("ORTSERVE_GATEWAY_REQUEST_TIMEOUT_S", "0", "0 s must be above 0"),
+])
+def test_an_out_of_range_variable_is_named_not_its_flag(monkeypatch, capsys, key, value, says):
+    monkeypatch.setenv(key, value)
+    [parse] = [parse for prefix, parse in PARSE.items() if key.startswith(prefix)]
+    with pytest.raises(SystemExit) as exit_:
+        parse()
+    message = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage
+    assert exit_.value.code == 2
+    assert f"{key}: {says}" in message
+    flag = "--" + key.split("_", 2)[2].lower().replace("_", "-")
+    assert flag not in message  # the user typed no flag

@@ -144,6 +144,9 @@ def test_n_choices_get_seed_plus_index_and_their_own_request_ids():
     with pytest.raises(ParamError) as err:
         parse_request("completion", {"model": MODEL, "prompt": "x", "best_of": 2})
     assert err.value.param == "best_of"
+    # Not "an integer from 1 to 1": what is supported, and what to do instead.
+    assert "best_of 2 with n 1 is not supported" in str(err.value)
+    assert "only best_of equal to n (1)" in str(err.value) and "ask for n 2" in str(err.value)
 
 
 def test_greedy_drops_what_cannot_change_the_argmax_and_says_so():

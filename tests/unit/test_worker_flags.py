@@ -84,4 +84,4 @@ def test_max_batch_rows_from_the_flag_or_its_variable_and_out_of_range_names_the
     assert parse_config(["--model-dir", "m"]).max_batch_rows == 8
     with pytest.raises(SystemExit):
         parse_config(["--model-dir", "m", "--max-batch-rows", "0"])
-    assert "--max-batch-rows 0: give 1 to 1024" in capsys.readouterr().err
+    assert "argument --max-batch-rows: 0 is outside 1 to 1,024 (sequences running at once)" in capsys.readouterr().err
