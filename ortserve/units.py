@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -15,6 +16,20 @@ def human_bytes(n_bytes: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def human_bytes_at_least(n_bytes: int) -> str:
+    """A size a remedy tells someone to set: rounded UP to what human_bytes shows, so
+    following it works (9,584,640 B -> '9.2 MiB', where human_bytes says '9.1 MiB', and a
+    --kv-capacity of 9.1MiB is 42,599 bytes short). parse_bytes of the text (its spaces
+    dropped) is never below `n_bytes`."""
+    if n_bytes < 1024:
+        return f"{max(n_bytes, 0)} B"
+    power = min(int(math.log(n_bytes, 1024)), len(_UNITS) - 1)
+    tenths = math.ceil(n_bytes * 10 / 1024**power)
+    while parse_bytes(f"{tenths / 10:.1f}{_UNITS[power]}") < n_bytes:  # float rounding
+        tenths += 1
+    return f"{tenths / 10:.1f} {_UNITS[power]}"
 
 
 def tokens(n_tokens: int) -> str:

@@ -16,7 +16,7 @@ from ortserve.error_path import register_service
 from ortserve.metrics import new_registry
 from ortserve.metrics import serve as serve_metrics
 from ortserve.serving import add_health_and_reflection, new_server, set_serving
-from ortserve.units import human_bytes
+from ortserve.units import human_bytes, human_bytes_at_least
 from ortserve.v1 import scheduler_pb2, worker_pb2
 from ortserve.version import package_version
 from worker_service.config import WorkerConfig
@@ -53,7 +53,7 @@ def check_kv_capacity(engine: Engine) -> None:
             f"smallest (1 prompt + 1 new token) needs {smallest:,} bytes and one full context of "
             f"{spec.context_length:,} tokens needs {human_bytes(full_context)} at "
             f"{spec.bytes_per_token:,} B/token; raise --kv-capacity to at least "
-            f"{human_bytes(full_context)}")
+            f"{human_bytes_at_least(full_context)}")
     if engine.capacity_bytes < full_context:
         log.warning("kv capacity below one full context: long requests will be capped",
                     capacity_bytes=engine.capacity_bytes, full_context_bytes=full_context)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ortserve.errors import ContextWindowFull, quoted
-from ortserve.units import human_bytes, tokens
+from ortserve.units import human_bytes, human_bytes_at_least, tokens
 from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
@@ -24,7 +24,7 @@ def cap_reason(cap: BudgetCap) -> str:
              if cap.requested_was_unset else f"max_new_tokens {requested:,}")
     if cap.requested_bytes > cap.capacity_bytes:
         why = (f"worker {cap.worker_id}'s whole KV capacity is {human_bytes(cap.capacity_bytes)}; "
-               f"raise its --kv-capacity to at least {human_bytes(cap.requested_bytes)} "
+               f"raise its --kv-capacity to at least {human_bytes_at_least(cap.requested_bytes)} "
                f"or ask for max_new_tokens <= {n_new:,}")
     else:
         why = (f"other requests hold {human_bytes(cap.capacity_bytes - cap.available_bytes)} of "
@@ -75,7 +75,7 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         message = (f"{what} need {human_bytes(r.needed_bytes)} of KV at {r.bytes_per_token:,} "
                    f"B/token, more than any worker's whole capacity (largest: "
                    f"{human_bytes(r.capacity_bytes)} on {r.largest_worker_id})")
-        remedy = (f"raise the worker's --kv-capacity to at least {human_bytes(r.needed_bytes)}"
+        remedy = (f"raise the worker's --kv-capacity to at least {human_bytes_at_least(r.needed_bytes)}"
                   + (f", or ask for max_new_tokens <= {r.max_fit_new_tokens:,}"
                      if r.max_fit_new_tokens >= floor else ", or shorten the prompt"))
         return message, remedy

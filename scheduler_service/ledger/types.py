@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ortserve import kv_math, prefix_hash, request_rules
 from ortserve.errors import InvalidField
-from ortserve.units import human_bytes
+from ortserve.units import human_bytes, human_bytes_at_least
 
 
 class Decision(enum.Enum):
@@ -63,7 +63,7 @@ class WorkerGeometry:
                 f"{human_bytes(self.capacity_bytes)} ({self.capacity_bytes:,} bytes) is less than "
                 f"one KV block ({self.block_tokens:,} tokens = {human_bytes(self.block_bytes)}): "
                 "such a worker can never serve; start it with --kv-capacity of at least "
-                f"{human_bytes(self.block_bytes)} (better: one full context window)",
+                f"{human_bytes_at_least(self.block_bytes)} (better: one full context window)",
                 capacity_bytes=self.capacity_bytes, block_bytes=self.block_bytes)
 
     @property
