@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ortserve import banner
-from ortserve.native_stderr import as_record
+from ortserve.native_stderr import as_record, grouped
 
 BIN = Path(sys.executable).parent
 
@@ -119,3 +119,50 @@ def test_the_banner_reads_back_in_both_forms():
     assert banner.parse(banner.line(banner.Banner("h:1"), "gateway", True)) == banner.Banner("h:1")
     assert banner.parse('{"event": "scheduler serving"}') is None
     assert banner.parse("Traceback (most recent call last):") is None
+
+
+def _traced_scheduler(level: str) -> list[dict]:
+    """A scheduler with gRPC core's TCP tracing on, three short calls to it, its records."""
+    import os
+
+    import grpc
+
+    from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    env = {**os.environ, "GRPC_VERBOSITY": "debug", "GRPC_TRACE": "tcp"}
+    process = subprocess.Popen([str(BIN / "ortserve-scheduler"), "--port", "0",
+                                "--internal-port", "0", "--log-json", "--log-level", level],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    address = banner.parse(process.stdout.readline()).address
+    for _ in range(3):  # each closed connection: a multi-line "READ error" message
+        with grpc.insecure_channel(address) as channel:
+            scheduler_pb2_grpc.SchedulerStub(channel).GetBudget(
+                scheduler_pb2.GetBudgetRequest(), timeout=10)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    return _json_lines(stderr)
+
+
+def test_a_multi_line_core_message_takes_its_first_lines_level():
+    # At warning, gRPC core's info messages are hidden whole: no line of theirs leaks as
+    # an unknown "stderr" warning (the source-location lines after the first did).
+    hidden = _traced_scheduler("warning")
+    assert not [r for r in hidden if r["logger"] == "stderr"], hidden
+    assert not [r for r in hidden if "Source Location" in r["event"]]
+    # At info, each is one record at its first line's level, the lines after it included.
+    shown = _traced_scheduler("info")
+    traced = [r for r in shown if "=== Source Location Trace: ===" in r["event"]]
+    assert traced and all(r["logger"] == "grpc-core" and r["level"] == "info" for r in traced)
+    assert not [r for r in shown if r["logger"] == "stderr"]
+
+
+def test_continuation_lines_join_their_header_in_one_record():
+    header = "I1204 18:56:17.746774   26168 endpoint.cc:121] TCP: READ error=UNAVAILABLE"
+    records = grouped([header, "=== Source Location Trace: ===", "src/x.cc:372", "",
+                       '{"event": "child"}', "plain"])
+    assert records == [
+        ["grpc-core", logging.INFO,
+         "TCP: READ error=UNAVAILABLE\n=== Source Location Trace: ===\nsrc/x.cc:372",
+         {"source": "endpoint.cc:121", "thread_id": "26168"}],
+        '{"event": "child"}',  # a JSON line as it is, ending the message
+        ["stderr", logging.WARNING, "plain", {}]]
