@@ -55,6 +55,44 @@ class Relayed(Exception):
                                 if k == STATUS_DETAILS_KEY), None)
 
 
+# -- a worker failing mid-stream ----------------------------------------------------
+
+
+def is_worker_failure(error: grpc.RpcError) -> bool:
+    """Whether a worker call's failure is the worker failing (its connection lost, its
+    process stopped, killed or gone) rather than its answer: every answer of an ortserve
+    worker carries a status with details, so a failure without any, other than the
+    caller's own deadline or cancel, is the transport's."""
+    if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        return False
+    return not any(k == STATUS_DETAILS_KEY for k, _ in (error.trailing_metadata() or ()))
+
+
+def worker_failed_status(message: str, worker_id: str, worker_address: str, tokens_sent: int,
+                         upstream: grpc.RpcError) -> bytes:
+    """The serialized status of a stream whose worker failed (UNAVAILABLE; ErrorInfo
+    WORKER_FAILED with the worker, its address, the tokens already sent and the transport's
+    own code), for the relayed and the direct path alike."""
+    info = rich_status.error_info(ErrorReason.WORKER_FAILED.value, {
+        "worker_id": clip(worker_id, METADATA_ECHO_LIMIT),
+        "worker_address": clip(worker_address, METADATA_ECHO_LIMIT),
+        "tokens_sent": tokens_sent, "upstream_code": upstream.code().name})
+    status = rich_status.to_grpc_status(grpc.StatusCode.UNAVAILABLE, clip(message, MESSAGE_LIMIT),
+                                        [info])
+    return dict(status.trailing_metadata)[STATUS_DETAILS_KEY]
+
+
+def worker_failure(error: grpc.RpcError, message: str, worker_id: str, worker_address: str,
+                   tokens_sent: int) -> Relayed:
+    """A worker's failure mid-stream passed on: UNAVAILABLE with its ErrorInfo (a killed
+    worker's RST_STREAM reads INTERNAL on the wire; it is the worker failing, not a bug)."""
+    relayed = Relayed(error, message)
+    relayed.code = grpc.StatusCode.UNAVAILABLE
+    relayed.status_bin = worker_failed_status(message, worker_id, worker_address, tokens_sent,
+                                              error)
+    return relayed
+
+
 # -- what a failure becomes ----------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from ortserve.error_path import Relayed
+from ortserve.error_path import Relayed, is_worker_failure, worker_failure
 from ortserve.errors import clip
 from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
@@ -197,7 +197,12 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
     except grpc.aio.AioRpcError as error:
         leg.bound.warning("worker call failed", code=error.code().name,
                           details=clip(error.details(), 300))
-        raise Relayed(error, _relabelled(error, leg, relayed_tokens)) from None
+        if leg.if_worker_dies is not None and is_worker_failure(error):
+            raise worker_failure(
+                error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
+                f"tokens: {clip(error.details(), 300)}; {leg.if_worker_dies}",
+                leg.worker_id, leg.address, relayed_tokens) from None
+        raise Relayed(error, f"worker {leg.worker_id}: {clip(error.details(), 600)}") from None
     finally:
         if call is not None and not call.done():
             call.cancel()  # propagates a client cancel to the worker
@@ -212,10 +217,3 @@ def _compose(timings: types_pb2.Timings, arrived_s: float, relay_offset_ms: floa
     timings.ttft_ms += relay_offset_ms
     timings.total_ms = (time.perf_counter() - arrived_s) * 1e3
 
-
-def _relabelled(error: grpc.aio.AioRpcError, leg: Leg, relayed_tokens: int) -> str:
-    """Our caller's message for the worker call's failure (the code and details pass on)."""
-    if error.code() == grpc.StatusCode.UNAVAILABLE and leg.if_worker_dies is not None:
-        return (f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} tokens: "
-                f"{clip(error.details(), 300)}; {leg.if_worker_dies}")
-    return f"worker {leg.worker_id}: {clip(error.details(), 600)}"

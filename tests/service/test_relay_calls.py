@@ -177,14 +177,24 @@ def test_per_request_relay_calls_serve_the_same_events(make_cluster):
     assert cluster.worker.relay_calls == 0
 
 
-def test_the_worker_going_away_fails_its_streams_unavailable_naming_it(make_cluster):
+@pytest.mark.parametrize("relay_calls", ["shared", "per-request"])
+def test_the_worker_going_away_fails_its_streams_unavailable_naming_it(make_cluster, relay_calls):
     worker = SlowWorker(tokens=2_000, step_s=0.005)
-    cluster = make_cluster(worker)
+    cluster = make_cluster(worker, relay_calls=relay_calls)
     stream = cluster.stub.Generate(request(), timeout=30)
-    next(stream), next(stream)
+    sent = [event for event in (next(stream), next(stream), next(stream))
+            if event.WhichOneof("event") == "chunk"]
     cluster.loop.run(cluster._worker_server.stop(0))
     with pytest.raises(grpc.RpcError) as failure:
-        list(stream)
+        sent += [event for event in stream if event.WhichOneof("event") == "chunk"]
     error = failure.value
     assert error.code() == grpc.StatusCode.UNAVAILABLE
-    assert f"worker w1 at {cluster.worker_address} failed after" in error.details()
+    assert f"worker w1 at {cluster.worker_address} failed after {len(sent)} tokens" in \
+        error.details()
+    # The ErrorInfo every failure carries (docs/errors.md): the gateway's worker_failed.
+    info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+    assert info is not None, "no ErrorInfo on a worker's failure"
+    assert info.reason == "WORKER_FAILED" and info.domain == "ortserve.v1"
+    assert dict(info.metadata) | {"upstream_code": "-"} == {
+        "worker_id": "w1", "worker_address": cluster.worker_address,
+        "tokens_sent": str(len(sent)), "upstream_code": "-"}

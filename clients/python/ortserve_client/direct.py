@@ -29,7 +29,12 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ortserve import rich_status
-from ortserve.error_path import STATUS_DETAILS_KEY, domain_status
+from ortserve.error_path import (
+    STATUS_DETAILS_KEY,
+    domain_status,
+    is_worker_failure,
+    worker_failed_status,
+)
 from ortserve.errors import ContextWindowFull, DomainError, ErrorReason
 from ortserve.units import human_bytes
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
@@ -125,14 +130,16 @@ def worker_failure(error: grpc.RpcError, admission: types_pb2.Admission, tokens:
     """A worker call's failure, worded as the scheduler's relay words it (`claimed`: the
     worker had claimed the lease, so it, not the caller, gives it back)."""
     details = error.details() or ""
-    if error.code() == grpc.StatusCode.UNAVAILABLE:
+    if is_worker_failure(error):
         lease = ("its lease returns to the budget when the scheduler expires it (its "
                  "--lease-ttl-s)" if claimed else "its unclaimed lease is given back")
         message = (f"worker {admission.worker_id} at {admission.worker_address} failed after "
                    f"{tokens} tokens: {details[:300]}; {lease}; retry the request")
-    else:
-        message = f"worker {admission.worker_id}: {details[:600]}"
-    return relabelled(error, message)
+        # As the scheduler's relay answers it: UNAVAILABLE with ErrorInfo WORKER_FAILED.
+        return StatusError(grpc.StatusCode.UNAVAILABLE, message, ((STATUS_DETAILS_KEY, (
+            worker_failed_status(message, admission.worker_id, admission.worker_address,
+                                 tokens, error))),))
+    return relabelled(error, f"worker {admission.worker_id}: {details[:600]}")
 
 
 class DirectCall:
