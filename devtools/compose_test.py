@@ -36,6 +36,7 @@ import argparse
 import functools
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -183,7 +184,8 @@ def make_secrets(folder: Path) -> None:
     from tests.certs import make_certs  # trustme: a dev dependency, like this whole module
 
     make_certs(folder, scheduler_hosts=("scheduler", "127.0.0.1", "localhost"),
-               worker_hosts=("worker-cpu", "127.0.0.1"))
+               worker_hosts=("worker-cpu", "127.0.0.1"),
+               gateway_hosts=("gateway", "127.0.0.1", "localhost"))
     (folder / "keys.txt").write_text(f"generate:{API_KEY}\n")
     for path in [folder, *folder.iterdir()]:
         if os.geteuid() == 0:
@@ -302,31 +304,45 @@ def check_tls_cluster(cluster: Cluster, port: int, gateway_port: int, summary: d
     say(f"TLS Generate (grpcurl -cacert, with the key): {text!r}")
     summary["generation"] = text
 
-    health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/health", timeout=10))
+    # The gateway serves HTTPS with gateway.pem; a caller trusts ca.pem.
+    https = ssl.create_default_context(cafile=os.path.join(secrets, "ca.pem"))
+    health = json.load(urllib.request.urlopen(f"https://127.0.0.1:{gateway_port}/health",
+                                              timeout=10, context=https))
     expect(health.get("tls") is True and health.get("status") == "ok", health)
-    completion = gateway_chat(gateway_port, API_KEY)
+    completion = gateway_chat(gateway_port, API_KEY, https)
     expect("Paris" in completion["choices"][0]["message"]["content"], completion)
-    say(f"TLS gateway (with the key): {completion['choices'][0]['message']['content']!r}")
+    say(f"TLS gateway (HTTPS, with the key): {completion['choices'][0]['message']['content']!r}")
     try:
-        gateway_chat(gateway_port, "not-the-key")
+        urllib.request.urlopen(f"http://127.0.0.1:{gateway_port}/health", timeout=10)
+        raise AssertionError("the TLS gateway answered plain HTTP")
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"the TLS gateway answered plain HTTP {error.code}") from None
+    except (urllib.error.URLError, ConnectionError):
+        pass  # refused: no TLS handshake
+    try:
+        gateway_chat(gateway_port, "not-the-key", https)
         raise AssertionError("the gateway answered a caller with a wrong key")
     except urllib.error.HTTPError as error:
         expect(error.code == 401, f"a wrong key got HTTP {error.code}, want 401")
 
 
-def gateway_chat(gateway_port: int, api_key: str | None = None) -> dict:
-    """One chat completion through the gateway's published port (greedy, 24 tokens)."""
+def gateway_chat(gateway_port: int, api_key: str | None = None,
+                 https: ssl.SSLContext | None = None) -> dict:
+    """One chat completion through the gateway's published port (greedy, 24 tokens); over
+    HTTPS with `https` (the context trusting the gateway's CA)."""
+    base = f"{'https' if https else 'http'}://127.0.0.1:{gateway_port}"
     models = json.load(urllib.request.urlopen(urllib.request.Request(
-        f"http://127.0.0.1:{gateway_port}/v1/models",
-        headers={"authorization": f"Bearer {api_key}"} if api_key else {}), timeout=10))
+        f"{base}/v1/models",
+        headers={"authorization": f"Bearer {api_key}"} if api_key else {}), timeout=10,
+        context=https))
     expect(models["data"], models)
     request = urllib.request.Request(
-        f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+        f"{base}/v1/chat/completions",
         headers={"content-type": "application/json",
                  **({"authorization": f"Bearer {api_key}"} if api_key else {})},
         data=json.dumps({"model": models["data"][0]["id"], "max_tokens": 24, "temperature": 0,
                          "messages": [{"role": "user", "content": FRANCE}]}).encode())
-    return json.load(urllib.request.urlopen(request, timeout=120))
+    return json.load(urllib.request.urlopen(request, timeout=120, context=https))
 
 
 if __name__ == "__main__":

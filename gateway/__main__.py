@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import ssl
 
 import uvicorn
 
@@ -40,6 +41,14 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="HTTP port; 0 picks a free one")
     p.add_argument("--scheduler", default=_env(p, "scheduler", os.environ.get(
         "ORTSERVE_SCHEDULER_ADDRESS", d.scheduler_address)), help="the scheduler's host:port")
+    p.add_argument("--tls-cert", default=_env(p, "tls_cert", ""),
+                   help="HTTPS: the gateway's certificate chain (PEM) shown to callers (env "
+                        "ORTSERVE_GATEWAY_TLS_CERT); none: plain HTTP")
+    p.add_argument("--tls-key", default=_env(p, "tls_key", ""),
+                   help="HTTPS: its private key (PEM; env ORTSERVE_GATEWAY_TLS_KEY)")
+    p.add_argument("--tls-client-ca", default=_env(p, "tls_client_ca", ""),
+                   help="mutual TLS: callers must show a certificate chaining to this CA (PEM; "
+                        "env ORTSERVE_GATEWAY_TLS_CLIENT_CA); with --tls-cert and --tls-key")
     p.add_argument("--cacert", default=_env(p, "cacert", d.scheduler_cacert),
                    help="TLS to the scheduler: the CA (PEM) its certificate chains to; "
                         "empty: plaintext")
@@ -77,6 +86,14 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
         if missing or unreadable:
             p.error(f"mutual TLS to the workers needs --worker-tls-ca, -cert and -key, readable "
                     f"files (env {_ENV}WORKER_TLS_*): {', '.join(missing + unreadable)}")
+    https = {"--tls-cert": a.tls_cert, "--tls-key": a.tls_key, "--tls-client-ca": a.tls_client_ca}
+    if any(https.values()):
+        missing = [flag for flag in ("--tls-cert", "--tls-key") if not https[flag]]
+        unreadable = [f"{flag} {path!r}" for flag, path in https.items()
+                      if path and not os.path.isfile(path)]
+        if missing or unreadable:
+            p.error(f"HTTPS needs --tls-cert and --tls-key (--tls-client-ca for mutual TLS), "
+                    f"readable files (env {_ENV}TLS_*): {', '.join(missing + unreadable)}")
     if a.cacert and not os.path.isfile(a.cacert):
         p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
                 f"certificate chains to; env {_ENV}CACERT)")
@@ -86,8 +103,19 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          direct_to_workers=a.direct_to_workers,
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
+                         tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
                          log_level=a.log_level, log_json=a.log_json,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
+
+
+def https_options(config: GatewayConfig) -> dict:
+    """uvicorn's TLS settings: HTTPS with a certificate, mutual TLS with a client CA."""
+    if not config.tls_cert:
+        return {}
+    options = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+    if config.tls_client_ca:
+        options |= {"ssl_ca_certs": config.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     # on SIGTERM, however long it runs; streams get 30 s, then they are cut.
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,
                                            log_level=config.log_level,
-                                           timeout_graceful_shutdown=30))
+                                           timeout_graceful_shutdown=30, **https_options(config)))
     asyncio.run(server.serve(sockets=[sock]))
 
 

@@ -27,6 +27,12 @@ class GatewayConfig:
     # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
     # leave as one SSE event (the first never waits). 0: every token as it comes.
     stream_interval_ms: int = 0
+    # HTTPS for callers (uvicorn's TLS): the certificate chain and key it shows; empty:
+    # plain HTTP. With tls_client_ca, mutual TLS: a caller must show a certificate that
+    # chains to it.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""

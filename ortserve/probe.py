@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -36,10 +37,17 @@ def check(address: str, service: str = "", timeout_s: float = 2.0,
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def check_http(url: str, timeout_s: float = 2.0) -> str:
-    """"SERVING" when GET url answers 2xx, else what it answered (status and body) or why not."""
+def check_http(url: str, timeout_s: float = 2.0, cacert: str = "", cert: str = "",
+               key: str = "") -> str:
+    """"SERVING" when GET url answers 2xx, else what it answered (status and body) or why not.
+    https: trusting `cacert` (empty: the system's roots), showing cert/key when given."""
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=cacert or None)
+        if cert:
+            context.load_cert_chain(cert, key or None)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as reply:
             return "SERVING" if 200 <= reply.status < 300 else f"HTTP {reply.status}"
     except urllib.error.HTTPError as error:
         return f"HTTP {error.code} {error.read(500).decode(errors='replace').strip()}"
@@ -51,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="ortserve-probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    p.add_argument("address", help="host:port (gRPC health), or an http:// URL (GET, 2xx)")
+    p.add_argument("address", help="host:port (gRPC health), or an http:// or https:// URL "
+                                   "(GET, 2xx)")
     p.add_argument("--service", default="", help="a service name; empty: the whole server")
     p.add_argument("--timeout", type=float, default=2.0)
     for name in ("cacert", "cert", "key"):
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                             f"(env ORTSERVE_PROBE_{name.upper()})")
     a = p.parse_args(argv)
     if a.address.startswith(("http://", "https://")):
-        status = check_http(a.address, a.timeout)
+        status = check_http(a.address, a.timeout, a.cacert, a.cert, a.key)
     else:
         credentials = channel_credentials(a.cacert, a.cert, a.key) if a.cacert else None
         status = check(a.address, a.service, a.timeout, credentials)

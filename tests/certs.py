@@ -18,6 +18,7 @@ class Certs:
     ca: str  # the cluster CA every process trusts
     scheduler: TlsFiles
     worker: TlsFiles
+    gateway: TlsFiles  # the gateway's HTTPS certificate (--tls-cert, --tls-key)
     rogue_worker: TlsFiles  # a well-formed certificate from a CA the cluster does not trust
 
 
@@ -31,9 +32,11 @@ def _leaf(ca: trustme.CA, trusted_ca: str, out: Path, name: str,
 
 
 def make_certs(out: Path, scheduler_hosts: tuple[str, ...] = HOSTS,
-               worker_hosts: tuple[str, ...] = HOSTS) -> Certs:
-    """ca.pem, scheduler.pem/-key.pem, worker.pem/-key.pem (the names compose's TLS profile
-    uses), each leaf naming its hosts (compose: the service names the others dial)."""
+               worker_hosts: tuple[str, ...] = HOSTS,
+               gateway_hosts: tuple[str, ...] = HOSTS) -> Certs:
+    """ca.pem, scheduler.pem/-key.pem, worker.pem/-key.pem, gateway.pem/-key.pem (the names
+    compose's TLS profile uses), each leaf naming its hosts (compose: the service names the
+    others dial)."""
     out.mkdir(parents=True, exist_ok=True)
     ca, rogue = trustme.CA(), trustme.CA()
     ca_path = out / "ca.pem"
@@ -41,4 +44,5 @@ def make_certs(out: Path, scheduler_hosts: tuple[str, ...] = HOSTS,
     return Certs(dir=out, ca=str(ca_path),
                  scheduler=_leaf(ca, str(ca_path), out, "scheduler", scheduler_hosts),
                  worker=_leaf(ca, str(ca_path), out, "worker", worker_hosts),
+                 gateway=_leaf(ca, str(ca_path), out, "gateway", gateway_hosts),
                  rogue_worker=_leaf(rogue, str(ca_path), out, "rogue-worker"))

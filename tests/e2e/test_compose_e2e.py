@@ -41,6 +41,8 @@ def test_compose_file_is_valid_for_docker_compose():
     merged = yaml.safe_load(result.stdout)["services"]
     assert merged["scheduler"]["environment"]["ORTSERVE_SCHEDULER_TLS_CA"] == "/secrets/ca.pem"
     assert merged["gateway"]["environment"]["ORTSERVE_GATEWAY_CACERT"] == "/secrets/ca.pem"
+    assert merged["gateway"]["environment"]["ORTSERVE_GATEWAY_TLS_CERT"] == "/secrets/gateway.pem"
+    assert "https://127.0.0.1:8000/health" in merged["gateway"]["healthcheck"]["test"]
     assert merged["gateway"]["environment"]["ORTSERVE_SCHEDULER_ADDRESS"] == "scheduler:50051"
     for worker in ("worker", "worker-cpu"):
         env = merged[worker]["environment"]

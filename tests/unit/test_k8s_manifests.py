@@ -464,3 +464,34 @@ def test_an_overlay_can_point_the_images_at_a_registry(tmp_path):
         out = subprocess.run([*command, str(mine)], check=True, capture_output=True, text=True,
                              timeout=60).stdout
         assert _by_identity(yaml.safe_load_all(out)) == _by_identity(objects)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_https_overlay_serves_the_gateway_over_tls_from_a_secret(version, monkeypatch,
+                                                                     tmp_path):
+    from gateway.__main__ import https_options, parse_config
+
+    objects = render("https")
+    validate_all(objects, version)
+    c = container(objects, "ortserve-gateway", "gateway")
+    pod = pod_spec(objects, "ortserve-gateway")
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "gateway-tls"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "gateway-tls"]
+    assert volume["secret"]["secretName"] == "ortserve-gateway-tls" and mount["readOnly"]
+    # The gateway reads the Secret's files where the mount puts them, and serves HTTPS.
+    env = _env_of(objects, "ortserve-gateway", "gateway", "10.9.9.8")
+    for key in [k for k in os.environ if k.startswith("ORTSERVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("ORTSERVE_GATEWAY_TLS_"):
+            assert value.startswith(mount["mountPath"] + "/"), (key, value)
+            value = str(tmp_path / value.rsplit("/", 1)[1])  # the files, here
+            Path(value).write_text("pem")
+        monkeypatch.setenv(key, value)
+    options = https_options(parse_config(c.get("args", [])))
+    assert options["ssl_certfile"].endswith("tls.crt") and options["ssl_keyfile"].endswith("tls.key")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS"
+    annotations = find(objects, "Deployment", "ortserve-gateway")["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["prometheus.io/scheme"] == "https"
