@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
+.PHONY: chaos model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -154,6 +154,13 @@ run: setup $(if $(MODEL_NAME),,model)
 ## cluster: the compose topology as local processes, WORKERS=N
 cluster: setup $(if $(MODEL_NAME),,model)
 	@$(BIN)/python -m devtools.cluster --workers $(WORKERS) $(RUN_MODEL_DIR)
+
+## chaos: 64 clients over gRPC and the gateway for CHAOS_S seconds (600) while the scheduler is
+## restarted twice and workers are killed, restarted and stopped; the ledger checked every
+## second; stdout and logs/chaos/report.json: the JSON report (docs/operations.md#chaos)
+CHAOS_S ?= 600
+chaos: setup tiny-model
+	@$(BIN)/python -m devtools.chaos --duration-s $(CHAOS_S) --clients 64 --log-dir logs/chaos --report logs/chaos/report.json
 
 ## compose-test: compose.yaml in real containers (Docker, or podman here), checked from outside
 ## (docs/compose.md; stdout: a JSON summary)

@@ -1,0 +1,457 @@
+"""A fault run under load: clients over gRPC and the gateway while the cluster is broken.
+
+  python -m devtools.chaos --duration-s 600 --clients 64 --report chaos.json   (make chaos)
+
+A scheduler, workers and a gateway as real processes (devtools.cluster); `--clients`
+threads send generations over gRPC (Scheduler.Generate, with deadlines; some cancel
+mid-stream, some close their channel and vanish) and through the gateway (chat, whole or
+streamed; some streamed readers vanish). Meanwhile the faults: the scheduler killed and
+restarted on its ports (twice, by default), workers killed and restarted at random, a
+worker SIGSTOPped past the lease TTL and resumed.
+
+Checked every second: reserved <= capacity, reserved = the sum of the live leases (one
+GetBudget), and each worker's held KV <= what the ledger charges it (the worker's Info
+between two GetBudgets: a charge comes before the KV, a release after it). At the end:
+every request ended with tokens or a clean status (no INTERNAL or UNKNOWN, no HTTP 500,
+none past its deadline), and once the load stops the ledger and every worker hold 0.
+The JSON report: counts by outcome, the invariant violations, the faults and how long
+the cluster took to serve again after each (the longest recovery). Exit 1 when a check
+failed. The short form runs in CI (tests/e2e/test_chaos_e2e.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import itertools
+import json
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from devtools.cluster import (
+    LocalCluster,
+    Service,
+    _bin,
+    model_cache,
+    start_service,
+    stop_service,
+    wait_serving,
+)
+from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+
+# A clean end of a request that did not get its tokens: the system said why.
+CLEAN_CODES = {"unavailable", "resource_exhausted", "deadline_exceeded", "cancelled",
+               "failed_precondition", "aborted", "not_found"}
+HANG_GRACE_S = 10.0  # past its deadline by this much, a request counts as hung
+LEASE_TTL_S = 3.0
+PROMPTS = ["Write a long story about a lighthouse keeper.", "List the planets of the solar system.",
+           "Explain how a bicycle works.", "What is the capital of France?"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Tally:
+    """Outcomes and findings, shared by every thread."""
+
+    outcomes: collections.Counter = field(default_factory=collections.Counter)
+    bad: list[dict] = field(default_factory=list)  # requests that did not end cleanly
+    violations: list[dict] = field(default_factory=list)
+    faults: list[dict] = field(default_factory=list)
+    checks: int = 0
+    bad_total: int = 0
+    samples: dict = field(default_factory=dict)  # outcome -> its first details
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, outcome: str, bad: dict | None = None, detail: str = "") -> None:
+        with self.lock:
+            self.outcomes[outcome] += 1
+            if detail and len(self.samples.setdefault(outcome, [])) < 3:
+                self.samples[outcome].append(detail)
+            if bad is not None:
+                self.bad_total += 1
+                if len(self.bad) < 50:  # the first ones, with their details
+                    self.bad.append({"outcome": outcome, **bad})
+
+
+class Chaos:
+    def __init__(self, model_dir: Path, log_dir: Path, workers: int, clients: int,
+                 duration_s: float, scheduler_restarts: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.clients, self.duration_s = clients, duration_s
+        self.scheduler_restarts = scheduler_restarts
+        self.tally = Tally()
+        self.stop = threading.Event()
+        self.port, self.internal_port = free_port(), free_port()
+        self.cluster = LocalCluster(
+            model_dir=model_dir, workers=workers, threads=1, log_dir=log_dir,
+            scheduler_port=self.port, kv_capacities=["2MiB"] * workers,
+            scheduler_args=["--internal-port", str(self.internal_port),
+                            "--heartbeat-interval-s", "0.5", "--lease-ttl-s", str(LEASE_TTL_S),
+                            "--worker-keepalive-s", "1", "--max-queue-wait-s", "2"])
+        self.gateway: Service | None = None
+        self.model = ""  # the served model's name, as the gateway lists it
+        self.log_dir = log_dir
+        self.faulting = threading.Lock()  # one fault at a time; the checker skips during one
+
+    # -- the cluster ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.cluster.start()
+        self.gateway = start_service("gateway", [
+            _bin("ortserve-gateway"), "--port", "0", "--scheduler", self.cluster.address,
+            "--request-timeout-s", "20"], self.log_dir)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.gateway.address}/v1/models",
+                                            timeout=2) as reply:
+                    self.model = json.load(reply)["data"][0]["id"]
+                return
+            except (urllib.error.URLError, OSError, IndexError, KeyError):
+                time.sleep(0.2)
+        raise RuntimeError(f"the gateway never listed a model; see {self.gateway.log_path}")
+
+    def close(self) -> None:
+        if self.gateway is not None:
+            stop_service(self.gateway)
+        for service in self.cluster.services:  # a stopped one would never see SIGTERM
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGCONT)
+        self.cluster.stop()
+
+    def budget(self, timeout_s: float = 5.0) -> scheduler_pb2.GetBudgetResponse:
+        with grpc.insecure_channel(self.cluster.address) as channel:
+            return scheduler_pb2_grpc.SchedulerStub(channel).GetBudget(
+                scheduler_pb2.GetBudgetRequest(include_leases=True), timeout=timeout_s)
+
+    @staticmethod
+    def held_bytes(address: str) -> int:
+        with grpc.insecure_channel(address) as channel:
+            return worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(),
+                                                            timeout=2).held_bytes
+
+    # -- the clients ---------------------------------------------------------------------
+
+    def grpc_request(self, rng: random.Random) -> None:
+        deadline_s = rng.uniform(2, 15)
+        how = rng.choices(["whole", "cancel", "vanish"], [6, 2, 1])[0]
+        request = types_pb2.GenerateRequest(text=rng.choice(PROMPTS),
+                                            max_new_tokens=rng.randint(8, 160))
+        started = time.monotonic()
+        channel = grpc.insecure_channel(self.cluster.address)
+        outcome, detail = "no_finished", ""
+        try:
+            call = scheduler_pb2_grpc.SchedulerStub(channel).Generate(request, timeout=deadline_s)
+            chunks = 0
+            for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "chunk":
+                    chunks += 1
+                    if how == "cancel" and chunks == 2:
+                        call.cancel()
+                        outcome = "cancelled_by_client"
+                        break
+                    if how == "vanish" and chunks == 2:
+                        channel.close()  # gone without a word
+                        outcome = "vanished"
+                        break
+                elif kind == "finished":
+                    outcome = "tokens"
+        except grpc.RpcError as error:
+            code = error.code().name.lower() if error.code() else "none"
+            outcome, detail = f"grpc_{code}", (error.details() or "")[:300]
+            if how == "vanish" and code == "cancelled":
+                outcome = "vanished"
+        except ValueError:  # the channel closed under a vanishing reader
+            outcome = "vanished"
+        finally:
+            channel.close()
+        elapsed = time.monotonic() - started
+        bad = None
+        if elapsed > deadline_s + HANG_GRACE_S:
+            outcome = "hung"
+        if outcome in ("hung", "no_finished") or (
+                outcome.startswith("grpc_") and outcome[5:] not in CLEAN_CODES):
+            bad = {"path": "grpc", "elapsed_s": round(elapsed, 1),
+                   "deadline_s": round(deadline_s, 1), "detail": detail}
+        self.tally.count(outcome, bad, detail)
+
+    def http_request(self, rng: random.Random) -> None:
+        assert self.gateway is not None
+        stream = rng.random() < 0.5
+        vanish = stream and rng.random() < 0.3
+        body = {"model": self.model, "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+                "max_tokens": rng.randint(8, 160), "stream": stream}
+        started = time.monotonic()
+        outcome, detail = "no_finished", ""
+        try:
+            request = urllib.request.Request(
+                f"http://{self.gateway.address}/v1/chat/completions",
+                data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+            with urllib.request.urlopen(request, timeout=20 + HANG_GRACE_S) as reply:
+                if not stream:
+                    json.load(reply)
+                    outcome = "tokens"
+                else:
+                    for lines, line in enumerate(reply, 1):
+                        if vanish and lines == 3:
+                            outcome = "vanished"
+                            break
+                        if line.strip() == b"data: [DONE]":
+                            outcome = "tokens"
+                        elif b'"error"' in line:
+                            outcome = "http_stream_error"
+                            detail = line.decode(errors="replace")[:300]
+        except urllib.error.HTTPError as error:
+            text = error.read(2000).decode(errors="replace")
+            try:
+                code = json.loads(text)["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = "?"
+            outcome, detail = f"http_{error.code}_{code}", text[:300]
+        except TimeoutError:
+            outcome = "hung"
+        except urllib.error.URLError as error:
+            outcome = "hung" if isinstance(error.reason, TimeoutError) else "http_unreachable"
+            detail = repr(error)[:300]
+        except (OSError, ValueError) as error:  # a connection cut mid-answer
+            outcome, detail = "http_cut", repr(error)[:300]
+        elapsed = time.monotonic() - started
+        bad = None
+        if outcome == "http_stream_error" and any(
+                f'"code": "{c}"' in detail or f'"code":"{c}"' in detail
+                for c in ("internal", "server_error")):
+            bad = {"path": "http", "detail": detail}
+        if outcome in ("hung", "no_finished") or outcome.startswith("http_500") \
+                or outcome.startswith("http_502"):
+            bad = {"path": "http", "elapsed_s": round(elapsed, 1), "detail": detail}
+        self.tally.count(outcome, bad, detail)
+
+    def client(self, index: int) -> None:
+        rng = random.Random(index)
+        while not self.stop.is_set():
+            if rng.random() < 0.6:
+                self.grpc_request(rng)
+            else:
+                self.http_request(rng)
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def check_once(self) -> None:
+        try:
+            before = self.budget(2.0)
+            helds = {}
+            for worker in before.workers:
+                with contextlib.suppress(grpc.RpcError):  # stopped or gone: nothing to read
+                    helds[worker.worker_id] = self.held_bytes(worker.address)
+            after = self.budget(2.0)
+        except grpc.RpcError:
+            return  # the scheduler is down (a fault): nothing to check
+        found = []
+        for budget in (before, after):
+            if budget.total_reserved_bytes > budget.total_capacity_bytes:
+                found.append({"check": "reserved <= capacity", "reserved": budget.total_reserved_bytes,
+                              "capacity": budget.total_capacity_bytes})
+            for w in budget.workers:
+                leases = sum(lease.reserved_bytes for lease in w.leases)
+                if w.reserved_bytes > w.capacity_bytes:
+                    found.append({"check": "worker reserved <= capacity", "worker": w.worker_id,
+                                  "reserved": w.reserved_bytes, "capacity": w.capacity_bytes})
+                if w.reserved_bytes != leases:
+                    found.append({"check": "reserved = sum of leases", "worker": w.worker_id,
+                                  "reserved": w.reserved_bytes, "leases": leases})
+        charged = collections.defaultdict(int)
+        present = collections.Counter()
+        for budget in (before, after):
+            for w in budget.workers:
+                charged[w.worker_id] = max(charged[w.worker_id], w.reserved_bytes)
+                present[w.worker_id] += 1
+        for worker_id, held in helds.items():
+            if present[worker_id] == 2 and held > charged[worker_id]:
+                found.append({"check": "held <= charged", "worker": worker_id, "held": held,
+                              "charged": charged[worker_id]})
+        with self.tally.lock:
+            self.tally.checks += 1
+            for violation in found:
+                violation["at_s"] = round(time.monotonic() - self.t0, 1)
+                self.tally.violations.append(violation)
+
+    def checker(self) -> None:
+        while not self.stop.is_set():
+            self.check_once()
+            self.stop.wait(1.0)
+
+    # -- the faults ----------------------------------------------------------------------
+
+    def recovered_in(self, since: float, limit_s: float = 90.0) -> float | None:
+        """Seconds from `since` until a canary generation over gRPC gets its tokens."""
+        while time.monotonic() - since < limit_s:
+            try:
+                with grpc.insecure_channel(self.cluster.address) as channel:
+                    events = list(scheduler_pb2_grpc.SchedulerStub(channel).Generate(
+                        types_pb2.GenerateRequest(text="Hi", max_new_tokens=4), timeout=10))
+                if events and events[-1].WhichOneof("event") == "finished":
+                    return time.monotonic() - since
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        return None
+
+    def fault(self, kind: str, act) -> None:
+        with self.faulting:
+            t = time.monotonic()
+            what = act()
+            ended = time.monotonic()
+            recovery = self.recovered_in(ended)
+        # recovered_in_s: from the fault's end (the process back, or resumed) to a served
+        # request; the fault itself (a restart's start-up included) lasted fault_s.
+        entry = {"fault": kind, "at_s": round(t - self.t0, 1), **what,
+                 "fault_s": round(ended - t, 2),
+                 "recovered_in_s": None if recovery is None else round(recovery, 2)}
+        with self.tally.lock:
+            self.tally.faults.append(entry)
+        print(f"chaos: {entry}", file=sys.stderr, flush=True)
+
+    def restart_scheduler(self) -> dict:
+        old = self.cluster.services[0]
+        old.process.kill()
+        old.process.wait(10)
+        self.cluster.services[0] = start_service("scheduler", [
+            _bin("ortserve-scheduler"), "--host", "127.0.0.1", "--port", str(self.port),
+            *self.cluster.scheduler_args], self.log_dir)
+        wait_serving(self.cluster.services[0])
+        return {}
+
+    def worker_at(self, index: int) -> Service:
+        return next(s for s in self.cluster.worker_services if s.name == f"worker-{index}")
+
+    def kill_worker(self) -> dict:
+        index = self.rng.randrange(len(self.cluster.worker_services))
+        service = self.worker_at(index)
+        service.process.kill()
+        service.process.wait(10)
+        time.sleep(self.rng.uniform(0.5, 3.0))
+        self.cluster.services.remove(service)
+        port = service.address.rsplit(":", 1)[1]
+        wait_serving(self.cluster.start_worker(index, ["--port", port]), "ortserve.v1.Worker")
+        return {"worker": service.name}
+
+    def stop_worker(self) -> dict:
+        service = self.worker_at(self.rng.randrange(len(self.cluster.worker_services)))
+        service.process.send_signal(signal.SIGSTOP)
+        time.sleep(LEASE_TTL_S + 2.0)  # past the lease TTL: its leases expire
+        service.process.send_signal(signal.SIGCONT)
+        return {"worker": service.name, "stopped_s": LEASE_TTL_S + 2.0}
+
+    def faults(self) -> None:
+        """Scheduler restarts spread over the run; between them, worker kills and stops."""
+        plan = itertools.cycle(["kill_worker", "stop_worker", "kill_worker"])
+        restarts_at = [self.duration_s * (i + 1) / (self.scheduler_restarts + 1)
+                       for i in range(self.scheduler_restarts)]
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - self.t0
+            if restarts_at and elapsed >= restarts_at[0]:
+                restarts_at.pop(0)
+                self.fault("scheduler_restart", self.restart_scheduler)
+            else:
+                kind = next(plan)
+                self.fault(kind, getattr(self, kind))
+            self.stop.wait(self.rng.uniform(3.0, 8.0))
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self.t0 = time.monotonic()
+        threads = [threading.Thread(target=self.client, args=(i,), daemon=True)
+                   for i in range(self.clients)]
+        threads += [threading.Thread(target=self.checker, daemon=True),
+                    threading.Thread(target=self.faults, daemon=True)]
+        for t in threads:
+            t.start()
+        self.stop.wait(self.duration_s)
+        self.stop.set()
+        with self.faulting:  # the last fault has recovered
+            pass
+        for t in threads:
+            t.join(60)
+        hung_threads = sum(t.is_alive() for t in threads)
+        # After the load: every lease released, every worker's KV freed.
+        deadline = time.monotonic() + LEASE_TTL_S + 30
+        reserved, held = None, None
+        while time.monotonic() < deadline:
+            try:
+                budget = self.budget()
+                reserved = budget.total_reserved_bytes
+                held = sum(self.held_bytes(w.address) for w in budget.workers)
+                if reserved == 0 and held == 0:
+                    break
+            except grpc.RpcError:
+                pass
+            time.sleep(0.5)
+        self.check_once()
+        recoveries = [f["recovered_in_s"] for f in self.tally.faults]
+        report = {
+            "duration_s": self.duration_s, "clients": self.clients,
+            "requests": sum(self.tally.outcomes.values()),
+            "outcomes": dict(sorted(self.tally.outcomes.items())),
+            "bad_requests": self.tally.bad_total,
+            "bad_request_samples": self.tally.bad,
+            "outcome_samples": self.tally.samples,
+            "invariant_checks": self.tally.checks,
+            "invariant_violations": self.tally.violations,
+            "faults": self.tally.faults,
+            "longest_recovery_s": max((r for r in recoveries if r is not None), default=None),
+            "unrecovered_faults": sum(r is None for r in recoveries),
+            "after_load": {"reserved_bytes": reserved, "held_bytes": held},
+            "threads_still_running": hung_threads,
+        }
+        report["ok"] = (report["bad_requests"] == 0 and not report["invariant_violations"]
+                        and report["unrecovered_faults"] == 0 and reserved == 0 and held == 0
+                        and hung_threads == 0)
+        return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m devtools.chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration-s", type=float, default=600.0, help="how long the load runs")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--scheduler-restarts", type=int, default=2)
+    p.add_argument("--model-dir", type=Path, default=model_cache() / "models" / "tiny-llama")
+    p.add_argument("--log-dir", type=Path, default=Path("logs/chaos"))
+    p.add_argument("--report", type=Path, help="write the JSON report here too")
+    p.add_argument("--seed", type=int, default=40)
+    a = p.parse_args(argv)
+    chaos = Chaos(a.model_dir, a.log_dir, a.workers, a.clients, a.duration_s,
+                  a.scheduler_restarts, a.seed)
+    try:
+        chaos.start()
+        report = chaos.run()
+    finally:
+        chaos.close()
+    text = json.dumps(report, indent=2)
+    if a.report:
+        a.report.write_text(text + "\n")
+    print(text)  # the result: stdout
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
