@@ -60,6 +60,12 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                        ("key", "its private key (PEM)")):
         p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
+    p.add_argument("--responses-max", type=int, default=_env(p, "responses_max", d.responses_max),
+                   help="stored responses (/v1/responses, store: true) kept at most; the oldest "
+                        "is forgotten first and its session closed")
+    p.add_argument("--responses-ttl-s", type=float,
+                   default=_env(p, "responses_ttl_s", d.responses_ttl_s),
+                   help="how long a stored response can be continued (previous_response_id)")
     p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -70,6 +76,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     if not 0 <= a.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
         p.error(f"--stream-interval-ms {a.stream_interval_ms} is outside 0 to "
                 f"{MAX_STREAM_INTERVAL_MS:,} ms (0: every token as it comes)")
+    if a.responses_max < 0 or a.responses_ttl_s < 0:
+        p.error(f"--responses-max {a.responses_max} and --responses-ttl-s {a.responses_ttl_s:g} "
+                "must be 0 or more (0: nothing is kept for previous_response_id)")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
@@ -89,6 +98,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          direct_to_workers=a.direct_to_workers,
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
+                         responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
                          log_level=a.log_level, log_json=a.log_json,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
 
