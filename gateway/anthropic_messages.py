@@ -75,7 +75,10 @@ def parse(body: object) -> tuple[ParsedRequest, bool]:
     chat = {k: v for k, v in params.items() if k not in _OWN - {"model", "max_tokens", "stream"}}
     chat["messages"] = messages
     if "stop_sequences" in params:
-        chat["stop"] = params["stop_sequences"]
+        stop = params["stop_sequences"]
+        if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+            raise ParamError("stop_sequences", "must be a list of strings")
+        chat["stop"] = stop
     if "tools" in params:
         chat["tools"] = _tools(params["tools"])
     if "tool_choice" in params:
