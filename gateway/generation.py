@@ -32,6 +32,8 @@ log = structlog.get_logger("ortserve.gateway")
 # How often a non-streaming handler checks that its client is still there.
 DISCONNECT_POLL_S = 0.25
 _CLOSE_TIMEOUT_S = 10.0
+# How long a close waits for a cancelled turn to stop (it stops within a decode step).
+_CLOSE_WAIT_S = 30.0
 _TURN_PREFIX = "request."
 
 Stream = OpenStream | DirectStream
@@ -94,14 +96,25 @@ async def open_turn(target: Target, session_id: str,
 
 async def close_session(upstream: Upstream, session_id: str,
                         metadata: tuple[tuple[str, str], ...]) -> None:
-    """Close a session (the worker frees its KV, the lease is released once); a failure is
-    logged, not raised: the scheduler's idle TTL closes it anyway."""
-    try:
-        await upstream.stub.CloseSession(scheduler_pb2.SessionRequest(session_id=session_id),
-                                         timeout=_CLOSE_TIMEOUT_S, metadata=metadata)
-    except grpc.RpcError as error:
-        log.warning("session close failed", session_id=session_id, code=error.code().name,
-                    detail=error.details())
+    """Close a session (the worker frees its KV, the lease is released once). A turn just
+    cancelled may still be running there (SESSION_BUSY until the worker has stopped it):
+    the close is tried again until it ends. A failure is logged, not raised: the
+    scheduler's idle TTL closes the session anyway."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CLOSE_WAIT_S
+    pause_s = 0.05
+    while True:
+        try:
+            await upstream.stub.CloseSession(scheduler_pb2.SessionRequest(session_id=session_id),
+                                             timeout=_CLOSE_TIMEOUT_S, metadata=metadata)
+            return
+        except grpc.RpcError as error:
+            if reason_of(error) != "SESSION_BUSY" or loop.time() + pause_s > deadline:
+                log.warning("session close failed", session_id=session_id,
+                            code=error.code().name, detail=error.details())
+                return
+        await asyncio.sleep(pause_s)
+        pause_s = min(pause_s * 2, 1.0)
 
 
 def reason_of(error: grpc.RpcError) -> str:

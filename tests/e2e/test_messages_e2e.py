@@ -127,3 +127,18 @@ def test_bad_input_is_a_400_in_anthropics_shape_naming_the_field(gateway, body, 
     error = err.value.body
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert error["error"]["message"].startswith(field + ":"), error
+
+
+def test_closing_the_stream_mid_way_frees_the_lease(roomy, gateway):
+    from tests.e2e.conftest import reserved_bytes
+    from tests.e2e.test_gateway_e2e import ESSAY
+
+    stream = client(gateway).messages.create(
+        model=MODEL, max_tokens=2000, stream=True, messages=[{"role": "user", "content": ESSAY}],
+        extra_body={"temperature": 0, "min_tokens": 2000})
+    for i, _event in enumerate(stream):
+        if i == 4:
+            break
+    assert reserved_bytes(roomy.address) > 0
+    stream.close()
+    assert wait_reserved_zero(roomy.address) == 0

@@ -173,3 +173,26 @@ def test_refusals_are_400s_naming_the_responses_field_and_reserve_nothing(roomy,
         assert err.value.param == param, err.value
     assert scheduler_stub(roomy.address).GetBudget(
         scheduler_pb2.GetBudgetRequest(), timeout=5).total_reserved_bytes == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_a_stored_response_frees_its_session(roomy, gateway, stream):
+    from tests.e2e.test_gateway_e2e import ESSAY
+
+    long = dict(model=MODEL, input=ESSAY, max_output_tokens=2000, temperature=0,
+                extra_body={"min_tokens": 2000})
+    if stream:
+        events = openai_client(gateway).responses.create(stream=True, **long)
+        for i, _event in enumerate(events):
+            if i == 6:
+                break
+        # 2,000 tokens take minutes here: a zero within seconds is the cancel, not the end.
+        assert reserved_bytes(roomy.address) > 0
+        events.close()
+    else:
+        impatient = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
+                                  timeout=1.5, max_retries=0)
+        with pytest.raises(openai.APITimeoutError):
+            impatient.responses.create(**long)
+    # The turn was cut short: its new session is closed, not left charged until its TTL.
+    assert wait_reserved_zero(roomy.address, timeout_s=15) == 0
