@@ -204,3 +204,131 @@ def test_deleting_a_head_closes_its_session_and_an_older_one_does_not():
     assert store.delete("r1") == (True, [])
     assert store.delete("r2") == (True, ["s1"])
     assert store.delete("r2") == (False, [])
+
+
+class _Stub:
+    """The scheduler's stub as the Responses handler calls it; records the calls."""
+
+    def __init__(self, open_session_error=None, turn_error=None) -> None:
+        self.calls: list[str] = []
+        self._open_error = open_session_error
+        self._turn_error = turn_error
+
+    async def OpenSession(self, request, **_kw):  # noqa: N802 (gRPC's method name)
+        self.calls.append("OpenSession")
+        if self._open_error is not None:
+            raise self._open_error
+        return types_pb2.SessionInfo(session_id="s-new")
+
+    async def CloseSession(self, request, **_kw):  # noqa: N802
+        self.calls.append(f"CloseSession {request.session_id}")
+
+    def SessionTurn(self, request, **_kw):  # noqa: N802
+        self.calls.append(f"SessionTurn {request.session_id} {len(request.request.chat.messages)}")
+        return _Call(self._turn_error)
+
+
+class _Call:
+    def __init__(self, error) -> None:
+        self._error = error
+
+    async def read(self):
+        if self._error is not None:
+            raise self._error
+        return types_pb2.GenerateEvent(admission=types_pb2.Admission(lease_id="l1"))
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Upstream:
+    timeout_s = 5.0
+
+    def __init__(self, stub: _Stub) -> None:
+        self.stub = stub
+
+    async def open(self, request, metadata=()):
+        self.stub.calls.append(f"Generate {len(request.chat.messages)}")
+        return types_pb2.Admission(lease_id="g1")
+
+
+def _rpc_error(code, reason: str = "", details: str = "no"):
+    import grpc
+    from google.rpc import error_details_pb2, status_pb2
+
+    trailing = grpc.aio.Metadata()
+    if reason:
+        status = status_pb2.Status(code=code.value[0], message=details)
+        status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason))
+        trailing.add("grpc-status-details-bin", status.SerializeToString())
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+
+
+def _open(stub: _Stub, body: dict, prior=None, store=None):
+    import asyncio
+
+    from gateway import responses_route
+    from gateway.generation import Target
+
+    rr = orr.parse({"model": "m", **body})
+    parsed = rr.chat(prior.conversation if prior else [])
+    store = store or ResponseStore()
+
+    async def main():
+        run = await responses_route._open(Target(_Upstream(stub), None, ()), store, rr, parsed,
+                                          prior, "resp_1")
+        await asyncio.sleep(0)  # let a close started in the background run
+        return run
+
+    return asyncio.run(main())
+
+
+def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
+    import grpc
+
+    stub = _Stub(open_session_error=_rpc_error(grpc.StatusCode.INVALID_ARGUMENT,
+                                               details="sessions keep K/V as arena rows"))
+    run = _open(stub, {"input": "Hi"})
+    assert stub.calls == ["OpenSession", "Generate 1"]
+    assert run.session_id == "" and run.session_note == {
+        "kept": False, "reason": "sessions keep K/V as arena rows"}
+
+
+def test_a_follow_up_of_the_head_sends_only_its_input_with_the_sessions_call_ids():
+    from gateway.responses_route import call_prefix
+
+    store = ResponseStore()
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": call_prefix("s1") + "1_0", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]}]
+    prior = Stored("r1", "m", None, "", history, {}, "s1", 1)
+    store.put(prior)
+    stub = _Stub()
+    run = _open(stub, {"input": [{"type": "function_call_output",
+                                  "call_id": call_prefix("s1") + "1_0", "output": "sunny"}]},
+                prior, store)
+    assert stub.calls == ["SessionTurn s1 1"]
+    assert (run.session_id, run.turn, run.new_session) == ("s1", 2, False)
+
+
+def test_a_follow_up_whose_session_expired_opens_a_new_one_with_the_whole_conversation():
+    import grpc
+
+    store = ResponseStore()
+    prior = Stored("r1", "m", None, "", [{"role": "user", "content": "A"},
+                                         {"role": "assistant", "content": "B"}], {}, "s1", 1)
+    store.put(prior)
+
+    class Expired(_Stub):
+        def SessionTurn(self, request, **kw):  # noqa: N802
+            error = (_rpc_error(grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+                     if request.session_id == "s1" else None)
+            self._turn_error = error
+            return super().SessionTurn(request, **kw)
+
+    stub = Expired()
+    run = _open(stub, {"input": "C"}, prior, store)
+    assert stub.calls[:3] == ["SessionTurn s1 1", "OpenSession", "SessionTurn s-new 3"]
+    assert (run.session_id, run.turn, run.new_session) == ("s-new", 1, True)
+    assert store.claim(prior) == ""  # s1 is no session's to continue any more
