@@ -196,3 +196,19 @@ def test_a_client_that_leaves_a_stored_response_frees_its_session(roomy, gateway
             impatient.responses.create(**long)
     # The turn was cut short: its new session is closed, not left charged until its TTL.
     assert wait_reserved_zero(roomy.address, timeout_s=15) == 0
+
+
+def test_a_streamed_follow_up_through_the_sdks_stream_helper(roomy, gateway):
+    client = openai_client(gateway)
+    first = client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=16,
+                                    temperature=0)
+    with client.responses.stream(model=MODEL, previous_response_id=first.id,
+                                 input="And of Italy?", max_output_tokens=16,
+                                 temperature=0) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text and text == final.output_text
+    assert final.model_extra["ortserve"]["session"]["turn"] == 2
+    assert final.usage.input_tokens_details.cached_tokens > first.usage.input_tokens
+    client.responses.delete(final.id)
+    assert wait_reserved_zero(roomy.address) == 0
