@@ -50,11 +50,14 @@ _RENAMES = (("stop", "stop_sequences"), ("reasoning_effort", "output_config.effo
             ("response_format", "output_config.format"))
 
 
-def parse(body: object) -> tuple[ParsedRequest, bool]:
-    """(the chat request, stream); raises ParamError naming the Messages field."""
+def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool]:
+    """(the chat request, stream); raises ParamError naming the Messages field. `counting`:
+    a count_tokens body (no max_tokens: nothing is generated)."""
     if not isinstance(body, Mapping):
         raise ParamError("body", "the request body must be a JSON object")
     params = {k: v for k, v in body.items() if v is not None}
+    if counting:
+        params.setdefault("max_tokens", 1)
     for key in params:
         if key in _CHAT_ONLY:
             raise ParamError(key, f"is the OpenAI chat API's; the Messages API takes "

@@ -47,6 +47,23 @@ async def create(request: Request, target: Target, reasoning_for: ReasoningFor =
         return error_response(error)
 
 
+async def count_tokens(request: Request, target: Target):
+    """POST /v1/messages/count_tokens: the prompt's tokens as the model's worker counts them
+    (Scheduler.Tokenize: its chat template, tools included); nothing is reserved."""
+    try:
+        try:
+            parsed, _ = am.parse(await generation.json_body(request), counting=True)
+        except ParamError as error:
+            raise from_param_error(error) from None
+        try:
+            answer = await target.upstream.tokenize(parsed.generate, target.metadata)
+        except grpc.RpcError as error:
+            raise am.renamed(from_grpc(error, "messages")) from None
+    except HttpError as error:
+        return error_response(error)
+    return {"input_tokens": len(answer.token_ids)}
+
+
 def error_response(error: HttpError) -> JSONResponse:
     return JSONResponse(am.error_body(error), status_code=error.status, headers=error.headers())
 

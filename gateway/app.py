@@ -107,6 +107,11 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
             request, Target(upstream, workers, anthropic_route.passed_through(request)),
             reasoning_for)
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        return await anthropic_route.count_tokens(
+            request, Target(upstream, workers, anthropic_route.passed_through(request)))
+
     def _target(request: Request) -> Target:
         return Target(upstream, workers, tuple(_passed_through(request)))
 
@@ -155,7 +160,8 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
 
 
 _ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, "
-           "GET|DELETE /v1/responses/{id}, POST /v1/messages, GET /v1/models, POST /tokenize, "
+           "GET|DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
+           "GET /v1/models, POST /tokenize, "
            "POST /detokenize, GET /health")
 
 

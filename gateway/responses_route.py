@@ -210,8 +210,9 @@ async def _open_new_session(target: Target, request: types_pb2.GenerateRequest, 
 def _session_dict(run: Run, fin: types_pb2.Finished | None) -> dict | None:
     if not run.session_id:
         return run.session_note
-    out = {"kept": True, "id": run.session_id, "turn": run.turn,
-           "reused_prompt_tokens": fin.usage.reused_prompt_tokens if fin else 0}
+    out = {"kept": True, "id": run.session_id, "turn": run.turn}
+    if fin is not None:
+        out["reused_prompt_tokens"] = fin.usage.reused_prompt_tokens
     if fin is not None and fin.HasField("session"):
         s = fin.session
         out.update(held_tokens=s.held_tokens, reserved_bytes=s.reserved_bytes,
@@ -237,12 +238,9 @@ def _settle(store: ResponseStore, target: Target, run: Run, body: dict | None,
         return
     run.settled = True
     closing: list[str] = []
-    if run.session_id and not run.new_session:
-        closing += store.turn_ended(run.session_id, kept=body is not None)
-    elif run.session_id and body is None:
-        closing.append(run.session_id)
     rr = run.request
     if body is not None and rr.store:
+        # First the new head, then the turn's end: the session is never without one between.
         collected = Collected()
         collected.add(pieces or [])
         closing += store.put(Stored(
@@ -250,6 +248,10 @@ def _settle(store: ResponseStore, target: Target, run: Run, body: dict | None,
             run.history + rr.input_messages + [collected.chat_message()], body,
             run.session_id, fin.session.turns if fin is not None and fin.HasField("session")
             else run.turn))
+    if run.session_id and not run.new_session:
+        closing += store.turn_ended(run.session_id, kept=body is not None)
+    elif run.session_id and body is None:
+        closing.append(run.session_id)
     _close_all(target, closing)
 
 

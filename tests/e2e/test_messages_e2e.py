@@ -68,6 +68,14 @@ def test_plain_and_streamed_give_the_same_text_and_usage(roomy, gateway):
     assert wait_reserved_zero(roomy.address) == 0
 
 
+def test_count_tokens_counts_the_prompt_as_the_answer_does(gateway):
+    body = dict(model=MODEL, system="Answer briefly.", tools=TOOLS, messages=ASK)
+    counted = client(gateway).messages.count_tokens(**body)
+    answer = client(gateway).messages.create(max_tokens=4, extra_body=GREEDY, **body)
+    assert counted.input_tokens == \
+        answer.usage.input_tokens + answer.usage.cache_read_input_tokens > 50
+
+
 def test_a_tool_round_trip_ends_in_an_answer(roomy, gateway):
     first = client(gateway).messages.create(
         model=MODEL, max_tokens=120, extra_body=GREEDY, messages=ASK, tools=TOOLS,
