@@ -37,12 +37,15 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 499: "invalid_request_error", 500: "api_error",
                503: "overloaded_error", 529: "overloaded_error"}
+# cache_control (a prompt-caching mark) is accepted and changes nothing: the worker's prefix
+# cache is automatic.
 _OWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice",
-        "stream", "thinking", "output_config"}
+        "stream", "thinking", "output_config", "cache_control"}
 # The chat API's names for what Messages names otherwise.
 _CHAT_ONLY = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens",
               "functions": "tools", "function_call": "tool_choice"}
-_REFUSED = {"container", "mcp_servers", "context_management", "n", "response_format",
+_REFUSED = {"container", "mcp_servers", "context_management", "inference_geo", "speed",
+            "diagnostics", "user_profile_id", "workspace_id", "n", "response_format",
             "logprobs", "top_logprobs", "stream_options"}
 # A ParsedRequest's param (chat's name) -> the Messages API's.
 _RENAMES = (("stop", "stop_sequences"), ("reasoning_effort", "output_config.effort"),
@@ -122,6 +125,12 @@ def _messages(system: object, messages: object) -> tuple[list[dict], list[str]]:
         turns = (_user_turns if role == "user" else _assistant_turns)(content, f"{where}.content")
         out += turns
         origin += [where] * len(turns)
+    if out[-1]["role"] == "assistant":
+        # Anthropic continues a final assistant turn (a prefill); the chat template here
+        # would start a new turn after it instead: refused rather than answered otherwise.
+        raise ParamError(f"messages[{len(messages) - 1}]", "a final assistant turn (a prefill "
+                         "to continue) is not supported: end with a user turn",
+                         code="unsupported_parameter")
     return out, origin
 
 

@@ -84,6 +84,8 @@ def test_tool_choice_none_offers_no_tools():
     ({"output_config": {"format": {"type": "json_schema"}, "task_budget": 1}},
      "output_config.task_budget"),
     ({"temprature": 0}, "temprature"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The"}]},
+     "messages[1]"),
 ])
 def test_refusals_name_the_messages_field(body, param):
     with pytest.raises(ParamError) as err:
