@@ -73,6 +73,15 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                        ("key", "its private key (PEM)")):
         p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
+    count = in_range(int, 0, 1_000_000, what="0: nothing is kept for previous_response_id")
+    p.add_argument("--responses-max", type=count,
+                   default=_env(p, "responses_max", d.responses_max, kind=count),
+                   help="stored responses (/v1/responses, store: true) kept at most; the oldest "
+                        "is forgotten first and its session closed")
+    ttl_s = Checked(float, lambda s: None if s >= 0 else f"{s:g} s must be 0 or more")
+    p.add_argument("--responses-ttl-s", type=ttl_s,
+                   default=_env(p, "responses_ttl_s", d.responses_ttl_s, kind=ttl_s),
+                   help="how long a stored response can be continued (previous_response_id)")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -104,6 +113,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
+                         responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
                          log_level=a.log_level, log_json=a.log_json,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
 

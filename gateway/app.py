@@ -21,12 +21,15 @@ from ortserve.metrics import new_registry
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
-from . import choices, responses, tokenize, tools
+from . import anthropic_route, choices, responses, responses_route, tokenize, tools
 from .config import GatewayConfig
 from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
+from .generation import Target
 from .logprobs_json import ChoiceLogprobs
 from .metrics import HttpMetrics, MetricsMiddleware
+from .output_parts import ReasoningFor, no_reasoning
+from .response_store import ResponseStore
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -36,11 +39,14 @@ _PROMPT_PARAM = {"chat": "messages", "completion": "prompt"}
 _DISCONNECT_POLL_S = 0.25
 
 
-def build_app(config: GatewayConfig) -> FastAPI:
+def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning) -> FastAPI:
+    """`reasoning_for(model)`: the reasoning parser of a model's outputs (None: it does not
+    think), for the Responses and Messages APIs' reasoning items and thinking blocks."""
     # NOTE: the grpc.aio channel is bound to the event loop that creates it, so
     # it is opened in the lifespan (on uvicorn's loop), not here.
     upstream: Upstream | None = None
     workers: Workers | None = None  # the direct path's channels (--direct-to-workers)
+    stored = ResponseStore(config.responses_max, config.responses_ttl_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,6 +87,33 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def completions(request: Request):
         return await _generate("completion", request, upstream, workers,
                                config.stream_interval_ms)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        return await responses_route.create(request, _target(request), stored, reasoning_for)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return responses_route.get(stored, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request):
+        return responses_route.delete(stored, _target(request), response_id)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request):
+        # Anthropic's SDKs send their key as x-api-key; errors answer in Anthropic's shape.
+        return await anthropic_route.create(
+            request, Target(upstream, workers, anthropic_route.passed_through(request)),
+            reasoning_for)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        return await anthropic_route.count_tokens(
+            request, Target(upstream, workers, anthropic_route.passed_through(request)))
+
+    def _target(request: Request) -> Target:
+        return Target(upstream, workers, tuple(_passed_through(request)))
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):
@@ -126,7 +159,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
     return app
 
 
-_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, "
+_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, "
+           "GET|DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
+           "GET /v1/models, POST /tokenize, "
            "POST /detokenize, GET /health")
 
 

@@ -36,6 +36,10 @@ class GatewayConfig:
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""
+    # Stored responses (POST /v1/responses with store: true): at most this many, each for
+    # at most this long; a session that only a forgotten response could continue is closed.
+    responses_max: int = 1_000
+    responses_ttl_s: float = 3_600.0
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

@@ -1,0 +1,442 @@
+"""Anthropic's Messages API <-> the chat path (pure: no HTTP, no grpc).
+
+A Messages request is translated into a chat request body and parsed by the
+chat path (`translate.parse_request`): sampling, tools and their grammar and
+the scheduler's ranges are chat's rules, and a refusal names the Messages
+field (`stop_sequences`, `tools[0].input_schema`, `messages[2].content[1]`).
+`system` becomes the system message; a user turn's `tool_result` blocks
+become tool turns (in their order, before the turn's text), an assistant
+turn's `tool_use` blocks its tool calls; thinking blocks sent back are
+dropped (chat templates do not render past thoughts). Keys Anthropic does not
+define but the chat path honours as extensions (min_tokens, cap_policy,
+seed, ...) pass through as they are.
+
+The cap: a capped request ends with stop_reason "max_tokens" (the limit that
+applied was the admitted one) and says so in the X-Ortserve-Budget-Cap header
+and the `ortserve` object (message_start's message and message_delta when
+streamed), as chat's finish_reason "length" does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ortserve.v1 import types_pb2
+
+from .errors import HttpError
+from .output_parts import CallArguments, CallStart, Piece, Reasoning, Text
+from .param_error import ParamError
+from .responses import admission_extension, finished_extension
+from .translate import ParsedRequest, parse_request
+
+# Anthropic's error types by HTTP status (their API's table); others are api_error.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+               429: "rate_limit_error", 499: "invalid_request_error", 500: "api_error",
+               503: "overloaded_error", 529: "overloaded_error"}
+# cache_control (a prompt-caching mark) is accepted and changes nothing: the worker's prefix
+# cache is automatic.
+_OWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice",
+        "stream", "thinking", "output_config", "cache_control"}
+# The chat API's names for what Messages names otherwise.
+_CHAT_ONLY = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens",
+              "functions": "tools", "function_call": "tool_choice"}
+_REFUSED = {"container", "mcp_servers", "context_management", "inference_geo", "speed",
+            "diagnostics", "user_profile_id", "workspace_id", "n", "response_format",
+            "logprobs", "top_logprobs", "stream_options"}
+# A ParsedRequest's param (chat's name) -> the Messages API's.
+_RENAMES = (("stop", "stop_sequences"), ("reasoning_effort", "output_config.effort"),
+            ("response_format.json_schema.schema", "output_config.format.schema"),
+            ("response_format", "output_config.format"))
+
+
+def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool]:
+    """(the chat request, stream); raises ParamError naming the Messages field. `counting`:
+    a count_tokens body (no max_tokens: nothing is generated)."""
+    if not isinstance(body, Mapping):
+        raise ParamError("body", "the request body must be a JSON object")
+    params = {k: v for k, v in body.items() if v is not None}
+    if counting:
+        params.setdefault("max_tokens", 1)
+    for key in params:
+        if key in _CHAT_ONLY:
+            raise ParamError(key, f"is the OpenAI chat API's; the Messages API takes "
+                             f"`{_CHAT_ONLY[key]}`", code="unsupported_parameter")
+        if key in _REFUSED:
+            raise ParamError(key, "is not supported by ortserve's Messages endpoint; remove it "
+                             "(every parameter is honoured or refused, never ignored)",
+                             code="unsupported_parameter")
+    if "thinking" in params:
+        raise ParamError("thinking", "is not supported yet: ortserve has no thinking budget; "
+                         "a model that thinks streams thinking blocks without it",
+                         code="unsupported_parameter")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is None:
+        raise ParamError("max_tokens", "required: the most tokens to generate (the Messages "
+                         "API has no default)")
+    messages, origin = _messages(params.get("system"), params.get("messages"))
+    chat = {k: v for k, v in params.items() if k not in _OWN - {"model", "max_tokens", "stream"}}
+    chat["messages"] = messages
+    if "stop_sequences" in params:
+        stop = params["stop_sequences"]
+        if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+            raise ParamError("stop_sequences", "must be a list of strings")
+        chat["stop"] = stop
+    if "tools" in params:
+        chat["tools"] = _tools(params["tools"])
+    if "tool_choice" in params:
+        chat.update(_tool_choice(params["tool_choice"], "tools" in params))
+    if "output_config" in params:
+        chat.update(_output_config(params["output_config"]))
+    try:
+        parsed = parse_request("chat", chat)
+    except ParamError as error:
+        raise ParamError(chat_param(error.param, origin), error.message.split(": ", 1)[-1],
+                         error.code) from None
+    return parsed, parsed.stream
+
+
+def _messages(system: object, messages: object) -> tuple[list[dict], list[str]]:
+    """system + messages -> chat messages, and each one's origin ("messages[2]")."""
+    out: list[dict] = []
+    origin: list[str] = []
+    if system is not None:
+        out.append({"role": "system", "content": _text(system, "system")})
+        origin.append("system")
+    if not isinstance(messages, list) or not messages:
+        raise ParamError("messages", "required: a non-empty list of {role, content}")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise ParamError(where, "must be an object with role and content")
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            raise ParamError(f"{where}.role", f"{role!r} is not user or assistant (the system "
+                             "prompt goes in `system`)")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            origin.append(where)
+            continue
+        if not isinstance(content, list):
+            raise ParamError(f"{where}.content", "must be a string or a list of content blocks")
+        turns = (_user_turns if role == "user" else _assistant_turns)(content, f"{where}.content")
+        out += turns
+        origin += [where] * len(turns)
+    if out[-1]["role"] == "assistant":
+        # Anthropic continues a final assistant turn (a prefill); the chat template here
+        # would start a new turn after it instead: refused rather than answered otherwise.
+        raise ParamError(f"messages[{len(messages) - 1}]", "a final assistant turn (a prefill "
+                         "to continue) is not supported: end with a user turn",
+                         code="unsupported_parameter")
+    return out, origin
+
+
+def _user_turns(blocks: list, where: str) -> list[dict]:
+    turns: list[dict] = []
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        kind = _kind(block, f"{where}[{j}]")
+        if kind == "text":
+            texts.append(_block_text(block, f"{where}[{j}]"))
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise ParamError(f"{where}[{j}].tool_use_id", "required: the id of the "
+                                 "tool_use it answers")
+            result = _text(block.get("content", ""), f"{where}[{j}].content")
+            if block.get("is_error"):
+                # NOTE: chat templates have no place for the flag: the model reads it as text.
+                result = f"Error: {result}"
+            turns.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        else:
+            raise _unsupported_block(kind, f"{where}[{j}]", "text and tool_result")
+    if texts or not turns:
+        turns.append({"role": "user", "content": "".join(texts)})
+    return turns
+
+
+def _assistant_turns(blocks: list, where: str) -> list[dict]:
+    texts: list[str] = []
+    calls: list[dict] = []
+    for j, block in enumerate(blocks):
+        kind = _kind(block, f"{where}[{j}]")
+        if kind == "text":
+            texts.append(_block_text(block, f"{where}[{j}]"))
+        elif kind == "tool_use":
+            call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+            if not isinstance(call_id, str) or not call_id:
+                raise ParamError(f"{where}[{j}].id", "required: the tool_use's id")
+            if not isinstance(name, str) or not name:
+                raise ParamError(f"{where}[{j}].name", "required: the tool's name")
+            if not isinstance(arguments, Mapping):
+                raise ParamError(f"{where}[{j}].input", "must be an object")
+            calls.append({"id": call_id, "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments)}})
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # past thoughts are not rendered again
+        else:
+            raise _unsupported_block(kind, f"{where}[{j}]", "text, tool_use and thinking")
+    turn: dict = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        turn["tool_calls"] = calls
+        turn["content"] = turn["content"] or None
+    return [turn]
+
+
+def _kind(block: object, where: str) -> str:
+    if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+        raise ParamError(where, "must be a content block object with a type")
+    return block["type"]
+
+
+def _block_text(block: Mapping, where: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise ParamError(f"{where}.text", "required: a string")
+    return block["text"]
+
+
+def _text(content: object, where: str) -> str:
+    """A string, or text blocks (joined)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ParamError(where, "must be a string or a list of text blocks")
+    texts = []
+    for j, block in enumerate(content):
+        kind = _kind(block, f"{where}[{j}]")
+        if kind != "text":
+            raise _unsupported_block(kind, f"{where}[{j}]", "text")
+        texts.append(_block_text(block, f"{where}[{j}]"))
+    return "".join(texts)
+
+
+def _unsupported_block(kind: str, where: str, allowed: str) -> ParamError:
+    return ParamError(f"{where}.type", f"{kind!r} blocks are not supported here (only "
+                      f"{allowed})", code="unsupported_parameter")
+
+
+def _tools(tools: object) -> object:
+    """Anthropic's tools -> chat's function tools (chat checks the schemas)."""
+    if not isinstance(tools, list):
+        raise ParamError("tools", "must be a list of {name, description, input_schema}")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise ParamError(where, "must be {name, description, input_schema}")
+        tool = {k: v for k, v in tool.items() if v is not None and k != "cache_control"}
+        if tool.get("type", "custom") != "custom":
+            raise ParamError(f"{where}.type", f"{tool['type']!r}: server tools are not supported "
+                             "(only client tools: name, description, input_schema)",
+                             code="unsupported_parameter")
+        extra = set(tool) - {"type", "name", "description", "input_schema"}
+        if extra:
+            raise ParamError(f"{where}.{sorted(extra)[0]}", "is not supported (a tool has "
+                             "name, description and input_schema)", code="unsupported_parameter")
+        if "input_schema" not in tool:
+            raise ParamError(f"{where}.input_schema", "required: the tool's JSON Schema")
+        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+        if "description" in tool:
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: object, has_tools: bool) -> dict:
+    """{type: auto|any|tool|none} -> chat's tool_choice and parallel_tool_calls."""
+    if not isinstance(choice, Mapping) or choice.get("type") not in ("auto", "any", "tool",
+                                                                      "none"):
+        raise ParamError("tool_choice", "must be {\"type\": \"auto\" | \"any\" | \"tool\" | "
+                         "\"none\"} (\"tool\" with a name)")
+    extra = {k for k, v in choice.items() if v is not None} - {
+        "type", "name", "disable_parallel_tool_use"}
+    if extra:
+        raise ParamError(f"tool_choice.{sorted(extra)[0]}", "is not supported",
+                         code="unsupported_parameter")
+    kind = choice["type"]
+    out: dict = {"tool_choice": {"auto": "auto", "any": "required", "none": "none"}.get(kind)}
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str):
+            raise ParamError("tool_choice.name", "required with type \"tool\": the tool to use")
+        out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None:
+        if not isinstance(disable, bool):
+            raise ParamError("tool_choice.disable_parallel_tool_use",
+                             f"{disable!r} is not true or false")
+        out["parallel_tool_calls"] = not disable
+    if not has_tools and kind == "none":
+        return {}
+    return out
+
+
+def _output_config(config: object) -> dict:
+    """output_config: format (a JSON schema, enforced) -> chat's response_format; effort ->
+    chat's reasoning_effort (honoured or refused there)."""
+    if not isinstance(config, Mapping):
+        raise ParamError("output_config", "must be an object: {\"format\", \"effort\"}")
+    extra = {k for k, v in config.items() if v is not None} - {"format", "effort"}
+    if extra:
+        raise ParamError(f"output_config.{sorted(extra)[0]}", "is not supported (only format "
+                         "and effort)", code="unsupported_parameter")
+    out: dict = {}
+    if config.get("effort") is not None:
+        out["reasoning_effort"] = config["effort"]
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema" \
+                or set(fmt) - {"type", "schema"}:
+            raise ParamError("output_config.format", "must be {\"type\": \"json_schema\", "
+                             "\"schema\": {...}}")
+        out["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": fmt.get("schema")}}
+    return out
+
+
+def chat_param(param: str | None, origin: Sequence[str] = ()) -> str | None:
+    """A chat path's `param` in the Messages API's words; `origin[i]` names messages[i]."""
+    if param is None:
+        return None
+    if param.startswith("messages["):
+        index = int(param[len("messages["):param.index("]")])
+        return origin[index] if index < len(origin) else "messages"
+    if param.startswith("tools[") and param.endswith(".function.parameters"):
+        return param.replace(".function.parameters", ".input_schema")
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.", ".", 1)
+    if param in ("tool_choice", "parallel_tool_calls"):
+        return "tool_choice"
+    for old, new in _RENAMES:
+        if param.startswith(old):
+            return new
+    return param
+
+
+def error_body(error: HttpError) -> dict:
+    """Anthropic's error shape; the message names the field, ortserve's numbers ride along."""
+    message = error.message
+    if error.param and not message.startswith(error.param):
+        message = f"{error.param}: {message}"
+    out = {"type": "error", "error": {"type": ERROR_TYPES.get(error.status, "api_error"),
+                                      "message": message}}
+    if error.ortserve:
+        out["error"]["ortserve"] = error.ortserve
+    return out
+
+
+def renamed(error: HttpError) -> HttpError:
+    error.param = chat_param(error.param)
+    return error
+
+
+# -- the response ------------------------------------------------------------------
+
+
+def new_id(prefix: str = "msg") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def stop_reason(fin: types_pb2.Finished, called: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence). A cap ends as "max_tokens": the limit that applied
+    was the admitted one (the cap header and the `ortserve` object say it was lowered)."""
+    if fin.finish_reason == types_pb2.LENGTH:
+        return "max_tokens", None
+    if called:
+        return "tool_use", None
+    if fin.finish_reason == types_pb2.STOP_SEQUENCE:
+        return "stop_sequence", fin.stop_sequence
+    return "end_turn", None
+
+
+def usage_dict(usage: types_pb2.Usage) -> dict:
+    """Anthropic counts input read from a cache apart from input_tokens: here the prompt
+    tokens whose KV came from the worker's prefix cache (or a session)."""
+    cached = min(usage.prompt_tokens, usage.reused_prompt_tokens + usage.cached_tokens)
+    return {"input_tokens": usage.prompt_tokens - cached, "output_tokens": usage.generated_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+class ContentBlocks:
+    """One output's content blocks (thinking, text, tool_use), built from pieces; each step
+    returns its stream events, so a streamed and a whole message are the same blocks."""
+
+    def __init__(self) -> None:
+        self.blocks: list[dict] = []
+        self._open: dict | None = None
+        self._arguments: dict[int, str] = {}  # block index -> a tool_use's JSON text
+
+    def add(self, pieces: Sequence[Piece]) -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        for piece in pieces:
+            if isinstance(piece, Reasoning):
+                events += self._into("thinking", piece.text)
+            elif isinstance(piece, Text):
+                events += self._into("text", piece.text)
+            elif isinstance(piece, CallStart):
+                events += self._close()
+                events += self._start({"type": "tool_use", "id": piece.call_id,
+                                       "name": piece.name, "input": {}})
+                self._arguments[len(self.blocks) - 1] = ""
+            elif isinstance(piece, CallArguments):
+                index = len(self.blocks) - 1
+                self._arguments[index] += piece.fragment
+                events.append(sse_event("content_block_delta", index=index, delta={
+                    "type": "input_json_delta", "partial_json": piece.fragment}))
+        return events
+
+    def close(self) -> list[tuple[str, dict]]:
+        return self._close()
+
+    def _into(self, kind: str, text: str) -> list[tuple[str, dict]]:
+        events: list[tuple[str, dict]] = []
+        if self._open is None or self._open["type"] != kind:
+            events += self._close()
+            events += self._start({"type": kind, kind: ""} | (
+                {"signature": ""} if kind == "thinking" else {}))
+        self._open[kind] += text
+        events.append(sse_event("content_block_delta", index=len(self.blocks) - 1,
+                             delta={"type": f"{kind}_delta", kind: text}))
+        return events
+
+    def _start(self, block: dict) -> list[tuple[str, dict]]:
+        self.blocks.append(block)
+        self._open = block
+        return [sse_event("content_block_start", index=len(self.blocks) - 1,
+                       content_block=dict(block))]
+
+    def _close(self) -> list[tuple[str, dict]]:
+        block, self._open = self._open, None
+        if block is None:
+            return []
+        index = len(self.blocks) - 1
+        if block["type"] == "tool_use":
+            text = self._arguments.get(index, "")
+            try:
+                block["input"] = json.loads(text) if text else {}
+            except ValueError:
+                block["input"] = {}  # a call cut short (max_tokens): its arguments are a prefix
+        return [sse_event("content_block_stop", index=index)]
+
+
+def sse_event(kind: str, **fields: Any) -> tuple[str, dict]:
+    return kind, {"type": kind, **fields}
+
+
+def message_object(message_id: str, model: str, blocks: list[dict],
+                   stop: tuple[str | None, str | None], usage: dict, ortserve: dict) -> dict:
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
+            "content": blocks, "stop_reason": stop[0], "stop_sequence": stop[1],
+            "usage": usage, "ortserve": ortserve}
+
+
+def ortserve_extension(adm: types_pb2.Admission, fin: types_pb2.Finished | None = None,
+                       resolved: Mapping[str, str] | None = None) -> dict:
+    out = admission_extension(adm)
+    if fin is not None:
+        out["finished"] = finished_extension(fin)
+    if resolved:
+        out["resolved"] = dict(resolved)
+    return out

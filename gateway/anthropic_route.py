@@ -1,0 +1,155 @@
+"""POST /v1/messages (Anthropic's Messages API): the handler.
+
+Runs as a chat request does (a plain Generate: the Messages API is
+stateless), and answers in Anthropic's shapes: the message, its streamed
+events (each with its `event:` line, as Anthropic's SDKs read them) and its
+errors ({"type": "error", "error": {"type", "message"}}, the message naming
+the field), before the stream and in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from . import anthropic_messages as am
+from . import generation
+from .errors import HttpError, from_grpc, from_param_error
+from .generation import Reader, Stream, Target
+from .output_parts import OutputParser, ReasoningFor, no_reasoning
+from .param_error import ParamError
+from .responses import admission_headers
+from .translate import ParsedRequest
+from .upstream import StreamBroken
+
+log = structlog.get_logger("ortserve.gateway")
+
+
+def passed_through(request: Request) -> tuple[tuple[str, str], ...]:
+    """The caller's key for the scheduler: Anthropic's SDKs send it as x-api-key."""
+    auth = request.headers.get("authorization")
+    key = request.headers.get("x-api-key")
+    if not auth and key:
+        auth = f"Bearer {key}"
+    return (("authorization", auth),) if auth else ()
+
+
+async def create(request: Request, target: Target, reasoning_for: ReasoningFor = no_reasoning):
+    try:
+        return await _create(request, target, reasoning_for)
+    except HttpError as error:
+        return error_response(error)
+
+
+async def count_tokens(request: Request, target: Target):
+    """POST /v1/messages/count_tokens: the prompt's tokens as the model's worker counts them
+    (Scheduler.Tokenize: its chat template, tools included); nothing is reserved."""
+    try:
+        try:
+            parsed, _ = am.parse(await generation.json_body(request), counting=True)
+        except ParamError as error:
+            raise from_param_error(error) from None
+        try:
+            answer = await target.upstream.tokenize(parsed.generate, target.metadata)
+        except grpc.RpcError as error:
+            raise am.renamed(from_grpc(error, "messages")) from None
+    except HttpError as error:
+        return error_response(error)
+    return {"input_tokens": len(answer.token_ids)}
+
+
+def error_response(error: HttpError) -> JSONResponse:
+    return JSONResponse(am.error_body(error), status_code=error.status, headers=error.headers())
+
+
+async def _create(request: Request, target: Target, reasoning_for: ReasoningFor):
+    try:
+        parsed, stream = am.parse(await generation.json_body(request))
+    except ParamError as error:
+        raise from_param_error(error) from None
+    message_id = am.new_id()
+    try:
+        opened = await generation.open_generate(target, parsed.choice_request(0, message_id))
+    except grpc.RpcError as error:
+        raise am.renamed(from_grpc(error, "messages")) from None
+    except StreamBroken as error:
+        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    adm = opened.admission
+    model = adm.model or parsed.model
+    headers = {**admission_headers(adm), "x-request-id": message_id}
+    log.info("admitted", request_id=message_id, lease_id=adm.lease_id, worker_id=adm.worker_id,
+             model=model, api="messages", stream=stream)
+    parser = OutputParser(parsed.tool_calls, reasoning_for(model),
+                          lambda index: am.new_id("toolu"))
+    if stream:
+        return EventSourceResponse(_events(message_id, model, parsed, opened, Reader(parser)),
+                                   headers=headers, sep="\n", ping=15)
+    try:
+        pieces, fin = await generation.unless_disconnected(
+            request, generation.read_all(opened, Reader(parser)), opened.cancel, message_id)
+    except grpc.RpcError as error:
+        raise am.renamed(from_grpc(error, "messages")) from None
+    except StreamBroken as error:
+        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    blocks = am.ContentBlocks()
+    blocks.add(pieces)
+    blocks.close()
+    body = am.message_object(message_id, model, blocks.blocks, am.stop_reason(fin, parser.called),
+                             am.usage_dict(fin.usage),
+                             am.ortserve_extension(adm, fin, parsed.resolved))
+    return JSONResponse(body, headers=headers)
+
+
+async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: Stream,
+                  reader: Reader) -> AsyncIterator[dict]:
+    adm = opened.admission
+    blocks = am.ContentBlocks()
+    finished = False
+    try:
+        usage = {"input_tokens": adm.prompt_tokens, "output_tokens": 0,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        yield _sse(*am.sse_event("message_start", message=am.message_object(
+            message_id, model, [], (None, None), usage,
+            am.ortserve_extension(adm, None, parsed.resolved))))
+        async for event in opened.events():
+            kind = event.WhichOneof("event")
+            if kind == "chunk":
+                for out in blocks.add(reader.chunk(event.chunk)):
+                    yield _sse(*out)
+            elif kind == "finished":
+                finished = True
+                fin = event.finished
+                for out in blocks.add(reader.end()) + blocks.close():
+                    yield _sse(*out)
+                stop, sequence = am.stop_reason(fin, reader.parser.called)
+                yield _sse(*am.sse_event("message_delta",
+                                      delta={"stop_reason": stop, "stop_sequence": sequence},
+                                      usage=am.usage_dict(fin.usage),
+                                      ortserve={"finished": am.ortserve_extension(
+                                          adm, fin)["finished"]}))
+                yield _sse(*am.sse_event("message_stop"))
+                return
+        raise StreamBroken("the stream ended without a Finished event")
+    except grpc.RpcError as error:
+        # The headers are gone already: a failure mid-way is an `error` event, which
+        # Anthropic's SDKs raise.
+        yield _sse("error", am.error_body(am.renamed(from_grpc(error, "messages"))))
+    except StreamBroken as error:
+        yield _sse("error", am.error_body(HttpError(502, str(error), "server_error",
+                                                    "bad_upstream_stream")))
+    finally:
+        if not finished:
+            # The client went away (sse-starlette cancels us) or the call failed: the gRPC
+            # call ends now, so the lease is freed now, not at max_tokens.
+            log.info("stream ended early", request_id=message_id, lease_id=adm.lease_id)
+            opened.cancel()
+
+
+def _sse(kind: str, data: dict) -> dict:
+    return {"event": kind, "data": json.dumps(data, separators=(",", ":"))}
