@@ -40,6 +40,7 @@ from scheduler_service.sessions.registry import (
     context_full,
     worker_lost,
 )
+from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -97,7 +98,8 @@ class SessionRPCs:
         # The session is bound to its model here: it opens on a worker serving it.
         model = placement.resolve_model(request.model,
                                         {w.geometry.model for w in self._ledger.snapshot()})
-        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model)
+        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model,
+                                                tenant=caller_tenant(self._ledger.tenants, context))
         if lease is None:
             of = f" serving model {quoted(model)}" if model else ""
             raise DomainError(ErrorReason.NO_WORKER, f"no worker{of} is registered to hold a "
@@ -250,6 +252,7 @@ class SessionRPCs:
         if not isinstance(admission, Ticket):
             yield admission
             return
+        self._waiter.kick()  # the queue's order may place it at once (priority, tenant share)
         bound.info("turn queued", needed_bytes=admission.needed_bytes, mode=admission.mode.value,
                    max_wait_s=round(admission.max_wait_s, 3), bound=admission.bound.value)
         self._queued[session.session_id] = admission
@@ -296,9 +299,11 @@ class SessionRPCs:
                 held = self._ledger.lease(session.lease_id)
                 before_bytes = held.reserved_bytes if held is not None else 0
                 admission = None
-                async with aclosing(self._admit_turn(session, inner,
-                                                     convert.admission_request(full, len(ids), full.model),
-                                                     context, bound)) as news:
+                # The turn is charged to the tenant that opened the session (its lease's).
+                turn = convert.admission_request(full, len(ids), full.model,
+                                                 tenant=held.tenant if held is not None else "")
+                async with aclosing(self._admit_turn(session, inner, turn, context,
+                                                     bound)) as news:
                     async for item in news:
                         if isinstance(item, Place):
                             yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
@@ -317,6 +322,7 @@ class SessionRPCs:
                            reserved_bytes=admission.reserved_bytes)
                 full.max_new_tokens = admission.max_new_tokens
                 full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
+                full.ClearField("priority")
                 leg = self._turn_leg(session, inner, full, ids, bound, outcome)
                 outcome.relaying = True
                 granted = None  # the relay owns the turn's end from here (the worker shrinks)
