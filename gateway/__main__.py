@@ -60,6 +60,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                        ("key", "its private key (PEM)")):
         p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
+    p.add_argument("--tenant-header", default=_env(p, "tenant_header", d.tenant_header),
+                   help="pass this HTTP header's value to the scheduler as the request's tenant "
+                        "(ortserve-tenant metadata; the scheduler's tenants file must trust it: "
+                        "docs/tenants.md); set only behind a proxy that sets the header itself; "
+                        f"unset: none (env {_ENV}TENANT_HEADER)")
     p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -89,7 +94,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          direct_to_workers=a.direct_to_workers,
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
-                         log_level=a.log_level, log_json=a.log_json,
+                         log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 

@@ -27,6 +27,9 @@ class GatewayConfig:
     # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
     # leave as one SSE event (the first never waits). 0: every token as it comes.
     stream_interval_ms: int = 0
+    # An HTTP header (set by the authenticating proxy in front) whose value goes to the
+    # scheduler as the call's tenant (ortserve-tenant metadata); "": none sent.
+    tenant_header: str = ""
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""

@@ -181,6 +181,7 @@ class Ledger:
                                            request, self.retry_after_s)
                 decision = placement.within_quota(decision, limited, request, room,
                                                   self.retry_after_s)
+            decision = replace(decision, tenant=request.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             assert decision.worker is not None
@@ -458,6 +459,7 @@ class Ledger:
                                               self.retry_after_s)
                 decision = placement.within_quota(decision, limited, request, room,
                                                   self.retry_after_s)
+            decision = replace(decision, tenant=lease.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             grown = replace(lease, prompt_tokens=request.prompt_tokens,

@@ -394,4 +394,5 @@ class AdmissionQueue:
             waited_s=waited_s, max_queue_wait_s=max_wait_s,
         ))
         return Admission(decision=Decision.REJECTED, request_id=request.request_id,
-                         prompt_tokens=request.prompt_tokens, rejection=rejection)
+                         prompt_tokens=request.prompt_tokens, rejection=rejection,
+                         tenant=request.tenant)

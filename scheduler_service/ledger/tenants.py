@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ortserve.errors import DomainError, ErrorReason, clip, quoted
+from ortserve.request_rules import TENANT_METADATA
 from ortserve.units import human_bytes, parse_bytes
 
-METADATA_KEY = "ortserve-tenant"  # the gRPC metadata a trusted gateway sets
+METADATA_KEY = TENANT_METADATA  # the gRPC metadata a trusted gateway sets
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TOP_KEYS = ("default_tenant", "trust_tenant_metadata", "tenants")
 _TENANT_KEYS = ("quota", "weight", "key_sha256", "models")

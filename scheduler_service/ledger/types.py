@@ -260,6 +260,7 @@ class Admission:
     rejection: Rejection | None = None
     dry_run: bool = False
     queue_wait_s: float = 0.0  # time spent in the admission queue before this decision
+    tenant: str = ""  # who the request is charged to ("": no tenant), for the metrics
 
 
 @dataclass(frozen=True)
