@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 from ortserve import request_rules
-from ortserve.auth import Role, require_role
+from ortserve.auth import Role, caller_has, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
@@ -254,8 +254,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._kick()  # serve what fits before showing the queue
         budget = convert.budget_to_pb(self._ledger.snapshot(), request.include_leases,
                                       time.monotonic(), self._waiter.queue.stats())
-        budget.tenants.extend(convert.tenants_to_pb(self._ledger.tenant_usage(),
-                                                    self._waiter.queue.tenant_stats()))
+        usage = self._ledger.tenant_usage()
+        if not caller_has(Role.ADMIN):  # another tenant's standing is an operator's view
+            own = caller_tenant(self._ledger.tenants, context)
+            usage = [u for u in usage if u.tenant == own]
+        budget.tenants.extend(convert.tenants_to_pb(usage, self._waiter.queue.tenant_stats()))
         budget.tenants_source = self._ledger.tenants.source
         budget.queue_aging_s = self._waiter.queue.aging_s
         return budget

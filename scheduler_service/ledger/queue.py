@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -195,6 +196,10 @@ class AdmissionQueue:
                                      requests_ahead=len(line), waited_s=0.0, max_wait_s=0.0)
             if len(self._entries) >= self.max_length:
                 return self._refusal(request, Cause.QUEUE_FULL, needed, mode)
+            places = self._places_left(request.tenant)
+            if places is not None and places <= 0:
+                return self._refusal(request, Cause.QUEUE_FULL, needed, mode,
+                                     tenant=request.tenant)
             ticket = Ticket(seq=next(self._seq), request=request, mode=mode, needed_bytes=needed,
                             enqueued_at=now, deadline=now + wait, bound=bound, lease_id=lease_id)
             self._entries.append(ticket)
@@ -219,7 +224,7 @@ class AdmissionQueue:
                               and (t.request.model, t.request.tenant) not in held_back]
                 if not candidates:
                     break
-                order = self._order_key(now, self.ledger.tenant_reserved())
+                order = self._order_key(now, self._held())
                 head = min(candidates, key=order)
                 attempt = self._attempt(head, final=False)
                 if attempt.decision is Decision.REJECTED:
@@ -254,7 +259,7 @@ class AdmissionQueue:
             if ticket not in self._entries:
                 return None
             line = sorted(self._line(ticket.request.model),
-                          key=self._order_key(now, self.ledger.tenant_reserved()))
+                          key=self._order_key(now, self._held()))
             index = line.index(ticket)  # its place in its model's line, in serving order
             return Place(position=index + 1, requests_ahead=index,
                          bytes_ahead=sum(t.needed_bytes for t in line[:index]),
@@ -289,6 +294,33 @@ class AdmissionQueue:
     def _line(self, model: str) -> list[Ticket]:
         """The waiting tickets for `model`, in arrival order: the line a request of it joins."""
         return [t for t in self._entries if t.request.model == model]
+
+    def _held(self) -> dict[tuple[str, str], int]:
+        """What each (tenant, model) holds, for the fair share; nothing to look up without tenants."""
+        return self.ledger.tenant_reserved() if self.ledger.tenants.enabled else {}
+
+    def _share_of_places(self, tenant: str) -> int:
+        """The queue places kept for `tenant`: its weighted share of max_length (0: no tenant)."""
+        table = self.ledger.tenants
+        if tenant not in table.tenants:
+            return 0
+        total = sum(t.weight for t in table.tenants.values())
+        return max(1, math.floor(self.max_length * table.weight(tenant) / total))
+
+    def _places_left(self, tenant: str) -> int | None:
+        """Places `tenant` may still take (None: no tenants). Each tenant may always fill its
+        own share; beyond it, only places no other tenant's unused share needs, so a tenant
+        flooding the queue never turns another away with QUEUE_FULL."""
+        table = self.ledger.tenants
+        if not table.enabled:
+            return None
+        waiting: dict[str, int] = {}
+        for t in self._entries:
+            waiting[t.request.tenant] = waiting.get(t.request.tenant, 0) + 1
+        own = self._share_of_places(tenant) - waiting.get(tenant, 0)
+        kept = sum(max(0, self._share_of_places(other) - waiting.get(other, 0))
+                   for other in table.tenants if other != tenant)
+        return max(own, self.max_length - len(self._entries) - kept)
 
     def _order_key(self, now: float, held: dict[tuple[str, str], int]):
         """The serving order (lowest first): aged by arrival; then the tenant's held bytes
@@ -374,7 +406,7 @@ class AdmissionQueue:
 
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,
-                 bytes_ahead: int | None = None) -> Admission:
+                 bytes_ahead: int | None = None, tenant: str = "") -> Admission:
         workers = placement.serving(self.ledger.snapshot(), request.model)
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
         rejection = sentences.rendered(Rejection(
@@ -393,6 +425,11 @@ class AdmissionQueue:
                          else bytes_ahead),
             waited_s=waited_s, max_queue_wait_s=max_wait_s,
         ))
+        if tenant:  # QUEUE_FULL for the tenant's share of the places, not the whole queue
+            rejection = sentences.rendered(replace(
+                rejection, tenant=tenant,
+                queue_length=sum(1 for t in self._entries if t.request.tenant == tenant),
+                max_queue_length=self._share_of_places(tenant)))
         return Admission(decision=Decision.REJECTED, request_id=request.request_id,
                          prompt_tokens=request.prompt_tokens, rejection=rejection,
                          tenant=request.tenant)

@@ -103,6 +103,14 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
 def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
     need = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {r.requested_max_new_tokens:,}"
             if r.cap_refused else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {floor:,}")
+    if r.cause is Cause.QUEUE_FULL and r.tenant:
+        message = (f"tenant {quoted(r.tenant)} has {r.queue_length:,} requests waiting in the "
+                   f"admission queue, its share of {r.max_queue_length:,} places (by weight), and "
+                   f"the queue's other free places are kept for other tenants' shares; {need} "
+                   f"need {human_bytes(r.needed_bytes)}")
+        remedy = (f"retry in {r.retry_after_s:g} s (the client's retry option does this), or "
+                  "ask the operator for a larger weight or a longer --max-queue-length")
+        return message, remedy
     if r.cause is Cause.QUEUE_FULL:
         message = (f"the admission queue is full: {r.queue_length:,} of {r.max_queue_length:,} "
                    f"requests wait for {human_bytes(r.bytes_ahead)} of KV; {need} need "

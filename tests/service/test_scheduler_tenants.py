@@ -16,6 +16,7 @@ from tests.service.test_scheduler_queue import make_cluster, reason, request  # 
 
 KEY_SMALL = "s" * 24
 KEY_LARGE = "l" * 24
+KEY_ADMIN = "a" * 24
 TABLE = f"""
 trust_tenant_metadata = false
 [tenants.small]
@@ -33,7 +34,7 @@ def _as(key: str) -> tuple[tuple[str, str], ...]:
 
 @pytest.fixture()
 def cluster(make_cluster):  # noqa: F811 - the fixture imported above
-    keys = parse_keys(f"generate:{KEY_SMALL}\ngenerate:{KEY_LARGE}\n", "keys")
+    keys = parse_keys(f"generate:{KEY_SMALL}\ngenerate:{KEY_LARGE}\nadmin:{KEY_ADMIN}\n", "keys")
     return make_cluster(api_keys=keys, tenants=tenants.parse(TABLE, "t.toml"))
 
 
@@ -48,10 +49,12 @@ def test_a_key_is_charged_to_its_tenant_and_capped_to_its_room_with_both_numbers
     other = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(50), dry_run=False),
                                metadata=_as(KEY_LARGE), timeout=5)
     assert other.decision == types_pb2.ADMITTED  # large's room is its own
-    rows = {(t.tenant, t.model): t for t in cluster.budget_as(KEY_LARGE).tenants}
+    rows = {(t.tenant, t.model): t for t in cluster.budget_as(KEY_ADMIN).tenants}
     assert rows[("small", "m")].reserved_bytes == 30 * BPT
     assert rows[("small", "m")].quota_bytes == 30 * BPT
     assert rows[("large", "m")].reserved_bytes == 60 * BPT
+    # A generate key sees its own tenant's standing only.
+    assert [t.tenant for t in cluster.budget_as(KEY_LARGE).tenants] == ["large"]
 
 
 def test_a_tenant_at_its_quota_is_rejected_tenant_quota_with_its_numbers_and_retry_info(cluster):
