@@ -300,11 +300,10 @@ class AdmissionQueue:
         return self.ledger.tenant_reserved() if self.ledger.tenants.enabled else {}
 
     def _share_of_places(self, tenant: str) -> int:
-        """The queue places kept for `tenant`: its weighted share of max_length (0: no tenant)."""
+        """The queue places kept for `tenant`: its weighted share of max_length. Calls charged
+        to no tenant ("") share as one more tenant of weight 1."""
         table = self.ledger.tenants
-        if tenant not in table.tenants:
-            return 0
-        total = sum(t.weight for t in table.tenants.values())
+        total = sum(t.weight for t in table.tenants.values()) + 1.0
         return max(1, math.floor(self.max_length * table.weight(tenant) / total))
 
     def _places_left(self, tenant: str) -> int | None:
@@ -319,7 +318,7 @@ class AdmissionQueue:
             waiting[t.request.tenant] = waiting.get(t.request.tenant, 0) + 1
         own = self._share_of_places(tenant) - waiting.get(tenant, 0)
         kept = sum(max(0, self._share_of_places(other) - waiting.get(other, 0))
-                   for other in table.tenants if other != tenant)
+                   for other in [*table.tenants, ""] if other != tenant)
         return max(own, self.max_length - len(self._entries) - kept)
 
     def _order_key(self, now: float, held: dict[tuple[str, str], int]):

@@ -29,7 +29,14 @@ from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
-from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.ledger.ledger import (
+    Admission,
+    AdmissionRequest,
+    CapLimit,
+    Cause,
+    Decision,
+    Ledger,
+)
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
@@ -241,9 +248,10 @@ class SessionRPCs:
         """The turn's admission as Generate's: its Places while it waits in the queue, then
         its Admission, last (the session's lease grown, unless REJECTED)."""
         # Not whole: idle sessions on this worker give their bytes back first.
-        while (self._ledger.resize(session.lease_id, request, dry_run=True).decision
+        while ((probe := self._ledger.resize(session.lease_id, request, dry_run=True)).decision
                is not Decision.ADMITTED
-               and await self._reclaim(session.worker_id, exclude=session.session_id)):
+               and await self._reclaim(session.worker_id, exclude=session.session_id,
+                                       tenant=request.tenant if _tenant_bound(probe) else None)):
             pass
         wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
         admission = self._waiter.queue.submit(request, convert.queue_mode(inner), wait_s=wait_s,
@@ -387,12 +395,15 @@ class SessionRPCs:
 
     # -- reclaiming idle sessions -------------------------------------------------
 
-    async def _reclaim(self, worker_id: str, exclude: str = "") -> bool:
-        """Swap out the least recently used idle session holding bytes on `worker_id`."""
+    async def _reclaim(self, worker_id: str, exclude: str = "", tenant: str | None = None) -> bool:
+        """Swap out the least recently used idle session holding bytes on `worker_id` (only
+        `tenant`'s when set: when a tenant's quota binds, others' bytes would not help)."""
         registry = self._registry
         for session in registry.idle_on(worker_id, exclude):
             lease = self._ledger.lease(session.lease_id)
             if lease is None or lease.reserved_bytes == 0:
+                continue
+            if tenant is not None and lease.tenant != tenant:
                 continue
             try:
                 registry.begin_turn(session.session_id)
@@ -418,10 +429,11 @@ class SessionRPCs:
             probe = self._ledger.admit(request, dry_run=True)
             if probe.decision is Decision.ADMITTED:
                 return
-            workers = [probe.worker.worker_id] if probe.worker else [
+            only = request.tenant if _tenant_bound(probe) else None
+            workers = [probe.worker.worker_id] if probe.worker and only is None else [
                 w.geometry.worker_id for w in placement.serving(self._ledger.snapshot(),
                                                                 request.model)]
-            if not any([await self._reclaim(w) for w in workers]):
+            if not any([await self._reclaim(w, tenant=only) for w in workers]):
                 return
 
     async def sweep_forever(self) -> None:
@@ -447,3 +459,10 @@ class SessionRPCs:
                 except DomainError:
                     continue
                 await self._close(session)
+
+
+def _tenant_bound(admission: Admission) -> bool:
+    """Whether the tenant's quota, not the worker's bytes, held `admission` back."""
+    cap, rejection = admission.budget_cap, admission.rejection
+    return ((cap is not None and cap.limit is CapLimit.TENANT_QUOTA)
+            or (rejection is not None and rejection.cause is Cause.TENANT_QUOTA))

@@ -32,7 +32,9 @@ from tests.e2e.test_gateway_e2e import start_gateway
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 KEYS = {"small": "small-key-" + "s" * 20, "large": "large-key-" + "l" * 20,
-        "admin": "admin-key-" + "a" * 20}
+        "admin": "admin-key-" + "a" * 20,
+        # The session RPCs need the admin role (ortserve.auth.METHOD_ROLES lists them not).
+        "small-admin": "small-admin-" + "x" * 20}
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # token ids inside any vocabulary
 CLIENTS = 6  # per tenant (the issue's 24 is too many for a 2-core shared machine)
 STOP_AFTER = 30  # completed requests, both tenants together, before the clients stop
@@ -40,7 +42,8 @@ BLOCKS = 20
 
 
 def tenants_toml(small: str = "30%") -> str:
-    return (f'[tenants.small]\nquota = "{small}"\nkey_sha256 = ["{key_digest(KEYS["small"]).hex()}"]\n'
+    return (f'[tenants.small]\nquota = "{small}"\nkey_sha256 = ["{key_digest(KEYS["small"]).hex()}", '
+            f'"{key_digest(KEYS["small-admin"]).hex()}"]\n'
             f'\n[tenants.large]\nquota = "70%"\nweight = 1\n'
             f'key_sha256 = ["{key_digest(KEYS["large"]).hex()}"]\n')
 
@@ -51,7 +54,8 @@ def start(tmp_path_factory, name: str, aging_s: float):
         pytest.fail(f"the tiny model is not prepared at {model_dir}: run `make tiny-model`")
     folder = tmp_path_factory.mktemp(f"tenants-{name}")
     keys = folder / "keys.txt"
-    keys.write_text(f"generate:{KEYS['small']}\ngenerate:{KEYS['large']}\nadmin:{KEYS['admin']}\n")
+    keys.write_text(f"generate:{KEYS['small']}\ngenerate:{KEYS['large']}\nadmin:{KEYS['admin']}\n"
+                    f"admin:{KEYS['small-admin']}\n")
     table = folder / "tenants.toml"
     table.write_text(tenants_toml())
     # The tiny model: 2 layers x 2 kv heads x 16 x 4 bytes x 2 = 512 B/token, 64-token blocks.
@@ -60,7 +64,9 @@ def start(tmp_path_factory, name: str, aging_s: float):
                            kv_capacities=[str(BLOCKS * block_bytes)], api_key=KEYS["admin"],
                            scheduler_args=["--api-keys-file", str(keys), "--tenants-file", str(table),
                                            "--queue-aging-s", str(aging_s),
-                                           "--max-queue-wait-s", "120"]).start()
+                                           "--max-queue-wait-s", "300",
+                                           # held leases (never claimed) outlive a slow setup
+                                           "--claim-ttl-s", "600"]).start()
     worker = budget(cluster).workers[0]
     assert worker.block_tokens * worker.bytes_per_token == block_bytes, "the tiny model's geometry changed"
     cluster.table_path = table
@@ -179,6 +185,7 @@ class Stream:
     def __init__(self, cluster, who: str, **kw) -> None:
         self.admitted = threading.Event()
         self.admission: types_pb2.Admission | None = None
+        self.error: grpc.RpcError | None = None
         self.call = stub(cluster).Generate(two_blocks(cluster, **kw), metadata=as_(who), timeout=300)
         self.thread = threading.Thread(target=self._read)
         self.thread.start()
@@ -189,8 +196,8 @@ class Stream:
                 if event.HasField("admission"):
                     self.admission = event.admission
                     self.admitted.set()
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as error:
+            self.error = error
 
     def close(self) -> None:
         self.call.cancel()
@@ -203,7 +210,8 @@ def test_a_high_priority_request_behind_20_queued_low_ones_is_admitted_first(ten
     lows = []
     for i in range(20):
         lows.append(Stream(tenants, "admin", priority=10))
-        wait_until(lambda n=i + 1: budget(tenants).queue_length == n)
+        wait_until(lambda n=i + 1: budget(tenants).queue_length == n or lows[-1].error)
+        assert lows[-1].error is None, lows[-1].error
     high = Stream(tenants, "admin", priority=-1)
     wait_until(lambda: budget(tenants).queue_length == 21)
     release(tenants, last, "admin")  # room for exactly one request
@@ -341,3 +349,22 @@ def test_sighup_reloads_the_tenants_file_and_a_bad_one_keeps_the_tenants_in_forc
     tenants.table_path.write_text(tenants_toml())
     process.send_signal(signal.SIGHUP)
     wait_until(lambda: rows(tenants)["small"].quota_bytes == 6 * 64 * 512)
+
+
+def test_a_sessions_turns_count_against_the_tenant_that_opened_it(tenants):
+    info = stub(tenants).OpenSession(scheduler_pb2.OpenSessionRequest(), metadata=as_("small-admin"),
+                                     timeout=30)
+    try:
+        turn = types_pb2.GenerateRequest(token_ids=types_pb2.TokenIds(ids=PROMPT), max_new_tokens=1_000)
+        events = list(stub(tenants).SessionTurn(scheduler_pb2.SessionTurnRequest(
+            session_id=info.session_id, request=turn), metadata=as_("small-admin"), timeout=120))
+        cap = events[0].admission.budget_cap
+        assert cap.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA and cap.tenant == "small"
+        assert cap.admitted_bytes == 6 * 64 * 512
+        held = stub(tenants).GetSession(scheduler_pb2.SessionRequest(session_id=info.session_id),
+                                        metadata=as_("small-admin"), timeout=30).reserved_bytes
+        assert held > 0 and rows(tenants)["small"].reserved_bytes == held  # charged to small
+    finally:
+        stub(tenants).CloseSession(scheduler_pb2.SessionRequest(session_id=info.session_id),
+                                   metadata=as_("small-admin"), timeout=30)
+    wait_until(lambda: rows(tenants)["small"].reserved_bytes == 0)

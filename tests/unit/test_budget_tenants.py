@@ -208,14 +208,15 @@ def test_without_tenants_nothing_changes():
 
 def test_a_tenant_flooding_the_queue_leaves_the_other_tenants_share_of_places():
     ledger, queue, _ = setup()
-    queue.max_length = 8  # weights 1 (small), 3 (large), 1 (free): shares 1, 4, 1 places
+    queue.max_length = 12  # weights 1 (small), 3 (large), 1 (free), 1 (no tenant): 2, 6, 2, 2
     queue.submit(req("hold", "free", prompt=500, max_new=500))  # the pool is full
     flood = [queue.submit(req(f"l{i}", "large")) for i in range(8)]
     assert [isinstance(t, Ticket) for t in flood] == [True] * 6 + [False] * 2
     refused = flood[-1].rejection
     assert refused.cause is Cause.QUEUE_FULL and refused.tenant == "large"
-    assert (refused.queue_length, refused.max_queue_length) == (6, 4)
+    assert (refused.queue_length, refused.max_queue_length) == (6, 6)
     assert "kept for other tenants' shares" in refused.message
-    assert isinstance(queue.submit(req("s", "small")), Ticket)  # its place was kept
-    assert isinstance(queue.submit(req("f", "free")), Ticket)
-    assert queue.submit(req("s2", "small")).rejection.cause is Cause.QUEUE_FULL  # queue full
+    for name, tenant in (("s1", "small"), ("s2", "small"), ("f", "free"), ("n1", ""), ("n2", "")):
+        assert isinstance(queue.submit(req(name, tenant)), Ticket)  # its places were kept
+    assert isinstance(queue.submit(req("f2", "free")), Ticket)
+    assert queue.submit(req("s3", "small")).rejection.cause is Cause.QUEUE_FULL  # the queue is full
