@@ -82,6 +82,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--responses-ttl-s", type=ttl_s,
                    default=_env(p, "responses_ttl_s", d.responses_ttl_s, kind=ttl_s),
                    help="how long a stored response can be continued (previous_response_id)")
+    p.add_argument("--tenant-header", default=_env(p, "tenant_header", d.tenant_header),
+                   help="pass this HTTP header's value to the scheduler as the request's tenant "
+                        "(ortserve-tenant metadata; the scheduler's tenants file must trust it: "
+                        "docs/tenants.md); set only behind a proxy that sets the header itself; "
+                        f"unset: none (env {_ENV}TENANT_HEADER)")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -114,7 +119,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
                          responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
-                         log_level=a.log_level, log_json=a.log_json,
+                         log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
                          otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 

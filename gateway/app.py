@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ortserve import tracing
 from ortserve.metrics import new_registry
+from ortserve.request_rules import TENANT_METADATA
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
@@ -64,6 +65,7 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
         await upstream.close()
 
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
+    app.state.tenant_header = config.tenant_header
     metrics = HttpMetrics(new_registry())
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     tracing.instrument_fastapi(app)  # a no-op unless __main__ turned tracing on
@@ -252,7 +254,14 @@ def _passed_through(request: Request) -> list[tuple[str, str]]:
     # API keys travel to the scheduler as gRPC metadata; the gateway holds no
     # keys of its own, so the scheduler stays the one place that checks them.
     auth = request.headers.get("authorization")
-    return [("authorization", auth)] if auth else []
+    passed = [("authorization", auth)] if auth else []
+    # --tenant-header: the proxy in front of the gateway says whose request this is; the
+    # scheduler honours it only when its tenants file trusts this metadata (docs/tenants.md).
+    header = getattr(request.app.state, "tenant_header", "")
+    tenant = request.headers.get(header) if header else None
+    if tenant:
+        passed.append((TENANT_METADATA, tenant))
+    return passed
 
 
 def _logprobs(meta: responses.ResponseMeta, parsed: ParsedRequest, n: int

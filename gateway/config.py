@@ -33,6 +33,9 @@ class GatewayConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
+    # An HTTP header (set by the authenticating proxy in front) whose value goes to the
+    # scheduler as the call's tenant (ortserve-tenant metadata); "": none sent.
+    tenant_header: str = ""
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""

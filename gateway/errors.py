@@ -27,7 +27,7 @@ S = grpc.StatusCode
 # from the scheduler and the workers; every code that table uses has a row here.
 # A reason row wins over its code's catch-all row. RESOURCE_EXHAUSTED is 429
 # whatever the reason (budget busy now, a full queue): the openai clients
-# retry a 429 after Retry-After.
+# retry a 429 after Retry-After (a tenant at its KV quota, TENANT_QUOTA, included).
 STATUS_TABLE: dict[tuple[grpc.StatusCode, str | None], tuple[int, str]] = {
     (S.INVALID_ARGUMENT, "CONTEXT_LENGTH_EXCEEDED"): (400, "invalid_request_error"),
     (S.INVALID_ARGUMENT, None): (400, "invalid_request_error"),

@@ -97,6 +97,10 @@ def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
                                f"admitted_max_tokens={cap.admitted_max_new_tokens}, "
                                f"requested_bytes={cap.requested_bytes}, "
                                f"admitted_bytes={cap.admitted_bytes}")
+        if cap.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA:
+            headers[CAP_HEADER] += (f', limit="tenant_quota", tenant="{cap.tenant}", '
+                                    f"tenant_quota_bytes={cap.tenant_quota_bytes}, "
+                                    f"tenant_reserved_bytes={cap.tenant_reserved_bytes}")
     return headers
 
 

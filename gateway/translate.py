@@ -43,7 +43,7 @@ Kind = Literal["chat", "completion"]
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
            "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
            "min_tokens", "top_k", "min_p", "repetition_penalty", "cap_policy",
-           "max_queue_wait_ms"}
+           "max_queue_wait_ms", "priority"}
 # Keys that do not affect generation: accepted as labels (type-checked, then unused).
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
                                                "service_tier": str}
@@ -137,6 +137,10 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
         raise ParamError("cap_policy", f"must be one of {', '.join(_CAP_POLICIES)}, not "
                          f"{policy!r}")
     req.cap_policy = _CAP_POLICIES[policy]
+    # vLLM's extension: the admission queue's order, lower sooner; never preempts here.
+    priority = _int(params, "priority", -(2**31), 2**31 - 1)
+    if priority is not None:
+        req.priority = priority
     stream = _bool(params, "stream", False)
     return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
                          resolved or None, calls)

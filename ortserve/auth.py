@@ -57,6 +57,16 @@ _caller_roles: contextvars.ContextVar[frozenset[Role]] = contextvars.ContextVar(
     "ortserve_caller_roles", default=ALL_ROLES)
 
 
+# The calling key's SHA-256 digest (None: no keys configured), beside its roles: the
+# scheduler charges the call to the tenant its tenants file maps that digest to.
+_caller_key_digest: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
+    "ortserve_caller_key_digest", default=None)
+
+
+def caller_key_digest() -> bytes | None:
+    return _caller_key_digest.get()
+
+
 def caller_has(role: Role) -> bool:
     return role in _caller_roles.get()
 
@@ -163,16 +173,19 @@ def _refusal(handler: grpc.RpcMethodHandler, error: DomainError) -> grpc.RpcMeth
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
-def _with_roles(handler: grpc.RpcMethodHandler, roles: frozenset[Role]) -> grpc.RpcMethodHandler:
-    """The same handler, run with the caller's roles in context."""
+def _with_roles(handler: grpc.RpcMethodHandler, roles: frozenset[Role],
+                digest: bytes | None = None) -> grpc.RpcMethodHandler:
+    """The same handler, run with the caller's roles (and key digest) in context."""
     if handler.unary_unary is not None:
         inner = handler.unary_unary
 
         async def unary(request, context):
             token = _caller_roles.set(roles)
+            key_token = _caller_key_digest.set(digest)
             try:
                 return await inner(request, context)
             finally:
+                _caller_key_digest.reset(key_token)
                 _caller_roles.reset(token)
         return handler._replace(unary_unary=unary)
     if handler.unary_stream is not None:
@@ -180,6 +193,7 @@ def _with_roles(handler: grpc.RpcMethodHandler, roles: frozenset[Role]) -> grpc.
 
         async def stream(request, context):
             _caller_roles.set(roles)  # this async generator's own context
+            _caller_key_digest.set(digest)
             async for item in inner_stream(request, context):
                 yield item
         return handler._replace(unary_stream=stream)
@@ -220,6 +234,6 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
                 metadata={"method": method, "required_role": needed.value,
                           "key_roles": ",".join(sorted(roles))})
         else:
-            return _with_roles(handler, roles)
+            return _with_roles(handler, roles, _digest(key))
         log.warning("call refused", method=method, reason=error.reason.value)
         return _refusal(handler, error)

@@ -54,6 +54,7 @@ class ErrorReason(enum.StrEnum):
     ROLE_REQUIRED = "ROLE_REQUIRED"  # the key is known but lacks the role the RPC needs
     LEASE_SECRET_MISMATCH = "LEASE_SECRET_MISMATCH"  # Release without the secret Admit gave
     MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # no registered worker serves the request's model
+    TENANT_QUOTA = "TENANT_QUOTA"  # the caller's tenant holds its KV quota; retry (or fewer tokens)
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

@@ -24,6 +24,8 @@ from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
 from .units import tokens
 
 MAX_REQUEST_ID_CHARS = 256
+# The gRPC metadata a trusted gateway charges a call to a tenant with (docs/tenants.md).
+TENANT_METADATA = "ortserve-tenant"
 MAX_LEASE_ID_CHARS = 128
 MAX_WORKER_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 256

@@ -28,6 +28,8 @@ STATUS_OF_REASON: Mapping[ErrorReason, grpc.StatusCode] = MappingProxyType({
     ErrorReason.BUDGET_BUSY: S.RESOURCE_EXHAUSTED,
     ErrorReason.QUEUE_FULL: S.RESOURCE_EXHAUSTED,
     ErrorReason.QUEUE_TIMEOUT: S.RESOURCE_EXHAUSTED,
+    # A per-caller quota is what RESOURCE_EXHAUSTED names (RetryInfo when waiting cures it).
+    ErrorReason.TENANT_QUOTA: S.RESOURCE_EXHAUSTED,
     ErrorReason.WORKER_KV_FULL: S.RESOURCE_EXHAUSTED,
     ErrorReason.DEADLINE_EXCEEDED: S.DEADLINE_EXCEEDED,
     ErrorReason.NO_WORKER: S.UNAVAILABLE,

@@ -18,7 +18,9 @@ from ortserve.logs import add_level_argument, configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.version import package_version
+from scheduler_service import tenant_of
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.ledger import tenants
 from scheduler_service.server import build_server
 
 _ENV = "ORTSERVE_SCHEDULER_"
@@ -76,6 +78,16 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="the longest a request waits for KV budget (its deadline may be "
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
+    aging_s = Checked(float, _not_negative)
+    p.add_argument("--queue-aging-s", type=aging_s,
+                   default=_env(p, "queue_aging_s", d.queue_aging_s, kind=aging_s),
+                   help="a request waiting this long goes ahead of every priority and tenant "
+                        "share, so a low priority never waits past it while it fits "
+                        "(env ORTSERVE_SCHEDULER_QUEUE_AGING_S)")
+    p.add_argument("--tenants-file", default=_env(p, "tenants_file", d.tenants_file),
+                   help="tenants, their KV quotas and weights (TOML, docs/tenants.md); read at "
+                        "start and again on SIGHUP (a refused reload keeps the tenants in "
+                        "force); none: no tenants (env ORTSERVE_SCHEDULER_TENANTS_FILE)")
     p.add_argument("--session-ttl-s", type=float, default=_env(p, "session_ttl_s", d.session_ttl_s),
                    help="an idle session is closed and its bytes released after this long")
     p.add_argument("--relay-calls", choices=("shared", "per-request"),
@@ -105,6 +117,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     try:
         tls.check("ortserve-scheduler", need_ca=True)
         keys = load_keys(a.api_keys_file, os.environ.get(_ENV + "API_KEYS"))
+        table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
     except (OSError, ValueError) as error:
         p.error(str(error))
     return SchedulerConfig(host=a.host, port=a.port, internal_port=a.internal_port,
@@ -115,6 +128,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
                            session_ttl_s=a.session_ttl_s, relay_calls=a.relay_calls,
                            worker_keepalive_s=a.worker_keepalive_s,
+                           queue_aging_s=a.queue_aging_s, tenants_file=a.tenants_file,
+                           tenants=table,
                            otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 
@@ -128,6 +143,11 @@ async def _serve(config: SchedulerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if config.tenants_file:
+        def reload_tenants() -> None:
+            if tenant_of.reload(running.ledger, config.tenants_file):
+                running.kick()  # new quotas or weights: the queue may move
+        loop.add_signal_handler(signal.SIGHUP, reload_tenants)
     await stop.wait()
     await running.stop(config.drain_timeout_s)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ortserve import keepalive
 from ortserve.auth import ApiKeys
 from ortserve.tls import TlsFiles
+from scheduler_service.ledger.tenants import TenantTable
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class SchedulerConfig:
     worker_keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
+    # A request waiting this long goes ahead of every priority and tenant share.
+    queue_aging_s: float = 10.0
+    # The tenants file (docs/tenants.md), read at start and on SIGHUP; "": no tenants.
+    tenants_file: str = ""
+    tenants: TenantTable = field(default_factory=TenantTable)  # as read at start
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     session_ttl_s: float = 600.0  # an idle session is closed (and its bytes released) after this
     log_level: str = "info"

@@ -8,14 +8,16 @@ from scheduler_service.ledger.ledger import (
     Admission,
     AdmissionRequest,
     BudgetCap,
+    CapLimit,
     Cause,
     Decision,
     Lease,
     Rejection,
+    TenantUsage,
     WorkerGeometry,
     WorkerSnapshot,
 )
-from scheduler_service.ledger.queue import Mode, Place, QueueStats
+from scheduler_service.ledger.queue import Mode, Place, QueueStats, TenantQueueStats
 
 _DECISION = {
     Decision.ADMITTED: types_pb2.ADMITTED,
@@ -26,7 +28,8 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
-                      model: str = "", prompt_ids: list[int] | None = None) -> AdmissionRequest:
+                      model: str = "", prompt_ids: list[int] | None = None,
+                      tenant: str = "") -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
@@ -40,20 +43,28 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         strict=request.cap_policy == types_pb2.CAP_POLICY_STRICT,
         model=model,
         prompt_ids=tuple(prompt_ids or ()),
+        tenant=tenant,
+        priority=request.priority,
     )
 
 
-_CAP_FIELDS = tuple(BudgetCap.__dataclass_fields__)  # the proto's names, one for one
+# The proto's names, one for one (the enum `limit` converted on its own).
+_CAP_FIELDS = tuple(name for name in BudgetCap.__dataclass_fields__ if name != "limit")
+_CAP_LIMIT = {CapLimit.WORKER: types_pb2.CAP_LIMIT_WORKER,
+              CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA}
 
 
 def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
     if cap is None:
         return None
-    return types_pb2.BudgetCap(**{name: getattr(cap, name) for name in _CAP_FIELDS})
+    return types_pb2.BudgetCap(**{name: getattr(cap, name) for name in _CAP_FIELDS},
+                               limit=_CAP_LIMIT[cap.limit])
 
 
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
-    return BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS})
+    limit = (CapLimit.TENANT_QUOTA if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA
+             else CapLimit.WORKER)
+    return BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS}, limit=limit)
 
 
 def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
@@ -78,6 +89,9 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         bytes_ahead=rejection.bytes_ahead,
         waited_ms=rejection.waited_s * 1e3,
         max_queue_wait_ms=rejection.max_queue_wait_s * 1e3,
+        tenant=rejection.tenant,
+        tenant_quota_bytes=rejection.tenant_quota_bytes,
+        tenant_reserved_bytes=rejection.tenant_reserved_bytes,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
@@ -136,6 +150,8 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         claimed=True,
         claimed_at=now,
         session=session,
+        # NOTE: a worker does not know tenants: a lease restored after a scheduler
+        # restart is charged to no tenant until it ends.
     )
 
 
@@ -177,6 +193,22 @@ def place_to_pb(place: Place) -> types_pb2.Queued:
         position=place.position, requests_ahead=place.requests_ahead, bytes_ahead=place.bytes_ahead,
         needed_bytes=place.needed_bytes, waited_ms=place.waited_s * 1e3,
         max_wait_ms=place.max_wait_s * 1e3, queue_length=place.queue_length)
+
+
+def tenants_to_pb(usage: list[TenantUsage], queued: dict[tuple[str, str], TenantQueueStats]
+                  ) -> list[scheduler_pb2.TenantBudget]:
+    """Budget.tenants: each (tenant, model) the ledger knows, with its waiting requests."""
+    rows = []
+    for u in usage:
+        waiting = queued.get((u.tenant, u.model), TenantQueueStats())
+        row = scheduler_pb2.TenantBudget(
+            tenant=u.tenant, model=u.model, reserved_bytes=u.reserved_bytes, weight=u.weight,
+            leases=u.leases, queue_length=waiting.length,
+            queue_waiting_bytes=waiting.waiting_bytes)
+        if u.quota_bytes is not None:
+            row.quota_bytes = u.quota_bytes
+        rows.append(row)
+    return rows
 
 
 def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: float,

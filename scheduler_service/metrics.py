@@ -63,6 +63,37 @@ class KvReservedRatio(Collector):
                 GaugeMetricFamily("ortserve_scheduler_total_kv_reserved_ratio", "")]
 
 
+class TenantGauges(Collector):
+    """Per tenant and model, at scrape time: the KV bytes its leases hold, its quota and its
+    waiting requests (the ledger's and the queue's own numbers, as GetBudget shows them)."""
+
+    _NAMES = (("ortserve_scheduler_tenant_kv_reserved_bytes", "KV bytes a tenant's leases hold"),
+              ("ortserve_scheduler_tenant_kv_quota_bytes",
+               "A tenant's KV quota (tenants with no quota are not listed)"),
+              ("ortserve_scheduler_tenant_queue_length",
+               "A tenant's requests waiting in the admission queue"))
+
+    def __init__(self, ledger: Ledger, queue: AdmissionQueue | None) -> None:
+        self._ledger = ledger
+        self._queue = queue
+
+    def collect(self):
+        reserved, quota, queued = (GaugeMetricFamily(name, text, labels=["tenant", "model"])
+                                   for name, text in self._NAMES)
+        waiting = self._queue.tenant_stats() if self._queue is not None else {}
+        for u in self._ledger.tenant_usage():
+            labels = [u.tenant, u.model]
+            reserved.add_metric(labels, u.reserved_bytes)
+            if u.quota_bytes is not None:
+                quota.add_metric(labels, u.quota_bytes)
+            stats = waiting.get((u.tenant, u.model))
+            queued.add_metric(labels, stats.length if stats else 0)
+        yield from (reserved, quota, queued)
+
+    def describe(self):
+        return [GaugeMetricFamily(name, "", labels=["tenant", "model"]) for name, _ in self._NAMES]
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry, ledger: Ledger,
                  queue: AdmissionQueue | None = None) -> None:
@@ -80,6 +111,7 @@ class SchedulerMetrics:
              "KV bytes a worker's prefix cache holds (its last heartbeat): inside its capacity, "
              "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
+        registry.register(TenantGauges(ledger, queue))
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))
@@ -95,6 +127,14 @@ class SchedulerMetrics:
         self.admissions = Counter(
             "ortserve_scheduler_admissions", "Admission decisions (dry runs excluded), by "
             "decision and rejection cause", ["decision", "cause"], registry=registry)
+        self.tenant_admissions = Counter(
+            "ortserve_scheduler_tenant_admissions", "Admission decisions (dry runs excluded) by "
+            "tenant ('' for none), decision and rejection cause", ["tenant", "decision", "cause"],
+            registry=registry)
+        self.tenant_queue_wait_seconds = Histogram(
+            "ortserve_scheduler_tenant_queue_wait_seconds",
+            "Time a tenant's request spent in the admission queue before its decision",
+            ["tenant"], buckets=REQUEST_SECONDS_BUCKETS, registry=registry)
         self.caps = Counter("ortserve_scheduler_caps", "Requests CAPPED by the KV budget",
                             registry=registry)
         self.cap_tokens_cut = Counter(
@@ -122,6 +162,8 @@ class SchedulerMetrics:
         cause = admission.rejection.cause.value if admission.rejection else ""
         self.admissions.labels(admission.decision.value, cause).inc()
         self.queue_wait_seconds.observe(admission.queue_wait_s)
+        self.tenant_admissions.labels(admission.tenant, admission.decision.value, cause).inc()
+        self.tenant_queue_wait_seconds.labels(admission.tenant).observe(admission.queue_wait_s)
         if admission.decision is Decision.CAPPED and admission.budget_cap is not None:
             cap = admission.budget_cap
             self.caps.inc()

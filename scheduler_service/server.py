@@ -54,6 +54,7 @@ class SchedulerServer:
     health: object = None
     metrics_port: int | None = None
     _stop_metrics: object = None
+    kick: object = None  # serve the admission queue now (after a tenants reload)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """NOT_SERVING, refuse new calls, let relayed streams finish within grace_s."""
@@ -93,8 +94,10 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     """Create, bind and start the scheduler. Port 0 picks a free one (see .port)."""
     ledger = ledger or Ledger(lease_ttl_s=config.lease_ttl_s, claim_ttl_s=config.claim_ttl_s,
                               retry_after_s=config.retry_after_s)
+    ledger.set_tenants(config.tenants)
     queue = AdmissionQueue(ledger, max_length=config.max_queue_length,
-                           max_wait_s=config.max_queue_wait_s, retry_after_s=config.retry_after_s)
+                           max_wait_s=config.max_queue_wait_s, retry_after_s=config.retry_after_s,
+                           aging_s=config.queue_aging_s)
     waiter = QueueWaiter(queue, time.monotonic, on_decided=log_decided)
     metrics = stop_metrics = metrics_port = None
     if config.metrics_port is not None:
@@ -142,8 +145,9 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     log.info("scheduler serving", address=f"{config.host}:{port}",
              internal_address=f"{config.host}:{internal_port}", tls=files.enabled,
              api_keys=len(config.api_keys), lease_ttl_s=config.lease_ttl_s,
-             max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s)
+             max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s,
+             tenants=len(config.tenants.tenants), tenants_file=config.tenants_file or None)
     return SchedulerServer(server=server, port=port, ledger=ledger, queue=queue, _expiry=expiry,
                            _workers=workers, _session_sweep=session_sweep, internal_server=internal,
                            internal_port=internal_port, health=health, metrics_port=metrics_port,
-                           _stop_metrics=stop_metrics)
+                           _stop_metrics=stop_metrics, kick=waiter.kick)

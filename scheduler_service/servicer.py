@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 from ortserve import request_rules
-from ortserve.auth import Role, require_role
+from ortserve.auth import Role, caller_has, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
@@ -39,6 +39,7 @@ from scheduler_service.rejections import rejection_error, window_refused_prompt_
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -123,11 +124,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
-                     ) -> tuple[Admission | Ticket, list[int]]:
+                     context=None) -> tuple[Admission | Ticket, list[int]]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue."""
         # Every rule the request alone is held to (sampling ranges included), before a
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
+        tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
         prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
@@ -147,13 +149,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
             return replace(admission, dry_run=dry_run), []
         domain = convert.admission_request(request, len(prompt.token_ids), model,
-                                           prompt_ids=prompt.token_ids)
+                                           prompt_ids=prompt.token_ids, tenant=tenant)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
             await self._sessions.make_room(domain)  # idle sessions' bytes before a cap
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
+            if isinstance(admission, Ticket):
+                self._kick()  # the queue's order may place it at once (priority, tenant share)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids
 
@@ -182,7 +186,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         wait_s = request.max_queue_wait_ms / 1e3 if request.max_queue_wait_ms else 0.0
         with _under("request."):
             admission, _ = await self._admit(inner, dry_run=request.dry_run, wait_s=wait_s,
-                                             deadline_s=context.time_remaining())
+                                             deadline_s=context.time_remaining(), context=context)
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         self._count(admission)
@@ -248,8 +252,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             require_role(Role.ADMIN, "GetBudget with include_leases")
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
-        return convert.budget_to_pb(self._ledger.snapshot(), request.include_leases, time.monotonic(),
-                                    self._waiter.queue.stats())
+        budget = convert.budget_to_pb(self._ledger.snapshot(), request.include_leases,
+                                      time.monotonic(), self._waiter.queue.stats())
+        usage = self._ledger.tenant_usage()
+        if not caller_has(Role.ADMIN):  # another tenant's standing is an operator's view
+            own = caller_tenant(self._ledger.tenants, context)
+            usage = [u for u in usage if u.tenant == own]
+        budget.tenants.extend(convert.tenants_to_pb(usage, self._waiter.queue.tenant_stats()))
+        budget.tenants_source = self._ledger.tenants.source
+        budget.queue_aging_s = self._waiter.queue.aging_s
+        return budget
 
     # -- the front door --------------------------------------------------------------
 
@@ -262,7 +274,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             inner.request_id = request.request_id or uuid.uuid4().hex[:16]
             wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
             admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
-                                                      deadline_s=context.time_remaining())
+                                                      deadline_s=context.time_remaining(),
+                                                      context=context)
             bound = log.bind(request_id=inner.request_id)
             queued = None  # perf_counter() when it joined the queue
             if isinstance(admission, Ticket):
@@ -289,6 +302,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             inner.max_new_tokens = admission.max_new_tokens
             inner.model = worker.model
             inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
+            inner.ClearField("priority")
             leg = self._generate_leg(admission, inner, prompt_ids, bound, outcome)
             outcome.relaying = True
             async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:

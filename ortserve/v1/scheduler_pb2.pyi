@@ -128,7 +128,7 @@ class WorkerBudget(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models")
+    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,9 @@ class Budget(_message.Message):
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_AGING_S_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerBudget]
     total_capacity_bytes: int
     total_reserved_bytes: int
@@ -153,7 +156,30 @@ class Budget(_message.Message):
     max_queue_wait_s: float
     scheduler_version: str
     models: _containers.RepeatedCompositeFieldContainer[ModelBudget]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantBudget]
+    tenants_source: str
+    queue_aging_s: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantBudget, _Mapping]]] = ..., tenants_source: _Optional[str] = ..., queue_aging_s: _Optional[float] = ...) -> None: ...
+
+class TenantBudget(_message.Message):
+    __slots__ = ("tenant", "model", "reserved_bytes", "quota_bytes", "weight", "leases", "queue_length", "queue_waiting_bytes")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAITING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    model: str
+    reserved_bytes: int
+    quota_bytes: int
+    weight: float
+    leases: int
+    queue_length: int
+    queue_waiting_bytes: int
+    def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_waiting_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
     __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length")

@@ -24,6 +24,12 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPPED: _ClassVar[Decision]
     REJECTED: _ClassVar[Decision]
 
+class CapLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAP_LIMIT_UNSPECIFIED: _ClassVar[CapLimit]
+    CAP_LIMIT_WORKER: _ClassVar[CapLimit]
+    CAP_LIMIT_TENANT_QUOTA: _ClassVar[CapLimit]
+
 class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REJECTION_CAUSE_UNSPECIFIED: _ClassVar[RejectionCause]
@@ -33,6 +39,7 @@ class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_WORKER: _ClassVar[RejectionCause]
     QUEUE_FULL: _ClassVar[RejectionCause]
     QUEUE_TIMEOUT: _ClassVar[RejectionCause]
+    TENANT_QUOTA: _ClassVar[RejectionCause]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +64,9 @@ DECISION_UNSPECIFIED: Decision
 ADMITTED: Decision
 CAPPED: Decision
 REJECTED: Decision
+CAP_LIMIT_UNSPECIFIED: CapLimit
+CAP_LIMIT_WORKER: CapLimit
+CAP_LIMIT_TENANT_QUOTA: CapLimit
 REJECTION_CAUSE_UNSPECIFIED: RejectionCause
 CONTEXT_LENGTH_EXCEEDED: RejectionCause
 EXCEEDS_CAPACITY: RejectionCause
@@ -64,6 +74,7 @@ BUDGET_BUSY: RejectionCause
 NO_WORKER: RejectionCause
 QUEUE_FULL: RejectionCause
 QUEUE_TIMEOUT: RejectionCause
+TENANT_QUOTA: RejectionCause
 FINISH_REASON_UNSPECIFIED: FinishReason
 LENGTH: FinishReason
 EOS: FinishReason
@@ -157,7 +168,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +183,7 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -186,7 +198,8 @@ class GenerateRequest(_message.Message):
     constraint: Constraint
     logprobs: LogprobsOptions
     stream_interval_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -221,7 +234,7 @@ class ConstraintResult(_message.Message):
     def __init__(self, satisfied: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
-    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason")
+    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "limit", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes")
     REQUESTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_WAS_UNSET_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +246,10 @@ class BudgetCap(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     requested_max_new_tokens: int
     admitted_max_new_tokens: int
     requested_was_unset: bool
@@ -244,10 +261,14 @@ class BudgetCap(_message.Message):
     prompt_tokens: int
     worker_id: str
     reason: str
-    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    limit: CapLimit
+    tenant: str
+    tenant_quota_bytes: int
+    tenant_reserved_bytes: int
+    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., limit: _Optional[_Union[CapLimit, str]] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class Rejection(_message.Message):
-    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms")
+    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REMEDY_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +290,9 @@ class Rejection(_message.Message):
     BYTES_AHEAD_FIELD_NUMBER: _ClassVar[int]
     WAITED_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     cause: RejectionCause
     message: str
     remedy: str
@@ -290,7 +314,10 @@ class Rejection(_message.Message):
     bytes_ahead: int
     waited_ms: float
     max_queue_wait_ms: float
-    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ...) -> None: ...
+    tenant: str
+    tenant_quota_bytes: int
+    tenant_reserved_bytes: int
+    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class Admission(_message.Message):
     __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model")

@@ -26,17 +26,21 @@ from dataclasses import dataclass, field, replace
 
 from scheduler_service.ledger import errors, placement
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
+from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
     AdmissionRequest,
     BatchStats,
     BudgetCap,
+    CapLimit,
     Cause,
     Decision,
     Expired,
     Lease,
     PrefixCacheReport,
     Rejection,
+    TenantRoom,
+    TenantUsage,
     WorkerGeometry,
     WorkerSnapshot,
 )
@@ -59,6 +63,11 @@ class _Worker:
     def without(self, lease: Lease) -> _Worker:
         """This worker as if `lease` held nothing: a what-if view for a decision, never stored."""
         return replace(self, reserved_bytes=self.reserved_bytes - lease.reserved_bytes)
+
+    def within(self, room_bytes: int) -> _Worker:
+        """This worker as if at most `room_bytes` were free (a tenant's room): a view, never stored."""
+        free = min(self.available_bytes, room_bytes)
+        return replace(self, reserved_bytes=self.geometry.capacity_bytes - free)
 
 
 def _new_lease_id() -> str:
@@ -84,6 +93,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
         self._lease_owner: dict[str, str] = {}  # lease_id -> worker_id
+        self._tenants = TenantTable()
         # NOTE: expiry happens inside admit() too; recording here lets one place log them all.
         self._expired: list[Expired] = []
 
@@ -163,8 +173,15 @@ class Ledger:
         """
         with self._lock:
             self._expire_locked(self._clock())
-            decision = placement.decide(
-                [w for w in self._workers.values() if not w.draining], request, self.retry_after_s)
+            open_workers = [w for w in self._workers.values() if not w.draining]
+            decision = placement.decide(open_workers, request, self.retry_after_s)
+            room = self._room(request.tenant, request.model)
+            if room is not None:
+                limited = placement.decide([w.within(room.room_bytes) for w in open_workers],
+                                           request, self.retry_after_s)
+                decision = placement.within_quota(decision, limited, request, room,
+                                                  self.retry_after_s)
+            decision = replace(decision, tenant=request.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             assert decision.worker is not None
@@ -178,8 +195,10 @@ class Ledger:
                 reserved_bytes=decision.reserved_bytes,
                 budget_cap=decision.budget_cap,
                 created_at=self._clock(),
+                tenant=request.tenant,
             )
             self._hold(worker, lease)
+            _check_room(room, lease.reserved_bytes)
             return replace(decision, lease=lease)
 
     def release(self, lease_id: str, worker_id: str = "") -> int:
@@ -291,6 +310,51 @@ class Ledger:
         with self._lock:
             return sum(w.reserved_bytes for w in self._workers.values())
 
+    # -- tenants -------------------------------------------------------------------
+
+    @property
+    def tenants(self) -> TenantTable:
+        return self._tenants
+
+    def set_tenants(self, table: TenantTable) -> None:
+        """Put a tenants table in force (start, SIGHUP). Leases keep their tenant; a quota
+        lowered below what a tenant holds admits nothing more for it until it is back under
+        (no preemption: what is admitted runs to completion)."""
+        with self._lock:
+            self._tenants = table
+
+    def tenant_reserved(self) -> dict[tuple[str, str], int]:
+        """(tenant, model) -> the bytes its leases hold there: the queue's fair-share look."""
+        with self._lock:
+            held: dict[tuple[str, str], int] = {}
+            for w in self._workers.values():
+                for lease in w.leases.values():
+                    key = (lease.tenant, w.geometry.model)
+                    held[key] = held.get(key, 0) + lease.reserved_bytes
+            return held
+
+    def tenant_usage(self) -> list[TenantUsage]:
+        """Every configured tenant on every served model, and any other tenant that holds
+        leases, sorted by (tenant, model)."""
+        with self._lock:
+            table = self._tenants
+            rows: dict[tuple[str, str], list[int]] = {}
+            capacity: dict[str, int] = {}
+            for w in self._workers.values():
+                model = w.geometry.model
+                capacity[model] = capacity.get(model, 0) + w.geometry.capacity_bytes
+                for lease in w.leases.values():
+                    row = rows.setdefault((lease.tenant, model), [0, 0])
+                    row[0] += lease.reserved_bytes
+                    row[1] += 1
+            for name in table.tenants:
+                for model in capacity:
+                    rows.setdefault((name, model), [0, 0])
+            return [TenantUsage(tenant=name, model=model, reserved_bytes=held, leases=n,
+                                quota_bytes=table.quota_bytes(name, model, capacity.get(model, 0)),
+                                weight=table.weight(name))
+                    for (name, model), (held, n) in sorted(rows.items())]
+
     # -- internals (lock held) ---------------------------------------------------
 
     def _hold(self, worker: _Worker, lease: Lease) -> None:
@@ -316,6 +380,24 @@ class Ledger:
         for lease_id in worker.leases:
             self._lease_owner.pop(lease_id, None)
 
+    def _room(self, tenant: str, model: str, own: Lease | None = None) -> TenantRoom | None:
+        """Tenant's quota on `model` ("": every worker) and what its leases hold there
+        (`own`'s bytes not counted: a session's lease is its own to reuse); None: no quota."""
+        if not tenant:
+            return None
+        workers = placement.serving(self._workers.values(), model)
+        capacity = sum(w.geometry.capacity_bytes for w in workers)
+        record = self._tenants.get(tenant)
+        quota = record.quota_for(model) if record else None
+        if quota is None:
+            return None
+        held = sum(lease.reserved_bytes for w in workers for lease in w.leases.values()
+                   if lease.tenant == tenant)
+        if own is not None and own.tenant == tenant:
+            held -= own.reserved_bytes
+        return TenantRoom(tenant=tenant, model=model, quota_bytes=quota.bytes_of(capacity),
+                          reserved_bytes=held, capacity_bytes=capacity, share=quota.share)
+
     def _expire_locked(self, now: float) -> None:
         expired = self._expired
         for worker_id in list(self._workers):
@@ -332,7 +414,7 @@ class Ledger:
 
     # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
 
-    def open_session_lease(self, request_id: str, model: str = "") -> Lease | None:
+    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "") -> Lease | None:
         """A 0-byte lease for a new session on the worker of `model` ("": any) with the most
         free bytes; None when none is registered. Its worker claims it when it opens the session."""
         with self._lock:
@@ -344,7 +426,8 @@ class Ledger:
                                                     w.geometry.worker_id))
             lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
                           request_id=request_id, prompt_tokens=0, max_new_tokens=0,
-                          reserved_bytes=0, created_at=self._clock(), session=True)
+                          reserved_bytes=0, created_at=self._clock(), session=True,
+                          tenant=tenant)
             self._hold(worker, lease)
             return lease
 
@@ -367,7 +450,16 @@ class Ledger:
             lease = worker.leases[lease_id]
             if not placement.fits_context(request, worker.geometry):
                 return placement.reject_context(request, worker)
-            decision = placement.decide_on(worker.without(lease), request, self.retry_after_s)
+            freed = worker.without(lease)
+            decision = placement.decide_on(freed, request, self.retry_after_s)
+            # A session's turns count against the tenant that opened it.
+            room = self._room(lease.tenant, worker.geometry.model, own=lease)
+            if room is not None:
+                limited = placement.decide_on(freed.within(room.room_bytes), request,
+                                              self.retry_after_s)
+                decision = placement.within_quota(decision, limited, request, room,
+                                                  self.retry_after_s)
+            decision = replace(decision, tenant=lease.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             grown = replace(lease, prompt_tokens=request.prompt_tokens,
@@ -375,6 +467,7 @@ class Ledger:
                             reserved_bytes=decision.reserved_bytes,
                             budget_cap=decision.budget_cap, request_id=request.request_id)
             self._hold(worker, grown)
+            _check_room(room, grown.reserved_bytes)
             return replace(decision, lease=grown)
 
     def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
@@ -400,3 +493,8 @@ def _check(worker: _Worker) -> None:
     # NOTE: the invariant this whole module exists for, after every change of reserved bytes.
     assert 0 <= worker.reserved_bytes <= worker.geometry.capacity_bytes, worker
     assert worker.reserved_bytes == sum(lease.reserved_bytes for lease in worker.leases.values()), worker
+
+
+def _check_room(room: TenantRoom | None, granted_bytes: int) -> None:
+    # NOTE: a tenant's grant never takes it past its quota (one lock hold with the decision).
+    assert room is None or room.reserved_bytes + granted_bytes <= room.quota_bytes, (room, granted_bytes)

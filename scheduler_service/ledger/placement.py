@@ -15,16 +15,19 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ortserve.units import human_bytes
 from scheduler_service.ledger import errors, sentences
 from scheduler_service.ledger.types import (
     Admission,
     AdmissionRequest,
     BudgetCap,
+    CapLimit,
     Cause,
     Decision,
     Expired,
     Lease,
     Rejection,
+    TenantRoom,
     WorkerGeometry,
 )
 
@@ -112,6 +115,49 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     )
     cause = Cause.BUDGET_BUSY if idle_fit_floor else Cause.EXCEEDS_CAPACITY
     return reject(req, cause, options, retry_after_s=retry_after_s)
+
+
+def within_quota(pool: Admission, limited: Admission, req: AdmissionRequest, room: TenantRoom,
+                 retry_after_s: float) -> Admission:
+    """The decision for a tenant's request: `pool`'s, unless its room in its quota binds.
+
+    `limited` is the same decision over the workers as if each had at most the tenant's
+    room free (never more than its own free bytes), so a reservation it grants fits both.
+    Where that grants less than the pool would, the tenant's quota is what bound it:
+    CAPPED to the room (the cap names the tenant and both numbers) or REJECTED
+    TENANT_QUOTA (which waits in the queue when the quota can hold it at all).
+    """
+    if pool.decision is Decision.REJECTED:
+        return pool  # the pool refuses it whatever the tenant holds: the pool's cause
+    if limited.decision is not Decision.REJECTED:
+        if limited.max_new_tokens >= pool.max_new_tokens:
+            # The pool's choice of worker (rows, prefix cache) when its bytes fit the room too.
+            return pool if pool.reserved_bytes <= room.room_bytes else limited
+        cap = replace(limited.budget_cap, limit=CapLimit.TENANT_QUOTA, tenant=room.tenant,
+                      tenant_quota_bytes=room.quota_bytes, tenant_reserved_bytes=room.reserved_bytes)
+        return replace(limited, budget_cap=replace(cap, reason=sentences.cap_reason(cap)))
+    r = limited.rejection
+    g = pool.worker
+    whole_fit_new = max(g.tokens_within(room.quota_bytes) - req.prompt_tokens, 0)
+    rejection = replace(r, cause=Cause.TENANT_QUOTA, tenant=room.tenant,
+                        tenant_quota_bytes=room.quota_bytes,
+                        tenant_reserved_bytes=room.reserved_bytes,
+                        tenant_quota_text=_quota_text(room),
+                        available_bytes=min(r.available_bytes, room.room_bytes))
+    if rejection.waits_for_tenant_room:
+        rejection = replace(rejection, retry_after_s=retry_after_s)
+    else:
+        rejection = replace(rejection, retry_after_s=0.0,
+                            admissible_max_new_tokens=min(whole_fit_new,
+                                                          r.requested_max_new_tokens))
+    return replace(limited, rejection=sentences.rendered(rejection))
+
+
+def _quota_text(room: TenantRoom) -> str:
+    if room.share is None:
+        return human_bytes(room.quota_bytes)
+    return (f"{room.share * 100:g} % of {human_bytes(room.capacity_bytes)} = "
+            f"{human_bytes(room.quota_bytes)}")
 
 
 def has_free_row(worker) -> bool:

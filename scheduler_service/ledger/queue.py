@@ -1,4 +1,4 @@
-"""The admission queue: requests that cannot start now wait here, in arrival order (pure).
+"""The admission queue: requests that cannot start now wait here (pure).
 
 No grpc, no protobuf, no asyncio: the servicer awaits tickets through
 `queue_waiter`. The queue holds no bytes: a waiting request reserves nothing
@@ -8,29 +8,35 @@ nothing and leaks nothing.
 The policy, in order:
 
 1. On arrival with an empty queue, the ledger decides as before: ADMITTED,
-   CAPPED to what fits (the seed's rule), or REJECTED.
+   CAPPED to what fits (the seed's rule, or the tenant's room), or REJECTED.
 2. A request the ledger calls BUDGET_BUSY (its floor, or under STRICT and
    WAIT_FULL its whole reservation, fits a worker's whole capacity but not
-   the free bytes now) waits, unless the queue is full (QUEUE_FULL).
-3. While anyone waits for the same model, a newcomer never goes ahead of
-   them, even if it would fit: it joins the back. Strict FIFO per model, so a
-   large head is never starved by small requests behind it; a request for
-   another model waits only for its own model's workers (their bytes are the
-   only ones it can use).
+   the free bytes now), or TENANT_QUOTA that its tenant's quota can hold,
+   waits, unless the queue is full (QUEUE_FULL).
+3. While anyone waits for the same model, a newcomer never goes ahead of them
+   on arrival: it joins the queue and the next `pump` places it.
 4. When bytes free up (release, expiry, a worker registering) `pump` serves
-   each model's line from its head with the ledger's one atomic decision,
-   until that head does not fit.
+   each model's waiting requests in this order, with the ledger's one atomic
+   decision each: first any that waited `aging_s` or more (by arrival); then
+   the tenant whose leases hold the least per unit of weight (fair share), and
+   within it the lowest `priority` (vLLM's convention: lower is sooner), then
+   arrival. When the chosen one does not fit the pool, its model's line stops
+   there (so a large or aged request is never starved by small ones behind it);
+   when only its tenant's quota stops it, only that tenant's requests wait and
+   the others go on. No preemption: an admitted request runs to completion.
 5. When a request's wait runs out it gets one last attempt, wherever it
-   stands (WAIT_FULL now accepts a cap): the one bounded exception to FIFO,
-   at most once per request and only with bytes the head could not use.
-   Otherwise it is refused with QUEUE_TIMEOUT; a wait bounded by the call's
-   own deadline ends as DEADLINE_EXCEEDED instead.
+   stands (WAIT_FULL now accepts a cap): the one bounded exception to the
+   order, at most once per request and only with bytes the others could not
+   use. Otherwise it is refused with QUEUE_TIMEOUT (TENANT_QUOTA when its
+   tenant's quota held it); a wait bounded by the call's own deadline ends as
+   DEADLINE_EXCEEDED instead.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +50,11 @@ from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, D
 
 # Ledger causes that mean "could start later": the request keeps waiting.
 _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
+
+
+def _can_wait(rejection: Rejection) -> bool:
+    """A newcomer's refusal that the queue can cure: the pool busy, or the tenant's room."""
+    return rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
 
 
 class Mode(enum.Enum):
@@ -122,16 +133,28 @@ class QueueStats:
     max_wait_s: float
 
 
+@dataclass(frozen=True)
+class TenantQueueStats:
+    """One tenant's waiting requests for one model."""
+
+    length: int = 0
+    waiting_bytes: int = 0
+
+
 class AdmissionQueue:
     """A bounded FIFO of tickets in front of a Ledger. Thread-safe: one lock (taken before the ledger's)."""
 
     def __init__(self, ledger: Ledger, max_length: int = 256, max_wait_s: float = 30.0,
-                 retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        if max_length < 0 or max_wait_s < 0:
-            raise ValueError(f"max_length ({max_length}) and max_wait_s ({max_wait_s}) must be >= 0")
+                 retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 aging_s: float = 10.0) -> None:
+        if max_length < 0 or max_wait_s < 0 or aging_s < 0:
+            raise ValueError(f"max_length ({max_length}), max_wait_s ({max_wait_s}) and aging_s "
+                             f"({aging_s}) must be >= 0")
         self.ledger = ledger
         self.max_length = max_length
         self.max_wait_s = max_wait_s
+        # A request waiting this long goes ahead of every priority and share (by arrival).
+        self.aging_s = aging_s
         self.retry_after_s = retry_after_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -160,8 +183,8 @@ class AdmissionQueue:
                 # Never whole on any worker: waiting for it is pointless, cap as ALLOW does.
                 mode = Mode.ALLOW
                 attempt = self._decide(request, lease_id, dry_run=waiting)
-            if attempt.decision is Decision.REJECTED and attempt.rejection.cause is not Cause.BUDGET_BUSY:
-                return attempt  # context, capacity, no worker: waiting cannot help
+            if attempt.decision is Decision.REJECTED and not _can_wait(attempt.rejection):
+                return attempt  # context, capacity, no worker, beyond its quota: waiting cannot help
             if not waiting and attempt.decision is not Decision.REJECTED:
                 return attempt  # the empty-queue path: exactly the ledger's decision
             wait, bound = self._bound(mode, wait_s, deadline_s)
@@ -173,6 +196,10 @@ class AdmissionQueue:
                                      requests_ahead=len(line), waited_s=0.0, max_wait_s=0.0)
             if len(self._entries) >= self.max_length:
                 return self._refusal(request, Cause.QUEUE_FULL, needed, mode)
+            places = self._places_left(request.tenant)
+            if places is not None and places <= 0:
+                return self._refusal(request, Cause.QUEUE_FULL, needed, mode,
+                                     tenant=request.tenant)
             ticket = Ticket(seq=next(self._seq), request=request, mode=mode, needed_bytes=needed,
                             enqueued_at=now, deadline=now + wait, bound=bound, lease_id=lease_id)
             self._entries.append(ticket)
@@ -181,8 +208,8 @@ class AdmissionQueue:
     # -- serving -------------------------------------------------------------------
 
     def pump(self) -> list[Ticket]:
-        """Serve each model's line from its head while it fits, and end waits that ran out.
-        Returns the tickets decided."""
+        """Serve each model's waiting requests in the policy's order while they fit, and end
+        waits that ran out. Returns the tickets decided."""
         now = self._clock()
         done: list[Ticket] = []
         with self._lock:
@@ -190,17 +217,27 @@ class AdmissionQueue:
                 self._entries.remove(ticket)
                 self._time_out(ticket, now)
                 done.append(ticket)
-            blocked: set[str] = set()  # models whose head does not fit: their lines wait
-            for head in list(self._entries):
-                if head.request.model in blocked:
-                    continue
+            blocked: set[str] = set()  # models whose next request does not fit the pool
+            held_back: set[tuple[str, str]] = set()  # (model, tenant) at its quota
+            while True:
+                candidates = [t for t in self._entries if t.request.model not in blocked
+                              and (t.request.model, t.request.tenant) not in held_back]
+                if not candidates:
+                    break
+                order = self._order_key(now, self._held())
+                head = min(candidates, key=order)
                 attempt = self._attempt(head, final=False)
-                if (attempt.decision is Decision.REJECTED and attempt.rejection.cause in _WAITABLE
-                        and not (head.lease_id and attempt.rejection.cause is Cause.NO_WORKER)):
-                    # The head blocks its model's line: strict FIFO (a session whose lease
-                    # is gone never will fit, so it does not block).
-                    blocked.add(head.request.model)
-                    continue
+                if attempt.decision is Decision.REJECTED:
+                    rejection = attempt.rejection
+                    if rejection.waits_for_tenant_room:
+                        held_back.add((head.request.model, head.request.tenant))
+                        continue
+                    if (rejection.cause in _WAITABLE
+                            and not (head.lease_id and rejection.cause is Cause.NO_WORKER)):
+                        # It blocks its model's line (a session whose lease is gone never
+                        # will fit, so it does not block).
+                        blocked.add(head.request.model)
+                        continue
                 self._entries.remove(head)
                 head.outcome = replace(attempt, queue_wait_s=now - head.enqueued_at)
                 done.append(head)
@@ -221,8 +258,9 @@ class AdmissionQueue:
         with self._lock:
             if ticket not in self._entries:
                 return None
-            line = self._line(ticket.request.model)
-            index = line.index(ticket)  # its place in its model's line
+            line = sorted(self._line(ticket.request.model),
+                          key=self._order_key(now, self._held()))
+            index = line.index(ticket)  # its place in its model's line, in serving order
             return Place(position=index + 1, requests_ahead=index,
                          bytes_ahead=sum(t.needed_bytes for t in line[:index]),
                          needed_bytes=ticket.needed_bytes, waited_s=now - ticket.enqueued_at,
@@ -237,6 +275,16 @@ class AdmissionQueue:
                 waiting_bytes=sum(t.needed_bytes for t in self._entries),
                 max_length=self.max_length, max_wait_s=self.max_wait_s)
 
+    def tenant_stats(self) -> dict[tuple[str, str], TenantQueueStats]:
+        """(tenant, model) -> its waiting requests."""
+        with self._lock:
+            stats: dict[tuple[str, str], TenantQueueStats] = {}
+            for t in self._entries:
+                key = (t.request.tenant, t.request.model)
+                was = stats.get(key, TenantQueueStats())
+                stats[key] = TenantQueueStats(was.length + 1, was.waiting_bytes + t.needed_bytes)
+            return stats
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
@@ -246,6 +294,44 @@ class AdmissionQueue:
     def _line(self, model: str) -> list[Ticket]:
         """The waiting tickets for `model`, in arrival order: the line a request of it joins."""
         return [t for t in self._entries if t.request.model == model]
+
+    def _held(self) -> dict[tuple[str, str], int]:
+        """What each (tenant, model) holds, for the fair share; nothing to look up without tenants."""
+        return self.ledger.tenant_reserved() if self.ledger.tenants.enabled else {}
+
+    def _share_of_places(self, tenant: str) -> int:
+        """The queue places kept for `tenant`: its weighted share of max_length. Calls charged
+        to no tenant ("") share as one more tenant of weight 1."""
+        table = self.ledger.tenants
+        total = sum(t.weight for t in table.tenants.values()) + 1.0
+        return max(1, math.floor(self.max_length * table.weight(tenant) / total))
+
+    def _places_left(self, tenant: str) -> int | None:
+        """Places `tenant` may still take (None: no tenants). Each tenant may always fill its
+        own share; beyond it, only places no other tenant's unused share needs, so a tenant
+        flooding the queue never turns another away with QUEUE_FULL."""
+        table = self.ledger.tenants
+        if not table.enabled:
+            return None
+        waiting: dict[str, int] = {}
+        for t in self._entries:
+            waiting[t.request.tenant] = waiting.get(t.request.tenant, 0) + 1
+        own = self._share_of_places(tenant) - waiting.get(tenant, 0)
+        kept = sum(max(0, self._share_of_places(other) - waiting.get(other, 0))
+                   for other in [*table.tenants, ""] if other != tenant)
+        return max(own, self.max_length - len(self._entries) - kept)
+
+    def _order_key(self, now: float, held: dict[tuple[str, str], int]):
+        """The serving order (lowest first): aged by arrival; then the tenant's held bytes
+        per unit of weight, the priority, the arrival."""
+        weight = self.ledger.tenants.weight
+
+        def key(t: Ticket) -> tuple:
+            if now - t.enqueued_at >= self.aging_s:
+                return (0, 0.0, 0, t.seq)
+            r = t.request
+            return (1, held.get((r.tenant, r.model), 0) / weight(r.tenant), r.priority, t.seq)
+        return key
 
     @staticmethod
     def _effective(request: AdmissionRequest, mode: Mode, final: bool = False) -> AdmissionRequest:
@@ -276,6 +362,7 @@ class AdmissionQueue:
             ticket.outcome = replace(attempt, queue_wait_s=waited)
             return
         if attempt.rejection.cause not in _WAITABLE:
+            # TENANT_QUOTA included: its own numbers say why better than a queue timeout.
             ticket.outcome = replace(attempt, queue_wait_s=waited)
             return
         ahead = [t for t in self._line(ticket.request.model) if t.seq < ticket.seq]
@@ -318,7 +405,7 @@ class AdmissionQueue:
 
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,
-                 bytes_ahead: int | None = None) -> Admission:
+                 bytes_ahead: int | None = None, tenant: str = "") -> Admission:
         workers = placement.serving(self.ledger.snapshot(), request.model)
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
         rejection = sentences.rendered(Rejection(
@@ -337,5 +424,11 @@ class AdmissionQueue:
                          else bytes_ahead),
             waited_s=waited_s, max_queue_wait_s=max_wait_s,
         ))
+        if tenant:  # QUEUE_FULL for the tenant's share of the places, not the whole queue
+            rejection = sentences.rendered(replace(
+                rejection, tenant=tenant,
+                queue_length=sum(1 for t in self._entries if t.request.tenant == tenant),
+                max_queue_length=self._share_of_places(tenant)))
         return Admission(decision=Decision.REJECTED, request_id=request.request_id,
-                         prompt_tokens=request.prompt_tokens, rejection=rejection)
+                         prompt_tokens=request.prompt_tokens, rejection=rejection,
+                         tenant=request.tenant)

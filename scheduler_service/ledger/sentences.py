@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ortserve.errors import ContextWindowFull, quoted
 from ortserve.units import human_bytes, human_bytes_at_least, tokens
-from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
+from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
                 "can reach the scheduler")
@@ -22,6 +22,15 @@ def cap_reason(cap: BudgetCap) -> str:
     n_new, requested = cap.admitted_max_new_tokens, cap.requested_max_new_tokens
     asked = (f"max_new_tokens unset (the remaining context window: {tokens(requested)})"
              if cap.requested_was_unset else f"max_new_tokens {requested:,}")
+    if cap.limit is CapLimit.TENANT_QUOTA:
+        return (f"prompt {tokens(cap.prompt_tokens)} + {asked} needs "
+                f"{human_bytes(cap.requested_bytes)} of KV at {cap.bytes_per_token:,} B/token, but "
+                f"tenant {quoted(cap.tenant)} holds {human_bytes(cap.tenant_reserved_bytes)} of its "
+                f"{human_bytes(cap.tenant_quota_bytes)} quota, so {human_bytes(cap.available_bytes)}"
+                f" is its room; capped to max_new_tokens {n_new:,} "
+                f"({human_bytes(cap.admitted_bytes)}): retry when its requests end for the full "
+                "ceiling, set cap_policy WAIT_FULL to wait for it (STRICT to be refused instead), "
+                "or ask the operator to raise the tenant's quota")
     if cap.requested_bytes > cap.capacity_bytes:
         why = (f"worker {cap.worker_id}'s whole KV capacity is {human_bytes(cap.capacity_bytes)}; "
                f"raise its --kv-capacity to at least {human_bytes_at_least(cap.requested_bytes)} "
@@ -67,6 +76,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         return full.cause, full.remedy
     if r.cause in (Cause.QUEUE_FULL, Cause.QUEUE_TIMEOUT):
         return _queue_text(r, floor)
+    if r.cause is Cause.TENANT_QUOTA:
+        return _tenant_text(r, floor)
     n_new = r.requested_max_new_tokens if r.cap_refused else floor
     what = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {n_new:,} "
             "(cap policy STRICT refuses a smaller ceiling)" if r.cap_refused
@@ -92,6 +103,14 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
 def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
     need = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {r.requested_max_new_tokens:,}"
             if r.cap_refused else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {floor:,}")
+    if r.cause is Cause.QUEUE_FULL and r.tenant:
+        message = (f"tenant {quoted(r.tenant)} has {r.queue_length:,} requests waiting in the "
+                   f"admission queue, its share of {r.max_queue_length:,} places (by weight), and "
+                   f"the queue's other free places are kept for other tenants' shares; {need} "
+                   f"need {human_bytes(r.needed_bytes)}")
+        remedy = (f"retry in {r.retry_after_s:g} s (the client's retry option does this), or "
+                  "ask the operator for a larger weight or a longer --max-queue-length")
+        return message, remedy
     if r.cause is Cause.QUEUE_FULL:
         message = (f"the admission queue is full: {r.queue_length:,} of {r.max_queue_length:,} "
                    f"requests wait for {human_bytes(r.bytes_ahead)} of KV; {need} need "
@@ -111,4 +130,29 @@ def _queue_text(r: Rejection, floor: int) -> tuple[str, str]:
               "AdmitRequest.max_queue_wait_ms, the scheduler's --max-queue-wait-s)"
               + (", or accept a cap (cap policy ALLOW)" if r.cap_refused else "")
               + ", or add workers")
+    return message, remedy
+
+
+def _tenant_text(r: Rejection, floor: int) -> tuple[str, str]:
+    n_new = r.requested_max_new_tokens if r.cap_refused else floor
+    what = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {n_new:,} (cap policy STRICT "
+            "refuses a smaller ceiling)" if r.cap_refused
+            else f"prompt {tokens(r.prompt_tokens)} + min_new_tokens {n_new:,}")
+    room = max(0, r.tenant_quota_bytes - r.tenant_reserved_bytes)
+    message = (f"{what} need {human_bytes(r.needed_bytes)} of KV at {r.bytes_per_token:,} B/token; "
+               f"tenant {quoted(r.tenant)} holds {human_bytes(r.tenant_reserved_bytes)} of its "
+               f"quota of {r.tenant_quota_text or human_bytes(r.tenant_quota_bytes)}, "
+               f"{human_bytes(room)} of room")
+    if not r.waits_for_tenant_room:
+        fewer = (f"ask for fewer new tokens (min_new_tokens and max_new_tokens <= "
+                 f"{r.admissible_max_new_tokens:,} fit its whole quota)"
+                 if r.admissible_max_new_tokens >= 1 else "shorten the prompt")
+        return (message + ": more than its whole quota",
+                fewer + ", or ask the operator to raise the tenant's quota (the scheduler's "
+                "tenants file)")
+    remedy = (f"retry in {r.retry_after_s:g} s (the tenant's own requests must end first)"
+              + (f", or accept a cap (max_new_tokens <= {r.admissible_max_new_tokens:,} fits "
+                 "its room now)" if r.cap_refused else "")
+              + ", or wait in the admission queue (max_queue_wait_ms above 0), or ask the "
+              "operator to raise the tenant's quota")
     return message, remedy

@@ -30,6 +30,14 @@ class Cause(enum.Enum):
     NO_WORKER = "no_worker"  # UNAVAILABLE
     QUEUE_FULL = "queue_full"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
     QUEUE_TIMEOUT = "queue_timeout"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
+    TENANT_QUOTA = "tenant_quota"  # RESOURCE_EXHAUSTED (+ RetryInfo when its quota can hold it)
+
+
+class CapLimit(enum.Enum):
+    """What a cap was held to: the worker's free bytes, or the tenant's room in its quota."""
+
+    WORKER = "worker"
+    TENANT_QUOTA = "tenant_quota"
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,10 @@ class AdmissionRequest:
     # The prompt's token ids when known: placement prefers the worker whose prefix cache
     # holds its longest prefix (docs/prefix-cache.md). Empty: placement by bytes alone.
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    # Who it is charged to ("": no tenant, the pool's room only; tenants.TenantTable.resolve).
+    tenant: str = ""
+    # The admission queue serves lower first (vLLM's convention), then by arrival.
+    priority: int = 0
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -133,6 +145,10 @@ class BudgetCap:
     prompt_tokens: int
     worker_id: str
     reason: str = ""  # rendered by sentences.cap_reason from the numbers above
+    limit: CapLimit = CapLimit.WORKER  # TENANT_QUOTA: the tenant's room, not the worker's, bound it
+    tenant: str = ""
+    tenant_quota_bytes: int = 0  # TENANT_QUOTA: the tenant's quota on this model
+    tenant_reserved_bytes: int = 0  # TENANT_QUOTA: what its other leases held just before
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,35 @@ class Lease:
     # A session's lease: it holds the session's KV between turns, out of the worker's
     # batch rows (placement counts only the others as sequences that need a row).
     session: bool = False
+    tenant: str = ""  # who it is charged to ("": no tenant)
+
+
+@dataclass(frozen=True)
+class TenantRoom:
+    """A tenant's quota on a model and what its leases there hold, read under the ledger's lock."""
+
+    tenant: str
+    model: str
+    quota_bytes: int
+    reserved_bytes: int
+    capacity_bytes: int  # the model's workers' capacity the quota was computed from
+    share: float | None = None  # the quota as a share of that capacity; None: absolute bytes
+
+    @property
+    def room_bytes(self) -> int:
+        return max(0, self.quota_bytes - self.reserved_bytes)
+
+
+@dataclass(frozen=True)
+class TenantUsage:
+    """One tenant's standing on one model, for GetBudget and the metrics."""
+
+    tenant: str
+    model: str
+    reserved_bytes: int
+    leases: int
+    quota_bytes: int | None  # None: no quota
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -182,6 +227,15 @@ class Rejection:
     bytes_ahead: int = 0  # QUEUE_*: bytes the requests ahead wait for
     waited_s: float = 0.0  # QUEUE_TIMEOUT: how long it waited
     max_queue_wait_s: float = 0.0  # QUEUE_TIMEOUT: the wait it was allowed
+    tenant: str = ""  # TENANT_QUOTA: the tenant whose quota refused it
+    tenant_quota_bytes: int = 0  # TENANT_QUOTA: its quota on the model
+    tenant_reserved_bytes: int = 0  # TENANT_QUOTA: what its leases hold now
+    tenant_quota_text: str = ""  # TENANT_QUOTA: how the quota was set ("30 % of 1.0 GiB = ...")
+
+    @property
+    def waits_for_tenant_room(self) -> bool:
+        """TENANT_QUOTA that the tenant's own leases ending would cure (it fits the quota)."""
+        return self.cause is Cause.TENANT_QUOTA and self.needed_bytes <= self.tenant_quota_bytes
 
 
 @dataclass(frozen=True)
@@ -206,6 +260,7 @@ class Admission:
     rejection: Rejection | None = None
     dry_run: bool = False
     queue_wait_s: float = 0.0  # time spent in the admission queue before this decision
+    tenant: str = ""  # who the request is charged to ("": no tenant), for the metrics
 
 
 @dataclass(frozen=True)

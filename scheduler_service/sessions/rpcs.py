@@ -29,7 +29,14 @@ from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
-from scheduler_service.ledger.ledger import Admission, AdmissionRequest, Decision, Ledger
+from scheduler_service.ledger.ledger import (
+    Admission,
+    AdmissionRequest,
+    CapLimit,
+    Cause,
+    Decision,
+    Ledger,
+)
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
@@ -40,6 +47,7 @@ from scheduler_service.sessions.registry import (
     context_full,
     worker_lost,
 )
+from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -97,7 +105,8 @@ class SessionRPCs:
         # The session is bound to its model here: it opens on a worker serving it.
         model = placement.resolve_model(request.model,
                                         {w.geometry.model for w in self._ledger.snapshot()})
-        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model)
+        lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model,
+                                                tenant=caller_tenant(self._ledger.tenants, context))
         if lease is None:
             of = f" serving model {quoted(model)}" if model else ""
             raise DomainError(ErrorReason.NO_WORKER, f"no worker{of} is registered to hold a "
@@ -239,9 +248,10 @@ class SessionRPCs:
         """The turn's admission as Generate's: its Places while it waits in the queue, then
         its Admission, last (the session's lease grown, unless REJECTED)."""
         # Not whole: idle sessions on this worker give their bytes back first.
-        while (self._ledger.resize(session.lease_id, request, dry_run=True).decision
+        while ((probe := self._ledger.resize(session.lease_id, request, dry_run=True)).decision
                is not Decision.ADMITTED
-               and await self._reclaim(session.worker_id, exclude=session.session_id)):
+               and await self._reclaim(session.worker_id, exclude=session.session_id,
+                                       tenant=request.tenant if _tenant_bound(probe) else None)):
             pass
         wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
         admission = self._waiter.queue.submit(request, convert.queue_mode(inner), wait_s=wait_s,
@@ -250,6 +260,7 @@ class SessionRPCs:
         if not isinstance(admission, Ticket):
             yield admission
             return
+        self._waiter.kick()  # the queue's order may place it at once (priority, tenant share)
         bound.info("turn queued", needed_bytes=admission.needed_bytes, mode=admission.mode.value,
                    max_wait_s=round(admission.max_wait_s, 3), bound=admission.bound.value)
         self._queued[session.session_id] = admission
@@ -296,9 +307,11 @@ class SessionRPCs:
                 held = self._ledger.lease(session.lease_id)
                 before_bytes = held.reserved_bytes if held is not None else 0
                 admission = None
-                async with aclosing(self._admit_turn(session, inner,
-                                                     convert.admission_request(full, len(ids), full.model),
-                                                     context, bound)) as news:
+                # The turn is charged to the tenant that opened the session (its lease's).
+                turn = convert.admission_request(full, len(ids), full.model,
+                                                 tenant=held.tenant if held is not None else "")
+                async with aclosing(self._admit_turn(session, inner, turn, context,
+                                                     bound)) as news:
                     async for item in news:
                         if isinstance(item, Place):
                             yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
@@ -317,6 +330,7 @@ class SessionRPCs:
                            reserved_bytes=admission.reserved_bytes)
                 full.max_new_tokens = admission.max_new_tokens
                 full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
+                full.ClearField("priority")
                 leg = self._turn_leg(session, inner, full, ids, bound, outcome)
                 outcome.relaying = True
                 granted = None  # the relay owns the turn's end from here (the worker shrinks)
@@ -381,12 +395,15 @@ class SessionRPCs:
 
     # -- reclaiming idle sessions -------------------------------------------------
 
-    async def _reclaim(self, worker_id: str, exclude: str = "") -> bool:
-        """Swap out the least recently used idle session holding bytes on `worker_id`."""
+    async def _reclaim(self, worker_id: str, exclude: str = "", tenant: str | None = None) -> bool:
+        """Swap out the least recently used idle session holding bytes on `worker_id` (only
+        `tenant`'s when set: when a tenant's quota binds, others' bytes would not help)."""
         registry = self._registry
         for session in registry.idle_on(worker_id, exclude):
             lease = self._ledger.lease(session.lease_id)
             if lease is None or lease.reserved_bytes == 0:
+                continue
+            if tenant is not None and lease.tenant != tenant:
                 continue
             try:
                 registry.begin_turn(session.session_id)
@@ -412,10 +429,11 @@ class SessionRPCs:
             probe = self._ledger.admit(request, dry_run=True)
             if probe.decision is Decision.ADMITTED:
                 return
-            workers = [probe.worker.worker_id] if probe.worker else [
+            only = request.tenant if _tenant_bound(probe) else None
+            workers = [probe.worker.worker_id] if probe.worker and only is None else [
                 w.geometry.worker_id for w in placement.serving(self._ledger.snapshot(),
                                                                 request.model)]
-            if not any([await self._reclaim(w) for w in workers]):
+            if not any([await self._reclaim(w, tenant=only) for w in workers]):
                 return
 
     async def sweep_forever(self) -> None:
@@ -441,3 +459,10 @@ class SessionRPCs:
                 except DomainError:
                     continue
                 await self._close(session)
+
+
+def _tenant_bound(admission: Admission) -> bool:
+    """Whether the tenant's quota, not the worker's bytes, held `admission` back."""
+    cap, rejection = admission.budget_cap, admission.rejection
+    return ((cap is not None and cap.limit is CapLimit.TENANT_QUOTA)
+            or (rejection is not None and rejection.cause is Cause.TENANT_QUOTA))

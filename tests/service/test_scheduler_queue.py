@@ -57,6 +57,10 @@ class QueueCluster:
     def budget(self) -> scheduler_pb2.Budget:
         return self.stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
 
+    def budget_as(self, key: str) -> scheduler_pb2.Budget:
+        return self.stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5,
+                                   metadata=(("authorization", f"Bearer {key}"),))
+
     def wait_queue_length(self, n: int) -> None:
         deadline = time.monotonic() + 5
         while self.budget().queue_length != n and time.monotonic() < deadline:

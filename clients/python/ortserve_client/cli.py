@@ -50,7 +50,8 @@ def _request_kwargs(a: argparse.Namespace) -> dict:
         kw["prompt"] = prompt
     for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "min_p", "logprobs", "stop", "request_id",
-                 "stream_interval_ms", "json_schema", "json_object", "regex", "grammar"):
+                 "stream_interval_ms", "json_schema", "json_object", "regex", "grammar",
+                 "priority"):
         value = getattr(a, name, None)
         if value is not None:
             kw[name] = value
@@ -127,6 +128,14 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
     print(f"{'total':<24} {human_bytes(budget.total_capacity_bytes):>12} "
           f"{human_bytes(budget.total_reserved_bytes):>12} {human_bytes(budget.total_available_bytes):>12} "
           f"{budget.total_leases:>6}")
+    if budget.tenants:
+        print(f"\n{'tenant':<16} {'model':<20} {'reserved':>10} {'quota':>10} {'weight':>6} "
+              f"{'leases':>6} {'queued':>6} {'waits for':>10}   ({budget.tenants_source})")
+        for t in budget.tenants:
+            quota = human_bytes(t.quota_bytes) if t.HasField("quota_bytes") else "none"
+            print(f"{t.tenant or '(none)':<16} {t.model:<20} {human_bytes(t.reserved_bytes):>10} "
+                  f"{quota:>10} {t.weight:>6g} {t.leases:>6} {t.queue_length:>6} "
+                  f"{human_bytes(t.queue_waiting_bytes):>10}")
     return EXIT_OK
 
 
@@ -175,6 +184,9 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
                         help="wait in the queue for the full max_new_tokens; cap only when the "
                              "wait runs out (cap policy WAIT_FULL)")
     p.add_argument("--request-id")
+    p.add_argument("--priority", type=int, default=None,
+                   help="the admission queue's order when it waits: lower is sooner (unset: 0); "
+                        "nothing admitted is preempted")
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")

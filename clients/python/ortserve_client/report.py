@@ -25,6 +25,14 @@ def notice(text: str, file: TextIO | None = None) -> None:
 
 def cap_notice(cap: BudgetCap) -> str:
     """One line saying that and why the KV budget reduced max_new_tokens, with the numbers."""
+    if cap.limit == "tenant_quota":
+        return (f"CAPPED by tenant {cap.tenant}'s KV quota: max_new_tokens "
+                f"{cap.requested_max_new_tokens:,}"
+                f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
+                f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
+                f"{cap.bytes_per_token:,} B/token, reserved {human_bytes(cap.admitted_bytes)}; the "
+                f"tenant held {human_bytes(cap.tenant_reserved_bytes)} of its "
+                f"{human_bytes(cap.tenant_quota_bytes)} quota. {cap.reason}")
     return (f"CAPPED by the KV budget: max_new_tokens {cap.requested_max_new_tokens:,}"
             f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
             f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
@@ -74,7 +82,11 @@ def stats_lines(result: GenerateResult) -> list[str]:
         lines.append(f"stats: budget_cap requested={cap.requested_max_new_tokens:,} "
                      f"admitted={cap.admitted_max_new_tokens:,} requested_bytes={cap.requested_bytes:,} "
                      f"admitted_bytes={cap.admitted_bytes:,} available_bytes={cap.available_bytes:,} "
-                     f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}")
+                     f"capacity_bytes={cap.capacity_bytes:,} bytes_per_token={cap.bytes_per_token:,}"
+                     + (f" limit=tenant_quota tenant={cap.tenant} "
+                        f"tenant_quota_bytes={cap.tenant_quota_bytes:,} "
+                        f"tenant_reserved_bytes={cap.tenant_reserved_bytes:,}"
+                        if cap.limit == "tenant_quota" else ""))
     if result.constraint is not None:
         c = result.constraint
         lines.append(f"stats: constraint satisfied={str(c.satisfied).lower()}"

@@ -39,6 +39,7 @@ def build_request(
     request_id: str = "",
     model: str = "",
     stream_interval_ms: int = 0,
+    priority: int | None = None,
 ) -> types_pb2.GenerateRequest:
     """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
 
@@ -52,6 +53,7 @@ def build_request(
     text sent as it is), `json_object=True`, `regex` or `grammar` (llguidance's Lark).
     `logprobs`: None, none asked; 0, each token's own log-probability; N, also the N most
     likely alternatives (0 to 20; TextChunk.logprobs, GenerateResult.logprobs).
+    `priority`: the admission queue's order, lower sooner (unset: 0; docs/tenants.md).
     """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
                                     stop=list(stop), model=model,
@@ -87,6 +89,8 @@ def build_request(
         req.cap_policy = types_pb2.CAP_POLICY_WAIT_FULL
     if max_queue_wait_ms is not None:
         req.max_queue_wait_ms = max_queue_wait_ms
+    if priority is not None:
+        req.priority = priority
     return req
 
 

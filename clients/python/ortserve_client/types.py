@@ -20,10 +20,18 @@ class BudgetCap:
     prompt_tokens: int
     worker_id: str
     reason: str
+    # "tenant_quota": the caller's tenant's room in its quota bound it (then tenant_* say the
+    # numbers); "worker": the worker's free bytes or capacity.
+    limit: str = "worker"
+    tenant: str = ""
+    tenant_quota_bytes: int = 0
+    tenant_reserved_bytes: int = 0
 
     @classmethod
     def from_pb(cls, pb: types_pb2.BudgetCap) -> BudgetCap:
-        return cls(**{f: getattr(pb, f) for f in cls.__dataclass_fields__})
+        fields = {f: getattr(pb, f) for f in cls.__dataclass_fields__ if f != "limit"}
+        limit = ("tenant_quota" if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA else "worker")
+        return cls(**fields, limit=limit)
 
 
 @dataclass(frozen=True)

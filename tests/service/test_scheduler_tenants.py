@@ -1,0 +1,86 @@
+"""Tenants through a real channel: keys and metadata to tenants, the tenant's cap and
+rejection with their numbers and status details, and GetBudget's per-tenant rows."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from ortserve import rich_status
+from ortserve.auth import parse_keys
+from ortserve.v1 import scheduler_pb2, types_pb2
+from scheduler_service.ledger import tenants
+from tests.service.fake_cluster import BPT
+from tests.service.test_scheduler_queue import make_cluster, reason, request  # noqa: F401 - fixture
+
+KEY_SMALL = "s" * 24
+KEY_LARGE = "l" * 24
+KEY_ADMIN = "a" * 24
+TABLE = f"""
+trust_tenant_metadata = false
+[tenants.small]
+quota = "30%"
+key_sha256 = ["{tenants.key_digest(KEY_SMALL).hex()}"]
+[tenants.large]
+quota = "70%"
+key_sha256 = ["{tenants.key_digest(KEY_LARGE).hex()}"]
+"""
+
+
+def _as(key: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {key}"),)
+
+
+@pytest.fixture()
+def cluster(make_cluster):  # noqa: F811 - the fixture imported above
+    keys = parse_keys(f"generate:{KEY_SMALL}\ngenerate:{KEY_LARGE}\nadmin:{KEY_ADMIN}\n", "keys")
+    return make_cluster(api_keys=keys, tenants=tenants.parse(TABLE, "t.toml"))
+
+
+def test_a_key_is_charged_to_its_tenant_and_capped_to_its_room_with_both_numbers(cluster):
+    # 100 blocks of BPT: small's quota is 30 blocks.
+    adm = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(50), dry_run=False),
+                             metadata=_as(KEY_SMALL), timeout=5)
+    cap = adm.budget_cap
+    assert adm.decision == types_pb2.CAPPED and adm.reserved_bytes == 30 * BPT
+    assert cap.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA and cap.tenant == "small"
+    assert (cap.tenant_quota_bytes, cap.tenant_reserved_bytes) == (30 * BPT, 0)
+    other = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(50), dry_run=False),
+                               metadata=_as(KEY_LARGE), timeout=5)
+    assert other.decision == types_pb2.ADMITTED  # large's room is its own
+    rows = {(t.tenant, t.model): t for t in cluster.budget_as(KEY_ADMIN).tenants}
+    assert rows[("small", "m")].reserved_bytes == 30 * BPT
+    assert rows[("small", "m")].quota_bytes == 30 * BPT
+    assert rows[("large", "m")].reserved_bytes == 60 * BPT
+    # A generate key sees its own tenant's standing only.
+    assert [t.tenant for t in cluster.budget_as(KEY_LARGE).tenants] == ["large"]
+
+
+def test_a_tenant_at_its_quota_is_rejected_tenant_quota_with_its_numbers_and_retry_info(cluster):
+    cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(20), dry_run=False),
+                       metadata=_as(KEY_SMALL), timeout=5)  # 30 of its 30 blocks
+    stream = cluster.stub.Generate(request(5, min_new=5, max_queue_wait_ms=0),
+                                   metadata=_as(KEY_SMALL), timeout=5)
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stream)
+    error = refused.value
+    details = rich_status.details_of(error)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason(error) == "TENANT_QUOTA"
+    rejection = rich_status.unpack(details, types_pb2.Rejection)
+    assert rejection.cause == types_pb2.TENANT_QUOTA and rejection.tenant == "small"
+    assert (rejection.tenant_quota_bytes, rejection.tenant_reserved_bytes) == (30 * BPT, 30 * BPT)
+    assert rich_status.unpack(details, error_details_pb2.RetryInfo).retry_delay.seconds == 2
+    quota = rich_status.unpack(details, error_details_pb2.QuotaFailure)
+    assert quota.violations[0].subject == "tenant/small/kv_cache_bytes"
+    assert "tenant 'small' holds 30.0 KiB of its quota of 30 % of 100.0 KiB" in error.details()
+    info = rich_status.unpack(details, error_details_pb2.ErrorInfo)
+    assert info.metadata["tenant_quota_bytes"] == str(30 * BPT)
+
+
+def test_tenant_metadata_this_scheduler_does_not_trust_is_refused_not_ignored(cluster):
+    with pytest.raises(grpc.RpcError) as refused:
+        cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(5)),
+                           metadata=_as(KEY_SMALL) + (("ortserve-tenant", "large"),), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "names tenant 'large' but its API key is tenant 'small'" in refused.value.details()
