@@ -68,6 +68,12 @@ def is_worker_failure(error: grpc.RpcError) -> bool:
     return not any(k == STATUS_DETAILS_KEY for k, _ in (error.trailing_metadata() or ()))
 
 
+def reason_of(error: grpc.RpcError) -> str | None:
+    """The ErrorInfo reason a failed call carries (None: none)."""
+    info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+    return info.reason if info is not None else None
+
+
 def worker_failed_status(message: str, worker_id: str, worker_address: str, tokens_sent: int,
                          upstream: grpc.RpcError) -> bytes:
     """The serialized status of a stream whose worker failed (UNAVAILABLE; ErrorInfo

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from ortserve.error_path import Relayed, is_worker_failure, worker_failure
-from ortserve.errors import clip
+from ortserve.error_path import Relayed, is_worker_failure, reason_of, worker_failure
+from ortserve.errors import ErrorReason, clip
 from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
@@ -197,10 +197,16 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
     except grpc.aio.AioRpcError as error:
         leg.bound.warning("worker call failed", code=error.code().name,
                           details=clip(error.details(), 300))
-        if leg.if_worker_dies is not None and is_worker_failure(error):
+        # NOTE: the lease of a relayed request is ours; a worker that finds it gone took
+        # the request only after its lease expired (it stopped answering past the lease
+        # TTL): the worker failing, not the caller's lease to admit again.
+        lost = relayed_tokens == 0 and reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value
+        if leg.if_worker_dies is not None and (is_worker_failure(error) or lost):
+            why = ("its lease expired before the worker took the request (the worker did not "
+                   "answer for longer than the lease TTL)" if lost else clip(error.details(), 300))
             raise worker_failure(
                 error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
-                f"tokens: {clip(error.details(), 300)}; {leg.if_worker_dies}",
+                f"tokens: {why}; {leg.if_worker_dies}",
                 leg.worker_id, leg.address, relayed_tokens) from None
         raise Relayed(error, f"worker {leg.worker_id}: {clip(error.details(), 600)}") from None
     finally:

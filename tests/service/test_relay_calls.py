@@ -20,7 +20,8 @@ from tests.service.fake_cluster import Cluster, StandInWorker
 
 class SlowWorker(StandInWorker):
     """Generate: `tokens` chunks, one per `step_s`, then Finished; a prompt saying "fail"
-    is refused as an unknown lease. Records how each request ended."""
+    is refused as its KV not fitting, one saying "lost" as an unknown lease (expired
+    before the worker took it). Records how each request ended."""
 
     def __init__(self, tokens: int = 5, step_s: float = 0.01) -> None:
         super().__init__()
@@ -30,6 +31,9 @@ class SlowWorker(StandInWorker):
     async def Generate(self, request, context):
         self.generate_requests.append(request)
         if "fail" in request.request.text:
+            raise DomainError(ErrorReason.WORKER_KV_FULL, "the sequence's KV does not fit "
+                              "here now; retry", metadata={"lease_id": request.lease_id})
+        if "lost" in request.request.text:
             raise DomainError(ErrorReason.LEASE_NOT_FOUND, f"lease {request.lease_id} is not "
                               "live here; admit again", metadata={"lease_id": request.lease_id})
         how = "cancelled"
@@ -146,9 +150,9 @@ def test_one_requests_failure_ends_it_alone_with_the_workers_code_and_details(ma
     with pytest.raises(grpc.RpcError) as failure:
         list(cluster.stub.Generate(request("please fail now"), timeout=10))
     error = failure.value
-    assert error.code() == grpc.StatusCode.NOT_FOUND and "admit again" in error.details()
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry" in error.details()
     info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
-    assert info.reason == "LEASE_NOT_FOUND" and info.metadata["lease_id"]
+    assert info.reason == "WORKER_KV_FULL" and info.metadata["lease_id"]
     rest = list(other)
     assert rest[-1].WhichOneof("event") == "finished"
     assert cluster.worker.relay_calls == 1  # the failure did not end the shared call
@@ -186,7 +190,8 @@ def test_the_worker_going_away_fails_its_streams_unavailable_naming_it(make_clus
             if event.WhichOneof("event") == "chunk"]
     cluster.loop.run(cluster._worker_server.stop(0))
     with pytest.raises(grpc.RpcError) as failure:
-        sent += [event for event in stream if event.WhichOneof("event") == "chunk"]
+        for event in stream:  # the chunks that were on their way
+            sent += [event] if event.WhichOneof("event") == "chunk" else []
     error = failure.value
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert f"worker w1 at {cluster.worker_address} failed after {len(sent)} tokens" in \
@@ -198,3 +203,21 @@ def test_the_worker_going_away_fails_its_streams_unavailable_naming_it(make_clus
     assert dict(info.metadata) | {"upstream_code": "-"} == {
         "worker_id": "w1", "worker_address": cluster.worker_address,
         "tokens_sent": str(len(sent)), "upstream_code": "-"}
+
+
+@pytest.mark.parametrize("relay_calls", ["shared", "per-request"])
+def test_a_lease_lost_before_the_worker_took_it_is_the_worker_failing(make_cluster, relay_calls):
+    # A worker stopped past the lease TTL finds, when it resumes, the lease of a request
+    # relayed to it expired: its caller never held a lease (the scheduler's, on
+    # Generate), so not "admit again" with NOT_FOUND, but UNAVAILABLE: retry.
+    cluster = make_cluster(SlowWorker(), relay_calls=relay_calls)
+    with pytest.raises(grpc.RpcError) as failure:
+        list(cluster.stub.Generate(request("lost while stopped"), timeout=10))
+    error = failure.value
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "its lease expired before the worker took the request" in error.details()
+    assert "retry the request" in error.details()
+    info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+    assert info.reason == "WORKER_FAILED" and info.metadata["tokens_sent"] == "0"
+    assert info.metadata["upstream_code"] == "NOT_FOUND"
+    wait_for(lambda: cluster.reserved_bytes() == 0)
