@@ -220,3 +220,26 @@ def test_a_tenant_flooding_the_queue_leaves_the_other_tenants_share_of_places():
         assert isinstance(queue.submit(req(name, tenant)), Ticket)  # its places were kept
     assert isinstance(queue.submit(req("f2", "free")), Ticket)
     assert queue.submit(req("s3", "small")).rejection.cause is Cause.QUEUE_FULL  # the queue is full
+
+
+def test_the_metrics_show_each_tenants_bytes_quota_queue_and_decisions():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from scheduler_service.metrics import SchedulerMetrics
+
+    ledger, queue, _ = setup()
+    registry = CollectorRegistry()
+    metrics = SchedulerMetrics(registry, ledger, queue)
+    metrics.admission(queue.submit(req("a", "small", prompt=150, max_new=150)))
+    queue.submit(req("b", "small"))  # waits for small's room
+    metrics.admission(ledger.admit(req("c", "small", prompt=50, max_new=50, strict=True)))
+    text = generate_latest(registry).decode()
+    assert 'ortserve_scheduler_tenant_kv_reserved_bytes{model="m",tenant="small"} 3000.0' in text
+    assert 'ortserve_scheduler_tenant_kv_quota_bytes{model="m",tenant="large"} 7000.0' in text
+    assert 'ortserve_scheduler_tenant_kv_quota_bytes{model="m",tenant="free"}' not in text
+    assert 'ortserve_scheduler_tenant_queue_length{model="m",tenant="small"} 1.0' in text
+    assert ('ortserve_scheduler_tenant_admissions_total{cause="",decision="admitted",'
+            'tenant="small"} 1.0') in text
+    assert ('ortserve_scheduler_tenant_admissions_total{cause="tenant_quota",decision="rejected",'
+            'tenant="small"} 1.0') in text
+    assert 'ortserve_scheduler_tenant_queue_wait_seconds_count{tenant="small"} 2.0' in text
