@@ -142,7 +142,8 @@ class TenantQueueStats:
 
 
 class AdmissionQueue:
-    """A bounded FIFO of tickets in front of a Ledger. Thread-safe: one lock (taken before the ledger's)."""
+    """A bounded queue of tickets in front of a Ledger, served in the policy's order (module
+    docstring). Thread-safe: one lock (taken before the ledger's)."""
 
     def __init__(self, ledger: Ledger, max_length: int = 256, max_wait_s: float = 30.0,
                  retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
