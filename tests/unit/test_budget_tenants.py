@@ -243,3 +243,18 @@ def test_the_metrics_show_each_tenants_bytes_quota_queue_and_decisions():
     assert ('ortserve_scheduler_tenant_admissions_total{cause="tenant_quota",decision="rejected",'
             'tenant="small"} 1.0') in text
     assert 'ortserve_scheduler_tenant_queue_wait_seconds_count{tenant="small"} 2.0' in text
+
+
+def test_a_tenant_past_its_request_rate_is_rejected_tenant_rate_and_holds_nothing():
+    ledger, queue, clock = setup(TABLE.replace("weight = 1\n", "weight = 1\nrequests_per_s = 1\n", 1))
+    first = queue.submit(req("a", "small"))
+    assert first.decision is Decision.ADMITTED
+    refused = queue.submit(req("b", "small"))
+    r = refused.rejection
+    assert refused.decision is Decision.REJECTED and r.cause is Cause.TENANT_RATE
+    assert (r.tenant, r.tenant_requests_per_s, r.tenant_burst, r.retry_after_s) == ("small", 1.0, 1, 1.0)
+    assert "may start 1 requests a second (bursts of 1)" in r.message and "retry in 1.00 s" in r.remedy
+    assert held(ledger, "small") == first.reserved_bytes and len(queue) == 0
+    assert queue.submit(req("c", "large")).decision is Decision.ADMITTED  # not another's limit
+    clock.now += 1.0
+    assert queue.submit(req("d", "small")).decision is Decision.ADMITTED
