@@ -55,6 +55,7 @@ class ErrorReason(enum.StrEnum):
     LEASE_SECRET_MISMATCH = "LEASE_SECRET_MISMATCH"  # Release without the secret Admit gave
     MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # no registered worker serves the request's model
     TENANT_QUOTA = "TENANT_QUOTA"  # the caller's tenant holds its KV quota; retry (or fewer tokens)
+    TENANT_RATE = "TENANT_RATE"  # the caller's tenant started its requests_per_s; retry
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

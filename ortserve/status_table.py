@@ -30,6 +30,7 @@ STATUS_OF_REASON: Mapping[ErrorReason, grpc.StatusCode] = MappingProxyType({
     ErrorReason.QUEUE_TIMEOUT: S.RESOURCE_EXHAUSTED,
     # A per-caller quota is what RESOURCE_EXHAUSTED names (RetryInfo when waiting cures it).
     ErrorReason.TENANT_QUOTA: S.RESOURCE_EXHAUSTED,
+    ErrorReason.TENANT_RATE: S.RESOURCE_EXHAUSTED,
     ErrorReason.WORKER_KV_FULL: S.RESOURCE_EXHAUSTED,
     ErrorReason.DEADLINE_EXCEEDED: S.DEADLINE_EXCEEDED,
     ErrorReason.NO_WORKER: S.UNAVAILABLE,

@@ -92,6 +92,8 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         tenant=rejection.tenant,
         tenant_quota_bytes=rejection.tenant_quota_bytes,
         tenant_reserved_bytes=rejection.tenant_reserved_bytes,
+        tenant_requests_per_s=rejection.tenant_requests_per_s,
+        tenant_burst=rejection.tenant_burst,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))

@@ -41,6 +41,9 @@ def rejection_error(rejection: Rejection) -> DomainError:
                        requests_ahead=rejection.requests_ahead, bytes_ahead=rejection.bytes_ahead,
                        waited_ms=round(rejection.waited_s * 1e3, 1),
                        max_queue_wait_ms=round(rejection.max_queue_wait_s * 1e3, 1))
+    if rejection.cause is Cause.TENANT_RATE:
+        numbers.update(tenant=rejection.tenant, tenant_requests_per_s=rejection.tenant_requests_per_s,
+                       tenant_burst=rejection.tenant_burst)
     if rejection.cause is Cause.TENANT_QUOTA:
         numbers.update(tenant=rejection.tenant, tenant_quota_bytes=rejection.tenant_quota_bytes,
                        tenant_reserved_bytes=rejection.tenant_reserved_bytes)
@@ -56,6 +59,10 @@ def rejection_error(rejection: Rejection) -> DomainError:
             "kv_cache_bytes",
             f"needs {human_bytes(rejection.needed_bytes)}, {human_bytes(rejection.available_bytes)} "
             f"free of {human_bytes(rejection.capacity_bytes)}"))
+    if rejection.cause is Cause.TENANT_RATE:
+        details.append(rich_status.quota_failure(
+            f"tenant/{rejection.tenant}/requests_per_s",
+            f"{rejection.tenant_requests_per_s:g} requests/s, bursts of {rejection.tenant_burst:,}"))
     if rejection.cause is Cause.TENANT_QUOTA:
         details.append(rich_status.quota_failure(
             f"tenant/{rejection.tenant}/kv_cache_bytes",

@@ -46,6 +46,7 @@ from ortserve.errors import DomainError, ErrorReason
 from ortserve.units import human_bytes, tokens
 from scheduler_service.ledger import placement, sentences
 from scheduler_service.ledger.ledger import Ledger
+from scheduler_service.ledger.rate import RateLimits
 from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, Decision, Rejection
 
 # Ledger causes that mean "could start later": the request keeps waiting.
@@ -142,7 +143,8 @@ class TenantQueueStats:
 
 
 class AdmissionQueue:
-    """A bounded FIFO of tickets in front of a Ledger. Thread-safe: one lock (taken before the ledger's)."""
+    """A bounded queue of tickets in front of a Ledger, served in the policy's order (module
+    docstring). Thread-safe: one lock (taken before the ledger's)."""
 
     def __init__(self, ledger: Ledger, max_length: int = 256, max_wait_s: float = 30.0,
                  retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
@@ -159,6 +161,7 @@ class AdmissionQueue:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: list[Ticket] = []
+        self._rates = RateLimits()  # tenants' requests_per_s (one bucket each)
         self._seq = itertools.count()
 
     # -- arriving ------------------------------------------------------------------
@@ -175,6 +178,9 @@ class AdmissionQueue:
         """
         now = self._clock()
         with self._lock:
+            tenant = self.ledger.tenants.get(request.tenant)
+            if (wait_s_for_token := self._rates.take(tenant, now)) > 0:
+                return self._rate_refusal(request, tenant, wait_s_for_token)
             line = self._line(request.model)
             waiting = bool(line)
             attempt = self._decide(self._effective(request, mode), lease_id, dry_run=waiting)
@@ -402,6 +408,16 @@ class AdmissionQueue:
         if whole.decision is not Decision.REJECTED:
             return whole.reserved_bytes  # bytes freed since the first look: the whole fits now
         return max(whole.rejection.needed_bytes, rejection.needed_bytes)
+
+    @staticmethod
+    def _rate_refusal(request: AdmissionRequest, tenant, wait_s: float) -> Admission:
+        rejection = sentences.rendered(Rejection(
+            cause=Cause.TENANT_RATE, prompt_tokens=request.prompt_tokens,
+            min_new_tokens=request.min_new_tokens, retry_after_s=wait_s, tenant=tenant.name,
+            tenant_requests_per_s=tenant.requests_per_s, tenant_burst=tenant.burst))
+        return Admission(decision=Decision.REJECTED, request_id=request.request_id,
+                         prompt_tokens=request.prompt_tokens, rejection=rejection,
+                         tenant=request.tenant)
 
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,

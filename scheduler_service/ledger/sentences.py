@@ -78,6 +78,12 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         return _queue_text(r, floor)
     if r.cause is Cause.TENANT_QUOTA:
         return _tenant_text(r, floor)
+    if r.cause is Cause.TENANT_RATE:
+        return (f"tenant {quoted(r.tenant)} may start {r.tenant_requests_per_s:g} requests a "
+                f"second (bursts of {r.tenant_burst:,}) and has none left now; "
+                f"{_prompt(r)}, nothing is held",
+                f"retry in {r.retry_after_s:.2f} s (the client's retry option does this), or ask "
+                "the operator for a higher requests_per_s or burst (the scheduler's tenants file)")
     n_new = r.requested_max_new_tokens if r.cap_refused else floor
     what = (f"prompt {tokens(r.prompt_tokens)} + max_new_tokens {n_new:,} "
             "(cap policy STRICT refuses a smaller ceiling)" if r.cap_refused

@@ -14,6 +14,8 @@ force. The format is documented in docs/tenants.md:
     weight = 7                        # its share of room that frees while tenants wait
     key_sha256 = ["<sha256 hex of an API key>"]
     models = { "SmolLM2-135M" = "50%" }   # per-model quotas over `quota`
+    requests_per_s = 5                # optional: a token bucket on starting requests (rate.py)
+    burst = 10                        # its size (default: requests_per_s rounded up)
 
 No grpc here: the servicer passes the caller's key digest and metadata value
 to `TenantTable.resolve`, the ledger asks `quota_bytes` under its lock.
@@ -36,7 +38,7 @@ from ortserve.units import human_bytes, parse_bytes
 METADATA_KEY = TENANT_METADATA  # the gRPC metadata a trusted gateway sets
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TOP_KEYS = ("default_tenant", "trust_tenant_metadata", "tenants")
-_TENANT_KEYS = ("quota", "weight", "key_sha256", "models")
+_TENANT_KEYS = ("quota", "weight", "key_sha256", "models", "requests_per_s", "burst")
 
 
 class TenantFileError(ValueError):
@@ -68,6 +70,8 @@ class Tenant:
     quota: Quota | None = None  # None: no quota of its own (the pool's room only)
     weight: float = 1.0
     models: Mapping[str, Quota] = field(default_factory=dict)
+    requests_per_s: float | None = None  # a token bucket on starting requests; None: no limit
+    burst: int = 1  # the bucket's size: requests it may start at once after a quiet spell
 
     def quota_for(self, model: str) -> Quota | None:
         """The quota on `model`'s workers ("": the whole pool): its own line, else `quota`."""
@@ -209,7 +213,18 @@ def parse(text: str, source: str) -> TenantTable:
                 raise refuse(key_line, f"tenant {name!r} key_sha256: that key is tenant "
                              f"{of_digest[digest]!r}'s already; a key is one tenant's")
             of_digest[digest] = name
-        tenants[name] = Tenant(name, quota, float(weight), MappingProxyType(models))
+        rate = raw.get("requests_per_s")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                                 or not 0 < rate < math.inf):
+            raise refuse(_line_of(text, name, "requests_per_s"), f"tenant {name!r} "
+                         f"requests_per_s: must be a number > 0, got {rate!r}")
+        burst = raw.get("burst", max(1, math.ceil(rate)) if rate is not None else 1)
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1 or (
+                rate is None and "burst" in raw):
+            raise refuse(_line_of(text, name, "burst"), f"tenant {name!r} burst: an integer "
+                         f">= 1 beside requests_per_s, got {burst!r}")
+        tenants[name] = Tenant(name, quota, float(weight), MappingProxyType(models),
+                               float(rate) if rate is not None else None, burst)
     default = data.get("default_tenant", "")
     if not isinstance(default, str) or (default and default not in tenants):
         raise refuse(_line_of(text, None, "default_tenant"), f"default_tenant {default!r} is "

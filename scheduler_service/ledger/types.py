@@ -31,6 +31,7 @@ class Cause(enum.Enum):
     QUEUE_FULL = "queue_full"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
     QUEUE_TIMEOUT = "queue_timeout"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
     TENANT_QUOTA = "tenant_quota"  # RESOURCE_EXHAUSTED (+ RetryInfo when its quota can hold it)
+    TENANT_RATE = "tenant_rate"  # RESOURCE_EXHAUSTED + RetryInfo (its requests_per_s bucket is empty)
 
 
 class CapLimit(enum.Enum):
@@ -231,6 +232,8 @@ class Rejection:
     tenant_quota_bytes: int = 0  # TENANT_QUOTA: its quota on the model
     tenant_reserved_bytes: int = 0  # TENANT_QUOTA: what its leases hold now
     tenant_quota_text: str = ""  # TENANT_QUOTA: how the quota was set ("30 % of 1.0 GiB = ...")
+    tenant_requests_per_s: float = 0.0  # TENANT_RATE: the tenant's rate
+    tenant_burst: int = 0  # TENANT_RATE: its bucket's size
 
     @property
     def waits_for_tenant_room(self) -> bool:

@@ -84,3 +84,27 @@ def test_tenant_metadata_this_scheduler_does_not_trust_is_refused_not_ignored(cl
                            metadata=_as(KEY_SMALL) + (("ortserve-tenant", "large"),), timeout=5)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "names tenant 'large' but its API key is tenant 'small'" in refused.value.details()
+
+
+def test_a_tenant_past_its_request_rate_is_resource_exhausted_tenant_rate_with_retry_info(
+        make_cluster):  # noqa: F811 - the fixture imported above
+    keys = parse_keys(f"generate:{KEY_SMALL}\n", "keys")
+    table = tenants.parse(TABLE.replace('quota = "30%"', 'quota = "30%"\nrequests_per_s = 0.01'),
+                          "t.toml")
+    cluster = make_cluster(api_keys=keys, tenants=table)
+    first = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=request(5), dry_run=False),
+                               metadata=_as(KEY_SMALL), timeout=5)
+    assert first.decision == types_pb2.ADMITTED
+    with pytest.raises(grpc.RpcError) as refused:
+        list(cluster.stub.Generate(request(5), metadata=_as(KEY_SMALL), timeout=5))
+    error = refused.value
+    details = rich_status.details_of(error)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and reason(error) == "TENANT_RATE"
+    rejection = rich_status.unpack(details, types_pb2.Rejection)
+    assert (rejection.cause, rejection.tenant, rejection.tenant_burst) == (
+        types_pb2.TENANT_RATE, "small", 1)
+    assert rejection.tenant_requests_per_s == pytest.approx(0.01)
+    assert 90 <= rich_status.unpack(details, error_details_pb2.RetryInfo).retry_delay.seconds <= 100
+    quota = rich_status.unpack(details, error_details_pb2.QuotaFailure)
+    assert quota.violations[0].subject == "tenant/small/requests_per_s"
+    assert cluster.budget_as(KEY_SMALL).total_leases == 1  # the refused one holds nothing

@@ -220,3 +220,41 @@ def test_a_tenant_flooding_the_queue_leaves_the_other_tenants_share_of_places():
         assert isinstance(queue.submit(req(name, tenant)), Ticket)  # its places were kept
     assert isinstance(queue.submit(req("f2", "free")), Ticket)
     assert queue.submit(req("s3", "small")).rejection.cause is Cause.QUEUE_FULL  # the queue is full
+
+
+def test_the_metrics_show_each_tenants_bytes_quota_queue_and_decisions():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from scheduler_service.metrics import SchedulerMetrics
+
+    ledger, queue, _ = setup()
+    registry = CollectorRegistry()
+    metrics = SchedulerMetrics(registry, ledger, queue)
+    metrics.admission(queue.submit(req("a", "small", prompt=150, max_new=150)))
+    queue.submit(req("b", "small"))  # waits for small's room
+    metrics.admission(ledger.admit(req("c", "small", prompt=50, max_new=50, strict=True)))
+    text = generate_latest(registry).decode()
+    assert 'ortserve_scheduler_tenant_kv_reserved_bytes{model="m",tenant="small"} 3000.0' in text
+    assert 'ortserve_scheduler_tenant_kv_quota_bytes{model="m",tenant="large"} 7000.0' in text
+    assert 'ortserve_scheduler_tenant_kv_quota_bytes{model="m",tenant="free"}' not in text
+    assert 'ortserve_scheduler_tenant_queue_length{model="m",tenant="small"} 1.0' in text
+    assert ('ortserve_scheduler_tenant_admissions_total{cause="",decision="admitted",'
+            'tenant="small"} 1.0') in text
+    assert ('ortserve_scheduler_tenant_admissions_total{cause="tenant_quota",decision="rejected",'
+            'tenant="small"} 1.0') in text
+    assert 'ortserve_scheduler_tenant_queue_wait_seconds_count{tenant="small"} 2.0' in text
+
+
+def test_a_tenant_past_its_request_rate_is_rejected_tenant_rate_and_holds_nothing():
+    ledger, queue, clock = setup(TABLE.replace("weight = 1\n", "weight = 1\nrequests_per_s = 1\n", 1))
+    first = queue.submit(req("a", "small"))
+    assert first.decision is Decision.ADMITTED
+    refused = queue.submit(req("b", "small"))
+    r = refused.rejection
+    assert refused.decision is Decision.REJECTED and r.cause is Cause.TENANT_RATE
+    assert (r.tenant, r.tenant_requests_per_s, r.tenant_burst, r.retry_after_s) == ("small", 1.0, 1, 1.0)
+    assert "may start 1 requests a second (bursts of 1)" in r.message and "retry in 1.00 s" in r.remedy
+    assert held(ledger, "small") == first.reserved_bytes and len(queue) == 0
+    assert queue.submit(req("c", "large")).decision is Decision.ADMITTED  # not another's limit
+    clock.now += 1.0
+    assert queue.submit(req("d", "small")).decision is Decision.ADMITTED

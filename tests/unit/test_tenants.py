@@ -99,3 +99,22 @@ def test_an_empty_table_charges_no_one():
     table = tenants.TenantTable()
     assert not table.enabled and table.resolve(None, None) == ""
     assert table.quota_bytes("anyone", "m", 100) is None
+
+
+def test_a_rate_is_a_token_bucket_of_requests_per_second_with_a_burst():
+    from scheduler_service.ledger.rate import RateLimits
+
+    table = tenants.parse('[tenants.a]\nrequests_per_s = 2\nburst = 3\n[tenants.b]\n'
+                          'requests_per_s = 0.5\n', "t.toml")
+    a, b = table.tenants["a"], table.tenants["b"]
+    assert (a.requests_per_s, a.burst, b.burst) == (2.0, 3, 1)
+    limits = RateLimits()
+    assert [limits.take(a, 0.0) for _ in range(4)] == [0.0, 0.0, 0.0, 0.5]  # 3 at once
+    assert limits.take(a, 0.5) == 0.0 and limits.take(a, 0.5) == 0.5  # one back per 0.5 s
+    assert limits.take(b, 0.0) == 0.0 and limits.take(b, 1.0) == pytest.approx(1.0)
+    assert limits.take(table.tenants.get("nobody"), 0.0) == 0.0
+    for text, line in (('[tenants.a]\nrequests_per_s = 0\n', 2),
+                       ('[tenants.a]\nburst = 2\n', 2),
+                       ('[tenants.a]\nrequests_per_s = 1\nburst = 0\n', 3)):
+        with pytest.raises(TenantFileError, match=f"line {line}"):
+            tenants.parse(text, "t.toml")
