@@ -84,6 +84,9 @@ class Engine:
         self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
         self.provider = self.providers[0]
         self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
+        placed = devices.placement(session)
+        # The CPU-preferred shape nodes a CUDA session keeps on the host (allowed, reported).
+        self.nodes_off_device = placed.off_device_report() if placed is not None else []
         self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
         chunk_tokens = max(config.prefill_chunk_tokens, 1)
         layout = config.kv_layout if config.kv_layout != "auto" else (
@@ -129,7 +132,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="ortserve-engine", daemon=True)
         self._thread.start()
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
-                 nodes_by_provider=self.nodes_by_provider,
+                 nodes_by_provider=self.nodes_by_provider, nodes_off_device=self.nodes_off_device,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
                  bytes_per_token=self.spec.bytes_per_token)
 

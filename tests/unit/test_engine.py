@@ -173,7 +173,7 @@ def test_the_cuda_check_script_runs_end_to_end_as_a_dry_run_on_cpu(tiny_dir):
     summary = json.loads(out.stdout)
     assert out.returncode == 0 and summary["ok"], out.stderr[-2000:]
     assert summary["dry_run"] and set(summary["checks"]) >= {
-        "cuda_provider_active", "every_node_on_the_provider", "kv_on_device",
+        "cuda_provider_active", "heavy_nodes_on_the_device", "kv_on_device",
         "greedy_equal_prompt_0"}
 
 
