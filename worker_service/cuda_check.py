@@ -59,9 +59,7 @@ def run_checks(model_dir: Path, device_id: int, new_tokens: int, dry_run: bool =
             "ok": bool(cuda.nodes_by_provider) and provider in cuda.nodes_by_provider,
             "nodes_by_provider": cuda.nodes_by_provider,
             "allowed_off_device": cuda.nodes_off_device}
-        probe = cuda.kv.layout.allocate(8)
-        devices = sorted(probe.device_names())
-        probe.free()
+        devices = sorted(cuda.runtime.kv_device_names())
         checks["kv_on_device"] = {"ok": devices == [device], "device_names": devices}
         cuda_out = [_greedy(cuda, p, new_tokens, "cuda") for p in PROMPTS]
     finally:

@@ -156,8 +156,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
         execution_provider=engine.provider, vocab_size=spec.vocab_size,
         version=package_version(), device=engine.device,
-        # Rows bound the batch only in the arena layout (static: one buffer per sequence).
-        max_batch_rows=engine.max_batch_rows if engine.kv_layout == "arena" else 0,
+        # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
+        max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
     )
     if config.metrics_port is not None:
         registry = new_registry()

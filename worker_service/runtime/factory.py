@@ -1,0 +1,119 @@
+"""One factory builds the engine's runtime for a device: the KV pool, the runner, the row
+store behind them and what that runtime can do.
+
+Above this module nothing branches on a device or a layout name: the engine,
+the server and cuda_check read the `Runtime`'s fields and capabilities. The
+layouts (EngineConfig.kv_layout):
+
+- "rows" (what "auto" picks, on either device): the running sequences are rows
+  of one row store (row_store.py), decoded in one batched run per step: the
+  host arena on CPU (its Info name stays "arena"), device rows on CUDA;
+- "arena": the same on CPU, by its older name (refused on CUDA: host memory);
+- "static": one buffer per sequence, one run each, no sessions, no prefix
+  cache: only when asked for by name, never picked for the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnxruntime as ort
+import structlog
+
+from worker_service.core.errors import InvalidRequest
+from worker_service.engine_config import EngineConfig
+from worker_service.runtime.kv_arena import KVArena
+from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
+from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.prefix_cache import PrefixCache
+from worker_service.runtime.row_store import RowStore
+from worker_service.runtime.runner import Runner
+
+log = structlog.get_logger(__name__)
+
+LAYOUTS = ("auto", "rows", "arena", "static")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a runtime can do, for the engine and the reports."""
+
+    batched: bool  # one run decodes every running sequence (rows bound the batch)
+    sessions: bool  # K/V kept between a session's turns
+    prefix_cache: bool  # whole blocks of finished prompts reused by later ones
+
+
+@dataclass
+class Runtime:
+    """The engine's runtime on one device (see the module docstring)."""
+
+    kind: str  # Info's kv_layout: "arena" (host rows), "device-rows", "static"
+    device: str  # "cpu" | "cuda": where the KV lives
+    pool: KVPool
+    runner: Runner
+    rows: RowStore | None  # None for "static"
+    capabilities: Capabilities
+    prefix_cache: PrefixCache | None = None
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows of the running batch now (a racy read, for reports)."""
+        return self.rows.rows if self.rows is not None else 0
+
+    @property
+    def max_batch_rows(self) -> int:
+        """The most sequences one run may hold (1 for "static")."""
+        return self.rows.max_rows if self.rows is not None else 1
+
+    def kv_device_names(self) -> set[str]:
+        """Where the KV tensors live, as ORT names the devices (for cuda_check)."""
+        if self.rows is not None:
+            return self.rows.device_names()
+        probe = self.pool.layout.allocate(1)  # type: ignore[attr-defined]
+        try:
+            return probe.device_names()
+        finally:
+            probe.free()
+
+    def close(self) -> None:
+        if self.rows is not None:
+            self.rows.close()
+
+
+def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceSession,
+                  chunk_tokens: int) -> Runtime:
+    """The runtime `config` asks for on its device, over `session`."""
+    layout = config.kv_layout
+    if layout not in LAYOUTS:
+        raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of "
+                             f"{', '.join(LAYOUTS)}")
+    host = HostBudget(config.session_swap_bytes)
+    if layout == "auto" and config.device == "cuda":
+        layout = "static"
+        log.info("kv layout", layout="static", why="device rows are not built yet")
+    if layout == "static":
+        pool = KVPool(StaticSharedKV(spec, config.device, config.device_id),
+                      config.kv_capacity_bytes, host)
+        return Runtime("static", config.device, pool, ModelRunner(session, spec, pool), None,
+                       Capabilities(batched=False, sessions=False, prefix_cache=False))
+    if config.device == "cpu":
+        store: RowStore = KVArena(spec, config.max_batch_rows, config.kv_capacity_bytes)
+        kind, parks_on_host = "arena", False
+    elif layout == "arena":
+        raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with device "
+                             "cpu; on cuda the rows live on the device (kv_layout rows or auto)")
+    else:
+        raise InvalidRequest("kv_layout", "device rows on cuda are not built yet: start with "
+                             "kv_layout static (or auto) on cuda")
+    pool = KVPool(store, store.capacity_bytes, host, parks_on_host=parks_on_host)
+    runner = BatchedModelRunner(session, spec, store, chunk_tokens,
+                                batch_first_chunks=config.batch_first_chunks)
+    runtime = Runtime(kind, config.device, pool, runner, store,
+                      Capabilities(batched=True, sessions=True, prefix_cache=True))
+    cache_bytes = min(pool.capacity_bytes, pool.capacity_bytes // 2
+                      if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
+    if cache_bytes > 0:
+        runtime.prefix_cache = runner.prefix_cache = PrefixCache(pool, cache_bytes,
+                                                                 store.block_tokens)
+    return runtime
