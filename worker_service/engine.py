@@ -18,6 +18,7 @@ terminal event.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +72,8 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.spec: ModelSpec = load_model_spec(config.model_dir)
+        if 0 < config.max_context_tokens < self.spec.context_length:
+            self.spec = dataclasses.replace(self.spec, context_length=config.max_context_tokens)
         self.tokenizer = Tokenizer(self.spec.model_dir)
         self.intra_op_threads = config.intra_op_threads or devices.usable_cores()
         session = devices.create_session(self.spec, config.device, config.device_id,

@@ -29,6 +29,10 @@ class EngineConfig:
     # "arena": the same, CPU only; "static": one buffer per sequence, one run each,
     # no sessions or prefix cache (only when asked for by name).
     kv_layout: str = "auto"
+    # The context this worker serves, at most the model's (0: the model's). Rows are
+    # this long, so a shorter context holds more device rows (allocated whole); the
+    # worker reports it as its context_length.
+    max_context_tokens: int = 0
     max_batch_rows: int = 32  # the row store's rows: the most sequences running at once
     # Host bytes swapped-out sessions may hold (outside the KV capacity); 0: a swap-out
     # drops the session's K/V and its next turn recomputes the history.

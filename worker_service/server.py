@@ -124,6 +124,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  intra_op_threads=config.intra_op_threads,
                                  intra_op_spinning=config.intra_op_spinning,
                                  max_batch_rows=config.max_batch_rows,
+                                 max_context_tokens=config.max_context_tokens,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes)

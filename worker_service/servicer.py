@@ -110,6 +110,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             max_batch_rows=engine.max_batch_rows, largest_batch=engine.runner.largest_batch,
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),
             nodes_off_device=engine.nodes_off_device,
+            kv_allocated_bytes=engine.runtime.allocated_bytes,
         )
 
     async def Tokenize(self, request, context):

@@ -7,8 +7,13 @@ layouts (EngineConfig.kv_layout):
 
 - "rows" (what "auto" picks, on either device): the running sequences are rows
   of one row store (row_store.py), decoded in one batched run per step: the
-  host arena on CPU (its Info name stays "arena"), device rows on CUDA;
-- "arena": the same on CPU, by its older name (refused on CUDA: host memory);
+  host arena on CPU (its Info name stays "arena"), device rows on CUDA
+  (device_rows.py: allocated at start, the pool's capacity is what was
+  allocated);
+- "arena": the host arena, CPU only (refused on CUDA: host memory);
+- "device-rows": device rows on the device asked for, CPU included: the dry
+  run (cuda_check --dry-run, the tests) runs the CUDA code path over CPU
+  OrtValues;
 - "static": one buffer per sequence, one run each, no sessions, no prefix
   cache: only when asked for by name, never picked for the caller.
 """
@@ -20,8 +25,10 @@ from dataclasses import dataclass
 import onnxruntime as ort
 import structlog
 
-from worker_service.core.errors import InvalidRequest
+from ortserve.units import human_bytes, tokens
+from worker_service.core.errors import DeviceUnavailable, InvalidRequest
 from worker_service.engine_config import EngineConfig
+from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec
@@ -32,7 +39,7 @@ from worker_service.runtime.runner import Runner
 
 log = structlog.get_logger(__name__)
 
-LAYOUTS = ("auto", "rows", "arena", "static")
+LAYOUTS = ("auto", "rows", "arena", "device-rows", "static")
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Runtime:
     rows: RowStore | None  # None for "static"
     capabilities: Capabilities
     prefix_cache: PrefixCache | None = None
+    allocated_bytes: int = 0  # KV memory allocated at start (device rows: all of the pool)
 
     @property
     def batch_rows(self) -> int:
@@ -81,6 +89,32 @@ class Runtime:
             self.rows.close()
 
 
+def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
+    """Device rows sized to the KV capacity: as many full-context rows as it holds, at most
+    --max-batch-rows; allocated now, and the pool's capacity is what was allocated."""
+    rows = rows_for_capacity(spec, config.kv_capacity_bytes, config.max_batch_rows)
+    if rows < 1:
+        need = DeviceRows.row_bytes_for(spec)
+        raise InvalidRequest("kv_capacity", f"one device KV row of {spec.name}'s "
+                             f"{tokens(spec.context_length)} context takes {human_bytes(need)} "
+                             f"({need:,} bytes), more than the KV capacity of "
+                             f"{human_bytes(config.kv_capacity_bytes)}; give --kv-capacity of at "
+                             "least one row, or a larger fraction of the GPU's memory")
+    try:
+        store = DeviceRows(spec, rows, config.device, config.device_id)
+    except Exception as exc:  # ORT's allocator: out of device memory, say
+        raise DeviceUnavailable(
+            f"allocating {rows} device KV rows ({human_bytes(rows * DeviceRows.row_bytes_for(spec))})"
+            f" on {config.device}:{config.device_id} failed ({exc}); give a smaller --kv-capacity "
+            "or --max-batch-rows") from exc
+    log.info("device KV pool allocated", device=f"{config.device}:{config.device_id}",
+             rows=rows, row_tokens=store.seq_tokens, row_bytes=DeviceRows.row_bytes_for(spec),
+             allocated_bytes=store.allocated_bytes, asked_capacity_bytes=config.kv_capacity_bytes,
+             max_batch_rows=config.max_batch_rows,
+             note="the worker's KV capacity is this allocation")
+    return store
+
+
 def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceSession,
                   chunk_tokens: int) -> Runtime:
     """The runtime `config` asks for on its device, over `session`."""
@@ -89,28 +123,26 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
         raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of "
                              f"{', '.join(LAYOUTS)}")
     host = HostBudget(config.session_swap_bytes)
-    if layout == "auto" and config.device == "cuda":
-        layout = "static"
-        log.info("kv layout", layout="static", why="device rows are not built yet")
     if layout == "static":
         pool = KVPool(StaticSharedKV(spec, config.device, config.device_id),
                       config.kv_capacity_bytes, host)
         return Runtime("static", config.device, pool, ModelRunner(session, spec, pool), None,
                        Capabilities(batched=False, sessions=False, prefix_cache=False))
-    if config.device == "cpu":
-        store: RowStore = KVArena(spec, config.max_batch_rows, config.kv_capacity_bytes)
-        kind, parks_on_host = "arena", False
-    elif layout == "arena":
+    if layout == "arena" and config.device != "cpu":
         raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with device "
                              "cpu; on cuda the rows live on the device (kv_layout rows or auto)")
+    if config.device == "cpu" and layout != "device-rows":
+        store: RowStore = KVArena(spec, config.max_batch_rows, config.kv_capacity_bytes)
+        kind, parks_on_host, allocated = "arena", False, 0  # committed on touch
     else:
-        raise InvalidRequest("kv_layout", "device rows on cuda are not built yet: start with "
-                             "kv_layout static (or auto) on cuda")
+        rows = _device_rows(config, spec)
+        store, kind, parks_on_host, allocated = rows, "device-rows", True, rows.allocated_bytes
     pool = KVPool(store, store.capacity_bytes, host, parks_on_host=parks_on_host)
     runner = BatchedModelRunner(session, spec, store, chunk_tokens,
                                 batch_first_chunks=config.batch_first_chunks)
     runtime = Runtime(kind, config.device, pool, runner, store,
-                      Capabilities(batched=True, sessions=True, prefix_cache=True))
+                      Capabilities(batched=True, sessions=True, prefix_cache=True),
+                      allocated_bytes=allocated)
     cache_bytes = min(pool.capacity_bytes, pool.capacity_bytes // 2
                       if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
     if cache_bytes > 0:
