@@ -159,6 +159,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         version=package_version(), device=engine.device,
         # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
         max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
+        nodes_off_device=engine.nodes_off_device,
     )
     if config.metrics_port is not None:
         registry = new_registry()

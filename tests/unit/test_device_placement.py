@@ -138,3 +138,32 @@ def test_the_refused_config_entry_is_refused_by_name(tiny_dir):
 
 class _FakeSpec:
     model_file = Path("/models/smollm2/model.onnx")
+
+
+def test_the_allowed_shape_nodes_reach_ortserve_info_through_the_scheduler(capsys):
+    import argparse
+    import time
+
+    from ortserve_client.cli import cmd_info
+
+    from ortserve.v1 import scheduler_pb2
+    from scheduler_service.convert import budget_to_pb, geometry_from_pb
+    from scheduler_service.ledger.types import WorkerSnapshot
+
+    off = Placement(CUDA, tuple(genai_cuda_folder_nodes())).off_device_report()
+    geometry = geometry_from_pb(scheduler_pb2.RegisterWorkerRequest(
+        worker_id="w1", address="a:1", model="m", context_length=8, bytes_per_token=4,
+        capacity_bytes=64, device="cuda:0", execution_provider=CUDA, nodes_off_device=off))
+    assert geometry.nodes_off_device == tuple(off)
+    snapshot = WorkerSnapshot(geometry=geometry, reserved_bytes=0, heartbeat_age_s=0.0, leases=())
+    budget = budget_to_pb([snapshot], include_leases=False, now=time.monotonic())
+
+    class _Client:
+        address = "s:1"
+
+        def budget(self, include_leases):
+            return budget
+
+    assert cmd_info(_Client(), argparse.Namespace(json=False)) == 0
+    out = capsys.readouterr().out
+    assert "2 shape node(s) off the device, allowed" in out and "attn_mask_subgraph/Gather" in out
