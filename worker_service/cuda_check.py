@@ -160,9 +160,14 @@ def _prefix_cache_hit_equals_miss(engine: Engine) -> dict:
                                            sampling=SAMPLED), timeout_s=300)
     hit = engine.generate(SequenceRequest("cache-hit", prompt, 10, min_new_tokens=10,
                                           sampling=SAMPLED), timeout_s=300)
-    return {"ok": hit.token_ids == miss.token_ids and hit.cached_prompt_tokens > 0,
+    rows = engine.runtime.rows
+    blocks = getattr(rows, "blocks", None)
+    on_device = blocks is None or blocks.slots == 0 or blocks.free_slots < blocks.slots
+    return {"ok": hit.token_ids == miss.token_ids and hit.cached_prompt_tokens > 0 and on_device,
             "prompt_tokens": len(prompt), "cached_prompt_tokens": hit.cached_prompt_tokens,
-            "cached_bytes": engine.cached_bytes()}
+            "cached_bytes": engine.cached_bytes(),
+            "device_block_slots": blocks.slots if blocks is not None else 0,
+            "device_block_slots_used": blocks.slots - blocks.free_slots if blocks else 0}
 
 
 def _sampled_run(engine: Engine, prompt: str, new_tokens: int, label: str) -> Completed:

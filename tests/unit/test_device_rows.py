@@ -12,7 +12,7 @@ from tests.unit.test_batch_runner import alone, drive, mixed_plans, session_for
 from tests.unit.test_kv_arena import make_spec
 from worker_service.core.errors import CapacityExceeded
 from worker_service.runtime.batch_runner import BatchRunner
-from worker_service.runtime.device_rows import DeviceRows
+from worker_service.runtime.device_rows import DeviceBlock, DeviceRows
 from worker_service.runtime.model import load_model_spec
 
 
@@ -64,17 +64,26 @@ def test_a_freed_row_takes_the_last_row_by_a_pointer_bound_copy_and_the_rest_is_
     assert rows.free(2) == {} and rows.rows == 2
 
 
-def test_blocks_and_rows_copy_out_and_back_in_exactly():
+@pytest.mark.parametrize("cache_blocks", [0, 1])
+def test_blocks_and_rows_copy_out_and_back_in_exactly(cache_blocks):
+    """With a device block area a block stays on the device (a slot, back when the block
+    goes); without one, or with every slot taken, it is a host array."""
     spec = make_spec(layers=2, kv_heads=3, head_dim=16, context_length=512, dtype=np.float32)
-    rows = cpu_rows(spec, 2)
+    rows = DeviceRows(spec, 2, device="cpu", cache_blocks=cache_blocks)
     a, b = rows.allocate(512), rows.allocate(512)
     keys, values = fill(rows, a, 2 * rows.block_tokens + 3, 7)
-    block = rows.export_block(a, 1)
+    first = rows.export_block(a, 1)
+    assert isinstance(first, DeviceBlock) == bool(cache_blocks)
+    block = rows.block_numpy(first)
     bt = rows.block_tokens
     np.testing.assert_array_equal(block[2], keys[1][:, bt:2 * bt])  # K of layer 1 at 2
     np.testing.assert_array_equal(block[1], values[0][:, bt:2 * bt])
-    rows.import_block(b, 0, rows.export_block(a, 0))
-    rows.import_block(b, 1, block)
+    second = rows.export_block(a, 0)  # no slot left: a host array
+    assert isinstance(second, np.ndarray)
+    rows.import_block(b, 0, second)
+    rows.import_block(b, 1, first)
+    del first
+    assert rows.blocks.free_slots == cache_blocks  # the slot went back with the block
     rows.note_written(b, 2 * bt)
     got_k, got_v = rows.row_numpy(b, 2 * bt)
     np.testing.assert_array_equal(got_k[1], keys[1][:, :2 * bt])
@@ -128,9 +137,12 @@ def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_i
     row = DeviceRows.row_bytes_for(spec)
     config = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
                           max_batch_rows=64, kv_capacity_bytes=5 * row + row // 2)
-    with Engine(config) as engine:
+    block = DeviceRows.block_bytes_for(spec)
+    with Engine(config) as engine:  # 5 rows; the half row left over holds cache blocks
         assert engine.kv_layout == "device-rows" and engine.max_batch_rows == 5
-        assert engine.capacity_bytes == engine.runtime.allocated_bytes == 5 * row
+        slots = (row // 2) // block
+        assert engine.capacity_bytes == engine.runtime.allocated_bytes == 5 * row + slots * block
+        assert engine.prefix_cache.limit_bytes == slots * block
         assert engine.sessions is not None and engine.prefix_cache is not None
         assert engine.kv.parks_on_host and engine.runtime.kv_device_names() == {"cpu"}
     short = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
@@ -138,6 +150,11 @@ def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_i
                          kv_capacity_bytes=5 * row + row // 2)
     with Engine(short) as engine:  # shorter rows: more of them in the same bytes
         assert engine.spec.context_length == 100 and engine.max_batch_rows > 5 * 8
+    reserved = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
+                            max_batch_rows=64, kv_capacity_bytes=5 * row + row // 2,
+                            prefix_cache_bytes=2 * row)  # the cache's area first, rows after
+    with Engine(reserved) as engine:
+        assert engine.max_batch_rows == 3 and engine.prefix_cache.limit_bytes == 2 * row
     with pytest.raises(InvalidRequest, match="one device KV row"):
         Engine(EngineConfig(model_dir=spec.model_dir, intra_op_threads=1,
                             kv_layout="device-rows", kv_capacity_bytes=row - 1))

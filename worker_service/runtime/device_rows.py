@@ -23,6 +23,8 @@ the dry run and the tests exercise every path a GPU takes.
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -95,11 +97,57 @@ class SpanCopier:
         return self.device_id if device == self.device else 0
 
 
+class DeviceBlock:
+    """A prefix-cache block held in a slot of the device block area (CachedBlock.kv); the
+    slot goes back to the area when the last reference to the block does."""
+
+    __slots__ = ("slot", "nbytes", "__weakref__")
+
+    def __init__(self, slot: int, nbytes: int) -> None:
+        self.slot, self.nbytes = slot, nbytes
+
+
+class DeviceBlocks:
+    """The device block area: `slots` blocks [2 x layers, kv_heads, block_tokens, head_dim],
+    allocated at start beside the rows, where the prefix cache keeps its blocks."""
+
+    def __init__(self, spec: ModelSpec, slots: int, block_tokens: int, dtype: np.dtype,
+                 device: str, device_id: int) -> None:
+        self.shape = (2 * spec.num_layers, spec.kv_heads, block_tokens, spec.head_dim)
+        self.block_bytes = math.prod(self.shape) * dtype.itemsize
+        self.span_bytes = block_tokens * spec.head_dim * dtype.itemsize  # one head's tokens
+        self.area = (ort.OrtValue.ortvalue_from_shape_and_type([slots, *self.shape], dtype,
+                                                                device, device_id)
+                     if slots else None)
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def take(self) -> DeviceBlock | None:
+        """A free slot as a block, or None when every slot holds one."""
+        if not self._free:
+            return None
+        block = DeviceBlock(self._free.pop(), self.block_bytes)
+        weakref.finalize(block, self._free.append, block.slot)
+        return block
+
+    def span(self, block: DeviceBlock, region: int, head: int) -> int:
+        """The address of `head` of K/V region `region` (K of layer i at 2i) in the block."""
+        assert self.area is not None
+        return (self.area.data_ptr() + block.slot * self.block_bytes
+                + (region * self.shape[1] + head) * self.span_bytes)
+
+
 class DeviceRows(RowTableMixin):
     """Rows of KV in memory ORT allocated on `device`; see the module docstring."""
 
     def __init__(self, spec: ModelSpec, max_rows: int, device: str = "cuda",
-                 device_id: int = 0) -> None:
+                 device_id: int = 0, cache_blocks: int = 0) -> None:
+        """`cache_blocks`: slots of the device block area the prefix cache keeps blocks in
+        (0: its blocks are host arrays)."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.spec = spec
@@ -121,12 +169,22 @@ class DeviceRows(RowTableMixin):
         self.values = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device,
                                                                  device_id)
                        for _ in range(spec.num_layers)]
-        self.allocated_bytes = 2 * spec.num_layers * max_rows * self.row_bytes
+        self.blocks = DeviceBlocks(spec, cache_blocks, self.block_tokens, self.dtype, device,
+                                   device_id)
+        self.allocated_bytes = (2 * spec.num_layers * max_rows * self.row_bytes
+                                + cache_blocks * self.blocks.block_bytes)
         # The device pool is what was allocated: charges may add up to all of it.
         self.table = RowTable(max_rows, spec.context_length, self.allocated_bytes,
                               self._bytes_for, what="a device KV row")
         self.copier = SpanCopier(2 * spec.num_layers * spec.kv_heads, self.dtype, spec.head_dim,
                                  device, device_id)
+
+    @staticmethod
+    def block_bytes_for(spec: ModelSpec) -> int:
+        """Device bytes one prefix-cache block takes (sizing before allocating)."""
+        itemsize = np.dtype(spec.kv_dtype).itemsize
+        block = block_tokens_for(spec.head_dim, itemsize)
+        return 2 * spec.num_layers * spec.kv_heads * block * spec.head_dim * itemsize
 
     @staticmethod
     def row_bytes_for(spec: ModelSpec) -> int:
@@ -150,7 +208,8 @@ class DeviceRows(RowTableMixin):
         return self.table.written_bytes()
 
     def device_names(self) -> set[str]:
-        return {v.device_name() for v in (*self.keys, *self.values)}
+        area = [self.blocks.area] if self.blocks.area is not None else []
+        return {v.device_name() for v in (*self.keys, *self.values, *area)}
 
     # --- spans ---------------------------------------------------------------
 
@@ -209,22 +268,30 @@ class DeviceRows(RowTableMixin):
             keys[i] = values[i] = None
         self.note_written(row, n_tokens)
 
-    def export_block(self, row: int, block: int) -> np.ndarray:
-        """Block `block` of `row` as a host array [2 x layers, kv_heads, block_tokens,
-        head_dim] (K of layer i at 2i, V at 2i + 1)."""
+    def export_block(self, row: int, block: int) -> np.ndarray | DeviceBlock:
+        """Block `block` of `row`: into a slot of the device block area when one is free
+        (a DeviceBlock), else a host array [2 x layers, kv_heads, block_tokens, head_dim]
+        (K of layer i at 2i, V at 2i + 1)."""
         bt = self.block_tokens
         t0 = block * bt
         if t0 + bt > self.written_tokens(row):
             raise ValueError(f"row {row} holds {self.written_tokens(row):,} tokens; block "
                              f"{block} ends at {t0 + bt:,}")
+        heads = range(self.spec.kv_heads)
+        slot = self.blocks.take()
+        if slot is not None:
+            self.copier.copy([((self.device, self._span(r, row, h, t0)),
+                               (self.device, self.blocks.span(slot, k, h)), bt)
+                              for k, r in enumerate(self._regions()) for h in heads])
+            return slot
         out = np.empty((2 * self.spec.num_layers, self.spec.kv_heads, bt, self.spec.head_dim),
                        self.dtype)
         self.copier.copy([((self.device, self._span(r, row, h, t0)),
                            ("cpu", out[k, h].ctypes.data), bt)
-                          for k, r in enumerate(self._regions()) for h in range(self.spec.kv_heads)])
+                          for k, r in enumerate(self._regions()) for h in heads])
         return out
 
-    def import_block(self, row: int, block: int, kv: np.ndarray) -> None:
+    def import_block(self, row: int, block: int, kv: np.ndarray | DeviceBlock) -> None:
         """Write one block made by `export_block` into `row` (a prefix cache hit); the caller
         reports the tokens held with `note_written` once every block is in."""
         bt = self.block_tokens
@@ -232,10 +299,26 @@ class DeviceRows(RowTableMixin):
         if t0 + bt > self.max_tokens(row):
             raise ValueError(f"row {row} is charged for {self.max_tokens(row):,} tokens; "
                              f"block {block} ends at {t0 + bt:,}")
+        heads = range(self.spec.kv_heads)
+        if isinstance(kv, DeviceBlock):
+            self.copier.copy([((self.device, self.blocks.span(kv, k, h)),
+                               (self.device, self._span(r, row, h, t0)), bt)
+                              for k, r in enumerate(self._regions()) for h in heads])
+            return
         kv = np.ascontiguousarray(kv, dtype=self.dtype)
         self.copier.copy([(("cpu", kv[k, h].ctypes.data),
                            (self.device, self._span(r, row, h, t0)), bt)
-                          for k, r in enumerate(self._regions()) for h in range(self.spec.kv_heads)])
+                          for k, r in enumerate(self._regions()) for h in heads])
+
+    def block_numpy(self, kv: np.ndarray | DeviceBlock) -> np.ndarray:
+        """A host copy of a block made by `export_block` (for checks)."""
+        if not isinstance(kv, DeviceBlock):
+            return kv
+        out = np.empty(self.blocks.shape, self.dtype)
+        self.copier.copy([((self.device, self.blocks.span(kv, k, h)),
+                           ("cpu", out[k, h].ctypes.data), self.block_tokens)
+                          for k in range(out.shape[0]) for h in range(self.spec.kv_heads)])
+        return out
 
     def row_numpy(self, row: int, n_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """A host copy of positions [0, n) of `row` without changing it (for checks)."""
@@ -268,6 +351,7 @@ class DeviceRows(RowTableMixin):
         """Drop the device memory (every binding over it must be gone first)."""
         self.table.clear()
         self.keys = self.values = []
+        self.blocks.area = None
 
 
 def rows_for_capacity(spec: ModelSpec, capacity_bytes: int, max_rows: int) -> int:

@@ -90,27 +90,38 @@ class Runtime:
 
 
 def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
-    """Device rows sized to the KV capacity: as many full-context rows as it holds, at most
-    --max-batch-rows; allocated now, and the pool's capacity is what was allocated."""
-    rows = rows_for_capacity(spec, config.kv_capacity_bytes, config.max_batch_rows)
+    """Device rows and the prefix cache's device block area, allocated now: the pool's
+    capacity is what was allocated. With --prefix-cache-bytes the block area is that (at
+    most the capacity) and the rows are what the rest holds; without it, the rows are as
+    many full rows as the capacity holds and the block area is what is left over. Rows
+    are at most --max-batch-rows either way."""
+    row, block = DeviceRows.row_bytes_for(spec), DeviceRows.block_bytes_for(spec)
+    capacity = config.kv_capacity_bytes
+    if config.prefix_cache_bytes is not None:
+        cache = min(capacity, config.prefix_cache_bytes)
+        rows = rows_for_capacity(spec, capacity - cache, config.max_batch_rows)
+    else:
+        rows = rows_for_capacity(spec, capacity, config.max_batch_rows)
+        cache = capacity - rows * row
     if rows < 1:
-        need = DeviceRows.row_bytes_for(spec)
         raise InvalidRequest("kv_capacity", f"one device KV row of {spec.name}'s "
-                             f"{tokens(spec.context_length)} context takes {human_bytes(need)} "
-                             f"({need:,} bytes), more than the KV capacity of "
-                             f"{human_bytes(config.kv_capacity_bytes)}; give --kv-capacity of at "
-                             "least one row, or a larger fraction of the GPU's memory")
+                             f"{tokens(spec.context_length)} context takes {human_bytes(row)} "
+                             f"({row:,} bytes), more than the KV capacity of "
+                             f"{human_bytes(capacity)} (less the prefix cache's); give "
+                             "--kv-capacity of at least one row, a larger fraction of the GPU's "
+                             "memory, or a shorter --max-context-tokens")
+    slots = cache // block
     try:
-        store = DeviceRows(spec, rows, config.device, config.device_id)
+        store = DeviceRows(spec, rows, config.device, config.device_id, cache_blocks=slots)
     except Exception as exc:  # ORT's allocator: out of device memory, say
         raise DeviceUnavailable(
-            f"allocating {rows} device KV rows ({human_bytes(rows * DeviceRows.row_bytes_for(spec))})"
-            f" on {config.device}:{config.device_id} failed ({exc}); give a smaller --kv-capacity "
-            "or --max-batch-rows") from exc
+            f"allocating {rows} device KV rows and {slots} cache blocks "
+            f"({human_bytes(rows * row + slots * block)}) on {config.device}:{config.device_id} "
+            f"failed ({exc}); give a smaller --kv-capacity or --max-batch-rows") from exc
     log.info("device KV pool allocated", device=f"{config.device}:{config.device_id}",
-             rows=rows, row_tokens=store.seq_tokens, row_bytes=DeviceRows.row_bytes_for(spec),
-             allocated_bytes=store.allocated_bytes, asked_capacity_bytes=config.kv_capacity_bytes,
-             max_batch_rows=config.max_batch_rows,
+             rows=rows, row_tokens=store.seq_tokens, row_bytes=row, cache_blocks=slots,
+             cache_bytes=slots * block, allocated_bytes=store.allocated_bytes,
+             asked_capacity_bytes=capacity, max_batch_rows=config.max_batch_rows,
              note="the worker's KV capacity is this allocation")
     return store
 
@@ -143,8 +154,11 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
     runtime = Runtime(kind, config.device, pool, runner, store,
                       Capabilities(batched=True, sessions=True, prefix_cache=True),
                       allocated_bytes=allocated)
-    cache_bytes = min(pool.capacity_bytes, pool.capacity_bytes // 2
-                      if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
+    if isinstance(store, DeviceRows):  # its blocks live in the device block area
+        cache_bytes = store.blocks.slots * store.blocks.block_bytes
+    else:
+        cache_bytes = min(pool.capacity_bytes, pool.capacity_bytes // 2
+                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
     if cache_bytes > 0:
         runtime.prefix_cache = runner.prefix_cache = PrefixCache(pool, cache_bytes,
                                                                  store.block_tokens)
