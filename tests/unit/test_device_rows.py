@@ -158,3 +158,42 @@ def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_i
     with pytest.raises(InvalidRequest, match="one device KV row"):
         Engine(EngineConfig(model_dir=spec.model_dir, intra_op_threads=1,
                             kv_layout="device-rows", kv_capacity_bytes=row - 1))
+
+
+@pytest.mark.parametrize(("device", "layout", "kind"), [
+    ("cuda", "auto", "device-rows"), ("cuda", "rows", "device-rows"),
+    ("cpu", "auto", "arena"), ("cpu", "device-rows", "device-rows"),
+    ("cuda", "static", "static"), ("cpu", "static", "static"),
+])
+def test_the_static_per_sequence_layout_is_built_only_when_named(tiny, monkeypatch, device,
+                                                                 layout, kind):
+    """A cuda runtime is device rows unless static is asked for by name (the rows are made
+    on the CPU here: no GPU; the choice is the factory's, above any memory)."""
+    from worker_service.engine_config import EngineConfig
+    from worker_service.runtime import factory
+
+    spec, session = tiny
+    class HostMadeRows(DeviceRows):
+        def __init__(self, spec, rows, device, device_id, cache_blocks=0):
+            super().__init__(spec, rows, "cpu", 0, cache_blocks)
+
+    monkeypatch.setattr(factory, "DeviceRows", HostMadeRows)
+    config = EngineConfig(model_dir=spec.model_dir, device=device, kv_layout=layout,
+                          max_batch_rows=4, kv_capacity_bytes=16 * 2**20)
+    runtime = factory.build_runtime(config, spec, session, chunk_tokens=64)
+    try:
+        assert runtime.kind == kind
+        assert runtime.capabilities.batched == runtime.capabilities.sessions == (kind != "static")
+    finally:
+        runtime.close()
+
+
+def test_the_host_arena_is_refused_on_cuda(tiny):
+    from worker_service.core.errors import InvalidRequest
+    from worker_service.engine_config import EngineConfig
+    from worker_service.runtime.factory import build_runtime
+
+    spec, session = tiny
+    with pytest.raises(InvalidRequest, match="host memory"):
+        build_runtime(EngineConfig(model_dir=spec.model_dir, device="cuda", kv_layout="arena"),
+                      spec, session, chunk_tokens=64)

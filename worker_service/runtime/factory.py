@@ -145,20 +145,18 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
     if config.device == "cpu" and layout != "device-rows":
         store: RowStore = KVArena(spec, config.max_batch_rows, config.kv_capacity_bytes)
         kind, parks_on_host, allocated = "arena", False, 0  # committed on touch
+        cache_bytes = min(config.kv_capacity_bytes, config.kv_capacity_bytes // 2
+                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
     else:
         rows = _device_rows(config, spec)
         store, kind, parks_on_host, allocated = rows, "device-rows", True, rows.allocated_bytes
+        cache_bytes = rows.blocks.slots * rows.blocks.block_bytes  # its device block area
     pool = KVPool(store, store.capacity_bytes, host, parks_on_host=parks_on_host)
     runner = BatchedModelRunner(session, spec, store, chunk_tokens,
                                 batch_first_chunks=config.batch_first_chunks)
     runtime = Runtime(kind, config.device, pool, runner, store,
                       Capabilities(batched=True, sessions=True, prefix_cache=True),
                       allocated_bytes=allocated)
-    if isinstance(store, DeviceRows):  # its blocks live in the device block area
-        cache_bytes = store.blocks.slots * store.blocks.block_bytes
-    else:
-        cache_bytes = min(pool.capacity_bytes, pool.capacity_bytes // 2
-                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
     if cache_bytes > 0:
         runtime.prefix_cache = runner.prefix_cache = PrefixCache(pool, cache_bytes,
                                                                  store.block_tokens)
