@@ -197,3 +197,41 @@ def test_the_host_arena_is_refused_on_cuda(tiny):
     with pytest.raises(InvalidRequest, match="host memory"):
         build_runtime(EngineConfig(model_dir=spec.model_dir, device="cuda", kv_layout="arena"),
                       spec, session, chunk_tokens=64)
+
+
+def test_64_sequences_decode_in_one_run_over_64_device_rows(tiny):
+    """Rows past genai's 32: 64 sequences submitted at once share every decode run, and
+    each equals its batch-1 run (sampled with its own seed: any logit difference shows)."""
+    import dataclasses
+    import threading
+
+    from worker_service.core.sampling import SamplingConfig
+    from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
+    from worker_service.engine import Engine, EngineConfig
+
+    spec, _ = tiny
+    row = DeviceRows.row_bytes_for(dataclasses.replace(spec, context_length=64))
+    config = EngineConfig(model_dir=spec.model_dir, intra_op_threads=2, kv_layout="device-rows",
+                          max_batch_rows=64, max_context_tokens=64, kv_capacity_bytes=64 * row)
+    with Engine(config) as engine:
+        assert engine.max_batch_rows == 64
+        reqs = [SequenceRequest(f"s{i}", (1 + i % 7, 5, 9 + i % 3), 6, min_new_tokens=6,
+                                sampling=SamplingConfig(temperature=1.0, seed=i))
+                for i in range(64)]
+        ended: dict[str, object] = {}
+        done = threading.Event()
+
+        def on_event(event) -> None:
+            if isinstance(event, TERMINAL):
+                ended[event.sequence_id] = event
+                if len(ended) == len(reqs):
+                    done.set()
+
+        for r in reqs:
+            engine.submit(r, on_event)
+        assert done.wait(300) and all(isinstance(e, Completed) for e in ended.values())
+        assert engine.runner.largest_batch == 64
+        for i in (0, 17, 63):
+            solo = engine.generate(SequenceRequest(f"solo-{i}", reqs[i].prompt_ids, 6,
+                                                   min_new_tokens=6, sampling=reqs[i].sampling))
+            assert solo.token_ids == ended[f"s{i}"].token_ids
