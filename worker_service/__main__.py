@@ -79,6 +79,14 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
                         "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
                         "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
+    context = in_range(int, 0, 10_000_000, " tokens", "0: the model's context length")
+    p.add_argument("--max-context-tokens", type=context,
+                   default=from_env(p, "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS", d.max_context_tokens,
+                                    kind=context),
+                   help="the context this worker serves, at most the model's (0: the model's); "
+                        "on CUDA each KV row is this long and allocated whole, so a shorter "
+                        "context holds more rows (vLLM's --max-model-len; env "
+                        "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS)")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -149,6 +157,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
+        max_context_tokens=a.max_context_tokens,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         log_level=a.log_level, log_json=a.log_json, tls=tls,

@@ -85,3 +85,13 @@ def test_max_batch_rows_from_the_flag_or_its_variable_and_out_of_range_names_the
     with pytest.raises(SystemExit):
         parse_config(["--model-dir", "m", "--max-batch-rows", "0"])
     assert "argument --max-batch-rows: 0 is outside 1 to 1,024 (sequences running at once)" in capsys.readouterr().err
+
+
+def test_max_context_tokens_from_the_flag_or_its_variable(monkeypatch, capsys):
+    assert parse_config(["--model-dir", "m"]).max_context_tokens == 0
+    assert parse_config(["--model-dir", "m", "--max-context-tokens", "2048"]).max_context_tokens == 2048
+    monkeypatch.setenv("ORTSERVE_WORKER_MAX_CONTEXT_TOKENS", "4096")
+    assert parse_config(["--model-dir", "m"]).max_context_tokens == 4096
+    with pytest.raises(SystemExit):
+        parse_config(["--model-dir", "m", "--max-context-tokens", "-1"])
+    assert "-1 tokens is outside 0 to" in capsys.readouterr().err
