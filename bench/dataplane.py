@@ -278,12 +278,13 @@ def _served_model(address: str) -> str:
 
 def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
                       variants: tuple[str, ...] | None = None,
-                      scheduler_args: tuple[str, ...] = ()) -> dict:
+                      scheduler_args: tuple[str, ...] = (), rate_set: bool = True) -> dict:
     """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
 
     Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
     `<that>_direct` and `<that>_interval50ms` for the other variants. `variants`
     None: all of them, or only `relay` with `quick` (the smoke run stays short).
+    With `rate_set`, the model-free load (bench/rate_set.py): `rate_set_<N>streams_<path>`.
     """
     if variants is None:
         variants = ("relay",) if quick else VARIANTS
@@ -302,12 +303,15 @@ def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
                            rounds, log_dir / "gateway", gateway=True, variants=variants,
                            scheduler_args=scheduler_args)
         out.update({f"int4_gateway_16streams{suffix[v]}": run for v, run in gw.items()})
+    if rate_set:
+        from bench.rate_set import rate_set_section
+        out.update(rate_set_section(quick, log_dir / "rate-set", models))
     return out
 
 
 def print_section(doc: dict) -> None:
     for name, run in doc.items():
-        if not isinstance(run, dict):
+        if not isinstance(run, dict) or "figures" not in run:
             continue
         print(f"dataplane {name} ({run['streams']} streams x {run['new_tokens']} tokens, "
               f"load {run['load_average_1m']})")
@@ -327,13 +331,37 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scheduler-arg", action="append", default=[], metavar="ARG",
                    help="passed to the scheduler, e.g. --scheduler-arg=--relay-calls=per-request "
                         "(repeat for more)")
+    p.add_argument("--rate-set-only", action="store_true",
+                   help="only the model-free rate-set load (bench/rate_set.py)")
+    p.add_argument("--skip-rate-set", action="store_true", help="no rate-set load")
+    p.add_argument("--rate-set-paths", default="",
+                   help="comma-separated paths of the rate-set load (default: all)")
+    p.add_argument("--stream-interval-ms", type=int, default=0,
+                   help="the rate-set load's stream_interval_ms (the gateways' "
+                        "--stream-interval-ms and the clients' requests)")
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the rate-set load's gateways (repeat for more)")
     a = p.parse_args(argv)
+    if a.rate_set_only:
+        from bench.rate_set import PATHS, rate_set_section
+        paths = tuple(x for x in a.rate_set_paths.split(",") if x) or PATHS
+        load_start = os.getloadavg()
+        doc = rate_set_section(a.quick, ROOT / "logs" / "bench-dataplane" / "rate-set",
+                               model_cache() / "models", paths, a.stream_interval_ms,
+                               tuple(a.gateway_arg))
+        doc["load_average_start"] = load_start
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(doc, indent=2))
+        print_section(doc)
+        progress(f"wrote {a.out}")
+        return
     variants = tuple(v for v in a.variants.split(",") if v)
     if not variants or set(variants) - set(VARIANTS):
         p.error(f"--variants {a.variants!r}: name some of {', '.join(VARIANTS)}")
     load_start = os.getloadavg()
     doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway,
-                            variants=variants, scheduler_args=tuple(a.scheduler_arg))
+                            variants=variants, scheduler_args=tuple(a.scheduler_arg),
+                            rate_set=not a.skip_rate_set)
     doc["load_average_start"] = load_start
     doc["scheduler_args"] = a.scheduler_arg
     a.out.parent.mkdir(parents=True, exist_ok=True)

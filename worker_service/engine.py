@@ -48,6 +48,7 @@ from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
+from worker_service.runtime.rate_set_runner import RateSetRunner
 from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
@@ -105,6 +106,12 @@ class Engine:
         else:
             raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of auto, arena, "
                                  "static")
+        if config.bench_rate_set_tokens_per_s:
+            # Bench only: no model runs, tokens come at a set rate (rate_set_runner.py).
+            self.runner = RateSetRunner(config.bench_rate_set_tokens_per_s, config.max_batch_rows,
+                                        frozenset(self.spec.eos_token_ids))
+            self.providers = ("BenchRateSet",)  # what Info reports: no execution provider runs
+            self.provider = self.providers[0]
         self.kv_layout = layout
         self.prefix_cache: PrefixCache | None = None
         cache_bytes = min(config.kv_capacity_bytes, config.kv_capacity_bytes // 2
@@ -358,11 +365,11 @@ class Engine:
                 self._fail(seq, step.error)
                 continue
             seq.computed(step.computed_tokens)
-            if step.logits is None:
+            chosen = step.token if step.token is not None else greedy.get(seq.sequence_id)
+            if step.logits is None and step.token is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason, logprobs = seq.accept(step.logits,
-                                                                  greedy.get(seq.sequence_id))
+                token, text, finish_reason, logprobs = seq.accept(step.logits, chosen)
             except Exception as exc:
                 self._fail(seq, exc)
                 continue

@@ -1,0 +1,248 @@
+"""The served path apart from the model: a worker that emits tokens at a set rate.
+
+  python -m bench.dataplane --rate-set-only [--quick]
+
+The worker runs the bench-only rate-set runner (`--bench-rate-set-tokens-per-s`,
+taken only with ORTSERVE_BENCH=1: no ORT run, every running stream gets a token
+per tick), so what is measured is the path: the engine's Python around a step,
+the worker's streams, the scheduler, the gateway. Loads: 32 and 128 streams at
+200 tokens/s each, `new_tokens` tokens per stream, through each path on the
+same processes, interleaved round by round:
+
+  gateway_relay   HTTP /v1/completions (stream) -> gateway -> scheduler (relays) -> worker
+  gateway_direct  HTTP -> gateway (--direct-to-workers: Admit, then the worker) -> worker
+  client_relay    Python client -> Scheduler.Generate (relays) -> worker
+  client_direct   Python client, the two-step path: Admit, then Worker.Relay/Generate
+
+Figures per path: delivered tokens/s; CPU us per delivered token of the scheduler,
+worker, gateway and the bench's own client process (utime + stime from /proc);
+p50/p99 of the gaps between a stream's messages as the client receives them
+(inter-chunk latency: one token each at one message per token); messages per
+token at the client and relayed by the scheduler (its relayed-messages counter).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.dataplane import (
+    _served_model,
+    metrics_address,
+    process_cpu_s,
+    progress,
+    start_gateway,
+    summary,
+)
+from devtools.cluster import LocalCluster, stop_service
+
+RATE_TOKENS_PER_S = 200.0
+PATHS = ("gateway_relay", "gateway_direct", "client_relay", "client_direct")
+PROMPT = "Write a long story about a dragon who learns to paint."
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _threads(one, streams: int) -> float:
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def grpc_load(client, prompt_ids: list[int], streams: int, new_tokens: int,
+              interval_ms: int = 0) -> dict:
+    tokens, messages, gaps, errors = [0] * streams, [0] * streams, [], []
+
+    def one(i: int) -> None:
+        last = None
+        mine = []
+        try:
+            for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, stream_interval_ms=interval_ms):
+                now = time.perf_counter()
+                if last is not None:
+                    mine.append(now - last)
+                last = now
+                tokens[i] += len(chunk.token_ids)
+                messages[i] += 1
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        gaps.extend(mine)
+
+    wall = _threads(one, streams)
+    if errors:
+        raise RuntimeError(f"rate-set: {len(errors)} of {streams} streams failed: {errors[0]}")
+    return {"tokens": sum(tokens), "messages": sum(messages), "wall_s": wall, "gaps_s": gaps}
+
+
+def sse_load(address: str, model: str, streams: int, new_tokens: int) -> dict:
+    host, port = address.rsplit(":", 1)
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": new_tokens,
+                       "min_tokens": new_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    tokens, messages, gaps, errors = [0] * streams, [0] * streams, [], []
+
+    def one(i: int) -> None:
+        last = None
+        mine = []
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=600)
+            conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
+            for line in response:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                if b'"usage"' in line and b'"completion_tokens"' in line:
+                    tokens[i] = json.loads(line[6:])["usage"]["completion_tokens"]
+                    continue
+                now = time.perf_counter()
+                if last is not None:
+                    mine.append(now - last)
+                last = now
+                messages[i] += 1
+            conn.close()
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        gaps.extend(mine)
+
+    wall = _threads(one, streams)
+    if errors:
+        raise RuntimeError(f"rate-set: {len(errors)} of {streams} streams failed: {errors[0]}")
+    return {"tokens": sum(tokens), "messages": sum(messages), "wall_s": wall, "gaps_s": gaps}
+
+
+def _relayed_messages(scheduler_metrics: str | None) -> float:
+    if scheduler_metrics is None:
+        return 0.0
+    text = urllib.request.urlopen(f"http://{scheduler_metrics}/metrics", timeout=10).read().decode()
+    found = re.search(r"^ortserve_scheduler_relayed_messages_total (\S+)$", text, re.M)
+    return float(found.group(1)) if found else float("nan")
+
+
+def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: int, rounds: int,
+                 log_dir: Path, paths: tuple[str, ...] = PATHS, interval_ms: int = 0,
+                 gateway_args: tuple[str, ...] = ()) -> dict:
+    """One scheduler, one rate-set worker, a gateway per gateway mode; every path and
+    stream count per round, interleaved. Returns {f"{streams}streams_{path}": run}."""
+    from ortserve_client import Client
+    from tokenizers import Tokenizer
+
+    prompt_ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT).ids
+    rows = max(stream_counts)
+    os.environ["ORTSERVE_BENCH"] = "1"  # the worker takes the rate-set runner only with it
+    with LocalCluster(model_dir=model_dir, workers=1, log_dir=log_dir, threads=1,
+                      kv_capacities=["8GiB"],
+                      worker_args=["--metrics-port", "0", "--max-batch-rows", str(rows),
+                                   "--prefix-cache-bytes", "0",
+                                   "--bench-rate-set-tokens-per-s", f"{RATE_TOKENS_PER_S:g}"],
+                      scheduler_args=["--metrics-port", "0"]) as cluster:
+        scheduler, worker = cluster.services[0], cluster.worker_services[0]
+        metrics_address(worker)  # the worker is up and serving metrics
+        sched_metrics = metrics_address(scheduler)
+        gateways = {}
+        try:
+            modes = {"gateway_relay": ["--no-direct-to-workers"],
+                     "gateway_direct": ["--direct-to-workers"]}
+            for path in paths:
+                if path in modes:
+                    gateways[path] = start_gateway(
+                        cluster.address, log_dir / path,
+                        [*modes[path], "--stream-interval-ms", str(interval_ms), *gateway_args])
+            model = _served_model(next(iter(gateways.values())).address) if gateways else ""
+            with Client(cluster.address, timeout_s=900, direct=False) as relayed, \
+                    Client(cluster.address, timeout_s=900, direct=True) as direct:
+                clients = {"client_relay": relayed, "client_direct": direct}
+
+                def load(path: str, streams: int, tokens: int) -> dict:
+                    if path in gateways:
+                        return sse_load(gateways[path].address, model, streams, tokens)
+                    return grpc_load(clients[path], prompt_ids, streams, tokens, interval_ms)
+
+                for path in paths:
+                    load(path, 8, 8)  # warm-up: channels, relay calls
+                pids = {"scheduler": scheduler.process.pid, "worker": worker.process.pid,
+                        "client": os.getpid()}
+                per = {(s, p): {"cpu": {}, "rate": [], "client_mpt": [], "relayed_mpt": [],
+                                "p50": [], "p99": [], "load": []}
+                       for s in stream_counts for p in paths}
+                for r in range(rounds):
+                    for streams in stream_counts:
+                        for path in paths:
+                            progress(f"rate-set round {r + 1}/{rounds} {path}: {streams} streams "
+                                     f"x {new_tokens} tokens at {RATE_TOKENS_PER_S:g}/s")
+                            procs = dict(pids)
+                            if path in gateways:
+                                procs["gateway"] = gateways[path].process.pid
+                            before = {n: process_cpu_s(pid) for n, pid in procs.items()}
+                            relayed_before = _relayed_messages(sched_metrics)
+                            out = load(path, streams, new_tokens)
+                            after = {n: process_cpu_s(pid) for n, pid in procs.items()}
+                            relayed = _relayed_messages(sched_metrics) - relayed_before
+                            tokens = out["tokens"]
+                            if tokens != streams * new_tokens:
+                                raise RuntimeError(f"rate-set {path}: {tokens} tokens delivered, "
+                                                   f"expected {streams} x {new_tokens}")
+                            fig = per[(streams, path)]
+                            for n in procs:
+                                fig["cpu"].setdefault(n, []).append(
+                                    (after[n] - before[n]) / tokens * 1e6)
+                            fig["rate"].append(tokens / out["wall_s"])
+                            fig["client_mpt"].append(out["messages"] / tokens)
+                            fig["relayed_mpt"].append(relayed / tokens)
+                            fig["p50"].append(_percentile(out["gaps_s"], 0.50) * 1e3)
+                            fig["p99"].append(_percentile(out["gaps_s"], 0.99) * 1e3)
+                            fig["load"].append(os.getloadavg()[0])
+        finally:
+            for gw in gateways.values():
+                stop_service(gw)
+    out = {}
+    for (streams, path), fig in per.items():
+        figures = {f"{n}_cpu_us_per_token": summary(v, "us/token") for n, v in fig["cpu"].items()}
+        served = [n for n in ("gateway", "scheduler", "worker") if n in fig["cpu"]]
+        sums = [sum(fig["cpu"][n][i] for n in served) for i in range(len(fig["rate"]))]
+        figures["served_path_cpu_us_per_token"] = summary(sums, "us/token")
+        figures["delivered_tokens_per_s"] = summary(fig["rate"], "tokens/s")
+        figures["inter_chunk_p50_ms"] = summary(fig["p50"], "ms")
+        figures["inter_chunk_p99_ms"] = summary(fig["p99"], "ms")
+        figures["client_messages_per_token"] = summary(fig["client_mpt"], "messages/token")
+        figures["scheduler_relayed_messages_per_token"] = summary(fig["relayed_mpt"],
+                                                                  "messages/token")
+        out[f"rate_set_{streams}streams_{path}"] = {
+            "streams": streams, "new_tokens": new_tokens, "rounds": rounds,
+            "tokens_per_s_per_stream": RATE_TOKENS_PER_S, "stream_interval_ms": interval_ms,
+            "figures": figures, "load_average_1m": fig["load"]}
+    return out
+
+
+def rate_set_section(quick: bool, log_dir: Path, models: Path,
+                     paths: tuple[str, ...] = PATHS, interval_ms: int = 0,
+                     gateway_args: tuple[str, ...] = ()) -> dict:
+    """`make bench`'s rate-set figures: 32 and 128 streams at 200 tokens/s, every path."""
+    doc = rate_set_run(models / "tiny-llama", (32,) if quick else (32, 128),
+                       40 if quick else 400, 1 if quick else 3, log_dir, paths, interval_ms,
+                       gateway_args)
+    doc_median = {k: {f: round(v["median"], 2) for f, v in run["figures"].items()}
+                  for k, run in doc.items()}
+    progress("rate-set medians: " + json.dumps(doc_median))
+    return {"rate_set_method": "bench-only rate-set runner (no model; "
+                               f"{RATE_TOKENS_PER_S:g} tokens/s per stream); CPU from "
+                               "/proc/PID/stat per delivered token; paths interleaved",
+            **doc}
+
