@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import os
+import signal
 
 import uvicorn
 
@@ -49,7 +52,10 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    default=_env(p, "direct_to_workers", d.direct_to_workers, kind=boolean),
                    help="the two-step path: Admit on the scheduler, then stream from the worker "
                         "directly (the scheduler relays no token; the gateway must reach the "
-                        "workers' addresses)")
+                        "workers' addresses); --no-direct-to-workers: the scheduler relays "
+                        "every stream. Default: the two-step path where the worker answers "
+                        "within 2 s, else relayed (said in a warning); relayed when TLS to the "
+                        "scheduler is on without --worker-tls-*")
     p.add_argument("--stream-interval-ms", type=int,
                    default=_env(p, "stream_interval_ms", d.stream_interval_ms),
                    help="the shortest time between two streamed chunks, for every request (the "
@@ -60,6 +66,10 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                        ("key", "its private key (PEM)")):
         p.add_argument(f"--worker-tls-{name}", default=_env(p, f"worker_tls_{name}", ""),
                        help=f"with --direct-to-workers, mutual TLS to the workers: {what}")
+    p.add_argument("--processes", type=int, default=_env(p, "processes", d.processes, kind=int),
+                   help="gateway processes accepting on the one port (1-64): the gateway keeps "
+                        "no state between requests, so N processes serve ~N cores' worth of "
+                        "streams; each has its own channels and metrics")
     p.add_argument("--log-level", default=_env(p, "log_level", d.log_level))
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -70,6 +80,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     if not 0 <= a.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
         p.error(f"--stream-interval-ms {a.stream_interval_ms} is outside 0 to "
                 f"{MAX_STREAM_INTERVAL_MS:,} ms (0: every token as it comes)")
+    if not 1 <= a.processes <= 64:
+        p.error(f"--processes {a.processes}: give 1 to 64 gateway processes")
     if a.request_timeout_s <= 0:
         p.error(f"--request-timeout-s {a.request_timeout_s:g} must be above 0")
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
@@ -83,10 +95,15 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     if a.cacert and not os.path.isfile(a.cacert):
         p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
                 f"certificate chains to; env {_ENV}CACERT)")
+    direct = a.direct_to_workers
+    if direct is None and a.cacert and not a.worker_tls_ca:
+        # A TLS cluster's workers take mutual TLS only: without a certificate for them the
+        # gateway could not read from them, so its streams stay relayed.
+        direct = False
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
-                         direct_to_workers=a.direct_to_workers,
+                         direct_to_workers=direct, processes=a.processes,
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          log_level=a.log_level, log_json=a.log_json,
@@ -106,6 +123,39 @@ def main(argv: list[str] | None = None) -> None:
     port = sock.getsockname()[1]
     # The chosen port on stdout, one line, as the scheduler and workers do.
     banner.announce(banner.Banner(f"{config.host}:{port}"), "gateway")
+    if config.processes == 1:
+        _serve(config, sock)
+        return
+    # N copies accepting on the same listening socket (the kernel spreads connections over
+    # every process waiting in accept); this one only passes signals on and waits. The
+    # gateway keeps no state between requests, so they share nothing but the socket.
+    children = []
+    for _ in range(config.processes):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            _serve(config, sock)
+            os._exit(0)
+        children.append(pid)
+
+    def pass_on(signum, _frame) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
+    for child in children:
+        os.waitpid(child, 0)
+
+
+def _die_with_parent() -> None:
+    """A SIGKILLed parent takes its copies with it (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+def _serve(config: GatewayConfig, sock) -> None:
     # NOTE: without a graceful-shutdown bound uvicorn waits for every open SSE stream
     # on SIGTERM, however long it runs; streams get 30 s, then they are cut.
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,

@@ -22,14 +22,19 @@ class GatewayConfig:
     # The two-step path (Admit, then the worker streams to the gateway): the scheduler
     # relays no token. The gateway must reach the workers' registered addresses; with
     # TLS their ports are mutual TLS: worker_tls_* name the cluster's CA and a
-    # certificate it signed (empty: plaintext to the workers).
-    direct_to_workers: bool = False
+    # certificate it signed (empty: plaintext to the workers). None (the default): the
+    # two-step path where a worker answers, else the scheduler relays that request
+    # (gateway/direct.py, Workers.reachable); True: only the two-step path; False: relayed.
+    direct_to_workers: bool | None = None
     # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
     # leave as one SSE event (the first never waits). 0: every token as it comes.
     stream_interval_ms: int = 0
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""
+    # Processes accepting on the one port (--processes): the gateway keeps no state
+    # between requests, so copies share only the listening socket.
+    processes: int = 1
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

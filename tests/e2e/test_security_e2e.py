@@ -125,6 +125,39 @@ def test_the_gateway_reaches_a_tls_scheduler_with_each_callers_key(secure, tmp_p
         stop_service(gateway)
 
 
+def test_the_gateway_reads_a_tls_worker_with_its_certificate_and_relays_without_one(
+        secure, tmp_path):
+    """Worker TLS given: the two-step path over mutual TLS. A client certificate the
+    workers refuse: the handshake never completes, so the default path relays through the
+    scheduler instead, and says so once in a warning."""
+    cluster, certs = secure
+    scheduler = cluster.address.replace("127.0.0.1", "localhost")
+    good = ["--worker-tls-ca", certs.ca, "--worker-tls-cert", certs.worker.cert,
+            "--worker-tls-key", certs.worker.key]
+    refused = ["--worker-tls-ca", certs.ca, "--worker-tls-cert", certs.rogue_worker.cert,
+               "--worker-tls-key", certs.rogue_worker.key]
+    for name, worker_tls in (("direct", good), ("refused", refused)):
+        gateway = start_service(f"gateway-{name}", [
+            str(BIN / "ortserve-gateway"), "--port", "0", "--scheduler", scheduler,
+            "--cacert", certs.ca, *worker_tls], tmp_path / name)
+        try:
+            wait_for_health(gateway)
+            with openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key=GENERATE_KEY,
+                               timeout=120) as client:
+                answer = client.chat.completions.create(
+                    model=require_model().name, max_tokens=24, temperature=0,
+                    messages=[{"role": "user", "content": CHAT[0][1]}])
+            assert "Paris" in answer.choices[0].message.content
+            log = gateway.log_path.read_text()
+            if name == "direct":  # its own Relay call to the worker: the tokens came from there
+                assert "relay call opened" in log and "not reachable" not in log
+            else:
+                assert "worker not reachable from the gateway" in log
+                assert "relay call opened" not in log
+        finally:
+            stop_service(gateway)
+
+
 def wait_for_health(gateway, timeout_s: float = 30) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:

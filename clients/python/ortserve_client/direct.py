@@ -1,4 +1,5 @@
-"""The two-step path, opt-in: Scheduler.Admit, then Worker.Generate on the worker's address.
+"""The two-step path, the client's default: Scheduler.Admit, then Worker.Generate on the
+worker's address.
 
 The scheduler then relays no token: it admits (reserving the lease, deciding
 the cap, queueing as Generate would) and the worker streams to the caller
@@ -15,7 +16,10 @@ to release, once its KV is freed (the ledger frees a lease once, whoever asks).
 
 The caller must reach the workers' addresses (as they registered them); with
 TLS, a worker's port is mutual TLS, so the caller needs a certificate the
-cluster's CA signed (docs/security.md).
+cluster's CA signed (docs/security.md). Where it cannot (a worker's address not
+routable from the caller's network), the client's default (`Client(direct=None)`)
+gives the lease back and has the scheduler relay the request instead
+(`relay_if_unreachable`).
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ class DirectCall:
 
     def __init__(self, scheduler, worker_stub: Callable[[str], worker_pb2_grpc.WorkerStub],
                  request: types_pb2.GenerateRequest, timeout_s: float | None,
-                 metadata) -> None:
+                 metadata, relay_if_unreachable: Callable[[str], bool] | None = None) -> None:
         self._scheduler = scheduler  # a SchedulerStub
         self._worker_stub = worker_stub  # address -> a WorkerStub on a cached channel
+        # address -> whether this client can reach that worker; None: never relay instead.
+        self._reachable = relay_if_unreachable
+        self._relayed = None  # Scheduler.Generate's call, when the worker was unreachable
         self._request = request
         self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         self._metadata = metadata
@@ -70,24 +77,29 @@ class DirectCall:
         releases the lease it claimed); a lease no worker claimed is released here."""
         with self._lock:
             self._cancelled = True
-            call, admitting = self._call, self._admitting
+            call, admitting, relayed = self._call, self._admitting, self._relayed
         if admitting is not None:
             admitting.cancel()  # waiting in the admission queue: it leaves, holding nothing
-        if call is not None:
-            call.cancel()
+        for running in (call, relayed):
+            if running is not None:
+                running.cancel()
         self._settle()
 
     def __iter__(self) -> Iterator[types_pb2.GenerateEvent]:
         started = time.perf_counter()
         try:
             admission = self._admit()
+            if self._reachable is not None and not self._reachable(admission.worker_address):
+                yield from self._relay()
+                return
             yield types_pb2.GenerateEvent(admission=admission)
             yield from self._stream(admission, started)
         finally:
             with self._lock:
-                call = self._call
-            if call is not None and not self._finished:
-                call.cancel()  # an early exit: the worker's stream ends now
+                call, relayed = self._call, self._relayed
+            for running in (call, relayed):
+                if running is not None and not self._finished:
+                    running.cancel()  # an early exit: the worker's stream ends now
             self._settle()
 
     def _admit(self) -> types_pb2.Admission:
@@ -117,6 +129,18 @@ class DirectCall:
             self._settle()
             raise StatusError(grpc.StatusCode.CANCELLED, "the caller cancelled the generation")
         return admission
+
+    def _relay(self) -> Iterator[types_pb2.GenerateEvent]:
+        """The worker cannot be reached from here: its lease goes back, then the scheduler
+        admits and relays the request (Scheduler.Generate: its own Admission first)."""
+        self._settle()
+        with self._lock:
+            if self._cancelled:
+                raise StatusError(grpc.StatusCode.CANCELLED, "the caller cancelled the generation")
+            self._relayed = self._scheduler.Generate(self._request, timeout=self._remaining(),
+                                                     metadata=self._metadata)
+        yield from self._relayed
+        self._finished = True
 
     def _stream(self, admission: types_pb2.Admission, started: float
                 ) -> Iterator[types_pb2.GenerateEvent]:
