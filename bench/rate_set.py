@@ -9,10 +9,15 @@ the worker's streams, the scheduler, the gateway. Loads: 32 and 128 streams at
 200 tokens/s each, `new_tokens` tokens per stream, through each path on the
 same processes, interleaved round by round:
 
+  gateway_default HTTP -> the gateway as it starts with no token-path flags
   gateway_relay   HTTP /v1/completions (stream) -> gateway -> scheduler (relays) -> worker
   gateway_direct  HTTP -> gateway (--direct-to-workers: Admit, then the worker) -> worker
   client_relay    Python client -> Scheduler.Generate (relays) -> worker
+  client_default  Python client, Client() as it is made with no token-path arguments
   client_direct   Python client, the two-step path: Admit, then Worker.Relay/Generate
+
+A path may carry `@N` (stream_interval_ms N: the gateway's --stream-interval-ms, the
+client's requests) and, for a gateway, `xP` (--processes P): e.g. `gateway_direct@20x2`.
 
 Figures per path: delivered tokens/s; CPU us per delivered token of the scheduler,
 worker, gateway and the bench's own client process (utime + stime from /proc);
@@ -43,8 +48,21 @@ from bench.dataplane import (
 from devtools.cluster import LocalCluster, stop_service
 
 RATE_TOKENS_PER_S = 200.0
-PATHS = ("gateway_relay", "gateway_direct", "client_relay", "client_direct")
+PATHS = ("gateway_default", "gateway_relay", "gateway_direct", "client_default", "client_relay",
+         "client_direct")
 PROMPT = "Write a long story about a dragon who learns to paint."
+_PATH = re.compile(r"^(gateway_default|gateway_relay|gateway_direct|client_default|client_relay|"
+                   r"client_direct)(?:@(\d+))?(?:x(\d+))?$")
+
+
+def parse_path(path: str) -> tuple[str, int | None, int]:
+    """(base path, stream interval in ms or None: the run's, gateway processes)."""
+    found = _PATH.match(path)
+    if found is None:
+        raise ValueError(f"rate-set path {path!r}: one of {', '.join(PATHS)}, with an optional "
+                         "@<interval ms> and x<gateway processes>")
+    interval = int(found.group(2)) if found.group(2) is not None else None
+    return found.group(1), interval, int(found.group(3) or 1)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -136,6 +154,19 @@ def _relayed_messages(scheduler_metrics: str | None) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a gateway's --processes copies)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: int, rounds: int,
                  log_dir: Path, paths: tuple[str, ...] = PATHS, interval_ms: int = 0,
                  gateway_args: tuple[str, ...] = ()) -> dict:
@@ -158,22 +189,31 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
         sched_metrics = metrics_address(scheduler)
         gateways = {}
         try:
-            modes = {"gateway_relay": ["--no-direct-to-workers"],
+            modes = {"gateway_default": [], "gateway_relay": ["--no-direct-to-workers"],
                      "gateway_direct": ["--direct-to-workers"]}
             for path in paths:
-                if path in modes:
+                base, interval, processes = parse_path(path)
+                if base in modes:
+                    if interval is None and base != "gateway_default":
+                        interval = interval_ms
                     gateways[path] = start_gateway(
-                        cluster.address, log_dir / path,
-                        [*modes[path], "--stream-interval-ms", str(interval_ms), *gateway_args])
+                        cluster.address, log_dir / path.replace("@", "-"),
+                        [*modes[base], "--processes", str(processes), *gateway_args,
+                         *(["--stream-interval-ms", str(interval)] if interval is not None
+                           else [])])
             model = _served_model(next(iter(gateways.values())).address) if gateways else ""
             with Client(cluster.address, timeout_s=900, direct=False) as relayed, \
-                    Client(cluster.address, timeout_s=900, direct=True) as direct:
-                clients = {"client_relay": relayed, "client_direct": direct}
+                    Client(cluster.address, timeout_s=900, direct=True) as direct, \
+                    Client(cluster.address, timeout_s=900) as default:
+                clients = {"client_relay": relayed, "client_direct": direct,
+                           "client_default": default}
 
                 def load(path: str, streams: int, tokens: int) -> dict:
                     if path in gateways:
                         return sse_load(gateways[path].address, model, streams, tokens)
-                    return grpc_load(clients[path], prompt_ids, streams, tokens, interval_ms)
+                    base, interval, _ = parse_path(path)
+                    return grpc_load(clients[base], prompt_ids, streams, tokens,
+                                     interval_ms if interval is None else interval)
 
                 for path in paths:
                     load(path, 8, 8)  # warm-up: channels, relay calls
@@ -190,6 +230,9 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                             procs = dict(pids)
                             if path in gateways:
                                 procs["gateway"] = gateways[path].process.pid
+                                # --processes P: the copies are the parent's children
+                                procs.update({f"gateway_{i}": child for i, child in enumerate(
+                                    _children(gateways[path].process.pid))})
                             before = {n: process_cpu_s(pid) for n, pid in procs.items()}
                             relayed_before = _relayed_messages(sched_metrics)
                             out = load(path, streams, new_tokens)
@@ -214,6 +257,12 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                 stop_service(gw)
     out = {}
     for (streams, path), fig in per.items():
+        gateways_cpu = [n for n in fig["cpu"] if n.startswith("gateway_")]
+        if gateways_cpu:  # the gateway's figure is all its processes together
+            fig["cpu"]["gateway"] = [sum(fig["cpu"][n][i] for n in ["gateway", *gateways_cpu])
+                                     for i in range(len(fig["rate"]))]
+            for n in gateways_cpu:
+                del fig["cpu"][n]
         figures = {f"{n}_cpu_us_per_token": summary(v, "us/token") for n, v in fig["cpu"].items()}
         served = [n for n in ("gateway", "scheduler", "worker") if n in fig["cpu"]]
         sums = [sum(fig["cpu"][n][i] for n in served) for i in range(len(fig["rate"]))]

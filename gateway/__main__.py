@@ -58,9 +58,11 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                         "scheduler is on without --worker-tls-*")
     p.add_argument("--stream-interval-ms", type=int,
                    default=_env(p, "stream_interval_ms", d.stream_interval_ms),
-                   help="the shortest time between two streamed chunks, for every request (the "
-                        "tokens meanwhile leave as one SSE event: fewer messages; the first "
-                        "token never waits); 0: every token as it comes; at most 10,000")
+                   help="the shortest time between two streamed chunks, for every request that "
+                        "sets no stream_interval_ms (the tokens meanwhile leave as one SSE event: "
+                        "fewer messages; the first token never waits; a token waits at most "
+                        "this long); 0: every token as it comes; at most 10,000; default "
+                        f"{d.stream_interval_ms}")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):

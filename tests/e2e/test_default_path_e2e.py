@@ -120,6 +120,29 @@ def test_the_default_gateway_reads_from_the_worker_with_the_cap_first(tiny, tmp_
         stop_service(gateway)
 
 
+def test_coalesced_sse_events_carry_the_one_per_token_text(tiny, tmp_path_factory):
+    """The body's stream_interval_ms: 0 gives an event per token; a long interval groups
+    them (the first event not held), the same text. gRPC's: test_direct_path_e2e.py."""
+    gateway = start_gateway(tmp_path_factory, tiny.address)
+    try:
+        client = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
+                               timeout=120, max_retries=0)
+        args = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 120,
+                "temperature": 0, "stream": True}
+        texts = {}
+        for interval in (0, 2_000):
+            events = [c.choices[0].text for c in client.completions.create(
+                **args, extra_body={"min_tokens": 120, "stream_interval_ms": interval})
+                if c.choices and c.choices[0].text]
+            texts[interval] = events
+        assert "".join(texts[2_000]) == "".join(texts[0])
+        assert len(texts[0]) > 2 * len(texts[2_000])  # grouped, not one event per token
+        assert len(texts[2_000]) >= 2  # the first event left before the rest were generated
+        wait_until_free(tiny)
+    finally:
+        stop_service(gateway)
+
+
 def test_a_deadline_on_the_default_path_leaves_nothing_reserved_or_held(slow):
     with Client(slow.address, timeout_s=1.5) as client, pytest.raises(GenerationFailed) as info:
         client.generate("Tell me a long story about a dragon.", max_new_tokens=2000,

@@ -11,7 +11,7 @@ def test_the_direct_path_is_the_default_where_reachable_and_named_by_flag_or_env
         monkeypatch):
     plain = parse_config([])
     # None: the two-step path to the workers the gateway reaches, relayed to the others.
-    assert plain.direct_to_workers is None and plain.stream_interval_ms == 0
+    assert plain.direct_to_workers is None and plain.stream_interval_ms == 20
     on = parse_config(["--direct-to-workers", "--stream-interval-ms", "50"])
     assert on.direct_to_workers and on.stream_interval_ms == 50
     monkeypatch.setenv("ORTSERVE_GATEWAY_DIRECT_TO_WORKERS", "1")

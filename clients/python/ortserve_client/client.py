@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ortserve import keepalive
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
@@ -223,10 +224,16 @@ class Client:
         if found is not None and time.monotonic() - found < RECHECK_S:
             return False
         self._worker_stub(address)
-        channel = self._workers[address][0]
+        health = health_pb2_grpc.HealthStub(self._workers[address][0])
         try:
-            grpc.channel_ready_future(channel).result(timeout=self._worker_connect_s)
-        except grpc.FutureTimeoutError:
+            # NOTE: an RPC that waits for the connection, not channel_ready_future: that one
+            # leaves a polling thread behind, which raises once the channel is closed.
+            health.Check(health_pb2.HealthCheckRequest(), timeout=self._worker_connect_s,
+                         wait_for_ready=True)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._unreachable.pop(address, None)
+                return True  # it answered: reachable, whatever it said
             if found is None:
                 log.warning("worker %s is not reachable from this client (no connection in "
                             "%g s): its requests are relayed by the scheduler; pass "
