@@ -97,28 +97,35 @@ VARIANTS = ("relay", "direct", "interval")
 
 def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int,
                  stream_interval_ms: int = 0) -> dict:
-    """`streams` generation streams at once; tokens and chunk messages received."""
+    """`streams` generation streams at once; tokens and chunk messages received, and the
+    gaps between a stream's messages (seconds)."""
     counts = [(0, 0)] * streams
+    gaps: list[float] = []
     errors: list[str] = []
 
     def one(i: int) -> None:
         tokens = messages = 0
+        arrivals = []
         try:
             for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
                                        min_new_tokens=new_tokens,
                                        stream_interval_ms=stream_interval_ms):
+                arrivals.append(time.perf_counter())
                 tokens += len(chunk.token_ids)
                 messages += 1
         except Exception as exc:  # counted: a failed stream spoils the round
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
         counts[i] = (tokens, messages)
+        gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
-    return _run_threads(one, streams, counts, errors)
+    return _run_threads(one, streams, counts, errors, gaps)
 
 
 def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict:
-    """`streams` streaming /v1/completions at once through the gateway; tokens from usage."""
+    """`streams` streaming /v1/completions at once through the gateway; tokens from usage,
+    text events counted, and the gaps between a stream's text events (seconds)."""
     counts = [(0, 0)] * streams
+    gaps: list[float] = []
     errors: list[str] = []
     host, port = address.rsplit(":", 1)
     body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": new_tokens,
@@ -127,6 +134,7 @@ def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict
 
     def one(i: int) -> None:
         tokens = messages = 0
+        arrivals = []
         try:
             conn = http.client.HTTPConnection(host, int(port), timeout=600)
             conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
@@ -140,16 +148,18 @@ def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict
                 if doc.get("usage"):
                     tokens = doc["usage"]["completion_tokens"]
                 elif doc.get("choices") and doc["choices"][0].get("text"):
+                    arrivals.append(time.perf_counter())
                     messages += 1
             conn.close()
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
         counts[i] = (tokens, messages)
+        gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
-    return _run_threads(one, streams, counts, errors)
+    return _run_threads(one, streams, counts, errors, gaps)
 
 
-def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
+def _run_threads(one, streams: int, counts: list, errors: list, gaps: list) -> dict:
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
     start = time.perf_counter()
     for t in threads:
@@ -160,7 +170,7 @@ def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
     if errors:
         raise RuntimeError(f"dataplane: {len(errors)} of {streams} streams failed: {errors[0]}")
     return {"tokens": sum(c[0] for c in counts), "messages": sum(c[1] for c in counts),
-            "wall_s": wall}
+            "wall_s": wall, "gaps_s": gaps}
 
 
 # -- one measured configuration ---------------------------------------------------------

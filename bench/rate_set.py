@@ -28,20 +28,19 @@ token at the client and relayed by the scheduler (its relayed-messages counter).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
 from bench.dataplane import (
     _served_model,
+    grpc_streams,
     metrics_address,
     process_cpu_s,
     progress,
+    sse_streams,
     start_gateway,
     summary,
 )
@@ -70,80 +69,6 @@ def _percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def _threads(one, streams: int) -> float:
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - start
-
-
-def grpc_load(client, prompt_ids: list[int], streams: int, new_tokens: int,
-              interval_ms: int = 0) -> dict:
-    tokens, messages, gaps, errors = [0] * streams, [0] * streams, [], []
-
-    def one(i: int) -> None:
-        last = None
-        mine = []
-        try:
-            for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
-                                       min_new_tokens=new_tokens, stream_interval_ms=interval_ms):
-                now = time.perf_counter()
-                if last is not None:
-                    mine.append(now - last)
-                last = now
-                tokens[i] += len(chunk.token_ids)
-                messages[i] += 1
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-        gaps.extend(mine)
-
-    wall = _threads(one, streams)
-    if errors:
-        raise RuntimeError(f"rate-set: {len(errors)} of {streams} streams failed: {errors[0]}")
-    return {"tokens": sum(tokens), "messages": sum(messages), "wall_s": wall, "gaps_s": gaps}
-
-
-def sse_load(address: str, model: str, streams: int, new_tokens: int) -> dict:
-    host, port = address.rsplit(":", 1)
-    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": new_tokens,
-                       "min_tokens": new_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
-    tokens, messages, gaps, errors = [0] * streams, [0] * streams, [], []
-
-    def one(i: int) -> None:
-        last = None
-        mine = []
-        try:
-            conn = http.client.HTTPConnection(host, int(port), timeout=600)
-            conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-            response = conn.getresponse()
-            if response.status != 200:
-                raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
-            for line in response:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                    continue
-                if b'"usage"' in line and b'"completion_tokens"' in line:
-                    tokens[i] = json.loads(line[6:])["usage"]["completion_tokens"]
-                    continue
-                now = time.perf_counter()
-                if last is not None:
-                    mine.append(now - last)
-                last = now
-                messages[i] += 1
-            conn.close()
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-        gaps.extend(mine)
-
-    wall = _threads(one, streams)
-    if errors:
-        raise RuntimeError(f"rate-set: {len(errors)} of {streams} streams failed: {errors[0]}")
-    return {"tokens": sum(tokens), "messages": sum(messages), "wall_s": wall, "gaps_s": gaps}
 
 
 def _relayed_messages(scheduler_metrics: str | None) -> float:
@@ -210,10 +135,10 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
 
                 def load(path: str, streams: int, tokens: int) -> dict:
                     if path in gateways:
-                        return sse_load(gateways[path].address, model, streams, tokens)
+                        return sse_streams(gateways[path].address, model, streams, tokens)
                     base, interval, _ = parse_path(path)
-                    return grpc_load(clients[base], prompt_ids, streams, tokens,
-                                     interval_ms if interval is None else interval)
+                    return grpc_streams(clients[base], prompt_ids, streams, tokens,
+                                        interval_ms if interval is None else interval)
 
                 for path in paths:
                     load(path, 8, 8)  # warm-up: channels, relay calls
