@@ -189,6 +189,7 @@ class Client:
         self._relay_if_unreachable = self._reachable if direct is None else None
         self._worker_connect_s = worker_connect_s
         self._unreachable: dict[str, float] = {}  # address -> monotonic time found so
+        self._reached: set[str] = set()  # addresses this client has connected to
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         if cacert or tls:
             roots = Path(cacert).read_bytes() if cacert else None
@@ -219,7 +220,10 @@ class Client:
 
     def _reachable(self, address: str) -> bool:
         """Whether this client connects to the worker at `address` (within worker_connect_s;
-        an answer kept, an unreachable one for RECHECK_S)."""
+        once it has, later failures are the requests' own; an unreachable one is asked
+        again after RECHECK_S)."""
+        if address in self._reached:
+            return True
         found = self._unreachable.get(address)
         if found is not None and time.monotonic() - found < RECHECK_S:
             return False
@@ -233,6 +237,7 @@ class Client:
         except grpc.RpcError as error:
             if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 self._unreachable.pop(address, None)
+                self._reached.add(address)
                 return True  # it answered: reachable, whatever it said
             if found is None:
                 log.warning("worker %s is not reachable from this client (no connection in "
@@ -242,6 +247,7 @@ class Client:
             self._unreachable[address] = time.monotonic()
             return False
         self._unreachable.pop(address, None)
+        self._reached.add(address)
         return True
 
     def close(self) -> None:
