@@ -23,7 +23,8 @@ Figures per path: delivered tokens/s; CPU us per delivered token of the schedule
 worker, gateway and the bench's own client process (utime + stime from /proc);
 p50/p99 of the gaps between a stream's messages as the client receives them
 (inter-chunk latency: one token each at one message per token); messages per
-token at the client and relayed by the scheduler (its relayed-messages counter).
+token at the client, relayed by the scheduler (its relayed-messages counter) and sent
+by the worker on its Relay calls (ortserve_worker_relay_messages_total).
 """
 
 from __future__ import annotations
@@ -71,12 +72,17 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def _relayed_messages(scheduler_metrics: str | None) -> float:
-    if scheduler_metrics is None:
-        return 0.0
-    text = urllib.request.urlopen(f"http://{scheduler_metrics}/metrics", timeout=10).read().decode()
-    found = re.search(r"^ortserve_scheduler_relayed_messages_total (\S+)$", text, re.M)
+def _counter(address: str, name: str) -> float:
+    """A counter's value from a /metrics page (NaN: a process without it)."""
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(found.group(1)) if found else float("nan")
+
+
+def _messages(sched_metrics: str, worker_metrics: str) -> tuple[float, float]:
+    """(token chunks the scheduler relayed, RelayFrames messages the worker sent) so far."""
+    return (_counter(sched_metrics, "ortserve_scheduler_relayed_messages_total"),
+            _counter(worker_metrics, "ortserve_worker_relay_messages_total"))
 
 
 def _children(pid: int) -> list[int]:
@@ -110,7 +116,7 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                                    "--bench-rate-set-tokens-per-s", f"{RATE_TOKENS_PER_S:g}"],
                       scheduler_args=["--metrics-port", "0"]) as cluster:
         scheduler, worker = cluster.services[0], cluster.worker_services[0]
-        metrics_address(worker)  # the worker is up and serving metrics
+        worker_metrics = metrics_address(worker)
         sched_metrics = metrics_address(scheduler)
         gateways = {}
         try:
@@ -144,7 +150,7 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                     load(path, 8, 8)  # warm-up: channels, relay calls
                 pids = {"scheduler": scheduler.process.pid, "worker": worker.process.pid,
                         "client": os.getpid()}
-                per = {(s, p): {"cpu": {}, "rate": [], "client_mpt": [], "relayed_mpt": [],
+                per = {(s, p): {"cpu": {}, "rate": [], "client_mpt": [], "relayed_mpt": [], "worker_mpt": [],
                                 "p50": [], "p99": [], "load": []}
                        for s in stream_counts for p in paths}
                 for r in range(rounds):
@@ -159,10 +165,11 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                                 procs.update({f"gateway_{i}": child for i, child in enumerate(
                                     _children(gateways[path].process.pid))})
                             before = {n: process_cpu_s(pid) for n, pid in procs.items()}
-                            relayed_before = _relayed_messages(sched_metrics)
+                            relayed_before, sent_before = _messages(sched_metrics, worker_metrics)
                             out = load(path, streams, new_tokens)
                             after = {n: process_cpu_s(pid) for n, pid in procs.items()}
-                            relayed = _relayed_messages(sched_metrics) - relayed_before
+                            relayed, sent = _messages(sched_metrics, worker_metrics)
+                            relayed, sent = relayed - relayed_before, sent - sent_before
                             tokens = out["tokens"]
                             if tokens != streams * new_tokens:
                                 raise RuntimeError(f"rate-set {path}: {tokens} tokens delivered, "
@@ -174,6 +181,7 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                             fig["rate"].append(tokens / out["wall_s"])
                             fig["client_mpt"].append(out["messages"] / tokens)
                             fig["relayed_mpt"].append(relayed / tokens)
+                            fig["worker_mpt"].append(sent / tokens)
                             fig["p50"].append(_percentile(out["gaps_s"], 0.50) * 1e3)
                             fig["p99"].append(_percentile(out["gaps_s"], 0.99) * 1e3)
                             fig["load"].append(os.getloadavg()[0])
@@ -198,6 +206,9 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
         figures["client_messages_per_token"] = summary(fig["client_mpt"], "messages/token")
         figures["scheduler_relayed_messages_per_token"] = summary(fig["relayed_mpt"],
                                                                   "messages/token")
+        # The worker's hop: RelayFrames messages for the relay and the gateway's two-step
+        # path; the Python client's two-step path reads a Generate call, a message a chunk.
+        figures["worker_relay_messages_per_token"] = summary(fig["worker_mpt"], "messages/token")
         out[f"rate_set_{streams}streams_{path}"] = {
             "streams": streams, "new_tokens": new_tokens, "rounds": rounds,
             "tokens_per_s_per_stream": RATE_TOKENS_PER_S, "stream_interval_ms": interval_ms,
