@@ -7,6 +7,7 @@ is changed), in the folder that holds ca.pem, with ORTSERVE_API_KEY set.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -123,6 +124,29 @@ def test_the_gateway_reaches_a_tls_scheduler_with_each_callers_key(secure, tmp_p
                                                messages=[{"role": "user", "content": "Hi"}])
     finally:
         stop_service(gateway)
+
+
+def test_the_python_client_reads_a_tls_worker_with_its_certificate_and_relays_without_one(
+        secure, caplog):
+    """The client's default path: with a certificate the workers take, the tokens come
+    from the worker; with one they refuse, the lease goes back and the scheduler relays
+    the request (said once in a warning), the same answer and nothing left reserved."""
+    cluster, certs = secure
+    address = cluster.address.replace("127.0.0.1", "localhost")
+    good = (certs.ca, certs.worker.cert, certs.worker.key)
+    refused = (certs.ca, certs.rogue_worker.cert, certs.rogue_worker.key)
+    answers = {}
+    for name, worker_tls in (("direct", good), ("refused", refused)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ortserve_client"), \
+                Client(address, timeout_s=120, cacert=certs.ca, api_key=GENERATE_KEY,
+                       worker_tls=worker_tls, worker_connect_s=3) as client:
+            result = client.generate(chat=CHAT, max_new_tokens=24, temperature=0)
+            answers[name] = result.text
+            warned = [r.getMessage() for r in caplog.records if r.name == "ortserve_client"]
+            assert bool(warned) == (name == "refused"), warned
+            assert client.budget().total_reserved_bytes == 0
+    assert answers["direct"] == answers["refused"] and "Paris" in answers["direct"]
 
 
 def test_the_gateway_reads_a_tls_worker_with_its_certificate_and_relays_without_one(
