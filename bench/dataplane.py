@@ -97,28 +97,35 @@ VARIANTS = ("relay", "direct", "interval")
 
 def grpc_streams(client, prompt_ids: list[int], streams: int, new_tokens: int,
                  stream_interval_ms: int = 0) -> dict:
-    """`streams` generation streams at once; tokens and chunk messages received."""
+    """`streams` generation streams at once; tokens and chunk messages received, and the
+    gaps between a stream's messages (seconds)."""
     counts = [(0, 0)] * streams
+    gaps: list[float] = []
     errors: list[str] = []
 
     def one(i: int) -> None:
         tokens = messages = 0
+        arrivals = []
         try:
             for chunk in client.stream(prompt_ids, max_new_tokens=new_tokens,
                                        min_new_tokens=new_tokens,
                                        stream_interval_ms=stream_interval_ms):
+                arrivals.append(time.perf_counter())
                 tokens += len(chunk.token_ids)
                 messages += 1
         except Exception as exc:  # counted: a failed stream spoils the round
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
         counts[i] = (tokens, messages)
+        gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
-    return _run_threads(one, streams, counts, errors)
+    return _run_threads(one, streams, counts, errors, gaps)
 
 
 def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict:
-    """`streams` streaming /v1/completions at once through the gateway; tokens from usage."""
+    """`streams` streaming /v1/completions at once through the gateway; tokens from usage,
+    text events counted, and the gaps between a stream's text events (seconds)."""
     counts = [(0, 0)] * streams
+    gaps: list[float] = []
     errors: list[str] = []
     host, port = address.rsplit(":", 1)
     body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": new_tokens,
@@ -127,6 +134,7 @@ def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict
 
     def one(i: int) -> None:
         tokens = messages = 0
+        arrivals = []
         try:
             conn = http.client.HTTPConnection(host, int(port), timeout=600)
             conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
@@ -140,16 +148,18 @@ def sse_streams(address: str, model: str, streams: int, new_tokens: int) -> dict
                 if doc.get("usage"):
                     tokens = doc["usage"]["completion_tokens"]
                 elif doc.get("choices") and doc["choices"][0].get("text"):
+                    arrivals.append(time.perf_counter())
                     messages += 1
             conn.close()
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
         counts[i] = (tokens, messages)
+        gaps.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
-    return _run_threads(one, streams, counts, errors)
+    return _run_threads(one, streams, counts, errors, gaps)
 
 
-def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
+def _run_threads(one, streams: int, counts: list, errors: list, gaps: list) -> dict:
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
     start = time.perf_counter()
     for t in threads:
@@ -160,7 +170,7 @@ def _run_threads(one, streams: int, counts: list, errors: list) -> dict:
     if errors:
         raise RuntimeError(f"dataplane: {len(errors)} of {streams} streams failed: {errors[0]}")
     return {"tokens": sum(c[0] for c in counts), "messages": sum(c[1] for c in counts),
-            "wall_s": wall}
+            "wall_s": wall, "gaps_s": gaps}
 
 
 # -- one measured configuration ---------------------------------------------------------
@@ -278,12 +288,13 @@ def _served_model(address: str) -> str:
 
 def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
                       variants: tuple[str, ...] | None = None,
-                      scheduler_args: tuple[str, ...] = ()) -> dict:
+                      scheduler_args: tuple[str, ...] = (), rate_set: bool = True) -> dict:
     """The bench's `dataplane` section: tiny model at 32 streams; int4 through the gateway.
 
     Keys: `tiny_32streams` and `int4_gateway_16streams` (the relayed path), then
     `<that>_direct` and `<that>_interval50ms` for the other variants. `variants`
     None: all of them, or only `relay` with `quick` (the smoke run stays short).
+    With `rate_set`, the model-free load (bench/rate_set.py): `rate_set_<N>streams_<path>`.
     """
     if variants is None:
         variants = ("relay",) if quick else VARIANTS
@@ -302,12 +313,15 @@ def dataplane_section(quick: bool, log_dir: Path, gateway: bool = True,
                            rounds, log_dir / "gateway", gateway=True, variants=variants,
                            scheduler_args=scheduler_args)
         out.update({f"int4_gateway_16streams{suffix[v]}": run for v, run in gw.items()})
+    if rate_set:
+        from bench.rate_set import rate_set_section
+        out.update(rate_set_section(quick, log_dir / "rate-set", models))
     return out
 
 
 def print_section(doc: dict) -> None:
     for name, run in doc.items():
-        if not isinstance(run, dict):
+        if not isinstance(run, dict) or "figures" not in run:
             continue
         print(f"dataplane {name} ({run['streams']} streams x {run['new_tokens']} tokens, "
               f"load {run['load_average_1m']})")
@@ -327,13 +341,37 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scheduler-arg", action="append", default=[], metavar="ARG",
                    help="passed to the scheduler, e.g. --scheduler-arg=--relay-calls=per-request "
                         "(repeat for more)")
+    p.add_argument("--rate-set-only", action="store_true",
+                   help="only the model-free rate-set load (bench/rate_set.py)")
+    p.add_argument("--skip-rate-set", action="store_true", help="no rate-set load")
+    p.add_argument("--rate-set-paths", default="",
+                   help="comma-separated paths of the rate-set load (default: all)")
+    p.add_argument("--stream-interval-ms", type=int, default=0,
+                   help="the rate-set load's stream_interval_ms (the gateways' "
+                        "--stream-interval-ms and the clients' requests)")
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the rate-set load's gateways (repeat for more)")
     a = p.parse_args(argv)
+    if a.rate_set_only:
+        from bench.rate_set import PATHS, rate_set_section
+        paths = tuple(x for x in a.rate_set_paths.split(",") if x) or PATHS
+        load_start = os.getloadavg()
+        doc = rate_set_section(a.quick, ROOT / "logs" / "bench-dataplane" / "rate-set",
+                               model_cache() / "models", paths, a.stream_interval_ms,
+                               tuple(a.gateway_arg))
+        doc["load_average_start"] = load_start
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(doc, indent=2))
+        print_section(doc)
+        progress(f"wrote {a.out}")
+        return
     variants = tuple(v for v in a.variants.split(",") if v)
     if not variants or set(variants) - set(VARIANTS):
         p.error(f"--variants {a.variants!r}: name some of {', '.join(VARIANTS)}")
     load_start = os.getloadavg()
     doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane", gateway=not a.skip_gateway,
-                            variants=variants, scheduler_args=tuple(a.scheduler_arg))
+                            variants=variants, scheduler_args=tuple(a.scheduler_arg),
+                            rate_set=not a.skip_rate_set)
     doc["load_average_start"] = load_start
     doc["scheduler_args"] = a.scheduler_arg
     a.out.parent.mkdir(parents=True, exist_ok=True)

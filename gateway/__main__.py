@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import os
+import signal
 import ssl
 
 import uvicorn
@@ -61,13 +64,18 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    default=_env(p, "direct_to_workers", d.direct_to_workers, kind=boolean),
                    help="the two-step path: Admit on the scheduler, then stream from the worker "
                         "directly (the scheduler relays no token; the gateway must reach the "
-                        "workers' addresses)")
+                        "workers' addresses); --no-direct-to-workers: the scheduler relays "
+                        "every stream. Default: the two-step path where the worker answers "
+                        "within 2 s, else relayed (said in a warning); relayed when TLS to the "
+                        "scheduler is on without --worker-tls-*")
     interval_ms = in_range(int, 0, MAX_STREAM_INTERVAL_MS, " ms", "0: every token as it comes")
     p.add_argument("--stream-interval-ms", type=interval_ms,
                    default=_env(p, "stream_interval_ms", d.stream_interval_ms, kind=interval_ms),
-                   help="the shortest time between two streamed chunks, for every request (the "
-                        "tokens meanwhile leave as one SSE event: fewer messages; the first "
-                        "token never waits); 0: every token as it comes; at most 10,000")
+                   help="the shortest time between two streamed chunks, for every request that "
+                        "sets no stream_interval_ms (the tokens meanwhile leave as one SSE event: "
+                        "fewer messages; the first token never waits; a token waits at most "
+                        "this long); 0: every token as it comes; at most 10,000; default "
+                        f"{d.stream_interval_ms}")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):
@@ -87,6 +95,12 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                         "(ortserve-tenant metadata; the scheduler's tenants file must trust it: "
                         "docs/tenants.md); set only behind a proxy that sets the header itself; "
                         f"unset: none (env {_ENV}TENANT_HEADER)")
+    processes = in_range(int, 1, 64, what="gateway processes")
+    p.add_argument("--processes", type=processes,
+                   default=_env(p, "processes", d.processes, kind=processes),
+                   help="gateway processes accepting on the one port (1-64): the gateway keeps "
+                        "no state between requests, so N processes serve ~N cores' worth of "
+                        "streams; each has its own channels and metrics")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -111,10 +125,15 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     if a.cacert and not os.path.isfile(a.cacert):
         p.error(f"--cacert {a.cacert!r} is not a readable file (the CA the scheduler's "
                 f"certificate chains to; env {_ENV}CACERT)")
+    direct = a.direct_to_workers
+    if direct is None and a.cacert and not a.worker_tls_ca:
+        # A TLS cluster's workers take mutual TLS only: without a certificate for them the
+        # gateway could not read from them, so its streams stay relayed.
+        direct = False
     return GatewayConfig(host=a.host, port=a.port, scheduler_address=a.scheduler,
                          scheduler_cacert=a.cacert,
                          request_timeout_s=a.request_timeout_s, models_cache_s=a.models_cache_s,
-                         direct_to_workers=a.direct_to_workers,
+                         direct_to_workers=direct, processes=a.processes,
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
@@ -146,6 +165,39 @@ def main(argv: list[str] | None = None) -> None:
     port = sock.getsockname()[1]
     # The chosen port on stdout, one line, as the scheduler and workers do.
     banner.announce(banner.Banner(f"{config.host}:{port}"), "gateway")
+    if config.processes == 1:
+        _serve(config, sock)
+        return
+    # N copies accepting on the same listening socket (the kernel spreads connections over
+    # every process waiting in accept); this one only passes signals on and waits. The
+    # gateway keeps no state between requests, so they share nothing but the socket.
+    children = []
+    for _ in range(config.processes):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            _serve(config, sock)
+            os._exit(0)
+        children.append(pid)
+
+    def pass_on(signum, _frame) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
+    for child in children:
+        os.waitpid(child, 0)
+
+
+def _die_with_parent() -> None:
+    """A SIGKILLed parent takes its copies with it (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+def _serve(config: GatewayConfig, sock) -> None:
     # NOTE: without a graceful-shutdown bound uvicorn waits for every open SSE stream
     # on SIGTERM, however long it runs; streams get 30 s, then they are cut.
     server = uvicorn.Server(uvicorn.Config(build_app(config), log_config=None, access_log=False,

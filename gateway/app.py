@@ -55,10 +55,11 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
         credentials = channel_credentials(config.scheduler_cacert) if config.scheduler_cacert else None
         upstream = Upstream(config.scheduler_address, config.request_timeout_s,
                             config.models_cache_s, credentials)
-        if config.direct_to_workers:
+        if config.direct_to_workers is not False:
             workers = Workers(channel_credentials(config.worker_tls_ca, config.worker_tls_cert,
                                                   config.worker_tls_key)
-                              if config.worker_tls_ca else None)
+                              if config.worker_tls_ca else None,
+                              relay_if_unreachable=config.direct_to_workers is None)
         yield
         if workers is not None:
             await workers.close()
@@ -106,16 +107,18 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
     async def create_message(request: Request):
         # Anthropic's SDKs send their key as x-api-key; errors answer in Anthropic's shape.
         return await anthropic_route.create(
-            request, Target(upstream, workers, anthropic_route.passed_through(request)),
+            request, Target(upstream, workers, anthropic_route.passed_through(request),
+                   config.stream_interval_ms),
             reasoning_for)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request):
         return await anthropic_route.count_tokens(
-            request, Target(upstream, workers, anthropic_route.passed_through(request)))
+            request, Target(upstream, workers, anthropic_route.passed_through(request),
+                   config.stream_interval_ms))
 
     def _target(request: Request) -> Target:
-        return Target(upstream, workers, tuple(_passed_through(request)))
+        return Target(upstream, workers, tuple(_passed_through(request)), config.stream_interval_ms)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):
@@ -207,12 +210,14 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
-    for r in requests:
-        r.stream_interval_ms = stream_interval_ms  # the gateway's --stream-interval-ms
+    for r in requests:  # the request's own, else the gateway's --stream-interval-ms
+        r.stream_interval_ms = (parsed.stream_interval_ms if parsed.stream_interval_ms is not None
+                                else stream_interval_ms)
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams
             def opener(r):
-                return open_direct(upstream.stub, workers, r, upstream.timeout_s, metadata)
+                return open_direct(upstream.stub, workers, r, upstream.timeout_s, metadata,
+                                   relay=lambda: upstream.open(r, metadata))
         else:
             def opener(r):
                 return upstream.open(r, metadata)

@@ -1,11 +1,11 @@
-"""The gateway's opt-in two-step path (--direct-to-workers): Admit, then the worker streams.
+"""The gateway's two-step path, its default: Admit, then the worker streams.
 
 The scheduler admits (lease, cap, queue) and relays no token; the gateway reads
 the worker's stream itself, on the one Worker.Relay call it keeps per worker
 (ortserve/relay_client.py: one message per engine step for all its streams
 there; a worker without Relay gets a Generate call each). Errors are the relayed path's (a REJECTED Admit
 becomes the status Scheduler.Generate ends with; a worker's failure is worded as
-the scheduler's relay words it: ortserve_client.direct), so the HTTP mapping
+the scheduler's relay words it: ortserve/worker_leg.py), so the HTTP mapping
 (errors.from_grpc) is one. The worker's own Admission is awaited before the
 HTTP status goes out: from then on the worker holds the lease and releases it
 on every exit (a cancel included); before it, a lease no worker claimed is
@@ -14,19 +14,32 @@ given back here with Scheduler.Release and the Admit's lease secret.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
-from ortserve_client.direct import SERVER_BOUND_MS, rejection_status, relabelled, worker_failure
+import structlog
 
 from ortserve import keepalive
 from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
+from ortserve.worker_leg import (
+    SERVER_BOUND_MS,
+    compose_timings,
+    rejection_status,
+    relabelled,
+    worker_failure,
+    worker_request,
+)
 
-from .upstream import StreamBroken
+from .upstream import OpenStream, StreamBroken
+
+log = structlog.get_logger("ortserve.gateway")
+CONNECT_WAIT_S = 2.0  # how long a worker's first connection may take before relaying instead
+RECHECK_S = 60.0  # a worker found unreachable is tried again after this long
 
 _ADMIT_PREFIX = "request."
 
@@ -57,12 +70,7 @@ class DirectStream:
             if kind == "chunk":
                 tokens += len(event.chunk.token_ids)
             elif kind == "finished":
-                t = event.finished.timings
-                # As the scheduler's relay composes them: the wait before the worker's start
-                # belongs to queue and ttft; total is from the gateway's start.
-                t.queue_ms += self._offset_ms
-                t.ttft_ms += self._offset_ms
-                t.total_ms = (time.perf_counter() - self._started_s) * 1e3
+                compose_timings(event.finished.timings, self._started_s, self._offset_ms)
             yield event
             if kind == "finished":
                 return
@@ -74,20 +82,58 @@ class DirectStream:
 
 class Workers:
     """The gateway's channels to workers, one per address, opened on first use; on each,
-    one Relay call for every stream."""
+    one Relay call for every stream.
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
+    `relay_if_unreachable` (the default path): a worker whose channel does not connect
+    within CONNECT_WAIT_S (its address not routable from here, a TLS handshake refused)
+    has its requests relayed by the scheduler instead, said once in a warning and
+    looked at again after RECHECK_S.
+    """
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None,
+                 relay_if_unreachable: bool = False) -> None:
         self._credentials = credentials
+        self.relay_if_unreachable = relay_if_unreachable
         self._calls: dict[str, tuple[grpc.aio.Channel, RelayCall]] = {}
+        self._unreachable: dict[str, float] = {}  # address -> monotonic time it was found so
 
-    def generate(self, address: str, request: worker_pb2.WorkerGenerateRequest,
-                 timeout: float):
-        """The worker's stream for `request`: its events as serialized bytes."""
+    def _call(self, address: str) -> tuple[grpc.aio.Channel, RelayCall]:
         if address not in self._calls:
             channel = secure_or_insecure_channel(address, self._credentials,
                                                  options=keepalive.CHANNEL_OPTIONS)
             self._calls[address] = (channel, RelayCall(channel, address))
-        return self._calls[address][1].generate(request, timeout=timeout)
+        return self._calls[address]
+
+    def generate(self, address: str, request: worker_pb2.WorkerGenerateRequest,
+                 timeout: float):
+        """The worker's stream for `request`: its events as serialized bytes."""
+        return self._call(address)[1].generate(request, timeout=timeout)
+
+    async def reachable(self, address: str) -> bool:
+        """Whether the gateway can read from the worker at `address` itself (always True
+        unless relay_if_unreachable: a failure is then the request's own)."""
+        if not self.relay_if_unreachable:
+            return True
+        found = self._unreachable.get(address)
+        if found is not None and time.monotonic() - found < RECHECK_S:
+            return False
+        channel = self._call(address)[0]
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return True
+        try:
+            async with asyncio.timeout(CONNECT_WAIT_S):
+                await channel.channel_ready()
+        except TimeoutError:
+            if found is None:
+                log.warning("worker not reachable from the gateway: its streams are relayed by "
+                            "the scheduler", worker_address=address, waited_s=CONNECT_WAIT_S,
+                            remedy="let the gateway reach the workers' advertised addresses "
+                                   "(and give --worker-tls-* where workers serve TLS), or "
+                                   "pass --no-direct-to-workers")
+            self._unreachable[address] = time.monotonic()
+            return False
+        self._unreachable.pop(address, None)
+        return True
 
     async def close(self) -> None:
         for channel, relay in self._calls.values():
@@ -96,9 +142,13 @@ class Workers:
 
 
 async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRequest,
-                      timeout_s: float, metadata: Sequence[tuple[str, str]]) -> DirectStream:
+                      timeout_s: float, metadata: Sequence[tuple[str, str]],
+                      relay: Callable[[], Awaitable[OpenStream]] | None = None
+                      ) -> DirectStream | OpenStream:
     """Admit, start the worker's Generate and wait for its Admission; raises grpc.RpcError
-    (StatusError) or StreamBroken before any byte is sent, the lease given back."""
+    (StatusError) or StreamBroken before any byte is sent, the lease given back. A worker
+    the gateway cannot reach (Workers.reachable) gives its lease back and the request goes
+    through `relay` (the scheduler's Generate), when given."""
     started = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     wait_ms = request.max_queue_wait_ms if request.HasField("max_queue_wait_ms") else SERVER_BOUND_MS
@@ -111,18 +161,15 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
                          _ADMIT_PREFIX) from None
     if admission.decision == types_pb2.REJECTED:
         raise rejection_status(admission.rejection)
-    inner = types_pb2.GenerateRequest()
-    inner.CopyFrom(request)
-    # What the scheduler's relay hands the worker: the admitted ceiling, the resolved model.
-    inner.max_new_tokens = admission.max_new_tokens
-    inner.model = admission.model
-    inner.ClearField("max_queue_wait_ms")
+    if relay is not None and not await workers.reachable(admission.worker_address):
+        await _give_back(scheduler, admission, metadata)  # before the relayed request's own
+        return await relay()
     call = None
     claimed = False
     try:
         call = workers.generate(
             admission.worker_address,
-            worker_pb2.WorkerGenerateRequest(lease_id=admission.lease_id, request=inner),
+            worker_request(request, admission.lease_id, admission.max_new_tokens, admission.model),
             timeout=max(deadline - time.monotonic(), 0.0))
         frames = call.__aiter__()
         try:
@@ -141,9 +188,15 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
         if not claimed:
             if call is not None:
                 call.cancel()
-            # NOTE: a refusal is fine: LEASE_CLAIMED means the worker claimed it after all and
-            # releases it itself; an unreachable scheduler expires the unclaimed lease.
-            with contextlib.suppress(grpc.RpcError):
-                await scheduler.Release(scheduler_pb2.ReleaseRequest(
-                    lease_id=admission.lease_id, lease_secret=admission.lease_secret),
-                    timeout=10.0, metadata=tuple(metadata))
+            await _give_back(scheduler, admission, metadata)
+
+
+async def _give_back(scheduler, admission: types_pb2.Admission,
+                     metadata: Sequence[tuple[str, str]]) -> None:
+    """Release a lease no worker claimed, with the Admit's lease secret."""
+    # NOTE: a refusal is fine: LEASE_CLAIMED means the worker claimed it after all and
+    # releases it itself; an unreachable scheduler expires the unclaimed lease.
+    with contextlib.suppress(grpc.RpcError):
+        await scheduler.Release(scheduler_pb2.ReleaseRequest(
+            lease_id=admission.lease_id, lease_secret=admission.lease_secret),
+            timeout=10.0, metadata=tuple(metadata))

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import grpc
 import structlog
 from fastapi import Request
-from ortserve_client.direct import relabelled
 from ortserve_client.errors import from_rpc_error
 
 from ortserve.v1 import scheduler_pb2, types_pb2
+from ortserve.worker_leg import relabelled
 
 from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError
@@ -46,6 +46,8 @@ class Target:
     upstream: Upstream
     workers: Workers | None  # the direct path's channels (--direct-to-workers)
     metadata: tuple[tuple[str, str], ...]
+    # The gateway's --stream-interval-ms, for requests that set none.
+    stream_interval_ms: int = 0
 
 
 async def json_body(request: Request) -> object:
@@ -57,10 +59,14 @@ async def json_body(request: Request) -> object:
 
 
 async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> Stream:
-    """A plain Generate, admitted; raises grpc.RpcError or StreamBroken before any byte."""
+    """A plain Generate, admitted; raises grpc.RpcError or StreamBroken before any byte.
+    Two-step where the worker is reachable, else relayed (as the chat routes open theirs)."""
+    if not request.stream_interval_ms:
+        request.stream_interval_ms = target.stream_interval_ms
     if target.workers is not None:
         return await open_direct(target.upstream.stub, target.workers, request,
-                                 target.upstream.timeout_s, target.metadata)
+                                 target.upstream.timeout_s, target.metadata,
+                                 relay=lambda: target.upstream.open(request, target.metadata))
     return await target.upstream.open(request, target.metadata)
 
 
@@ -73,6 +79,8 @@ async def open_session(target: Target, model: str, request_id: str) -> types_pb2
 async def open_turn(target: Target, session_id: str,
                     request: types_pb2.GenerateRequest) -> OpenStream:
     """A session turn, admitted (its Queued events waited out, as Upstream.open does)."""
+    if not request.stream_interval_ms:
+        request.stream_interval_ms = target.stream_interval_ms
     call = target.upstream.stub.SessionTurn(
         scheduler_pb2.SessionTurnRequest(session_id=session_id, request=request),
         timeout=target.upstream.timeout_s, metadata=target.metadata)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.v1 import types_pb2
 
 from . import tools
@@ -39,11 +40,13 @@ Kind = Literal["chat", "completion"]
 # Keys both endpoints honour. min_tokens, top_k, min_p and repetition_penalty are the
 # extension names vLLM uses (sent through the openai SDK's extra_body);
 # cap_policy ("allow", "strict" or "wait_full") and max_queue_wait_ms (how long to wait
-# in the admission queue; 0: answer 429 at once when busy) are ortserve's own.
+# in the admission queue; 0: answer 429 at once when busy) and stream_interval_ms (the
+# shortest time between two SSE events; 0: one per token) are ortserve's own.
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
            "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
            "min_tokens", "top_k", "min_p", "repetition_penalty", "cap_policy",
-           "max_queue_wait_ms", "priority"}
+           "max_queue_wait_ms", "priority",
+           "stream_interval_ms"}
 # Keys that do not affect generation: accepted as labels (type-checked, then unused).
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
                                                "service_tier": str}
@@ -86,6 +89,8 @@ class ParsedRequest:
     resolved: Mapping[str, str] | None = None
     # Tools offered and tool_choice not "none": each choice's output is parsed for calls.
     tool_calls: bool = False
+    # The request's own stream_interval_ms; None: the gateway's --stream-interval-ms.
+    stream_interval_ms: int | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -143,7 +148,8 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
         req.priority = priority
     stream = _bool(params, "stream", False)
     return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
-                         resolved or None, calls)
+                         resolved or None, calls,
+                         _int(params, "stream_interval_ms", 0, MAX_STREAM_INTERVAL_MS))
 
 
 def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:

@@ -9,7 +9,7 @@ the names vLLM users know are mapped in docs/operations.md.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ortserve.metrics import (
@@ -22,6 +22,24 @@ from ortserve.v1 import types_pb2
 from scheduler_service.ledger.ledger import Admission, Decision, Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.ledger.types import WorkerSnapshot
+from scheduler_service.relay import RELAYED
+
+
+class RelayedTokens(Collector):
+    """Token chunks this scheduler relayed to its callers, and the tokens in them: 0 while
+    every caller reads from the workers directly (the two-step path)."""
+
+    def collect(self):
+        yield CounterMetricFamily("ortserve_scheduler_relayed_messages",
+                                  "Token chunk messages relayed from workers to callers",
+                                  value=RELAYED.messages)
+        yield CounterMetricFamily("ortserve_scheduler_relayed_tokens",
+                                  "Tokens in the chunks relayed from workers to callers",
+                                  value=RELAYED.tokens)
+
+    def describe(self):
+        return [CounterMetricFamily("ortserve_scheduler_relayed_messages", ""),
+                CounterMetricFamily("ortserve_scheduler_relayed_tokens", "")]
 
 
 class KvReservedRatio(Collector):
@@ -112,6 +130,7 @@ class SchedulerMetrics:
              "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
+        registry.register(RelayedTokens())
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))

@@ -23,10 +23,23 @@ from ortserve.error_path import Relayed, is_worker_failure, reason_of, worker_fa
 from ortserve.errors import ErrorReason, clip
 from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
+from ortserve.worker_leg import compose_timings, failure_message
 from scheduler_service import convert
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission
 from scheduler_service.worker_clients import RelayingWorkerStub
+
+
+@dataclass
+class RelayedCounts:
+    """What this scheduler relayed, over its life (its metrics read it): token chunks sent on
+    to callers and the tokens in them."""
+
+    messages: int = 0
+    tokens: int = 0
+
+
+RELAYED = RelayedCounts()
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -181,7 +194,10 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
         async for frame in call:
             tag = frame[0] if frame else 0
             if tag == CHUNK_TAG:
-                relayed_tokens += chunk_tokens(frame)
+                tokens = chunk_tokens(frame)
+                relayed_tokens += tokens
+                RELAYED.messages += 1
+                RELAYED.tokens += tokens
                 if leg.on_chunk is not None:
                     leg.on_chunk(types_pb2.GenerateEvent.FromString(frame).chunk)
                 yield frame
@@ -190,7 +206,7 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
             else:
                 event = types_pb2.GenerateEvent.FromString(frame)
                 if event.WhichOneof("event") == "finished":
-                    _compose(event.finished.timings, arrived_s, relay_offset_ms)
+                    compose_timings(event.finished.timings, arrived_s, relay_offset_ms)
                     leg.on_finished(event.finished)
                     finished = True
                 yield event
@@ -208,18 +224,10 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
                 error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
                 f"tokens: {why}; {leg.if_worker_dies}",
                 leg.worker_id, leg.address, relayed_tokens) from None
-        raise Relayed(error, f"worker {leg.worker_id}: {clip(error.details(), 600)}") from None
+        raise Relayed(error, failure_message(leg.worker_id, leg.address, error, relayed_tokens,
+                                             None)) from None
     finally:
         if call is not None and not call.done():
             call.cancel()  # propagates a client cancel to the worker
         if leg.on_exit is not None:
             await leg.on_exit(call is not None and not finished)
-
-
-def _compose(timings: types_pb2.Timings, arrived_s: float, relay_offset_ms: float) -> None:
-    """The worker timed from its own start; the caller waited `relay_offset_ms` before it
-    (admission, queue, the call's setup), which belongs to queue and ttft; total is ours."""
-    timings.queue_ms += relay_offset_ms
-    timings.ttft_ms += relay_offset_ms
-    timings.total_ms = (time.perf_counter() - arrived_s) * 1e3
-

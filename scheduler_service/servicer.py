@@ -22,6 +22,7 @@ from ortserve.auth import Role, caller_has, require_role
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
+from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
@@ -299,10 +300,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                        max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
             # The worker gets the admitted ceiling, the counted prompt and the resolved model:
             # no second resolution.
-            inner.max_new_tokens = admission.max_new_tokens
-            inner.model = worker.model
-            inner.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
-            inner.ClearField("priority")
             leg = self._generate_leg(admission, inner, prompt_ids, bound, outcome)
             outcome.relaying = True
             async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
@@ -329,8 +326,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
         return Leg(worker_id=worker.worker_id, address=worker.address,
                    stub=self._workers.stub(worker.address),
-                   request=worker_pb2.WorkerGenerateRequest(lease_id=lease.lease_id, request=inner,
-                                                            prompt_token_ids=prompt_ids),
+                   request=worker_request(inner, lease.lease_id, admission.max_new_tokens,
+                                          worker.model, prompt_ids),
                    bound=bound, on_finished=on_finished, on_exit=release_unclaimed,
                    if_worker_dies=f"its lease returns to the budget within "
                                   f"{self._config.lease_ttl_s:g} s; retry the request")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from ortserve.units import parse_bytes
 from ortserve.version import package_version
 from worker_service.config import WorkerConfig
 from worker_service.core.errors import EngineError
+from worker_service.runtime.rate_set_runner import BENCH_ENV
 from worker_service.server import build_server
 
 # Issue 27: one word, "capacity", for what --kv-capacity sets, the ledger charges
@@ -110,10 +112,21 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
                         "(default: half the KV capacity; docs/prefix-cache.md)")
+    p.add_argument("--bench-rate-set-tokens-per-s", type=float, default=0.0,
+                   help=f"benchmarks only, with {BENCH_ENV}=1 in the environment: run no model; "
+                        "every stream gets this many tokens a second (the prompt's ids cycled, "
+                        "sampling not applied) to measure the served path apart from the model")
     add_level_argument(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=from_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
     a = p.parse_args(argv)
+    if a.bench_rate_set_tokens_per_s:
+        if os.environ.get(BENCH_ENV) != "1":
+            p.error(f"--bench-rate-set-tokens-per-s is for benchmarks only: it runs no model and "
+                    f"ignores sampling; set {BENCH_ENV}=1 to take it (bench.dataplane does)")
+        if not 0 < a.bench_rate_set_tokens_per_s <= 100_000:
+            p.error(f"--bench-rate-set-tokens-per-s {a.bench_rate_set_tokens_per_s:g}: give more "
+                    "than 0 and at most 100000 tokens a second per stream")
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")
@@ -160,6 +173,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         max_context_tokens=a.max_context_tokens,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
+        bench_rate_set_tokens_per_s=a.bench_rate_set_tokens_per_s,
         log_level=a.log_level, log_json=a.log_json, tls=tls,
         otlp_traces_endpoint=a.otlp_traces_endpoint,
     )

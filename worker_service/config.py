@@ -33,6 +33,9 @@ class WorkerConfig:
     # The prefix cache's bound inside the KV capacity (--prefix-cache-bytes); None: half
     # of it; 0: off (docs/prefix-cache.md).
     prefix_cache_bytes: int | None = None
+    # Bench only: no model runs, every stream gets this many tokens a second (EngineConfig's
+    # bench_rate_set_tokens_per_s); 0: off. Taken only with ORTSERVE_BENCH=1.
+    bench_rate_set_tokens_per_s: float = 0.0
     log_level: str = "info"
     log_json: bool | None = None
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

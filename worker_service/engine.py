@@ -98,6 +98,9 @@ class Engine:
         self.prefix_cache: PrefixCache | None = self.runtime.prefix_cache
         # Sessions keep K/V between turns as host copies of their rows (session_kv.py).
         self.sessions = SessionTable(self.kv) if self.runtime.capabilities.sessions else None
+        if config.bench_rate_set_tokens_per_s:
+            self.providers = ("BenchRateSet",)  # what Info reports: no execution provider runs
+            self.provider = self.providers[0]
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)
         # Output constraints: llguidance's tokenizer is built on the first constrained request.
@@ -346,11 +349,11 @@ class Engine:
                 self._fail(seq, step.error)
                 continue
             seq.computed(step.computed_tokens)
-            if step.logits is None:
+            chosen = step.token if step.token is not None else greedy.get(seq.sequence_id)
+            if step.logits is None and step.token is None:
                 continue  # more prompt to go
             try:
-                token, text, finish_reason, logprobs = seq.accept(step.logits,
-                                                                  greedy.get(seq.sequence_id))
+                token, text, finish_reason, logprobs = seq.accept(step.logits, chosen)
             except Exception as exc:
                 self._fail(seq, exc)
                 continue

@@ -53,3 +53,7 @@ class EngineConfig:
     # Extra ORT session config entries ((key, value), ...), e.g.
     # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()
+    # Bench only (runtime/rate_set_runner.py): no model runs, every running sequence gets a
+    # token this many times a second; 0: the model runs. The worker refuses it outside the
+    # bench (ORTSERVE_BENCH=1).
+    bench_rate_set_tokens_per_s: float = 0.0

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from ortserve.metrics import RequestLatency, callback_gauge
 from worker_service.core.sequence import Completed
 from worker_service.engine import Engine
+from worker_service.relay_call import SENT
 
 
 class WorkerMetrics:
@@ -48,11 +49,29 @@ class WorkerMetrics:
             ["finish_reason"], registry=registry)
         self.latency = RequestLatency(registry, "ortserve_worker", "worker")
         registry.register(_PrefixCacheMetrics(engine))
+        registry.register(_RelaySent())
 
     def completed(self, done: Completed) -> None:
         self.generated_tokens.inc(done.generated_tokens)
         self.sequences.labels(done.finish_reason.value).inc()
         self.latency.observe(done.generated_tokens, done.ttft_ms, done.decode_ms, done.total_ms)
+
+
+class _RelaySent(Collector):
+    """Messages and frames the worker's Relay calls sent (to the scheduler's relay and the
+    gateways' two-step path): frames per message is how many requests share one."""
+
+    def collect(self):
+        yield CounterMetricFamily("ortserve_worker_relay_messages",
+                                  "RelayFrames messages sent on Worker.Relay calls",
+                                  value=SENT.messages)
+        yield CounterMetricFamily("ortserve_worker_relay_frames",
+                                  "Frames (a request's event, end or failure) in them",
+                                  value=SENT.frames)
+
+    def describe(self):
+        return [CounterMetricFamily("ortserve_worker_relay_messages", ""),
+                CounterMetricFamily("ortserve_worker_relay_frames", "")]
 
 
 class _PrefixCacheMetrics(Collector):

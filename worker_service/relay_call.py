@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from ortserve import tracing
 from ortserve.error_path import parse_request, status_bytes
@@ -36,6 +37,17 @@ METHOD = "/ortserve.v1.Worker/Relay"
 MAX_MESSAGE_BYTES = 1 << 20
 
 Generate = Callable[[worker_pb2.WorkerGenerateRequest], AsyncIterator[types_pb2.GenerateEvent]]
+
+
+@dataclass
+class SentCounts:
+    """What this worker's Relay calls sent, over its life (its metrics read it)."""
+
+    messages: int = 0  # RelayFrames messages
+    frames: int = 0  # the frames in them (a request's event, end or failure each)
+
+
+SENT = SentCounts()
 
 
 class RelayCall:
@@ -67,7 +79,10 @@ class RelayCall:
                     if reader.done():
                         reader.result()  # a request that did not parse ends the call, named
                     return
-                yield worker_pb2.RelayFrames(frames=self._take())
+                frames = self._take()
+                SENT.messages += 1
+                SENT.frames += len(frames)
+                yield worker_pb2.RelayFrames(frames=frames)
         finally:
             reader.cancel()
             running = list(self._tasks.values())

@@ -127,7 +127,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  max_context_tokens=config.max_context_tokens,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
-                                 prefix_cache_bytes=config.prefix_cache_bytes)
+                                 prefix_cache_bytes=config.prefix_cache_bytes,
+                                 bench_rate_set_tokens_per_s=config.bench_rate_set_tokens_per_s)
     # ORT session creation blocks for seconds: keep it off the event loop.
     try:
         engine = await asyncio.to_thread(Engine, engine_config)

@@ -25,6 +25,7 @@ from ortserve import chat_history, request_rules, rich_status
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2, worker_pb2_grpc
+from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
@@ -328,10 +329,8 @@ class SessionRPCs:
                 bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
                            max_new_tokens=admission.max_new_tokens,
                            reserved_bytes=admission.reserved_bytes)
-                full.max_new_tokens = admission.max_new_tokens
-                full.ClearField("max_queue_wait_ms")  # the scheduler's business, decided
-                full.ClearField("priority")
-                leg = self._turn_leg(session, inner, full, ids, bound, outcome)
+                leg = self._turn_leg(session, inner, full, ids, bound, outcome,
+                                     admission.max_new_tokens)
                 outcome.relaying = True
                 granted = None  # the relay owns the turn's end from here (the worker shrinks)
                 async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
@@ -347,7 +346,7 @@ class SessionRPCs:
 
     def _turn_leg(self, session: Session, inner: types_pb2.GenerateRequest,
                   full: types_pb2.GenerateRequest, ids: list[int], bound,
-                  outcome: RequestOutcome) -> Leg:
+                  outcome: RequestOutcome, max_new_tokens: int) -> Leg:
         """The turn's worker side for the relay: the reply is gathered as it streams and
         remembered at Finished; a turn that ends early waits for the worker's own end."""
         text, generated = [], []
@@ -373,9 +372,8 @@ class SessionRPCs:
 
         return Leg(worker_id=session.worker_id, address=session.address,
                    stub=self._worker(session),
-                   request=worker_pb2.WorkerGenerateRequest(lease_id=session.lease_id, request=full,
-                                                            prompt_token_ids=ids,
-                                                            session_id=session.session_id),
+                   request=worker_request(full, session.lease_id, max_new_tokens,
+                                          prompt_token_ids=ids, session_id=session.session_id),
                    bound=bound, on_finished=on_finished, on_chunk=on_chunk, on_exit=on_exit)
 
     async def _wait_turn_over(self, session: Session) -> None:

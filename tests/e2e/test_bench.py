@@ -70,5 +70,14 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
         assert 0 < figures["messages_per_token"]["median"] <= 1
         assert figures["delivered_tokens_per_s"]["median"] > 0
     assert "gateway_cpu_us_per_token" in doc["dataplane"]["int4_gateway_16streams"]["figures"]
+    # The served path without the model (the rate-set worker): every path, the defaults
+    # reading from the worker (the scheduler relays nothing on them).
+    for path in ("gateway_default", "gateway_relay", "gateway_direct", "client_default",
+                 "client_relay", "client_direct"):
+        figures = doc["dataplane"][f"rate_set_32streams_{path}"]["figures"]
+        assert figures["delivered_tokens_per_s"]["median"] > 0
+        assert figures["inter_chunk_p50_ms"]["median"] <= figures["inter_chunk_p99_ms"]["median"]
+        relayed = figures["scheduler_relayed_messages_per_token"]["median"]
+        assert (relayed > 0) == path.endswith("relay"), path
     assert "engine_vs_genai_1stream" in run.stdout and "serving @" in run.stdout  # the table
     assert "bench:" not in run.stdout and "engine_ready" not in run.stdout  # notices stay on stderr

@@ -1,6 +1,7 @@
-"""The opt-in two-step path and the stream interval, through real processes.
+"""The two-step path and the stream interval, through real processes.
 
-Client(direct=True) / `ortserve --direct` / `ortserve-gateway --direct-to-workers`:
+Client(direct=True) / `ortserve --direct` / `ortserve-gateway --direct-to-workers` (the
+two-step path only; the default takes it where the worker is reachable):
 Scheduler.Admit, then Worker.Generate on the worker's address. The same tokens,
 the cap before the first token, the same errors as the relayed path; a lease the
 worker never claimed goes back at once; a cancel frees the worker's KV.
@@ -52,7 +53,7 @@ def wait_until_free(cluster: LocalCluster, timeout_s: float = 10.0) -> float:
 
 
 def test_direct_gives_the_relayed_tokens_with_the_cap_before_the_first_token(tiny):
-    with Client(tiny.address, timeout_s=120) as relayed, \
+    with Client(tiny.address, timeout_s=120, direct=False) as relayed, \
             Client(tiny.address, timeout_s=120, direct=True) as direct:
         want = relayed.generate(PROMPT, max_new_tokens=1900, min_new_tokens=20)
         seen: list[str] = []
@@ -72,7 +73,7 @@ def test_direct_gives_the_relayed_tokens_with_the_cap_before_the_first_token(tin
 
 
 def test_direct_errors_are_the_relayed_ones(tiny):
-    with Client(tiny.address, timeout_s=60) as relayed, \
+    with Client(tiny.address, timeout_s=60, direct=False) as relayed, \
             Client(tiny.address, timeout_s=60, direct=True) as direct:
         for kw, kind in (({"top_k": 5}, InvalidRequest),  # the scheduler's field check
                          ({"max_new_tokens": 1900, "strict": True}, Rejected),  # never whole
@@ -136,7 +137,7 @@ def test_a_direct_cancel_frees_the_workers_kv_promptly(tiny):
 def test_a_direct_cancel_while_queued_leaves_the_queue_holding_nothing(tiny):
     """A direct request waits for budget inside Admit; its cancel ends the Admit call, and
     the scheduler's queue lets it go (as a relayed Generate's cancel does)."""
-    with Client(tiny.address, timeout_s=120) as relayed, \
+    with Client(tiny.address, timeout_s=120, direct=False) as relayed, \
             Client(tiny.address, timeout_s=120, direct=True) as direct:
         holder = relayed.stream(PROMPT, max_new_tokens=900, min_new_tokens=900,
                                 stream_interval_ms=500)
@@ -202,7 +203,7 @@ def test_the_gateway_direct_to_workers_streams_the_relayed_text(tiny, tmp_path_f
     try:
         client = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
                                timeout=120, max_retries=0)
-        with Client(tiny.address, timeout_s=120) as relayed:
+        with Client(tiny.address, timeout_s=120, direct=False) as relayed:
             want = relayed.generate("Once upon a time", max_new_tokens=24, min_new_tokens=24)
         args = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 24,
                 "temperature": 0, "extra_body": {"min_tokens": 24}}

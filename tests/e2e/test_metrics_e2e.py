@@ -30,7 +30,8 @@ def test_worker_and_scheduler_metrics_follow_a_request(tmp_path_factory):
                             scheduler_args=["--metrics-port", str(scheduler_port)],
                             worker_args=["--metrics-port", str(worker_port)])
     try:
-        with Client(cluster.address, timeout_s=120) as client:
+        # Relayed: the scheduler's generated-token and duration metrics count what it relays.
+        with Client(cluster.address, timeout_s=120, direct=False) as client:
             result = client.generate(chat=[("user", "Name three colours.")], max_new_tokens=12,
                                      min_new_tokens=12)
         worker = scrape(worker_port)

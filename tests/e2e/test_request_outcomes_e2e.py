@@ -83,7 +83,8 @@ def cluster(tmp_path_factory):
     cluster = start_cluster(tmp_path_factory, "outcomes", kv_capacities=[str(BUDGET_TOKENS * BPT)],
                             scheduler_args=["--metrics-port", "0"],
                             worker_args=["--metrics-port", "0"])
-    gateway = start_gateway(tmp_path_factory, cluster.address)
+    # Relayed: the scheduler counts the outcome of each Generate it relays.
+    gateway = start_gateway(tmp_path_factory, cluster.address, ("--no-direct-to-workers",))
     ports = (metrics_port(cluster.services[0]), metrics_port(cluster.worker_services[0]))
     yield cluster, gateway, ports
     stop_service(gateway)
@@ -95,7 +96,7 @@ def test_finished_requests_count_their_prompt_tokens_as_the_clients_saw_them(clu
     before = outcomes(port)
     tokens_before = samples(f"http://127.0.0.1:{port}/metrics").get(
         ("ortserve_scheduler_prompt_tokens_total", ()), 0.0)
-    with Client(cluster.address, timeout_s=120) as client:
+    with Client(cluster.address, timeout_s=120, direct=False) as client:
         direct = client.generate(chat=[("user", "Name three colours.")], max_new_tokens=8)
     via_gateway = openai_client(gateway).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=8)

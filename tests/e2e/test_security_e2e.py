@@ -7,6 +7,7 @@ is changed), in the folder that holds ca.pem, with ORTSERVE_API_KEY set.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -123,6 +124,62 @@ def test_the_gateway_reaches_a_tls_scheduler_with_each_callers_key(secure, tmp_p
                                                messages=[{"role": "user", "content": "Hi"}])
     finally:
         stop_service(gateway)
+
+
+def test_the_python_client_reads_a_tls_worker_with_its_certificate_and_relays_without_one(
+        secure, caplog):
+    """The client's default path: with a certificate the workers take, the tokens come
+    from the worker; with one they refuse, the lease goes back and the scheduler relays
+    the request (said once in a warning), the same answer and nothing left reserved."""
+    cluster, certs = secure
+    address = cluster.address.replace("127.0.0.1", "localhost")
+    good = (certs.ca, certs.worker.cert, certs.worker.key)
+    refused = (certs.ca, certs.rogue_worker.cert, certs.rogue_worker.key)
+    answers = {}
+    for name, worker_tls in (("direct", good), ("refused", refused)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ortserve_client"), \
+                Client(address, timeout_s=120, cacert=certs.ca, api_key=GENERATE_KEY,
+                       worker_tls=worker_tls, worker_connect_s=3) as client:
+            result = client.generate(chat=CHAT, max_new_tokens=24, temperature=0)
+            answers[name] = result.text
+            warned = [r.getMessage() for r in caplog.records if r.name == "ortserve_client"]
+            assert bool(warned) == (name == "refused"), warned
+            assert client.budget().total_reserved_bytes == 0
+    assert answers["direct"] == answers["refused"] and "Paris" in answers["direct"]
+
+
+def test_the_gateway_reads_a_tls_worker_with_its_certificate_and_relays_without_one(
+        secure, tmp_path):
+    """Worker TLS given: the two-step path over mutual TLS. A client certificate the
+    workers refuse: the handshake never completes, so the default path relays through the
+    scheduler instead, and says so once in a warning."""
+    cluster, certs = secure
+    scheduler = cluster.address.replace("127.0.0.1", "localhost")
+    good = ["--worker-tls-ca", certs.ca, "--worker-tls-cert", certs.worker.cert,
+            "--worker-tls-key", certs.worker.key]
+    refused = ["--worker-tls-ca", certs.ca, "--worker-tls-cert", certs.rogue_worker.cert,
+               "--worker-tls-key", certs.rogue_worker.key]
+    for name, worker_tls in (("direct", good), ("refused", refused)):
+        gateway = start_service(f"gateway-{name}", [
+            str(BIN / "ortserve-gateway"), "--port", "0", "--scheduler", scheduler,
+            "--cacert", certs.ca, *worker_tls], tmp_path / name)
+        try:
+            wait_for_health(gateway)
+            with openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key=GENERATE_KEY,
+                               timeout=120) as client:
+                answer = client.chat.completions.create(
+                    model=require_model().name, max_tokens=24, temperature=0,
+                    messages=[{"role": "user", "content": CHAT[0][1]}])
+            assert "Paris" in answer.choices[0].message.content
+            log = gateway.log_path.read_text()
+            if name == "direct":  # its own Relay call to the worker: the tokens came from there
+                assert "relay call opened" in log and "not reachable" not in log
+            else:
+                assert "worker not reachable from the gateway" in log
+                assert "relay call opened" not in log
+        finally:
+            stop_service(gateway)
 
 
 def wait_for_health(gateway, timeout_s: float = 30) -> dict:

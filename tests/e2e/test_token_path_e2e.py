@@ -49,7 +49,7 @@ def prompts() -> list[list[int]]:
 
 
 def test_concurrent_streams_equal_their_batch_1_greedy_runs_chunk_by_chunk(tiny):
-    with Client(tiny.address, timeout_s=300) as client:
+    with Client(tiny.address, timeout_s=300, direct=False) as client:
         alone = [client.generate(p, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
                  for p in prompts()]
         results: list[dict] = [{} for _ in range(STREAMS)]
@@ -91,8 +91,9 @@ def test_concurrent_streams_equal_their_batch_1_greedy_runs_chunk_by_chunk(tiny)
 
 def test_a_client_cancel_frees_the_workers_kv_promptly(tiny):
     """The client cancels mid-stream; the worker's KV and the scheduler's ledger are
-    back at zero soon after (the figure is printed: docs/benchmarks.md quotes it)."""
-    with Client(tiny.address, timeout_s=300) as client:
+    back at zero soon after (the figure is printed: docs/benchmarks.md quotes it). The
+    two-step path's cancel: test_direct_path_e2e.py."""
+    with Client(tiny.address, timeout_s=300, direct=False) as client:
         waits = []
         for _ in range(3):
             stream = client.stream(prompts()[0], max_new_tokens=1500, min_new_tokens=1500)
@@ -122,7 +123,7 @@ def test_a_scheduler_killed_mid_stream_leaves_the_worker_holding_nothing(tmp_pat
                            log_dir=tmp_path_factory.mktemp("logs-scheduler-kill")).start()
     try:
         worker = cluster.worker_services[0].address
-        with Client(cluster.address, timeout_s=60) as client:
+        with Client(cluster.address, timeout_s=60, direct=False) as client:
             streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
                        for p in prompts()[:4]]
             for stream in streams:
@@ -158,7 +159,7 @@ def test_a_scheduler_that_stops_answering_fails_the_clients_stream_in_seconds(tm
                            log_dir=tmp_path_factory.mktemp("logs-scheduler-stopped")).start()
     scheduler = cluster.services[0].process
     try:
-        with Client(cluster.address, timeout_s=120, keepalive_s=1) as client:
+        with Client(cluster.address, timeout_s=120, keepalive_s=1, direct=False) as client:
             stream = iter(client.stream(prompts()[0], max_new_tokens=1500, min_new_tokens=1500))
             next(stream)  # running
             stopped = time.perf_counter()
@@ -184,13 +185,14 @@ def test_a_scheduler_that_stops_answering_fails_the_clients_stream_in_seconds(tm
         cluster.stop()
 
 
-def test_many_streams_with_random_cancels_end_complete_or_cancelled_and_hold_nothing(tiny):
+@pytest.mark.parametrize("direct", [False, True], ids=["relayed", "direct"])
+def test_many_streams_with_random_cancels_end_complete_or_cancelled_and_hold_nothing(tiny, direct):
     """96 overlapping streams on the worker, a third cancelled at random points: the rest
     each get their whole ids, and the worker and the ledger end holding nothing."""
     rng = random.Random(7)
     plan = [(i, rng.random() < 1 / 3, rng.randrange(1, 20)) for i in range(96)]
     outcomes: list = [None] * len(plan)
-    with Client(tiny.address, timeout_s=300) as client:
+    with Client(tiny.address, timeout_s=300, direct=direct) as client:
         def one(i: int, cancel: bool, after: int) -> None:
             prompt = prompts()[i % STREAMS]
             stream = client.stream(prompt, max_new_tokens=48, min_new_tokens=48)
@@ -238,7 +240,7 @@ def test_a_worker_killed_and_restarted_on_its_port_serves_again_on_a_new_relay_c
     try:
         old = cluster.worker_services[0]
         port = old.address.rsplit(":", 1)[1]
-        with Client(cluster.address, timeout_s=60) as client:
+        with Client(cluster.address, timeout_s=60, direct=False) as client:
             want = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
             streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
                        for p in prompts()[:3]]
@@ -278,7 +280,7 @@ def test_a_worker_that_stops_answering_fails_its_streams_in_seconds_not_at_their
                            log_dir=tmp_path_factory.mktemp("logs-worker-stopped")).start()
     worker = cluster.worker_services[0]
     try:
-        with Client(cluster.address, timeout_s=120) as client:
+        with Client(cluster.address, timeout_s=120, direct=False) as client:
             want = client.generate(prompts()[0], max_new_tokens=16, min_new_tokens=16)
             streams = [iter(client.stream(p, max_new_tokens=1500, min_new_tokens=1500))
                        for p in prompts()[:3]]

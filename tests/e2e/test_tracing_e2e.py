@@ -92,7 +92,8 @@ def test_one_request_is_one_trace_across_the_three_services(collector, monkeypat
                             kv_capacities=[str(TIGHT_BUDGET_TOKENS * BPT)])
     gateway = None
     try:
-        gateway = start_gateway(tmp_path_factory, cluster.address)
+        # Relayed: the trace crosses the gateway, the scheduler's relay and the worker.
+        gateway = start_gateway(tmp_path_factory, cluster.address, ("--no-direct-to-workers",))
         answer = openai_client(gateway).chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
             max_tokens=200)

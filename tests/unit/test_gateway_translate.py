@@ -262,3 +262,13 @@ def test_response_format_is_a_chat_parameter_only():
         parse_request("completion", {"model": "m", "prompt": "p",
                                      "response_format": {"type": "json_object"}})
     assert err.value.param == "response_format"
+
+
+def test_a_request_may_set_its_own_stream_interval_within_the_bound():
+    assert parse_request("chat", chat()).stream_interval_ms is None  # the gateway's default
+    assert parse_request("chat", chat(stream_interval_ms=0)).stream_interval_ms == 0
+    assert parse_request("completion", {"model": "m", "prompt": "x",
+                                        "stream_interval_ms": 20}).stream_interval_ms == 20
+    with pytest.raises(ParamError) as err:
+        parse_request("chat", chat(stream_interval_ms=10_001))
+    assert err.value.param == "stream_interval_ms"

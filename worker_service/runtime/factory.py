@@ -34,6 +34,7 @@ from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
 from worker_service.runtime.prefix_cache import PrefixCache
+from worker_service.runtime.rate_set_runner import RateSetRunner
 from worker_service.runtime.row_store import RowStore
 from worker_service.runtime.runner import Runner
 
@@ -157,6 +158,13 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
     runtime = Runtime(kind, config.device, pool, runner, store,
                       Capabilities(batched=True, sessions=True, prefix_cache=True),
                       allocated_bytes=allocated)
+    if config.bench_rate_set_tokens_per_s:
+        # Bench only: the same pool and rows, no model run; tokens come at a set rate
+        # (rate_set_runner.py), so the served path is measured apart from the model.
+        runtime.runner = RateSetRunner(config.bench_rate_set_tokens_per_s, config.max_batch_rows,
+                                       frozenset(spec.eos_token_ids))
+        runtime.capabilities = Capabilities(batched=True, sessions=True, prefix_cache=False)
+        return runtime
     if cache_bytes > 0:
         runtime.prefix_cache = runner.prefix_cache = PrefixCache(pool, cache_bytes,
                                                                  store.block_tokens)

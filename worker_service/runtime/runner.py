@@ -33,6 +33,9 @@ class SequenceStep:
     # Its session prefix went into its row this step: the sequence may let go of it.
     prefix_restored: bool = False
     error: Exception | None = None  # this sequence failed (alone, or with its shared run)
+    # The next token when the runner chose it itself, with no logits to sample from (the
+    # bench's rate-set runner, runtime/rate_set_runner.py); None: sample from `logits`.
+    token: int | None = None
 
 
 @dataclass

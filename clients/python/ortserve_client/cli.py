@@ -207,6 +207,15 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
                             help="the output derives from this Lark grammar (llguidance's dialect)")
 
 
+def _direct_from_env(value: str) -> bool | None:
+    value = value.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ortserve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,11 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a file holding the API key (env ORTSERVE_API_KEY_FILE, or the key itself "
                         "in env ORTSERVE_API_KEY; never on the command line)")
     p.add_argument("--timeout", type=flags.timeout_s, default=None, help="deadline in seconds")
-    p.add_argument("--direct", action="store_true",
-                   default=os.environ.get("ORTSERVE_DIRECT", "").lower() in ("1", "true", "yes"),
-                   help="the two-step path: Admit, then stream from the worker directly (the "
-                        "scheduler relays no token; this machine must reach the workers' "
-                        "addresses); env ORTSERVE_DIRECT=1")
+    p.add_argument("--direct", action=argparse.BooleanOptionalAction,
+                   default=_direct_from_env(os.environ.get("ORTSERVE_DIRECT", "")),
+                   help="the two-step path only: Admit, then stream from the worker directly "
+                        "(the scheduler relays no token; this machine must reach the workers' "
+                        "addresses); --no-direct: the scheduler relays every stream. Default: "
+                        "the two-step path to the workers this machine reaches, relayed to the "
+                        "others (said on stderr); env ORTSERVE_DIRECT=1 or 0")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "this client's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):

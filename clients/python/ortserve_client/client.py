@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ortserve import keepalive
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
@@ -30,6 +33,9 @@ from .types import (
 )
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+WORKER_CONNECT_S = 2.0  # the default path: a worker not connected by then is relayed to
+RECHECK_S = 60.0  # a worker found unreachable is tried again after this long
+log = logging.getLogger("ortserve_client")
 _JITTER = random.Random()
 
 
@@ -153,9 +159,14 @@ class Client:
     `cacert`: a PEM file of the CA the scheduler's certificate chains to (TLS;
     `tls=True` with no cacert trusts the system roots); None: plaintext.
     `api_key`: sent as `authorization: Bearer <key>` on every call to the scheduler.
-    `direct`: generate on the two-step path (Admit, then the worker streams to this
-    client; ortserve_client/direct.py): the scheduler relays no token. The client must
-    reach the workers' registered addresses; where workers serve TLS (mutual), give
+    `direct`: the token path. None (the default): the two-step path (Admit, then the
+    worker streams to this client; ortserve_client/direct.py: the scheduler relays no
+    token) to every worker this client reaches within `worker_connect_s` (checked once
+    per address, again after a minute), the scheduler's relay to the others (said once
+    in a warning of the `ortserve_client` logger); relayed throughout when the
+    scheduler's channel is TLS and no `worker_tls` is given (a TLS cluster's workers
+    take mutual TLS only). True: the two-step path only (an unreachable worker is an
+    error). False: relayed. Where workers serve TLS (mutual), give
     `worker_tls=(ca, cert, key)`: PEM files of the cluster's CA and a certificate it signed.
     `keepalive_s`: while a call runs, ping the connection this often; a peer that does not
     answer within as long (a host gone, a process stopped) fails the call UNAVAILABLE
@@ -164,14 +175,21 @@ class Client:
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,
                  retry: Retry | None = None, *, cacert: str | None = None, tls: bool = False,
-                 api_key: str | None = None, direct: bool = False,
+                 api_key: str | None = None, direct: bool | None = None,
                  worker_tls: tuple[str, str, str] | None = None,
-                 keepalive_s: float = keepalive.DEFAULT_INTERVAL_S) -> None:
+                 keepalive_s: float = keepalive.DEFAULT_INTERVAL_S,
+                 worker_connect_s: float = WORKER_CONNECT_S) -> None:
         self.address = address
         self._options = keepalive.channel_options(keepalive_s)  # raises on a bad interval
         self.timeout_s = timeout_s
         self.retry = retry
-        self.direct = direct
+        if direct is None and (cacert or tls) and worker_tls is None:
+            direct = False  # no certificate for the workers' mutual TLS: relayed
+        self.direct = direct is not False
+        self._relay_if_unreachable = self._reachable if direct is None else None
+        self._worker_connect_s = worker_connect_s
+        self._unreachable: dict[str, float] = {}  # address -> monotonic time found so
+        self._reached: set[str] = set()  # addresses this client has connected to
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         if cacert or tls:
             roots = Path(cacert).read_bytes() if cacert else None
@@ -185,15 +203,52 @@ class Client:
             ca, cert, key = (Path(p).read_bytes() for p in worker_tls)
             self._worker_credentials = grpc.ssl_channel_credentials(ca, key, cert)
         self._workers: dict[str, tuple[grpc.Channel, worker_pb2_grpc.WorkerStub]] = {}
+        self._workers_lock = threading.Lock()
 
     def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         """One channel per worker address, kept for the client's life (the direct path)."""
+        with self._workers_lock:  # streams on several threads may ask for it at once
+            return self._worker_stub_locked(address)
+
+    def _worker_stub_locked(self, address: str) -> worker_pb2_grpc.WorkerStub:
         if address not in self._workers:
             channel = (grpc.secure_channel(address, self._worker_credentials, options=self._options)
                        if self._worker_credentials is not None
                        else grpc.insecure_channel(address, options=self._options))
             self._workers[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
         return self._workers[address][1]
+
+    def _reachable(self, address: str) -> bool:
+        """Whether this client connects to the worker at `address` (within worker_connect_s;
+        once it has, later failures are the requests' own; an unreachable one is asked
+        again after RECHECK_S)."""
+        if address in self._reached:
+            return True
+        found = self._unreachable.get(address)
+        if found is not None and time.monotonic() - found < RECHECK_S:
+            return False
+        self._worker_stub(address)
+        health = health_pb2_grpc.HealthStub(self._workers[address][0])
+        try:
+            # NOTE: an RPC that waits for the connection, not channel_ready_future: that one
+            # leaves a polling thread behind, which raises once the channel is closed.
+            health.Check(health_pb2.HealthCheckRequest(), timeout=self._worker_connect_s,
+                         wait_for_ready=True)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._unreachable.pop(address, None)
+                self._reached.add(address)
+                return True  # it answered: reachable, whatever it said
+            if found is None:
+                log.warning("worker %s is not reachable from this client (no connection in "
+                            "%g s): its requests are relayed by the scheduler; pass "
+                            "direct=False to relay from the start, or let the client reach "
+                            "the workers' advertised addresses", address, self._worker_connect_s)
+            self._unreachable[address] = time.monotonic()
+            return False
+        self._unreachable.pop(address, None)
+        self._reached.add(address)
+        return True
 
     def close(self) -> None:
         for channel, _ in self._workers.values():
@@ -215,7 +270,8 @@ class Client:
         request = build_request(prompt, **kw)
         if self.direct:
             def start(timeout_s):
-                return DirectCall(self._stub, self._worker_stub, request, timeout_s, self._metadata)
+                return DirectCall(self._stub, self._worker_stub, request, timeout_s, self._metadata,
+                                  self._relay_if_unreachable)
         else:
             def start(timeout_s):
                 return self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
