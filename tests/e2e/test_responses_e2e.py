@@ -212,3 +212,28 @@ def test_a_streamed_follow_up_through_the_sdks_stream_helper(roomy, gateway):
     assert final.usage.input_tokens_details.cached_tokens > first.usage.input_tokens
     client.responses.delete(final.id)
     assert wait_reserved_zero(roomy.address) == 0
+
+
+def test_both_apis_through_the_direct_path(roomy, tmp_path_factory):
+    import anthropic
+
+    direct = start_gateway(tmp_path_factory, roomy.address, ("--direct-to-workers",))
+    try:
+        client = openai_client(direct)
+        plain = client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=8,
+                                        temperature=0, store=False)
+        stored = client.responses.create(model=MODEL, input=FRANCE, max_output_tokens=8,
+                                         temperature=0)
+        # The same tokens whether the worker streams to the gateway or a session turn is
+        # relayed by the scheduler (sessions live there).
+        assert plain.output_text == stored.output_text
+        assert stored.model_extra["ortserve"]["session"]["kept"]
+        message = anthropic.Anthropic(base_url=f"http://{direct.address}", api_key="unused",
+                                      timeout=120).messages.create(
+            model=MODEL, max_tokens=8, messages=[{"role": "user", "content": FRANCE}],
+            extra_body={"temperature": 0})
+        assert message.content[0].text == plain.output_text
+        client.responses.delete(stored.id)
+        assert wait_reserved_zero(roomy.address) == 0
+    finally:
+        stop_service(direct)
