@@ -80,6 +80,25 @@ def test_tiny_hits_give_the_miss_s_logprobs_bit_for_bit():
     assert part_lp == want[1]
 
 
+def test_a_hit_among_decoding_sequences_gives_the_idle_miss_s_floats():
+    """The miss and the hit each join a batch of decoding rows (another row, masks as wide
+    as the longest row): the floats of the miss on an idle engine."""
+    prompt = tuple((i * 3) % 150 + 5 for i in range(200))
+    with _engine("tiny-llama", prefill_chunk_tokens=64) as engine:
+        idle = _generate(engine, "idle", prompt, 12, SEEDED, top_logprobs=4)[1]
+        engine.prefix_cache.clear()
+        done = [threading.Event() for _ in range(3)]
+        for i, d in enumerate(done):
+            engine.submit(SequenceRequest(f"bg{i}", tuple(range(100 + i, 160 + 70 * i)), 300,
+                                          sampling=SEEDED),
+                          lambda e, d=d: d.set() if isinstance(e, TERMINAL) else None)
+        miss = _generate(engine, "miss", prompt, 12, SEEDED, top_logprobs=4)
+        hit = _generate(engine, "hit", prompt, 12, SEEDED, top_logprobs=4)
+        assert all(d.wait(300) for d in done)
+    assert miss[0].cached_prompt_tokens == 0 and hit[0].cached_prompt_tokens == 192
+    assert miss[1] == idle and hit[1] == idle
+
+
 def test_a_prompt_s_floats_do_not_depend_on_how_it_is_chunked():
     """Chunks of 512, 64 and 7 tokens (the last cut leaving two, never one), with another
     sequence decoding beside the long prompt's chunks: the same logprobs."""
