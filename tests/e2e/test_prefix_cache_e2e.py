@@ -1,7 +1,9 @@
 """End to end: the automatic prefix cache through real processes (docs/prefix-cache.md).
 
 A second request sharing a 600-token prefix reports the cached tokens and
-produces the same greedy tokens as a worker with the cache off; an
+produces the same greedy tokens as a worker with the cache off; on the int4
+model a chat sent twice (a miss, then a hit) streams the same tokens, text and
+logprobs, greedy and seeded; an
 admission that needs the cache's bytes evicts and succeeds, with the
 ledger's and the worker's figures within the capacity; with two workers a
 follow-up lands on the worker holding its prefix; the gateway reports
@@ -15,8 +17,10 @@ import time
 
 import pytest
 
+from devtools.cluster import LocalCluster
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from tests.e2e.conftest import scheduler_stub, start_cluster, worker_stub
+from tests.models import prepared_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -104,6 +108,44 @@ def test_a_shared_600_token_prefix_is_cached_and_changes_no_token(cached, uncach
     assert 0 < worker.cached_bytes <= worker.capacity_bytes // 2  # the default: half
     assert worker.cached_bytes % (BLOCK * BPT) == 0
     assert all(w.cached_bytes == 0 for w in budget(uncached.address).workers)
+
+
+def _stream_chat(address: str, question: str, sampling: types_pb2.SamplingParams
+                 ) -> tuple[list[int], str, list[tuple], types_pb2.Finished]:
+    """One chat's streamed token ids, text and logprobs (every float as sent), and Finished."""
+    request = types_pb2.GenerateRequest(
+        chat=types_pb2.ChatMessages(messages=[types_pb2.ChatMessage(role="user",
+                                                                    content=question)]),
+        max_new_tokens=24, sampling=sampling, logprobs=types_pb2.LogprobsOptions(top_logprobs=3))
+    ids, text, logprobs, finished = [], "", [], None
+    for event in scheduler_stub(address).Generate(request, timeout=300):
+        if event.HasField("chunk"):
+            ids += event.chunk.token_ids
+            text += event.chunk.text
+            logprobs += [(lp.token_id, lp.logprob, tuple((t.token_id, t.logprob)
+                                                         for t in lp.top_logprobs))
+                         for lp in event.chunk.logprobs]
+        elif event.HasField("finished"):
+            finished = event.finished
+    assert finished is not None
+    return ids, text, logprobs, finished
+
+
+def test_an_int4_chat_sent_twice_answers_the_same_from_the_cache(tmp_path_factory):
+    """The same chat twice to an int4 worker: the second hits the cache (32 of its 37 prompt
+    tokens) and streams exactly what the first did, greedy and with a seeded sample."""
+    model = prepared_model_dir("smollm2-135m-instruct-int4")
+    cluster = LocalCluster(model_dir=model, log_dir=tmp_path_factory.mktemp("logs-prefix-int4"),
+                           kv_capacities=["256MiB"]).start()
+    with _stopping(cluster):
+        for sampling in (types_pb2.SamplingParams(temperature=0),
+                         types_pb2.SamplingParams(temperature=1.0, seed=4242)):
+            *miss, miss_fin = _stream_chat(cluster.address, "What is the capital of Peru?",
+                                           sampling)
+            *hit, hit_fin = _stream_chat(cluster.address, "What is the capital of Peru?",
+                                         sampling)
+            assert hit_fin.usage.cached_tokens == 32 and hit_fin.usage.prompt_tokens == 37
+            assert hit == miss  # ids, text and every logprob float
 
 
 def test_an_admission_that_needs_the_caches_bytes_evicts_and_succeeds(tmp_path_factory):

@@ -96,3 +96,31 @@ def test_the_batched_runner_restores_a_session_prefix_without_touching_the_seque
         runner.forget(fresh)
     finally:
         arena.close()
+
+
+def test_a_prefilling_row_advances_only_in_its_own_chunks(parts):
+    """In a step whose budget went elsewhere, a prompt in the middle of its prefill rides the
+    batched decode without computing a token: its prompt never runs one token at a time
+    over a past (those floats differ from its chunks')."""
+    spec, session, tokenizer = parts
+    arena = KVArena(spec, max_rows=2, capacity_bytes=2**24)
+    pool = KVPool(arena, 2**24)
+    runner: Runner = BatchedModelRunner(session, spec, arena, max_chunk_tokens=64)
+    try:
+        decoding, prefilling = sequence(spec, tokenizer, "d", (3, 4)), sequence(spec, tokenizer, "p")
+        for seq in (decoding, prefilling):
+            seq.charged(pool.allocate(seq.req.max_tokens))
+        out = runner.run(StepPlan(prefills=(PrefillChunk(decoding, 2), PrefillChunk(prefilling, 5))))
+        decoding.computed(2)
+        decoding.token_ids.append(7)  # its first sampled token
+        prefilling.computed(out.steps["p"].computed_tokens)
+        out = runner.run(StepPlan(decodes=(decoding,)))
+        assert out.steps["d"].computed_tokens == 1 and out.steps["d"].logits is not None
+        assert "p" not in out.steps  # nothing computed, nothing to apply
+        assert arena.written_tokens(1) == 5
+        # Alone and mid-prompt with no chunk this step: no run at all.
+        runner.forget(decoding)
+        runs = runner.batch.runs
+        assert runner.run(StepPlan()).steps == {} and runner.batch.runs == runs
+    finally:
+        arena.close()

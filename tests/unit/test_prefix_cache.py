@@ -62,7 +62,7 @@ def test_chain_hashes_key_every_token_before_a_block():
     assert prefix_hash.chain_hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4, max_blocks=1) == a[:1]
 
 
-def test_lookup_finds_the_longest_block_prefix_and_leaves_a_token_to_prefill():
+def test_lookup_finds_the_longest_block_prefix_and_leaves_two_tokens_to_prefill():
     pool, cache = _cache(1024, 512)
     _fill(cache, list(range(12)))  # 3 blocks
     assert len(cache) == 3 and cache.cached_bytes() == 96
@@ -74,6 +74,11 @@ def test_lookup_finds_the_longest_block_prefix_and_leaves_a_token_to_prefill():
     cache.release(hit)
     assert cache.lookup([5, *range(1, 12)]) is None
     assert cache.stats.hit_tokens == 16 and cache.stats.lookups == 3
+    # Two whole blocks and one token: the second block is left, so the run after the hit
+    # is never one token over a past (a miss computes that token in a longer run).
+    hit = cache.lookup([*range(8), 99])
+    assert hit is not None and hit.tokens == 4
+    cache.release(hit)
 
 
 def test_a_charge_that_needs_the_caches_bytes_evicts_lru_first():
@@ -95,9 +100,9 @@ def test_a_charge_that_needs_the_caches_bytes_evicts_lru_first():
 def test_pinned_blocks_are_never_evicted_and_their_charge_covers_them():
     pool, cache = _cache(128, 128)
     _fill(cache, [3] * 12)  # 3 blocks, 96 bytes
-    hit = cache.lookup([3] * 13)  # pins all three
+    hit = cache.lookup([3] * 14)  # pins all three
     assert hit is not None and hit.tokens == 12
-    allocation = pool.allocate(13)  # the hit's own charge: 4 blocks = 128 bytes
+    allocation = pool.allocate(14)  # the hit's own charge: 4 blocks = 128 bytes
     _invariant(pool, cache)
     assert cache.cached_bytes() == 96  # pinned: held beside a charge that covers them
     with pytest.raises(CapacityExceeded):

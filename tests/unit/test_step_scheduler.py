@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker_service.core.step_scheduler import StepScheduler
+from worker_service.core.step_scheduler import StepScheduler, prompt_chunk_tokens
 
 
 @dataclass(eq=False)
@@ -125,6 +125,38 @@ def test_max_batch_bounds_the_decode_run():
     assert len(run_step(scheduler).decodes) == 3
 
 
-def test_a_zero_token_budget_is_refused():
-    with pytest.raises(ValueError, match="max_prefill_tokens"):
-        StepScheduler(max_prefill_tokens=0)
+def test_a_budget_below_three_tokens_is_refused():
+    for budget in (0, 2):
+        with pytest.raises(ValueError, match="max_prefill_tokens must be >= 3"):
+            StepScheduler(max_prefill_tokens=budget)
+
+
+def test_no_prompt_run_over_a_past_is_one_token():
+    """A cut that would leave one token leaves two; a budget that fits one token over a
+    past waits (one-token runs over a past compute other floats than longer runs)."""
+    scheduler = StepScheduler(max_prefill_tokens=16)
+    long = FakeSeq(prompt_tokens=33)
+    scheduler.add(long)
+    chunks = []
+    while long.in_prefill:
+        chunks += [c.num_tokens for c in run_step(scheduler).prefills]
+    assert chunks == [16, 15, 2]
+    assert prompt_chunk_tokens(FakeSeq(prompt_tokens=9, num_computed_tokens=5), 1) == 0
+    assert prompt_chunk_tokens(FakeSeq(prompt_tokens=9, num_computed_tokens=5), 3) == 2
+    assert prompt_chunk_tokens(FakeSeq(prompt_tokens=9), 1) == 1  # no past: a first prompt
+    assert prompt_chunk_tokens(FakeSeq(prompt_tokens=2), 1) == 0  # it would leave one
+    # A session turn that reuses all but one token: nothing better exists, it runs.
+    assert prompt_chunk_tokens(FakeSeq(prompt_tokens=9, num_computed_tokens=8), 16) == 1
+
+
+def test_a_waiting_sequence_the_rest_of_the_budget_would_cut_badly_waits_its_turn():
+    scheduler = StepScheduler(max_prefill_tokens=16)
+    first, hit = FakeSeq(prompt_tokens=15), FakeSeq(prompt_tokens=40, num_computed_tokens=32)
+    behind = FakeSeq(prompt_tokens=1)
+    for seq in (first, hit, behind):
+        scheduler.add(seq)
+    plan = run_step(scheduler)  # one token of budget left: the hit would run one over a past
+    assert [(c.seq, c.num_tokens) for c in plan.prefills] == [(first, 15)]
+    assert list(scheduler.waiting) == [hit, behind]  # FIFO: nobody passes it
+    plan = run_step(scheduler)
+    assert [(c.seq, c.num_tokens) for c in plan.prefills] == [(hit, 8), (behind, 1)]

@@ -11,6 +11,13 @@ A chunk over a past runs batch 1 (GQA's limit); the first chunks of sequences
 that hold nothing yet (`PrefillChunk.first`) may share one run, right-padded
 to the longest: `first_chunk_groups` says which run together, so a burst of
 requests does not queue one prefill run per prompt.
+
+A chunk over a past is never one token when the prompt has more to run
+(`prompt_chunk_tokens`): a one-token run over a past takes ORT's token-generation
+kernels, whose floats differ from the same token's inside a longer run, while
+runs of two or more tokens give the same bits however a prompt is cut. So a
+prompt's K/V and logits do not depend on where its chunks, or a prefix cache
+hit, cut it (docs/prefix-cache.md, "A hit is exact").
 """
 
 from __future__ import annotations
@@ -69,8 +76,10 @@ class StepScheduler:
     def __init__(self, max_prefill_tokens: int = 512, max_batch: int | None = None,
                  can_start: Callable[[Schedulable, list[Schedulable]], bool] =
                  lambda seq, starting: True) -> None:
-        if max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        if max_prefill_tokens < MIN_PREFILL_BUDGET_TOKENS:
+            raise ValueError(f"max_prefill_tokens must be >= {MIN_PREFILL_BUDGET_TOKENS} (a "
+                             "step's budget must fit a prompt run of two tokens after a cut "
+                             f"that leaves two), got {max_prefill_tokens}")
         self.max_prefill_tokens = max_prefill_tokens
         self.max_batch = max_batch  # None: every decoding sequence in one run
         # Whether a sequence can start now besides those starting in the same step (e.g. a
@@ -103,20 +112,45 @@ class StepScheduler:
             if budget == 0:
                 break
             if seq.in_prefill:
-                n = min(seq.num_pending_tokens, budget)
-                chunks.append(PrefillChunk(seq, n))
-                budget -= n
+                n = prompt_chunk_tokens(seq, budget)
+                if n:
+                    chunks.append(PrefillChunk(seq, n))
+                    budget -= n
         # FIFO: a waiting sequence that cannot start blocks the ones behind it,
         # so a large request is not overtaken forever by small ones.
         starting: list[Schedulable] = []
         while budget > 0 and self.waiting and self._can_start(self.waiting[0], starting):
+            n = prompt_chunk_tokens(self.waiting[0], budget)
+            if not n:
+                break  # what is left of the budget cuts its prompt badly: next step
             seq = self.waiting.popleft()
             self.running.append(seq)
             starting.append(seq)
-            n = min(seq.num_pending_tokens, budget)
             chunks.append(PrefillChunk(seq, n, first=seq.num_computed_tokens == 0))
             budget -= n
         return StepPlan(decodes=tuple(decodes), prefills=tuple(chunks))
+
+
+# One token of budget more than the two a run over a past needs: a budget of b >= 3 always
+# advances the first prompt in line (b tokens, or b - 1 leaving two, or all it has left).
+MIN_PREFILL_BUDGET_TOKENS = 3
+
+
+def prompt_chunk_tokens(seq: Schedulable, budget: int) -> int:
+    """How many of the sequence's pending prompt tokens to run now within `budget`; 0: none.
+
+    Neither this run nor the prompt's last may be one token over a past (see the module
+    docstring): a cut that would leave one token leaves two, and a one-token run over a
+    past waits for a budget that fits more. The one exception is a prompt with one token
+    left in all (a session turn that reuses all but its last token): it runs.
+    """
+    pending = seq.num_pending_tokens
+    n = min(pending, budget)
+    if pending - n == 1:
+        n -= 1
+    if n == 1 and seq.num_computed_tokens > 0 and pending > 1:
+        return 0
+    return n
 
 
 def first_chunk_groups(lengths: list[int], room_tokens: list[int], max_padded_tokens: int,

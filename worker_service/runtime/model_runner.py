@@ -138,10 +138,11 @@ class BatchedModelRunner:
     """Every running sequence is a row of one row store; a step is ONE batched run over all
     rows, then the prompt chunks batch 1. Engine thread only.
 
-    In the batched run a decoding row feeds its last sampled token and a
-    prefilling row its next prompt token: both are "compute the next pending
-    token", so rows never need reordering, and a prompt advances a token even
-    in steps whose chunk budget went to another.
+    A prefilling row rides along in the batched run inactive (it writes scratch that
+    its next chunk overwrites), so rows never need reordering; its prompt tokens
+    run only in its chunks, never one at a time over a past, whose floats differ
+    (core/step_scheduler.py): a prompt computes the same K/V and logits whether it
+    started from a prefix cache hit or from nothing.
     """
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
@@ -193,18 +194,22 @@ class BatchedModelRunner:
                                       len(resume.tokens))
                 restored.append(seq)
         rows = list(self._by_row)
-        decoded = not rows
-        if rows:
+        active = [not seq.in_prefill for seq in rows]
+        decoded = not any(active)
+        if not decoded:
             past = [seq.num_computed_tokens for seq in rows]
             try:
                 logits = self.batch.decode(len(rows), past,
-                                           [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)])
+                                           [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
+                                           active)
             except Exception as exc:  # the run was shared: every row in it failed
                 for seq in rows:
                     out.step_of(seq).error = exc
             else:
                 decoded = True
                 for b, seq in enumerate(rows):
+                    if not active[b]:
+                        continue
                     step = out.step_of(seq)
                     step.computed_tokens = 1
                     if past[b] + 1 == len(seq.token_ids):
@@ -214,7 +219,7 @@ class BatchedModelRunner:
         # First chunks: new rows after the decoded ones, one run per group (after the
         # decode, so the decoding streams' step is not delayed by them).
         self._run_first_chunks(out, first)
-        if decoded:  # chunks over a past: batch 1, after the decode that took their first token
+        if decoded:  # chunks over a past: batch 1, after the decode (a failed one failed them)
             for chunk in plan.prefills:
                 if not any(chunk is c for c in first):
                     self._prefill(out, chunk.seq, chunk.num_tokens)
@@ -295,7 +300,10 @@ class BatchedModelRunner:
         if cache is None or seq not in self._by_row:
             return []
         row = self._by_row.index(seq)
-        held = min(self.store.written_tokens(row), seq.num_computed_tokens)
+        # Prompt tokens only: generated ones were computed one at a time over a past, whose
+        # floats differ from a prefill's, and a later prompt that hit them would not get
+        # the K/V its miss computes (docs/prefix-cache.md, "A hit is exact").
+        held = min(self.store.written_tokens(row), seq.num_computed_tokens, seq.req.prompt_tokens)
         new = []
         for index, key in cache.missing(seq.token_ids[:held]):
             block = cache.insert_pinned(key, index, self.store.export_block(row, index))

@@ -33,6 +33,10 @@ from ortserve import prefix_hash
 from ortserve.prefix_hash import SUMMARY_DEPTH_BLOCKS, SUMMARY_MAX_HASHES
 from worker_service.runtime.kv_pool import KVPool
 
+# Prompt tokens a hit leaves to prefill: two, so the run after the copied blocks is the run
+# a miss makes there, never a one-token run over a past (core/step_scheduler.py).
+MIN_PREFILL_TOKENS = 2
+
 
 @dataclass(eq=False)
 class CachedBlock:
@@ -115,10 +119,11 @@ class PrefixCache:
     # --- a sequence starts: lookup --------------------------------------------
 
     def lookup(self, prompt_ids: Sequence[int]) -> CachedPrefix | None:
-        """Pin the longest cached block prefix of the prompt, leaving at least its last token
-        to prefill (its logits give the first new token); None on a miss."""
+        """Pin the longest cached block prefix of the prompt, leaving at least its last two
+        tokens to prefill (its logits give the first new token, and a one-token run over a
+        past would compute other floats than the miss's longer run); None on a miss."""
         bt = self.block_tokens
-        usable = (len(prompt_ids) - 1) // bt
+        usable = max(len(prompt_ids) - MIN_PREFILL_TOKENS, 0) // bt
         hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable)
         with self._lock:
             self.stats.lookups += 1
