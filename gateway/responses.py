@@ -33,6 +33,15 @@ DECISION_HEADER = "X-Ortserve-Decision"
 # An RFC 8941 dictionary: requested_max_tokens=N, admitted_max_tokens=N,
 # requested_bytes=N, admitted_bytes=N.
 CAP_HEADER = "X-Ortserve-Budget-Cap"
+# Which ceiling applied, as an RFC 8941 dictionary: max_tokens=N, source=request |
+# server_default | context_window (max_tokens: the admitted ceiling, after any cap).
+MAX_TOKENS_HEADER = "X-Ortserve-Max-Tokens"
+# Admission.max_new_tokens_source in the body's and the header's words.
+MAX_TOKENS_SOURCE = {
+    types_pb2.MAX_NEW_TOKENS_FROM_REQUEST: "request",
+    types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: "server_default",
+    types_pb2.MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: "context_window",
+}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 _CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
 _ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
@@ -65,6 +74,9 @@ def admission_extension(adm: types_pb2.Admission) -> dict:
         "model": adm.model,  # the model that answers, as the scheduler resolved it
         "prompt_tokens": adm.prompt_tokens,
         "max_new_tokens": adm.max_new_tokens,
+        # Where the ceiling came from: the request's max_tokens, the server's default
+        # (--default-max-new-tokens) or the remaining context window.
+        "max_new_tokens_source": MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source),
         "reserved_bytes": adm.reserved_bytes,
         "budget_cap": budget_cap_dict(adm.budget_cap) if adm.HasField("budget_cap") else None,
     }
@@ -91,6 +103,9 @@ def finished_extension(fin: types_pb2.Finished) -> dict:
 
 def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
     headers = {DECISION_HEADER: types_pb2.Decision.Name(adm.decision)}
+    source = MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source)
+    if source:
+        headers[MAX_TOKENS_HEADER] = f"max_tokens={adm.max_new_tokens}, source={source}"
     if adm.HasField("budget_cap"):
         cap = adm.budget_cap
         headers[CAP_HEADER] = (f"requested_max_tokens={cap.requested_max_new_tokens}, "
@@ -108,6 +123,8 @@ def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]
         return admission_headers(admissions[0])
     headers = {DECISION_HEADER: ", ".join(types_pb2.Decision.Name(a.decision)
                                           for a in admissions)}
+    if MAX_TOKENS_HEADER in (first := admission_headers(admissions[0])):
+        headers[MAX_TOKENS_HEADER] = first[MAX_TOKENS_HEADER]  # choice 0's (the same rule for all)
     for index, adm in enumerate(admissions):
         if adm.HasField("budget_cap"):
             headers[CAP_HEADER] = f"choice={index}, " + admission_headers(adm)[CAP_HEADER]

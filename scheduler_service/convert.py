@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ortserve.v1 import scheduler_pb2, types_pb2
 from ortserve.version import package_version
 from scheduler_service.ledger.ledger import (
@@ -11,6 +13,7 @@ from scheduler_service.ledger.ledger import (
     Cause,
     Decision,
     Lease,
+    NewTokensSource,
     Rejection,
     WorkerGeometry,
     WorkerSnapshot,
@@ -26,11 +29,14 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
-                      model: str = "", prompt_ids: list[int] | None = None) -> AdmissionRequest:
+                      model: str = "", prompt_ids: list[int] | None = None,
+                      default_max_new_tokens: int | None = None) -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
     `prompt_ids`: its token ids when counted (placement follows the prefix caches).
+    `default_max_new_tokens`: the server's ceiling for that model when the request sets
+    none (None: the remaining window).
     """
     return AdmissionRequest(
         request_id=request.request_id,
@@ -40,6 +46,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         strict=request.cap_policy == types_pb2.CAP_POLICY_STRICT,
         model=model,
         prompt_ids=tuple(prompt_ids or ()),
+        default_max_new_tokens=default_max_new_tokens,
     )
 
 
@@ -53,7 +60,10 @@ def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
 
 
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
-    return BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS})
+    cap = BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS if name != "requested_source"})
+    if pb.requested_source:  # unset: a lease from a scheduler older than the field
+        cap = replace(cap, requested_source=NewTokensSource(pb.requested_source))
+    return cap
 
 
 def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
@@ -93,6 +103,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         reserved_bytes=admission.reserved_bytes,
         dry_run=admission.dry_run,
         queue_wait_ms=admission.queue_wait_s * 1e3,
+        max_new_tokens_source=admission.max_new_tokens_source or 0,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id

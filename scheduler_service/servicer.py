@@ -129,6 +129,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
         model = self._model(request.model)  # before any worker is asked anything
+        default = self._config.default_max_new_tokens.for_model(model)
         prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
             n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
@@ -140,14 +141,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if prompt.window_refusal is not None:
             # The ledger decides this refusal too (never reserving), so it is a REJECTED with
             # its Rejection, counted, and Admit's answer, exactly as for a token-id prompt.
-            domain = convert.admission_request(request, prompt.window_refused_tokens, model)
+            domain = convert.admission_request(request, prompt.window_refused_tokens, model,
+                                               default_max_new_tokens=default)
             admission = self._ledger.admit(domain, dry_run=True)
             rejection = admission.rejection
             if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
             return replace(admission, dry_run=dry_run), []
         domain = convert.admission_request(request, len(prompt.token_ids), model,
-                                           prompt_ids=prompt.token_ids)
+                                           prompt_ids=prompt.token_ids,
+                                           default_max_new_tokens=default)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:

@@ -24,6 +24,13 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPPED: _ClassVar[Decision]
     REJECTED: _ClassVar[Decision]
 
+class MaxNewTokensSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MAX_NEW_TOKENS_SOURCE_UNSPECIFIED: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_REQUEST: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: _ClassVar[MaxNewTokensSource]
+
 class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REJECTION_CAUSE_UNSPECIFIED: _ClassVar[RejectionCause]
@@ -57,6 +64,10 @@ DECISION_UNSPECIFIED: Decision
 ADMITTED: Decision
 CAPPED: Decision
 REJECTED: Decision
+MAX_NEW_TOKENS_SOURCE_UNSPECIFIED: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_REQUEST: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: MaxNewTokensSource
 REJECTION_CAUSE_UNSPECIFIED: RejectionCause
 CONTEXT_LENGTH_EXCEEDED: RejectionCause
 EXCEEDS_CAPACITY: RejectionCause
@@ -221,7 +232,7 @@ class ConstraintResult(_message.Message):
     def __init__(self, satisfied: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
-    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason")
+    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "requested_source")
     REQUESTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_WAS_UNSET_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +244,7 @@ class BudgetCap(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
     requested_max_new_tokens: int
     admitted_max_new_tokens: int
     requested_was_unset: bool
@@ -244,7 +256,8 @@ class BudgetCap(_message.Message):
     prompt_tokens: int
     worker_id: str
     reason: str
-    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    requested_source: MaxNewTokensSource
+    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., requested_source: _Optional[_Union[MaxNewTokensSource, str]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms")
@@ -293,7 +306,7 @@ class Rejection(_message.Message):
     def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ...) -> None: ...
 
 class Admission(_message.Message):
-    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model")
+    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model", "max_new_tokens_source")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +321,7 @@ class Admission(_message.Message):
     QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     request_id: str
     lease_id: str
@@ -322,7 +336,8 @@ class Admission(_message.Message):
     queue_wait_ms: float
     lease_secret: str
     model: str
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    max_new_tokens_source: MaxNewTokensSource
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ..., max_new_tokens_source: _Optional[_Union[MaxNewTokensSource, str]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s")

@@ -296,9 +296,11 @@ class SessionRPCs:
                 held = self._ledger.lease(session.lease_id)
                 before_bytes = held.reserved_bytes if held is not None else 0
                 admission = None
-                async with aclosing(self._admit_turn(session, inner,
-                                                     convert.admission_request(full, len(ids), full.model),
-                                                     context, bound)) as news:
+                domain = convert.admission_request(
+                    full, len(ids), full.model,
+                    default_max_new_tokens=self._config.default_max_new_tokens.for_model(full.model))
+                async with aclosing(self._admit_turn(session, inner, domain, context,
+                                                     bound)) as news:
                     async for item in news:
                         if isinstance(item, Place):
                             yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))

@@ -20,10 +20,21 @@ class BudgetCap:
     prompt_tokens: int
     worker_id: str
     reason: str
+    # Where requested_max_new_tokens came from: "request", "server_default" or
+    # "context_window" ("" from a scheduler that does not say).
+    requested_source: str = ""
 
     @classmethod
     def from_pb(cls, pb: types_pb2.BudgetCap) -> BudgetCap:
-        return cls(**{f: getattr(pb, f) for f in cls.__dataclass_fields__})
+        fields = {f: getattr(pb, f) for f in cls.__dataclass_fields__ if f != "requested_source"}
+        return cls(**fields, requested_source=max_tokens_source(pb.requested_source))
+
+
+def max_tokens_source(value: int) -> str:
+    """A MaxNewTokensSource as a word: request, server_default, context_window; "" unset."""
+    if not value:
+        return ""
+    return types_pb2.MaxNewTokensSource.Name(value).removeprefix("MAX_NEW_TOKENS_FROM_").lower()
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class Admission:
     # Admit's proof of holding the lease (Client.release needs it); kept out of repr and logs.
     lease_secret: str = field(default="", repr=False)
     model: str = ""  # the model that answers (the request's, resolved); empty when REJECTED
+    # Where max_new_tokens came from: "request", "server_default", "context_window"; "" when
+    # REJECTED (or from a scheduler that does not say).
+    max_new_tokens_source: str = ""
 
     @classmethod
     def from_pb(cls, pb: types_pb2.Admission) -> Admission:
@@ -56,6 +70,7 @@ class Admission:
             budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
             rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
             queue_wait_ms=pb.queue_wait_ms, lease_secret=pb.lease_secret, model=pb.model,
+            max_new_tokens_source=max_tokens_source(pb.max_new_tokens_source),
         )
 
 
