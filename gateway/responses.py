@@ -26,6 +26,7 @@ FINISH_REASON = {
     types_pb2.LENGTH: "length",
     types_pb2.EOS: "stop",
     types_pb2.STOP_SEQUENCE: "stop",
+    types_pb2.STOP_TOKEN: "stop",  # one of stop_token_ids (ortserve.finished.stop_token_id)
     # response_format's output is complete: the end OpenAI calls "stop".
     types_pb2.CONSTRAINT_COMPLETE: "stop",
 }
@@ -88,6 +89,7 @@ def finished_extension(fin: types_pb2.Finished) -> dict:
     return {
         "finish_reason": types_pb2.FinishReason.Name(fin.finish_reason),
         "stop_sequence": fin.stop_sequence,
+        "stop_token_id": fin.stop_token_id if fin.finish_reason == types_pb2.STOP_TOKEN else None,
         "budget_cap": budget_cap_dict(fin.budget_cap) if fin.HasField("budget_cap") else None,
         "sampling": sampling_dict(fin.sampling),
         "worker_id": fin.worker_id,

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from ortserve.v1 import types_pb2
 
-from . import tools
+from . import tools, vllm_keys
 from .messages import set_chat
 from .param_error import ParamError
 
@@ -43,7 +43,7 @@ Kind = Literal["chat", "completion"]
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "temperature",
            "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
            "min_tokens", "top_k", "min_p", "repetition_penalty", "cap_policy",
-           "max_queue_wait_ms"}
+           "max_queue_wait_ms"} | vllm_keys.KEYS  # vLLM's further keys: gateway/vllm_keys.py
 # Keys that do not affect generation: accepted as labels (type-checked, then unused).
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
                                                "service_tier": str}
@@ -86,6 +86,10 @@ class ParsedRequest:
     resolved: Mapping[str, str] | None = None
     # Tools offered and tool_choice not "none": each choice's output is parsed for calls.
     tool_calls: bool = False
+    # vLLM's include_stop_str_in_output: the stop sequence matched ends the text.
+    include_stop_str: bool = False
+    # vLLM's stream_options.continuous_usage_stats: usage on every streamed chunk.
+    continuous_usage: bool = False
 
     @property
     def logprobs(self) -> bool:
@@ -132,14 +136,16 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req.stop.extend(_stop_list(params.get("stop")))
     _set_response_format(req, params.get("response_format"))
     calls = kind == "chat" and tools.set_tools(req, params)
+    include_stop = vllm_keys.apply(req, params)  # after response_format and tools: one constraint
     policy = params.get("cap_policy", "allow")
     if policy not in _CAP_POLICIES:
         raise ParamError("cap_policy", f"must be one of {', '.join(_CAP_POLICIES)}, not "
                          f"{policy!r}")
     req.cap_policy = _CAP_POLICIES[policy]
     stream = _bool(params, "stream", False)
-    return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
-                         resolved or None, calls)
+    include_usage, continuous = _usage_options(params, stream)
+    return ParsedRequest(kind, model, stream, include_usage, req, n, resolved or None, calls,
+                         include_stop, continuous)
 
 
 def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
@@ -337,16 +343,26 @@ def _stop_list(stop: object) -> list[str]:
     raise ParamError("stop", "must be a string or a list of strings")
 
 
-def _include_usage(params: Mapping[str, Any], stream: bool) -> bool:
+def _usage_options(params: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
+    """stream_options: (include_usage, continuous_usage_stats)."""
     options = params.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise ParamError("stream_options", "is only allowed when stream is true")
-    if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
-        raise ParamError("stream_options", "only {'include_usage': bool} is supported",
+    if not isinstance(options, Mapping) or set(options) - {"include_usage",
+                                                           "continuous_usage_stats"}:
+        raise ParamError("stream_options", "only {'include_usage': bool, "
+                         "'continuous_usage_stats': bool} are supported",
                          code="unsupported_parameter")
-    return _bool(options, "include_usage", False, where="stream_options.include_usage")
+    include = _bool(options, "include_usage", False, where="stream_options.include_usage")
+    continuous = _bool(options, "continuous_usage_stats", False,
+                       where="stream_options.continuous_usage_stats")
+    if continuous and not include:
+        # vLLM sends the per-chunk usage only with include_usage: alone it changes nothing.
+        raise ParamError("stream_options.continuous_usage_stats", "needs include_usage: true "
+                         "(as in vLLM, where it alone adds nothing)")
+    return include, continuous
 
 
 def _is_int(value: object) -> bool:

@@ -29,6 +29,7 @@ MAX_WORKER_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 16
 MAX_CHAT_MESSAGES = 1_024
 # A chunk at least this often: a longer hold would read as a stalled stream.
 MAX_STREAM_INTERVAL_MS = 10_000
@@ -64,6 +65,8 @@ def generate_request(request: Any, prefix: str = "") -> None:
     """
     request_shape(request, prefix)
     stop_sequences(request.stop, prefix)
+    stop_tokens(request.stop_token_ids, request.ignore_eos,
+                request.HasField("constraint"), prefix)
     new_tokens(request.max_new_tokens if request.HasField("max_new_tokens") else None,
                request.min_new_tokens, prefix)
     sampling(**sampling_values(request.sampling), prefix=prefix)
@@ -175,6 +178,27 @@ def stop_sequences(stop: Sequence[str], prefix: str = "") -> None:
             raise InvalidField(prefix + f"stop[{i}]", "is empty: an empty stop sequence would "
                                "stop at once; remove it")
         bounded(prefix + f"stop[{i}]", text, MAX_STOP_CHARS)
+
+
+def stop_tokens(stop_token_ids: Sequence[int], ignore_eos: bool, constrained: bool,
+                prefix: str = "") -> None:
+    """At most MAX_STOP_TOKEN_IDS stop ids; ignore_eos not with a constraint (a constraint
+    ends with EOS once complete, so ignoring EOS would leave it nothing to generate)."""
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidField(prefix + "stop_token_ids", f"has {len(stop_token_ids):,} ids, more "
+                           f"than {MAX_STOP_TOKEN_IDS}; send fewer", count=len(stop_token_ids))
+    if ignore_eos and constrained:
+        raise InvalidField(prefix + "ignore_eos", "cannot be combined with a constraint: a "
+                           "constrained output ends with EOS once complete; drop one of them")
+
+
+def stop_token_ids_in_vocab(token_ids: Iterable[int], vocab_size: int, prefix: str = "") -> None:
+    """Every stop token id is in [0, vocab_size): one outside could never be generated."""
+    for token in token_ids:
+        if not 0 <= token < vocab_size:
+            raise InvalidField(prefix + "stop_token_ids", f"token id {token:,} is outside the "
+                               f"model's vocabulary [0, {vocab_size:,}); send ids from this "
+                               "model's tokenizer", token_id=token, vocab_size=vocab_size)
 
 
 def prompt_tokens(count: int, prefix: str = "") -> None:

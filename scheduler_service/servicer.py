@@ -101,6 +101,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     request_rules.token_ids_in_vocab(ids, vocab)
                     # The worker's Tokenize would check it; this path skips that call.
                     request_rules.logit_bias_in_vocab(request.sampling.logit_bias, vocab)
+                    request_rules.stop_token_ids_in_vocab(request.stop_token_ids, vocab)
                 return _Prompt(ids, known=True)
         if not snapshot:
             return "no worker registered"

@@ -48,6 +48,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EOS: _ClassVar[FinishReason]
     STOP_SEQUENCE: _ClassVar[FinishReason]
     CONSTRAINT_COMPLETE: _ClassVar[FinishReason]
+    STOP_TOKEN: _ClassVar[FinishReason]
 
 class SessionKVState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -80,6 +81,7 @@ LENGTH: FinishReason
 EOS: FinishReason
 STOP_SEQUENCE: FinishReason
 CONSTRAINT_COMPLETE: FinishReason
+STOP_TOKEN: FinishReason
 SESSION_KV_STATE_UNSPECIFIED: SessionKVState
 SESSION_EMPTY: SessionKVState
 SESSION_BUSY: SessionKVState
@@ -168,7 +170,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "ignore_eos", "stop_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +185,8 @@ class GenerateRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -197,7 +201,9 @@ class GenerateRequest(_message.Message):
     constraint: Constraint
     logprobs: LogprobsOptions
     stream_interval_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -428,7 +434,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint")
+    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint", "stop_token_id")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -439,6 +445,7 @@ class Finished(_message.Message):
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     stop_sequence: str
     usage: Usage
@@ -449,7 +456,8 @@ class Finished(_message.Message):
     execution_provider: str
     session: SessionInfo
     constraint: ConstraintResult
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ...) -> None: ...
+    stop_token_id: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "requests_ahead", "bytes_ahead", "needed_bytes", "waited_ms", "max_wait_ms", "queue_length")
