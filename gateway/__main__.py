@@ -55,6 +55,13 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="the shortest time between two streamed chunks, for every request (the "
                         "tokens meanwhile leave as one SSE event: fewer messages; the first "
                         "token never waits); 0: every token as it comes; at most 10,000")
+    p.add_argument("--reasoning-parser", choices=("auto", "none"),
+                   default=_env(p, "reasoning_parser", d.reasoning_parser,
+                                choices=("auto", "none")),
+                   help="chat answers of a model whose chat template writes reasoning "
+                        "(<think>...</think>): auto splits them into reasoning_content and "
+                        "content; none leaves the tags in content (env "
+                        "ORTSERVE_GATEWAY_REASONING_PARSER)")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):
@@ -90,7 +97,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          stream_interval_ms=a.stream_interval_ms, worker_tls_ca=a.worker_tls_ca,
                          worker_tls_cert=a.worker_tls_cert, worker_tls_key=a.worker_tls_key,
                          log_level=a.log_level, log_json=a.log_json,
-                         otlp_traces_endpoint=a.otlp_traces_endpoint)
+                         otlp_traces_endpoint=a.otlp_traces_endpoint,
+                         reasoning_parser=a.reasoning_parser)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
 from .logprobs_json import ChoiceLogprobs
 from .metrics import HttpMetrics, MetricsMiddleware
+from .reasoning_split import ChoiceReasoning
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
 
@@ -75,7 +76,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate("chat", request, upstream, workers, config.stream_interval_ms)
+        return await _generate("chat", request, upstream, workers, config.stream_interval_ms,
+                               config.reasoning_parser)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -160,8 +162,8 @@ def _parsed(parse, body: object):
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
-                    stream_interval_ms: int = 0):
-    parsed = _parse(kind, await _json_body(request))
+                    stream_interval_ms: int = 0, reasoning_parser: str = "auto"):
+    parsed = replace(_parse(kind, await _json_body(request)), reasoning_mode=reasoning_parser)
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
@@ -230,11 +232,16 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
+    splits = [ChoiceReasoning.for_choice(meta.kind, s.admission, parsed.reasoning_mode)
+              for s in streams]
     try:
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
-                texts[index].append(event.chunk.text)
+                text = event.chunk.text
+                if splits[index] is not None:
+                    text = splits[index].feed(text, len(event.chunk.token_ids))[1]
+                texts[index].append(text)
                 if logprobs[index] is not None:
                     logprobs[index].add(event.chunk.logprobs)
             elif kind == "finished":
@@ -246,12 +253,23 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
     if any(f is None for f in finished):
         raise HttpError(502, "the stream ended without a Finished event", "server_error",
                         "bad_upstream_stream")
+    for i, split in enumerate(splits):
+        if split is not None:
+            texts[i].append(split.close()[1])
     whole = ["".join(t) + _stop_text(parsed, f) for t, f in zip(texts, finished, strict=True)]
     return responses.choices_response(meta, [
         responses.Choice(whole[i], s.admission, finished[i],
                          logprobs[i].whole() if logprobs[i] is not None else None,
-                         tools.ToolCallChoice().message(whole[i]) if parsed.tool_calls else None)
+                         tools.ToolCallChoice().message(whole[i]) if parsed.tool_calls else None,
+                         splits[i].reasoning if splits[i] is not None else None,
+                         splits[i].tokens if splits[i] is not None else None)
         for i, s in enumerate(streams)], parsed.resolved)
+
+
+def _reasoning_tokens(splits: list[ChoiceReasoning | None]) -> int | None:
+    """The choices' reasoning tokens summed; None when no choice splits reasoning."""
+    counted = [s.tokens for s in splits if s is not None]
+    return sum(counted) if counted else None
 
 
 def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
@@ -293,6 +311,9 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     calls = [tools.ToolCallChoice() if parsed.tool_calls else None for _ in streams]
     # continuous_usage_stats: every chunk carries its choice's usage so far (vLLM's shape).
     generated = [0] * len(streams)
+    # A reasoning model's chat: its reasoning goes out as reasoning_content deltas.
+    splits = [ChoiceReasoning.for_choice(meta.kind, s.admission, parsed.reasoning_mode)
+              for s in streams]
 
     def out(chunk: dict, index: int) -> dict:
         if parsed.continuous_usage:
@@ -312,24 +333,38 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                 generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)
+                text = event.chunk.text
+                if splits[index] is not None and text:
+                    thought, text = splits[index].feed(text, len(event.chunk.token_ids))
+                    if thought:
+                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                                                        usage, index,
+                                                        lp.take() if lp is not None else None),
+                                  index)
                 # An empty chunk is a character still incomplete: nothing to show yet
                 # (its logprobs wait for the chunk that shows its text).
-                if event.chunk.text and calls[index] is not None:
-                    for chunk in _tool_chunks(meta, calls[index], event.chunk.text, usage,
+                if text and calls[index] is not None:
+                    for chunk in _tool_chunks(meta, calls[index], text, usage,
                                               index, lp, emit=out):
                         yield chunk
-                elif event.chunk.text:
+                elif text:
                     if lp is None and not parsed.continuous_usage:
                         # Bytes go out as they are: the SSE line, without an event object per token.
-                        yield b"data: " + text_json[index](event.chunk.text).encode() + b"\n\n"
+                        yield b"data: " + text_json[index](text).encode() + b"\n\n"
                     else:
-                        yield out(responses.text_chunk(meta, event.chunk.text, usage, index,
+                        yield out(responses.text_chunk(meta, text, usage, index,
                                                        lp.take() if lp is not None else None),
                                   index)
             elif kind == "finished":
                 finished[index] = event.finished
                 generated[index] = event.finished.usage.generated_tokens
                 stop_text = _stop_text(parsed, event.finished)
+                if splits[index] is not None:
+                    thought, rest = splits[index].close()
+                    if thought:
+                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                                                        usage, index), index)
+                    stop_text = rest + stop_text
                 called = False
                 if calls[index] is not None:
                     for chunk in _tool_chunks(meta, calls[index], stop_text, usage, index, lp,
@@ -342,7 +377,7 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                                                 lp.take() if lp is not None else None,
                                                 called), index)
         if usage:
-            yield _data(responses.usage_chunk(meta, finished))
+            yield _data(responses.usage_chunk(meta, finished, _reasoning_tokens(splits)))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
         # The headers are gone already: a mid-stream failure is an error event,

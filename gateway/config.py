@@ -27,6 +27,10 @@ class GatewayConfig:
     # GenerateRequest.stream_interval_ms for every request: the tokens of one interval
     # leave as one SSE event (the first never waits). 0: every token as it comes.
     stream_interval_ms: int = 0
+    # Chat outputs of a model whose template writes reasoning (<think>...</think>): "auto"
+    # splits them into reasoning_content and content (gateway/reasoning_split.py); "none"
+    # leaves the tags in content.
+    reasoning_parser: str = "auto"
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""

@@ -134,18 +134,23 @@ def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]
     return headers
 
 
-def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage]) -> dict:
+def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage],
+               reasoning_tokens: int | None = None) -> dict:
     """One choice's usage, or n choices': the prompt once (as OpenAI counts it), the
-    completions summed."""
+    completions summed; `reasoning_tokens` (a reasoning model's chat: how many of the
+    completion tokens were reasoning) as OpenAI's completion_tokens_details."""
     usages = [usage] if isinstance(usage, types_pb2.Usage) else list(usage)
     prompt = usages[0].prompt_tokens
     completion = sum(u.generated_tokens for u in usages)
     # prompt_tokens_details.cached_tokens: OpenAI's name for prompt tokens served from a
     # prefix cache (here the worker's, docs/prefix-cache.md), always present as theirs is;
     # with n choices, the first choice's (the prompt is counted once).
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
+    body = {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": usages[0].cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,9 @@ class Choice:
     logprobs: dict | None = None
     # Tools: the message with its tool_calls (gateway/tools.py), in place of the text alone.
     message: dict | None = None
+    # A reasoning model's chat: the reasoning split from the answer, and its tokens.
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
 
 
 def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
@@ -176,6 +184,8 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
         finish_reason = FINISH_REASON[c.finished.finish_reason]
         if meta.kind == "chat":
             message = c.message or {"role": "assistant", "content": c.text}
+            if c.reasoning is not None:
+                message = {**message, "reasoning_content": c.reasoning or None}
             if message.get("tool_calls") and finish_reason == "stop":
                 finish_reason = "tool_calls"  # OpenAI's end for an answer of whole calls
             bodies.append({"index": index, "message": message,
@@ -190,8 +200,11 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
                                  "finished": finished_extension(c.finished)} for c in choices]
     if resolved:
         extension["resolved"] = dict(resolved)
+    counted = [c.reasoning_tokens for c in choices if c.reasoning_tokens is not None]
     return {**_head(meta, _OBJECT), "choices": bodies,
-            "usage": usage_dict([c.finished.usage for c in choices]), "ortserve": extension}
+            "usage": usage_dict([c.finished.usage for c in choices],
+                                sum(counted) if counted else None),
+            "ortserve": extension}
 
 
 def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool,
@@ -235,12 +248,12 @@ def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool
     return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
 
 
-def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished]
-                ) -> dict:
+def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished],
+                reasoning_tokens: int | None = None) -> dict:
     """stream_options.include_usage: one last chunk with no choices and the usage."""
     fins = [fin] if isinstance(fin, types_pb2.Finished) else list(fin)
     return {**_head(meta, _CHUNK_OBJECT), "choices": [],
-            "usage": usage_dict([f.usage for f in fins])}
+            "usage": usage_dict([f.usage for f in fins], reasoning_tokens)}
 
 
 def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool,

@@ -52,7 +52,8 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"echo": (False,), "suffix": ("",)}
 _ALLOWED = {
     # tools, tool_choice, parallel_tool_calls: gateway/tools.py
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-                       "tools", "tool_choice", "parallel_tool_calls"},
+                       "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                       "reasoning_effort"},
     "completion": _COMMON | {"prompt", "best_of"},
 }
 _NO_OP_KEYS: dict[str, set[str]] = {
@@ -62,7 +63,7 @@ _NO_OP_KEYS: dict[str, set[str]] = {
 # Keys OpenAI defines that ortserve refuses (anything else is not OpenAI's: a typo);
 # functions / function_call are refused naming their replacements (gateway/tools.py).
 _OPENAI_REFUSED = {"functions", "function_call", "response_format",
-                   "modalities", "audio", "prediction", "reasoning_effort", "verbosity",
+                   "modalities", "audio", "prediction", "verbosity",
                    "web_search_options", "prompt_cache_key", "safety_identifier"}
 # Greedy decoding always takes the argmax: these cannot change its result.
 _GREEDY_NO_OPS = ("seed", "top_p", "top_k", "min_p")
@@ -90,6 +91,8 @@ class ParsedRequest:
     include_stop_str: bool = False
     # vLLM's stream_options.continuous_usage_stats: usage on every streamed chunk.
     continuous_usage: bool = False
+    # The gateway's --reasoning-parser (gateway/reasoning_split.py): "auto" or "none".
+    reasoning_mode: str = "auto"
 
     @property
     def logprobs(self) -> bool:
@@ -123,6 +126,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req = types_pb2.GenerateRequest(model=model)
     if kind == "chat":
         set_chat(req, params.get("messages"))
+        _set_template_kwargs(req, params)
     else:
         _set_prompt(req, params.get("prompt"))
     _set_limits(kind, req, params)
@@ -174,6 +178,28 @@ def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
     return {str: "string", bool: "boolean", Mapping: "JSON object"}.get(kind, str(kind))
+
+
+def _set_template_kwargs(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
+    """chat_template_kwargs (vLLM's) and reasoning_effort -> the template's variables. The
+    worker refuses a name its model's template does not read (it would change nothing):
+    reasoning_effort is accepted exactly where the template takes it."""
+    kwargs = params.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, Mapping):
+        raise ParamError("chat_template_kwargs", "must be an object of template variables, e.g. "
+                         "{\"enable_thinking\": false}")
+    kwargs = dict(kwargs)
+    effort = params.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str) or not effort:
+            raise ParamError("reasoning_effort", f"{effort!r} is not a string such as \"low\", "
+                             "\"medium\" or \"high\"")
+        if kwargs.get("reasoning_effort", effort) != effort:
+            raise ParamError("reasoning_effort", f"{effort!r} differs from chat_template_kwargs."
+                             f"reasoning_effort {kwargs['reasoning_effort']!r}: send one of them")
+        kwargs["reasoning_effort"] = effort
+    if kwargs:
+        req.chat.template_kwargs_json = json.dumps(kwargs)
 
 
 def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:

@@ -13,6 +13,7 @@ Pure: no grpc or protobuf import, so the worker's core uses the same rules.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 16
+MAX_TEMPLATE_KWARGS_CHARS = 16_384
 MAX_CHAT_MESSAGES = 1_024
 # A chunk at least this often: a longer hold would read as a stalled stream.
 MAX_STREAM_INTERVAL_MS = 10_000
@@ -119,6 +121,24 @@ def prompt(request: Any, prefix: str = "") -> None:
             tool_calls.check_turn(turn.role, turn.tool_calls, turn.tool_call_id,
                                   f"{prefix}chat.messages[{i}]")
         tool_calls.check_tools(request.chat.tools, prefix)
+        template_kwargs(request.chat.template_kwargs_json, prefix)
+
+
+def template_kwargs(text: str, prefix: str = "") -> dict[str, Any]:
+    """chat.template_kwargs_json: empty, or a JSON object (its names are the worker's to
+    check against the template it has)."""
+    if not text:
+        return {}
+    where = prefix + "chat.template_kwargs_json"
+    bounded(where, text, MAX_TEMPLATE_KWARGS_CHARS)
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidField(where, f"is not JSON ({exc}); send an object of template "
+                           "variables, e.g. {\"enable_thinking\": false}") from None
+    if not isinstance(value, dict):
+        raise InvalidField(where, "is not a JSON object; send an object of template variables")
+    return value
 
 
 def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpec | None:

@@ -104,6 +104,8 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         dry_run=admission.dry_run,
         queue_wait_ms=admission.queue_wait_s * 1e3,
         max_new_tokens_source=admission.max_new_tokens_source or 0,
+        reasoning_format=admission.reasoning_format,
+        prompt_opens_reasoning=admission.prompt_opens_reasoning,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id

@@ -63,6 +63,16 @@ class _Prompt:
     # refusal, and the prompt's length it counted, for the ledger to decide on.
     window_refusal: grpc.aio.AioRpcError | None = None
     window_refused_tokens: int = 0
+    # What the counting worker said of a chat prompt's reasoning (passed on in the Admission).
+    reasoning_format: str = ""
+    opens_reasoning: bool = False
+
+
+def _noted(admission: Admission, noted: dict) -> Admission:
+    """The admission with what the counting worker said of the prompt (not REJECTED)."""
+    if admission.decision is Decision.REJECTED or not noted:
+        return admission
+    return replace(admission, **noted)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -111,7 +121,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
-                return _Prompt(list(answer.token_ids), known=True)
+                return _Prompt(list(answer.token_ids), known=True,
+                               reasoning_format=answer.reasoning_format,
+                               opens_reasoning=answer.prompt_opens_reasoning)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     counted = window_refused_prompt_tokens(error)
@@ -124,8 +136,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
-                     ) -> tuple[Admission | Ticket, list[int]]:
-        """The ledger's decision now, or (not dry_run) a Ticket in the admission queue."""
+                     ) -> tuple[Admission | Ticket, list[int], dict]:
+        """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
+        prompt's ids; what the Admission passes on of the prompt (`_noted`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
@@ -138,7 +151,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return no_worker_rejection(
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
                 registered_workers=len(placement.serving(self._ledger.snapshot(), model)),
-                worker_error="" if prompt == "no worker registered" else prompt, model=model), []
+                worker_error="" if prompt == "no worker registered" else prompt, model=model), [], {}
         if prompt.window_refusal is not None:
             # The ledger decides this refusal too (never reserving), so it is a REJECTED with
             # its Rejection, counted, and Admit's answer, exactly as for a token-id prompt.
@@ -148,7 +161,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             rejection = admission.rejection
             if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
-            return replace(admission, dry_run=dry_run), []
+            return replace(admission, dry_run=dry_run), [], {}
         domain = convert.admission_request(request, len(prompt.token_ids), model,
                                            prompt_ids=prompt.token_ids,
                                            default_max_new_tokens=default)
@@ -159,7 +172,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
-        return admission, prompt.token_ids
+        return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
+                                             "prompt_opens_reasoning": prompt.opens_reasoning}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
@@ -185,10 +199,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
         wait_s = request.max_queue_wait_ms / 1e3 if request.max_queue_wait_ms else 0.0
         with _under("request."):
-            admission, _ = await self._admit(inner, dry_run=request.dry_run, wait_s=wait_s,
-                                             deadline_s=context.time_remaining())
+            admission, _, noted = await self._admit(inner, dry_run=request.dry_run,
+                                                    wait_s=wait_s,
+                                                    deadline_s=context.time_remaining())
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
+        admission = _noted(admission, noted)
         self._count(admission)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
@@ -265,8 +281,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             inner.CopyFrom(request)
             inner.request_id = request.request_id or uuid.uuid4().hex[:16]
             wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
-            admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
-                                                      deadline_s=context.time_remaining())
+            admission, prompt_ids, noted = await self._admit(
+                inner, dry_run=False, wait_s=wait_s, deadline_s=context.time_remaining())
             bound = log.bind(request_id=inner.request_id)
             queued = None  # perf_counter() when it joined the queue
             if isinstance(admission, Ticket):
@@ -284,6 +300,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if admission.decision is Decision.REJECTED:
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
+            admission = _noted(admission, noted)
             lease, worker = admission.lease, admission.worker
             bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
             bound.info("admitted", decision=admission.decision.value, model=worker.model,

@@ -80,7 +80,8 @@ def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
         return tokenizer.encode(request.text)
     if kind == "token_ids":
         return list(request.token_ids.ids)
-    return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat))
+    return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat),
+                                 request_rules.template_kwargs(request.chat.template_kwargs_json))
 
 
 def chat_turns(chat: types_pb2.ChatMessages) -> list:

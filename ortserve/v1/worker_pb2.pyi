@@ -136,9 +136,13 @@ class TokenizeRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids", "context_length")
+    __slots__ = ("token_ids", "context_length", "reasoning_format", "prompt_opens_reasoning")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_OPENS_REASONING_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     context_length: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ...) -> None: ...
+    reasoning_format: str
+    prompt_opens_reasoning: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ...) -> None: ...

@@ -235,6 +235,10 @@ class Admission:
     queue_wait_s: float = 0.0  # time spent in the admission queue before this decision
     # Where the requested ceiling came from (unset when rejected).
     max_new_tokens_source: NewTokensSource | None = None
+    # Not the ledger's: what the worker that counted a chat prompt said of its reasoning,
+    # passed on to the caller in the Admission (the servicer sets them).
+    reasoning_format: str = ""
+    prompt_opens_reasoning: bool = False
 
 
 @dataclass(frozen=True)

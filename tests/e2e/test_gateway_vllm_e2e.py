@@ -177,3 +177,17 @@ def test_what_ortserve_cannot_honour_is_a_400_naming_the_key(gateway, extra, par
 def test_their_no_op_values_are_accepted(gateway):
     answer = create(gateway, max_tokens=3, extra_body={"skip_special_tokens": True, "priority": 0})
     assert answer.usage.completion_tokens >= 1
+
+
+def test_reasoning_effort_is_refused_where_the_template_does_not_take_it(gateway):
+    # The tiny model's template (SmolLM2's) reads no reasoning_effort: it would change nothing.
+    with pytest.raises(openai.BadRequestError) as info:
+        create(gateway, max_tokens=3, reasoning_effort="low")
+    assert info.value.body["param"] == "reasoning_effort"
+    assert "does not read 'reasoning_effort'" in info.value.body["message"]
+
+
+def test_a_model_without_reasoning_tags_answers_in_content_alone(gateway):
+    answer = create(gateway, max_tokens=4)
+    assert answer.choices[0].message.model_extra.get("reasoning_content") is None
+    assert answer.usage.completion_tokens_details is None

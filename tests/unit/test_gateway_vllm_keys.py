@@ -78,3 +78,21 @@ def test_generation_and_output_keys_are_carried():
     plain = parse_request("chat", chat())
     assert not plain.generate.ignore_eos and not plain.include_stop_str
     assert not plain.continuous_usage
+
+
+def test_chat_template_kwargs_and_reasoning_effort_become_template_variables():
+    req = parse_request("chat", chat(chat_template_kwargs={"enable_thinking": False},
+                                     reasoning_effort="low")).generate
+    assert json.loads(req.chat.template_kwargs_json) == {"enable_thinking": False,
+                                                         "reasoning_effort": "low"}
+    assert not parse_request("chat", chat()).generate.chat.template_kwargs_json
+    for body, param in (({"chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
+                        ({"reasoning_effort": 3}, "reasoning_effort"),
+                        ({"reasoning_effort": "low",
+                          "chat_template_kwargs": {"reasoning_effort": "high"}}, "reasoning_effort")):
+        with pytest.raises(ParamError) as info:
+            parse_request("chat", chat(**body))
+        assert info.value.param == param
+    with pytest.raises(ParamError) as info:  # completions have no template
+        parse_request("completion", {"model": "m", "prompt": "x", "reasoning_effort": "low"})
+    assert info.value.param == "reasoning_effort"
