@@ -260,7 +260,8 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
     return responses.choices_response(meta, [
         responses.Choice(whole[i], s.admission, finished[i],
                          logprobs[i].whole() if logprobs[i] is not None else None,
-                         tools.ToolCallChoice().message(whole[i]) if parsed.tool_calls else None,
+                         tools.ToolCallChoice(s.admission.tool_call_format).message(whole[i])
+                         if parsed.tool_calls else None,
                          splits[i].reasoning if splits[i] is not None else None,
                          splits[i].tokens if splits[i] is not None else None)
         for i, s in enumerate(streams)], parsed.resolved)
@@ -308,7 +309,8 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     # Per choice, the chunk JSON from one template: per token only the text is encoded.
     text_json = [responses.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
     # Tools: each choice's text goes through its tool-call parser (name, then arguments).
-    calls = [tools.ToolCallChoice() if parsed.tool_calls else None for _ in streams]
+    calls = [tools.ToolCallChoice(s.admission.tool_call_format) if parsed.tool_calls else None
+             for s in streams]
     # continuous_usage_stats: every chunk carries its choice's usage so far (vLLM's shape).
     generated = [0] * len(streams)
     # A reasoning model's chat: its reasoning goes out as reasoning_content deltas.

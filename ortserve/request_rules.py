@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import constraint as constraints
-from . import tool_calls
+from . import tool_calls, tool_formats
 from .chat import CHAT_ROLES
 from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
 from .units import tokens
@@ -141,9 +141,13 @@ def template_kwargs(text: str, prefix: str = "") -> dict[str, Any]:
     return value
 
 
-def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpec | None:
+def constraint_spec(request: Any, prefix: str = "", tool_format: str = "hermes"
+                    ) -> constraints.ConstraintSpec | None:
     """A GenerateRequest's `constraint` as a spec (None: unset); a set message with no kind,
-    or json_object false, is refused (it would otherwise be ignored)."""
+    or json_object false, is refused (it would otherwise be ignored). `tool_format`: the
+    tool-call format of the model's template (ortserve/tool_formats.py), which a tool_call
+    constraint's grammar enforces; the scheduler, which has no template, checks Hermes'
+    (the same schemas compile the same in every format)."""
     if not request.HasField("constraint"):
         return None
     kind = request.constraint.WhichOneof("kind")
@@ -160,8 +164,8 @@ def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpe
         choice = request.constraint.tool_call
         tools = request.chat.tools if request.WhichOneof("prompt") == "chat" else []
         tool_calls.check_choice(tools, choice.function_name, prefix)
-        return constraints.ConstraintSpec(kind, tool_calls.grammar(
-            tools, choice.function_name, choice.parallel, choice.allow_text))
+        return constraints.ConstraintSpec(kind, tool_formats.grammar(
+            tool_format, tools, choice.function_name, choice.parallel, choice.allow_text))
     return constraints.ConstraintSpec(kind, getattr(request.constraint, kind))
 
 

@@ -106,6 +106,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         max_new_tokens_source=admission.max_new_tokens_source or 0,
         reasoning_format=admission.reasoning_format,
         prompt_opens_reasoning=admission.prompt_opens_reasoning,
+        tool_call_format=admission.tool_call_format,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id

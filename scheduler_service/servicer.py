@@ -66,6 +66,7 @@ class _Prompt:
     # What the counting worker said of a chat prompt's reasoning (passed on in the Admission).
     reasoning_format: str = ""
     opens_reasoning: bool = False
+    tool_call_format: str = ""
 
 
 def _noted(admission: Admission, noted: dict) -> Admission:
@@ -123,7 +124,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
                 return _Prompt(list(answer.token_ids), known=True,
                                reasoning_format=answer.reasoning_format,
-                               opens_reasoning=answer.prompt_opens_reasoning)
+                               opens_reasoning=answer.prompt_opens_reasoning,
+                               tool_call_format=answer.tool_call_format)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     counted = window_refused_prompt_tokens(error)
@@ -173,7 +175,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                   wait_s=wait_s, deadline_s=deadline_s)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
-                                             "prompt_opens_reasoning": prompt.opens_reasoning}
+                                             "prompt_opens_reasoning": prompt.opens_reasoning,
+                                             "tool_call_format": prompt.tool_call_format}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""

@@ -122,6 +122,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # The gateway splits a reasoning model's output by these (ortserve/reasoning.py).
             answer.reasoning_format = engine.tokenizer.reasoning_format
             answer.prompt_opens_reasoning = engine.tokenizer.opens_reasoning(req.prompt_ids)
+            answer.tool_call_format = engine.tokenizer.tool_call_format
         return answer
 
     async def Detokenize(self, request, context):

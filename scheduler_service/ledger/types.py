@@ -239,6 +239,7 @@ class Admission:
     # passed on to the caller in the Admission (the servicer sets them).
     reasoning_format: str = ""
     prompt_opens_reasoning: bool = False
+    tool_call_format: str = ""
 
 
 @dataclass(frozen=True)

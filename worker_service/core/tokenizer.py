@@ -81,6 +81,11 @@ class Tokenizer:
                                 add_special_tokens=False).ids
 
     @property
+    def tool_call_format(self) -> str:
+        """The format the chat template asks tool calls in (ortserve/tool_formats.py)."""
+        return self.chat_template.tool_call_format if self.chat_template is not None else "hermes"
+
+    @property
     def reasoning_format(self) -> str:
         """The reasoning family the chat template writes ("think"), "" for none."""
         return self.chat_template.reasoning_format if self.chat_template is not None else ""
