@@ -39,3 +39,14 @@ def test_the_kwargs_are_a_json_object(text, ok):
     else:
         with pytest.raises(InvalidField, match="chat.template_kwargs_json"):
             request_rules.template_kwargs(text)
+
+
+def test_the_fallback_tools_section_joins_the_first_user_turn_without_a_system_role():
+    gemma = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role "
+             "not supported') }}{% endif %}{{ '<start_of_turn>' + m.role + '\\n' + m.content + "
+             "'<end_of_turn>\\n' }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]
+    text = ChatTemplate(gemma, {}).render([("user", "hi")], tools)
+    assert text.startswith("<start_of_turn>user\n") and "<tools>" in text and "hi" in text
+    with pytest.raises(InvalidField, match="System role"):
+        ChatTemplate(gemma, {}).render([("system", "be brief"), ("user", "hi")])

@@ -93,17 +93,32 @@ class ChatTemplate:
         kwargs = dict(kwargs or {})
         self.check_kwargs(kwargs)
         turns = [_as_dict(m) for m in messages]
+        fallback = not self.supports_tools and bool(tools)
         if not self.supports_tools:
             turns = _fallback_turns(turns, tools)
             tools = ()
         try:
-            # The variables transformers' apply_chat_template passes (no documents).
-            return self._template.render(
-                messages=turns, tools=list(tools) or None, documents=None,
-                add_generation_prompt=True, **{**self.special_tokens, **kwargs},
-            )
+            return self._render(turns, tools, kwargs)
         except TemplateError as exc:
+            if fallback and turns[0]["role"] == "system" and len(turns) > 1 \
+                    and turns[1]["role"] == "user":
+                # A template without a system role (Gemma's): the fallback's tools section
+                # goes at the head of the first user turn instead.
+                merged = {"role": "user",
+                          "content": turns[0]["content"] + "\n\n" + turns[1]["content"]}
+                try:
+                    return self._render([merged, *turns[2:]], tools, kwargs)
+                except TemplateError:
+                    pass
             raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
+
+    def _render(self, turns: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
+                kwargs: Mapping[str, Any]) -> str:
+        # The variables transformers' apply_chat_template passes (no documents).
+        return self._template.render(
+            messages=turns, tools=list(tools) or None, documents=None,
+            add_generation_prompt=True, **{**self.special_tokens, **kwargs},
+        )
 
 
     def check_kwargs(self, kwargs: Mapping[str, Any]) -> None:
