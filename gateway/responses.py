@@ -78,6 +78,10 @@ def admission_extension(adm: types_pb2.Admission) -> dict:
         # Where the ceiling came from: the request's max_tokens, the server's default
         # (--default-max-new-tokens) or the remaining context window.
         "max_new_tokens_source": MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source),
+        # Chat: the formats the model's template writes, as the worker read them (the
+        # parsers this answer went through): tool calls and reasoning (null: none).
+        "tool_call_format": adm.tool_call_format or None,
+        "reasoning_format": adm.reasoning_format or None,
         "reserved_bytes": adm.reserved_bytes,
         "budget_cap": budget_cap_dict(adm.budget_cap) if adm.HasField("budget_cap") else None,
     }

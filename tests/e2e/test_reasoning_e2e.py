@@ -89,6 +89,7 @@ def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, th
     reasoning = message.model_extra["reasoning_content"]
     assert reasoning and message.content and "think>" not in reasoning + message.content
     assert raw_text == reasoning + "</think>\n\n" + message.content
+    assert answer.model_extra["ortserve"]["reasoning_format"] == "think"
     details = answer.usage.completion_tokens_details
     assert answer.usage.completion_tokens == raw.usage.completion_tokens
     assert details.reasoning_tokens == closing < answer.usage.completion_tokens

@@ -101,6 +101,7 @@ def test_required_makes_a_call_in_the_templates_format(gateway, model, fmt):
     else:
         assert arguments == {}
     assert answer.model_extra["ortserve"]["finished"]["constraint"]["satisfied"]
+    assert answer.model_extra["ortserve"]["tool_call_format"] == fmt
 
 
 @pytest.mark.parametrize("model", ["tiny-llama31", "tiny-mistral"])
