@@ -76,6 +76,13 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                         "fewer messages; the first token never waits; a token waits at most "
                         "this long); 0: every token as it comes; at most 10,000; default "
                         f"{d.stream_interval_ms}")
+    p.add_argument("--reasoning-parser", choices=("auto", "none"),
+                   default=_env(p, "reasoning_parser", d.reasoning_parser,
+                                choices=("auto", "none")),
+                   help="chat answers of a model whose chat template writes reasoning "
+                        "(<think>...</think>): auto splits them into reasoning_content and "
+                        "content; none leaves the tags in content (env "
+                        "ORTSERVE_GATEWAY_REASONING_PARSER)")
     for name, what in (("ca", "the CA (PEM) the workers' certificates chain to"),
                        ("cert", "the gateway's certificate (PEM), signed by the cluster's CA"),
                        ("key", "its private key (PEM)")):
@@ -139,7 +146,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          tls_cert=a.tls_cert, tls_key=a.tls_key, tls_client_ca=a.tls_client_ca,
                          responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
                          log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
-                         otlp_traces_endpoint=a.otlp_traces_endpoint)
+                         otlp_traces_endpoint=a.otlp_traces_endpoint,
+                         reasoning_parser=a.reasoning_parser)
 
 
 def https_options(config: GatewayConfig) -> dict:

@@ -30,6 +30,7 @@ from .generation import Target
 from .logprobs_json import ChoiceLogprobs
 from .metrics import HttpMetrics, MetricsMiddleware
 from .output_parts import ReasoningFor, no_reasoning
+from .reasoning_split import ChoiceReasoning
 from .response_store import ResponseStore
 from .translate import Kind, ParamError, ParsedRequest, parse_request
 from .upstream import OpenStream, StreamBroken, Upstream
@@ -84,7 +85,8 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate("chat", request, upstream, workers, config.stream_interval_ms)
+        return await _generate("chat", request, upstream, workers, config.stream_interval_ms,
+                               config.reasoning_parser)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -200,8 +202,8 @@ def _parsed(parse, body: object):
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
-                    stream_interval_ms: int = 0):
-    parsed = _parse(kind, await _json_body(request))
+                    stream_interval_ms: int = 0, reasoning_parser: str = "auto"):
+    parsed = replace(_parse(kind, await _json_body(request)), reasoning_mode=reasoning_parser)
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
@@ -279,11 +281,16 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
+    splits = [ChoiceReasoning.for_choice(meta.kind, s.admission, parsed.reasoning_mode)
+              for s in streams]
     try:
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
-                texts[index].append(event.chunk.text)
+                text = event.chunk.text
+                if splits[index] is not None:
+                    text = splits[index].feed(text, len(event.chunk.token_ids))[1]
+                texts[index].append(text)
                 if logprobs[index] is not None:
                     logprobs[index].add(event.chunk.logprobs)
             elif kind == "finished":
@@ -295,12 +302,32 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
     if any(f is None for f in finished):
         raise HttpError(502, "the stream ended without a Finished event", "server_error",
                         "bad_upstream_stream")
+    for i, split in enumerate(splits):
+        if split is not None:
+            texts[i].append(split.close()[1])
+    whole = ["".join(t) + _stop_text(parsed, f) for t, f in zip(texts, finished, strict=True)]
     return responses.choices_response(meta, [
-        responses.Choice("".join(texts[i]), s.admission, finished[i],
+        responses.Choice(whole[i], s.admission, finished[i],
                          logprobs[i].whole() if logprobs[i] is not None else None,
-                         tools.ToolCallChoice().message("".join(texts[i]))
-                         if parsed.tool_calls else None)
+                         tools.ToolCallChoice(s.admission.tool_call_format).message(whole[i])
+                         if parsed.tool_calls else None,
+                         splits[i].reasoning if splits[i] is not None else None,
+                         splits[i].tokens if splits[i] is not None else None)
         for i, s in enumerate(streams)], parsed.resolved)
+
+
+def _reasoning_tokens(splits: list[ChoiceReasoning | None]) -> int | None:
+    """The choices' reasoning tokens summed; None when no choice splits reasoning."""
+    counted = [s.tokens for s in splits if s is not None]
+    return sum(counted) if counted else None
+
+
+def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
+    """include_stop_str_in_output: the stop sequence that ended the output, which the
+    worker leaves out of the text, put back at its end (vLLM's behaviour)."""
+    if parsed.include_stop_str and fin.finish_reason == types_pb2.STOP_SEQUENCE:
+        return fin.stop_sequence
+    return ""
 
 
 async def _collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
@@ -331,42 +358,77 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     # Per choice, the chunk JSON from one template: per token only the text is encoded.
     text_json = [responses.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
     # Tools: each choice's text goes through its tool-call parser (name, then arguments).
-    calls = [tools.ToolCallChoice() if parsed.tool_calls else None for _ in streams]
+    calls = [tools.ToolCallChoice(s.admission.tool_call_format) if parsed.tool_calls else None
+             for s in streams]
+    # continuous_usage_stats: every chunk carries its choice's usage so far (vLLM's shape).
+    generated = [0] * len(streams)
+    # A reasoning model's chat: its reasoning goes out as reasoning_content deltas.
+    splits = [ChoiceReasoning.for_choice(meta.kind, s.admission, parsed.reasoning_mode)
+              for s in streams]
+
+    def out(chunk: dict, index: int) -> dict:
+        if parsed.continuous_usage:
+            prompt = streams[index].admission.prompt_tokens
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated[index],
+                              "total_tokens": prompt + generated[index]}
+        return _data(chunk)
+
     try:
         for index, stream in enumerate(streams):
-            yield _data(responses.first_chunk(meta, stream.admission, usage, index,
-                                              parsed.resolved if index == 0 else None))
+            yield out(responses.first_chunk(meta, stream.admission, usage, index,
+                                            parsed.resolved if index == 0 else None), index)
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
+                generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)
+                text = event.chunk.text
+                if splits[index] is not None and text:
+                    thought, text = splits[index].feed(text, len(event.chunk.token_ids))
+                    if thought:
+                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                                                        usage, index,
+                                                        lp.take() if lp is not None else None),
+                                  index)
                 # An empty chunk is a character still incomplete: nothing to show yet
                 # (its logprobs wait for the chunk that shows its text).
-                if event.chunk.text and calls[index] is not None:
-                    for chunk in _tool_chunks(meta, calls[index], event.chunk.text, usage,
-                                              index, lp):
+                if text and calls[index] is not None:
+                    for chunk in _tool_chunks(meta, calls[index], text, usage,
+                                              index, lp, emit=out):
                         yield chunk
-                elif event.chunk.text:
-                    if lp is None:
+                elif text:
+                    if lp is None and not parsed.continuous_usage:
                         # Bytes go out as they are: the SSE line, without an event object per token.
-                        yield b"data: " + text_json[index](event.chunk.text).encode() + b"\n\n"
+                        yield b"data: " + text_json[index](text).encode() + b"\n\n"
                     else:
-                        yield _data(responses.text_chunk(meta, event.chunk.text, usage, index,
-                                                         lp.take()))
+                        yield out(responses.text_chunk(meta, text, usage, index,
+                                                       lp.take() if lp is not None else None),
+                                  index)
             elif kind == "finished":
                 finished[index] = event.finished
+                generated[index] = event.finished.usage.generated_tokens
+                stop_text = _stop_text(parsed, event.finished)
+                if splits[index] is not None:
+                    thought, rest = splits[index].close()
+                    if thought:
+                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                                                        usage, index), index)
+                    stop_text = rest + stop_text
                 called = False
                 if calls[index] is not None:
-                    for chunk in _tool_chunks(meta, calls[index], "", usage, index, lp, True):
+                    for chunk in _tool_chunks(meta, calls[index], stop_text, usage, index, lp,
+                                              True, emit=out):
                         yield chunk
                     called = calls[index].called
-                yield _data(responses.final_chunk(meta, event.finished, usage, index,
-                                                  lp.take() if lp is not None else None,
-                                                  called))
+                elif stop_text:
+                    yield out(responses.text_chunk(meta, stop_text, usage, index), index)
+                yield out(responses.final_chunk(meta, event.finished, usage, index,
+                                                lp.take() if lp is not None else None,
+                                                called), index)
         if usage:
-            yield _data(responses.usage_chunk(meta, finished))
+            yield _data(responses.usage_chunk(meta, finished, _reasoning_tokens(splits)))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
         # The headers are gone already: a mid-stream failure is an error event,
@@ -384,14 +446,16 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
 
 
 def _tool_chunks(meta: responses.ResponseMeta, parser: tools.ToolCallChoice, text: str,
-                 usage: bool, index: int, lp: ChoiceLogprobs | None, final: bool = False
-                 ) -> list[dict]:
+                 usage: bool, index: int, lp: ChoiceLogprobs | None, final: bool = False,
+                 emit=None) -> list[dict]:
     """A choice's text as tool-call and content deltas; logprobs ride on the first chunk
-    (text held back, e.g. a possible "<tool_call>", keeps them for the next)."""
+    (text held back, e.g. a possible "<tool_call>", keeps them for the next). `emit`
+    (chunk, index) -> SSE item; default: the chunk as it is."""
     out = []
     for delta in parser.deltas(text, final):
-        out.append(_data(responses.delta_chunk(meta, delta, usage, index,
-                                               lp.take() if lp is not None else None)))
+        chunk = responses.delta_chunk(meta, delta, usage, index,
+                                      lp.take() if lp is not None else None)
+        out.append(emit(chunk, index) if emit is not None else _data(chunk))
     return out
 
 

@@ -41,6 +41,10 @@ class GatewayConfig:
     # An HTTP header (set by the authenticating proxy in front) whose value goes to the
     # scheduler as the call's tenant (ortserve-tenant metadata); "": none sent.
     tenant_header: str = ""
+    # Chat outputs of a model whose template writes reasoning (<think>...</think>): "auto"
+    # splits them into reasoning_content and content (gateway/reasoning_split.py); "none"
+    # leaves the tags in content.
+    reasoning_parser: str = "auto"
     worker_tls_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: str = ""

@@ -140,6 +140,11 @@ def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str
                 .replace("].name", "].function.name"))
     if proto_path.startswith("chat.messages"):
         return proto_path.removeprefix("chat.")
+    if proto_path.startswith("chat.template_kwargs_json"):
+        # reasoning_effort travels as a template variable; the rest are chat_template_kwargs.
+        name = proto_path.removeprefix("chat.template_kwargs_json").lstrip(".")
+        return name if name == "reasoning_effort" else ".".join(
+            filter(None, ("chat_template_kwargs", name)))
     if proto_path in ("text",) or proto_path.startswith("token_ids"):
         return "tokens" if prompt_param == "tokens" else "prompt"  # /detokenize's ids
     head = proto_path.split("[")[0]

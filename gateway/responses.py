@@ -26,6 +26,7 @@ FINISH_REASON = {
     types_pb2.LENGTH: "length",
     types_pb2.EOS: "stop",
     types_pb2.STOP_SEQUENCE: "stop",
+    types_pb2.STOP_TOKEN: "stop",  # one of stop_token_ids (ortserve.finished.stop_token_id)
     # response_format's output is complete: the end OpenAI calls "stop".
     types_pb2.CONSTRAINT_COMPLETE: "stop",
 }
@@ -33,6 +34,15 @@ DECISION_HEADER = "X-Ortserve-Decision"
 # An RFC 8941 dictionary: requested_max_tokens=N, admitted_max_tokens=N,
 # requested_bytes=N, admitted_bytes=N.
 CAP_HEADER = "X-Ortserve-Budget-Cap"
+# Which ceiling applied, as an RFC 8941 dictionary: max_tokens=N, source=request |
+# server_default | context_window (max_tokens: the admitted ceiling, after any cap).
+MAX_TOKENS_HEADER = "X-Ortserve-Max-Tokens"
+# Admission.max_new_tokens_source in the body's and the header's words.
+MAX_TOKENS_SOURCE = {
+    types_pb2.MAX_NEW_TOKENS_FROM_REQUEST: "request",
+    types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: "server_default",
+    types_pb2.MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: "context_window",
+}
 _OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
 _CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
 _ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
@@ -65,6 +75,13 @@ def admission_extension(adm: types_pb2.Admission) -> dict:
         "model": adm.model,  # the model that answers, as the scheduler resolved it
         "prompt_tokens": adm.prompt_tokens,
         "max_new_tokens": adm.max_new_tokens,
+        # Where the ceiling came from: the request's max_tokens, the server's default
+        # (--default-max-new-tokens) or the remaining context window.
+        "max_new_tokens_source": MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source),
+        # Chat: the formats the model's template writes, as the worker read them (the
+        # parsers this answer went through): tool calls and reasoning (null: none).
+        "tool_call_format": adm.tool_call_format or None,
+        "reasoning_format": adm.reasoning_format or None,
         "reserved_bytes": adm.reserved_bytes,
         "budget_cap": budget_cap_dict(adm.budget_cap) if adm.HasField("budget_cap") else None,
     }
@@ -76,6 +93,7 @@ def finished_extension(fin: types_pb2.Finished) -> dict:
     return {
         "finish_reason": types_pb2.FinishReason.Name(fin.finish_reason),
         "stop_sequence": fin.stop_sequence,
+        "stop_token_id": fin.stop_token_id if fin.finish_reason == types_pb2.STOP_TOKEN else None,
         "budget_cap": budget_cap_dict(fin.budget_cap) if fin.HasField("budget_cap") else None,
         "sampling": sampling_dict(fin.sampling),
         "worker_id": fin.worker_id,
@@ -91,6 +109,9 @@ def finished_extension(fin: types_pb2.Finished) -> dict:
 
 def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
     headers = {DECISION_HEADER: types_pb2.Decision.Name(adm.decision)}
+    source = MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source)
+    if source:
+        headers[MAX_TOKENS_HEADER] = f"max_tokens={adm.max_new_tokens}, source={source}"
     if adm.HasField("budget_cap"):
         cap = adm.budget_cap
         headers[CAP_HEADER] = (f"requested_max_tokens={cap.requested_max_new_tokens}, "
@@ -112,6 +133,8 @@ def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]
         return admission_headers(admissions[0])
     headers = {DECISION_HEADER: ", ".join(types_pb2.Decision.Name(a.decision)
                                           for a in admissions)}
+    if MAX_TOKENS_HEADER in (first := admission_headers(admissions[0])):
+        headers[MAX_TOKENS_HEADER] = first[MAX_TOKENS_HEADER]  # choice 0's (the same rule for all)
     for index, adm in enumerate(admissions):
         if adm.HasField("budget_cap"):
             headers[CAP_HEADER] = f"choice={index}, " + admission_headers(adm)[CAP_HEADER]
@@ -119,18 +142,23 @@ def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]
     return headers
 
 
-def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage]) -> dict:
+def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage],
+               reasoning_tokens: int | None = None) -> dict:
     """One choice's usage, or n choices': the prompt once (as OpenAI counts it), the
-    completions summed."""
+    completions summed; `reasoning_tokens` (a reasoning model's chat: how many of the
+    completion tokens were reasoning) as OpenAI's completion_tokens_details."""
     usages = [usage] if isinstance(usage, types_pb2.Usage) else list(usage)
     prompt = usages[0].prompt_tokens
     completion = sum(u.generated_tokens for u in usages)
     # prompt_tokens_details.cached_tokens: OpenAI's name for prompt tokens served from a
     # prefix cache (here the worker's, docs/prefix-cache.md), always present as theirs is;
     # with n choices, the first choice's (the prompt is counted once).
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
+    body = {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": usages[0].cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 @dataclass(frozen=True)
@@ -143,6 +171,9 @@ class Choice:
     logprobs: dict | None = None
     # Tools: the message with its tool_calls (gateway/tools.py), in place of the text alone.
     message: dict | None = None
+    # A reasoning model's chat: the reasoning split from the answer, and its tokens.
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
 
 
 def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
@@ -161,6 +192,8 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
         finish_reason = FINISH_REASON[c.finished.finish_reason]
         if meta.kind == "chat":
             message = c.message or {"role": "assistant", "content": c.text}
+            if c.reasoning is not None:
+                message = {**message, "reasoning_content": c.reasoning or None}
             if message.get("tool_calls") and finish_reason == "stop":
                 finish_reason = "tool_calls"  # OpenAI's end for an answer of whole calls
             bodies.append({"index": index, "message": message,
@@ -175,8 +208,11 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
                                  "finished": finished_extension(c.finished)} for c in choices]
     if resolved:
         extension["resolved"] = dict(resolved)
+    counted = [c.reasoning_tokens for c in choices if c.reasoning_tokens is not None]
     return {**_head(meta, _OBJECT), "choices": bodies,
-            "usage": usage_dict([c.finished.usage for c in choices]), "ortserve": extension}
+            "usage": usage_dict([c.finished.usage for c in choices],
+                                sum(counted) if counted else None),
+            "ortserve": extension}
 
 
 def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool,
@@ -220,12 +256,12 @@ def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool
     return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
 
 
-def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished]
-                ) -> dict:
+def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished],
+                reasoning_tokens: int | None = None) -> dict:
     """stream_options.include_usage: one last chunk with no choices and the usage."""
     fins = [fin] if isinstance(fin, types_pb2.Finished) else list(fin)
     return {**_head(meta, _CHUNK_OBJECT), "choices": [],
-            "usage": usage_dict([f.usage for f in fins])}
+            "usage": usage_dict([f.usage for f in fins], reasoning_tokens)}
 
 
 def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool,

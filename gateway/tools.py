@@ -22,9 +22,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ortserve import tool_calls
+from ortserve import tool_calls, tool_formats
 from ortserve.errors import InvalidField
-from ortserve.tool_output import CallArguments, CallStart, Event, TextEvent, ToolCallParser
+from ortserve.tool_output import CallArguments, CallStart, Event, TextEvent
 from ortserve.v1 import types_pb2
 
 from .param_error import ParamError
@@ -143,8 +143,9 @@ def call_id() -> str:
 class ToolCallChoice:
     """One choice's output parsed for calls, whole or as OpenAI's streamed deltas."""
 
-    def __init__(self) -> None:
-        self._parser = ToolCallParser()
+    def __init__(self, fmt: str = "hermes") -> None:
+        # The format the model's template asks calls in (the Admission's tool_call_format).
+        self._parser = tool_formats.parser(fmt)
         self._ids: list[str] = []
 
     def deltas(self, text: str, final: bool = False) -> list[dict]:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.v1 import types_pb2
 
-from . import tools
+from . import tools, vllm_keys
 from .messages import set_chat
 from .param_error import ParamError
 
@@ -46,7 +46,7 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "t
            "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
            "min_tokens", "top_k", "min_p", "repetition_penalty", "cap_policy",
            "max_queue_wait_ms", "priority",
-           "stream_interval_ms"}
+           "stream_interval_ms"} | vllm_keys.KEYS  # vLLM's further keys: gateway/vllm_keys.py
 # Keys that do not affect generation: accepted as labels (type-checked, then unused).
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
                                                "service_tier": str}
@@ -55,7 +55,8 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"echo": (False,), "suffix": ("",)}
 _ALLOWED = {
     # tools, tool_choice, parallel_tool_calls: gateway/tools.py
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
-                       "tools", "tool_choice", "parallel_tool_calls"},
+                       "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                       "reasoning_effort"},
     "completion": _COMMON | {"prompt", "best_of"},
 }
 _NO_OP_KEYS: dict[str, set[str]] = {
@@ -65,7 +66,7 @@ _NO_OP_KEYS: dict[str, set[str]] = {
 # Keys OpenAI defines that ortserve refuses (anything else is not OpenAI's: a typo);
 # functions / function_call are refused naming their replacements (gateway/tools.py).
 _OPENAI_REFUSED = {"functions", "function_call", "response_format",
-                   "modalities", "audio", "prediction", "reasoning_effort", "verbosity",
+                   "modalities", "audio", "prediction", "verbosity",
                    "web_search_options", "prompt_cache_key", "safety_identifier"}
 # Greedy decoding always takes the argmax: these cannot change its result.
 _GREEDY_NO_OPS = ("seed", "top_p", "top_k", "min_p")
@@ -91,6 +92,12 @@ class ParsedRequest:
     tool_calls: bool = False
     # The request's own stream_interval_ms; None: the gateway's --stream-interval-ms.
     stream_interval_ms: int | None = None
+    # vLLM's include_stop_str_in_output: the stop sequence matched ends the text.
+    include_stop_str: bool = False
+    # vLLM's stream_options.continuous_usage_stats: usage on every streamed chunk.
+    continuous_usage: bool = False
+    # The gateway's --reasoning-parser (gateway/reasoning_split.py): "auto" or "none".
+    reasoning_mode: str = "auto"
 
     @property
     def logprobs(self) -> bool:
@@ -124,6 +131,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req = types_pb2.GenerateRequest(model=model)
     if kind == "chat":
         set_chat(req, params.get("messages"))
+        _set_template_kwargs(req, params)
     else:
         _set_prompt(req, params.get("prompt"))
     _set_limits(kind, req, params)
@@ -137,6 +145,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     req.stop.extend(_stop_list(params.get("stop")))
     _set_response_format(req, params.get("response_format"))
     calls = kind == "chat" and tools.set_tools(req, params)
+    include_stop = vllm_keys.apply(req, params)  # after response_format and tools: one constraint
     policy = params.get("cap_policy", "allow")
     if policy not in _CAP_POLICIES:
         raise ParamError("cap_policy", f"must be one of {', '.join(_CAP_POLICIES)}, not "
@@ -147,9 +156,10 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     if priority is not None:
         req.priority = priority
     stream = _bool(params, "stream", False)
-    return ParsedRequest(kind, model, stream, _include_usage(params, stream), req, n,
-                         resolved or None, calls,
-                         _int(params, "stream_interval_ms", 0, MAX_STREAM_INTERVAL_MS))
+    include_usage, continuous = _usage_options(params, stream)
+    return ParsedRequest(kind, model, stream, include_usage, req, n, resolved or None, calls,
+                         _int(params, "stream_interval_ms", 0, MAX_STREAM_INTERVAL_MS),
+                         include_stop, continuous)
 
 
 def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
@@ -178,6 +188,28 @@ def _refuse_unsupported(kind: Kind, params: Mapping[str, Any]) -> None:
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
     return {str: "string", bool: "boolean", Mapping: "JSON object"}.get(kind, str(kind))
+
+
+def _set_template_kwargs(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
+    """chat_template_kwargs (vLLM's) and reasoning_effort -> the template's variables. The
+    worker refuses a name its model's template does not read (it would change nothing):
+    reasoning_effort is accepted exactly where the template takes it."""
+    kwargs = params.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, Mapping):
+        raise ParamError("chat_template_kwargs", "must be an object of template variables, e.g. "
+                         "{\"enable_thinking\": false}")
+    kwargs = dict(kwargs)
+    effort = params.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str) or not effort:
+            raise ParamError("reasoning_effort", f"{effort!r} is not a string such as \"low\", "
+                             "\"medium\" or \"high\"")
+        if kwargs.get("reasoning_effort", effort) != effort:
+            raise ParamError("reasoning_effort", f"{effort!r} differs from chat_template_kwargs."
+                             f"reasoning_effort {kwargs['reasoning_effort']!r}: send one of them")
+        kwargs["reasoning_effort"] = effort
+    if kwargs:
+        req.chat.template_kwargs_json = json.dumps(kwargs)
 
 
 def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:
@@ -347,16 +379,26 @@ def _stop_list(stop: object) -> list[str]:
     raise ParamError("stop", "must be a string or a list of strings")
 
 
-def _include_usage(params: Mapping[str, Any], stream: bool) -> bool:
+def _usage_options(params: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
+    """stream_options: (include_usage, continuous_usage_stats)."""
     options = params.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise ParamError("stream_options", "is only allowed when stream is true")
-    if not isinstance(options, Mapping) or set(options) - {"include_usage"}:
-        raise ParamError("stream_options", "only {'include_usage': bool} is supported",
+    if not isinstance(options, Mapping) or set(options) - {"include_usage",
+                                                           "continuous_usage_stats"}:
+        raise ParamError("stream_options", "only {'include_usage': bool, "
+                         "'continuous_usage_stats': bool} are supported",
                          code="unsupported_parameter")
-    return _bool(options, "include_usage", False, where="stream_options.include_usage")
+    include = _bool(options, "include_usage", False, where="stream_options.include_usage")
+    continuous = _bool(options, "continuous_usage_stats", False,
+                       where="stream_options.continuous_usage_stats")
+    if continuous and not include:
+        # vLLM sends the per-chunk usage only with include_usage: alone it changes nothing.
+        raise ParamError("stream_options.continuous_usage_stats", "needs include_usage: true "
+                         "(as in vLLM, where it alone adds nothing)")
+    return include, continuous
 
 
 def _is_int(value: object) -> bool:

@@ -13,12 +13,13 @@ Pure: no grpc or protobuf import, so the worker's core uses the same rules.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import constraint as constraints
-from . import tool_calls
+from . import tool_calls, tool_formats
 from .chat import CHAT_ROLES
 from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted
 from .units import tokens
@@ -31,6 +32,8 @@ MAX_WORKER_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 16
+MAX_TEMPLATE_KWARGS_CHARS = 16_384
 MAX_CHAT_MESSAGES = 1_024
 # A chunk at least this often: a longer hold would read as a stalled stream.
 MAX_STREAM_INTERVAL_MS = 10_000
@@ -66,6 +69,8 @@ def generate_request(request: Any, prefix: str = "") -> None:
     """
     request_shape(request, prefix)
     stop_sequences(request.stop, prefix)
+    stop_tokens(request.stop_token_ids, request.ignore_eos,
+                request.HasField("constraint"), prefix)
     new_tokens(request.max_new_tokens if request.HasField("max_new_tokens") else None,
                request.min_new_tokens, prefix)
     sampling(**sampling_values(request.sampling), prefix=prefix)
@@ -118,11 +123,33 @@ def prompt(request: Any, prefix: str = "") -> None:
             tool_calls.check_turn(turn.role, turn.tool_calls, turn.tool_call_id,
                                   f"{prefix}chat.messages[{i}]")
         tool_calls.check_tools(request.chat.tools, prefix)
+        template_kwargs(request.chat.template_kwargs_json, prefix)
 
 
-def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpec | None:
+def template_kwargs(text: str, prefix: str = "") -> dict[str, Any]:
+    """chat.template_kwargs_json: empty, or a JSON object (its names are the worker's to
+    check against the template it has)."""
+    if not text:
+        return {}
+    where = prefix + "chat.template_kwargs_json"
+    bounded(where, text, MAX_TEMPLATE_KWARGS_CHARS)
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidField(where, f"is not JSON ({exc}); send an object of template "
+                           "variables, e.g. {\"enable_thinking\": false}") from None
+    if not isinstance(value, dict):
+        raise InvalidField(where, "is not a JSON object; send an object of template variables")
+    return value
+
+
+def constraint_spec(request: Any, prefix: str = "", tool_format: str = "hermes"
+                    ) -> constraints.ConstraintSpec | None:
     """A GenerateRequest's `constraint` as a spec (None: unset); a set message with no kind,
-    or json_object false, is refused (it would otherwise be ignored)."""
+    or json_object false, is refused (it would otherwise be ignored). `tool_format`: the
+    tool-call format of the model's template (ortserve/tool_formats.py), which a tool_call
+    constraint's grammar enforces; the scheduler, which has no template, checks Hermes'
+    (the same schemas compile the same in every format)."""
     if not request.HasField("constraint"):
         return None
     kind = request.constraint.WhichOneof("kind")
@@ -139,8 +166,8 @@ def constraint_spec(request: Any, prefix: str = "") -> constraints.ConstraintSpe
         choice = request.constraint.tool_call
         tools = request.chat.tools if request.WhichOneof("prompt") == "chat" else []
         tool_calls.check_choice(tools, choice.function_name, prefix)
-        return constraints.ConstraintSpec(kind, tool_calls.grammar(
-            tools, choice.function_name, choice.parallel, choice.allow_text))
+        return constraints.ConstraintSpec(kind, tool_formats.grammar(
+            tool_format, tools, choice.function_name, choice.parallel, choice.allow_text))
     return constraints.ConstraintSpec(kind, getattr(request.constraint, kind))
 
 
@@ -177,6 +204,27 @@ def stop_sequences(stop: Sequence[str], prefix: str = "") -> None:
             raise InvalidField(prefix + f"stop[{i}]", "is empty: an empty stop sequence would "
                                "stop at once; remove it")
         bounded(prefix + f"stop[{i}]", text, MAX_STOP_CHARS)
+
+
+def stop_tokens(stop_token_ids: Sequence[int], ignore_eos: bool, constrained: bool,
+                prefix: str = "") -> None:
+    """At most MAX_STOP_TOKEN_IDS stop ids; ignore_eos not with a constraint (a constraint
+    ends with EOS once complete, so ignoring EOS would leave it nothing to generate)."""
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidField(prefix + "stop_token_ids", f"has {len(stop_token_ids):,} ids, more "
+                           f"than {MAX_STOP_TOKEN_IDS}; send fewer", count=len(stop_token_ids))
+    if ignore_eos and constrained:
+        raise InvalidField(prefix + "ignore_eos", "cannot be combined with a constraint: a "
+                           "constrained output ends with EOS once complete; drop one of them")
+
+
+def stop_token_ids_in_vocab(token_ids: Iterable[int], vocab_size: int, prefix: str = "") -> None:
+    """Every stop token id is in [0, vocab_size): one outside could never be generated."""
+    for token in token_ids:
+        if not 0 <= token < vocab_size:
+            raise InvalidField(prefix + "stop_token_ids", f"token id {token:,} is outside the "
+                               f"model's vocabulary [0, {vocab_size:,}); send ids from this "
+                               "model's tokenizer", token_id=token, vocab_size=vocab_size)
 
 
 def prompt_tokens(count: int, prefix: str = "") -> None:

@@ -18,7 +18,7 @@ from ortserve.logs import add_level_argument, configure_logging
 from ortserve.tls import TlsFiles
 from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.version import package_version
-from scheduler_service import tenant_of
+from scheduler_service import default_tokens, tenant_of
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.ledger import tenants
 from scheduler_service.server import build_server
@@ -88,6 +88,12 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="tenants, their KV quotas and weights (TOML, docs/tenants.md); read at "
                         "start and again on SIGHUP (a refused reload keeps the tenants in "
                         "force); none: no tenants (env ORTSERVE_SCHEDULER_TENANTS_FILE)")
+    p.add_argument("--default-max-new-tokens", action="append", metavar="[MODEL=]N",
+                   help="the ceiling of a request that sets no max_new_tokens (within the "
+                        "remaining context window): N for every model, MODEL=N for one "
+                        f"(repeatable); 0: none, the whole remaining window (default "
+                        f"{default_tokens.DEFAULT_TOKENS}; env "
+                        "ORTSERVE_SCHEDULER_DEFAULT_MAX_NEW_TOKENS, a comma list)")
     p.add_argument("--session-ttl-s", type=float, default=_env(p, "session_ttl_s", d.session_ttl_s),
                    help="an idle session is closed and its bytes released after this long")
     p.add_argument("--relay-calls", choices=("shared", "per-request"),
@@ -113,6 +119,12 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
     a = p.parse_args(argv)
+    try:
+        # Flags override the variable item by item: MODEL=N items merge, a plain N replaces.
+        defaults = default_tokens.parse([os.environ.get(_ENV + "DEFAULT_MAX_NEW_TOKENS", ""),
+                                         *(a.default_max_new_tokens or [])])
+    except ValueError as error:
+        p.error(f"--default-max-new-tokens (or {_ENV}DEFAULT_MAX_NEW_TOKENS): {error}")
     tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
     try:
         tls.check("ortserve-scheduler", need_ca=True)
@@ -126,7 +138,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            retry_after_s=a.retry_after_s, drain_timeout_s=a.drain_timeout_s,
                            metrics_port=a.metrics_port, log_level=a.log_level, log_json=a.log_json,
                            max_queue_length=a.max_queue_length, max_queue_wait_s=a.max_queue_wait_s,
-                           session_ttl_s=a.session_ttl_s, relay_calls=a.relay_calls,
+                           session_ttl_s=a.session_ttl_s, default_max_new_tokens=defaults, relay_calls=a.relay_calls,
                            worker_keepalive_s=a.worker_keepalive_s,
                            queue_aging_s=a.queue_aging_s, tenants_file=a.tenants_file,
                            tenants=table,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ortserve import keepalive
 from ortserve.auth import ApiKeys
 from ortserve.tls import TlsFiles
+from scheduler_service.default_tokens import DefaultMaxNewTokens
 from scheduler_service.ledger.tenants import TenantTable
 
 
@@ -36,6 +37,8 @@ class SchedulerConfig:
     tenants_file: str = ""
     tenants: TenantTable = field(default_factory=TenantTable)  # as read at start
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
+    # The ceiling of a request that sets no max_new_tokens, per model (default_tokens.py).
+    default_max_new_tokens: DefaultMaxNewTokens = field(default_factory=DefaultMaxNewTokens)
     session_ttl_s: float = 600.0  # an idle session is closed (and its bytes released) after this
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal

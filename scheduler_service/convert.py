@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ortserve.v1 import scheduler_pb2, types_pb2
 from ortserve.version import package_version
 from scheduler_service.ledger.ledger import (
@@ -12,6 +14,7 @@ from scheduler_service.ledger.ledger import (
     Cause,
     Decision,
     Lease,
+    NewTokensSource,
     Rejection,
     TenantUsage,
     WorkerGeometry,
@@ -29,11 +32,14 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
                       model: str = "", prompt_ids: list[int] | None = None,
-                      tenant: str = "") -> AdmissionRequest:
+                      tenant: str = "",
+                      default_max_new_tokens: int | None = None) -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
     `prompt_ids`: its token ids when counted (placement follows the prefix caches).
+    `default_max_new_tokens`: the server's ceiling for that model when the request sets
+    none (None: the remaining window).
     """
     return AdmissionRequest(
         request_id=request.request_id,
@@ -45,6 +51,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         prompt_ids=tuple(prompt_ids or ()),
         tenant=tenant,
         priority=request.priority,
+        default_max_new_tokens=default_max_new_tokens,
     )
 
 
@@ -64,7 +71,11 @@ def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
     limit = (CapLimit.TENANT_QUOTA if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA
              else CapLimit.WORKER)
-    return BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS}, limit=limit)
+    cap = BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS
+                       if name != "requested_source"}, limit=limit)
+    if pb.requested_source:  # unset: a lease from a scheduler older than the field
+        cap = replace(cap, requested_source=NewTokensSource(pb.requested_source))
+    return cap
 
 
 def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
@@ -109,6 +120,10 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         reserved_bytes=admission.reserved_bytes,
         dry_run=admission.dry_run,
         queue_wait_ms=admission.queue_wait_s * 1e3,
+        max_new_tokens_source=admission.max_new_tokens_source or 0,
+        reasoning_format=admission.reasoning_format,
+        prompt_opens_reasoning=admission.prompt_opens_reasoning,
+        tool_call_format=admission.tool_call_format,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id

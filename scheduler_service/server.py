@@ -146,7 +146,8 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
              internal_address=f"{config.host}:{internal_port}", tls=files.enabled,
              api_keys=len(config.api_keys), lease_ttl_s=config.lease_ttl_s,
              max_queue_length=config.max_queue_length, max_queue_wait_s=config.max_queue_wait_s,
-             tenants=len(config.tenants.tenants), tenants_file=config.tenants_file or None)
+             tenants=len(config.tenants.tenants), tenants_file=config.tenants_file or None,
+             default_max_new_tokens=config.default_max_new_tokens.describe())
     return SchedulerServer(server=server, port=port, ledger=ledger, queue=queue, _expiry=expiry,
                            _workers=workers, _session_sweep=session_sweep, internal_server=internal,
                            internal_port=internal_port, health=health, metrics_port=metrics_port,

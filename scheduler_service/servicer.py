@@ -65,6 +65,17 @@ class _Prompt:
     # refusal, and the prompt's length it counted, for the ledger to decide on.
     window_refusal: grpc.aio.AioRpcError | None = None
     window_refused_tokens: int = 0
+    # What the counting worker said of a chat prompt's reasoning (passed on in the Admission).
+    reasoning_format: str = ""
+    opens_reasoning: bool = False
+    tool_call_format: str = ""
+
+
+def _noted(admission: Admission, noted: dict) -> Admission:
+    """The admission with what the counting worker said of the prompt (not REJECTED)."""
+    if admission.decision is Decision.REJECTED or not noted:
+        return admission
+    return replace(admission, **noted)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -103,6 +114,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     request_rules.token_ids_in_vocab(ids, vocab)
                     # The worker's Tokenize would check it; this path skips that call.
                     request_rules.logit_bias_in_vocab(request.sampling.logit_bias, vocab)
+                    request_rules.stop_token_ids_in_vocab(request.stop_token_ids, vocab)
                 return _Prompt(ids, known=True)
         if not snapshot:
             return "no worker registered"
@@ -112,7 +124,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
-                return _Prompt(list(answer.token_ids), known=True)
+                return _Prompt(list(answer.token_ids), known=True,
+                               reasoning_format=answer.reasoning_format,
+                               opens_reasoning=answer.prompt_opens_reasoning,
+                               tool_call_format=answer.tool_call_format)
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     counted = window_refused_prompt_tokens(error)
@@ -125,13 +140,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
-                     context=None) -> tuple[Admission | Ticket, list[int]]:
-        """The ledger's decision now, or (not dry_run) a Ticket in the admission queue."""
+                     context=None) -> tuple[Admission | Ticket, list[int], dict]:
+        """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
+        prompt's ids; what the Admission passes on of the prompt (`_noted`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
         tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
+        default = self._config.default_max_new_tokens.for_model(model)
         prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
             n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
@@ -139,18 +156,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return no_worker_rejection(
                 request.request_id, n_known, domain.min_new_tokens, self._config.retry_after_s,
                 registered_workers=len(placement.serving(self._ledger.snapshot(), model)),
-                worker_error="" if prompt == "no worker registered" else prompt, model=model), []
+                worker_error="" if prompt == "no worker registered" else prompt, model=model), [], {}
         if prompt.window_refusal is not None:
             # The ledger decides this refusal too (never reserving), so it is a REJECTED with
             # its Rejection, counted, and Admit's answer, exactly as for a token-id prompt.
-            domain = convert.admission_request(request, prompt.window_refused_tokens, model)
+            domain = convert.admission_request(request, prompt.window_refused_tokens, model,
+                                               default_max_new_tokens=default)
             admission = self._ledger.admit(domain, dry_run=True)
             rejection = admission.rejection
             if rejection is None or rejection.cause is not Cause.CONTEXT_LENGTH_EXCEEDED:
                 raise Relayed(prompt.window_refusal) from None  # the worker's window stands
-            return replace(admission, dry_run=dry_run), []
+            return replace(admission, dry_run=dry_run), [], {}
         domain = convert.admission_request(request, len(prompt.token_ids), model,
-                                           prompt_ids=prompt.token_ids, tenant=tenant)
+                                           prompt_ids=prompt.token_ids, tenant=tenant,
+                                           default_max_new_tokens=default)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
@@ -160,7 +179,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if isinstance(admission, Ticket):
                 self._kick()  # the queue's order may place it at once (priority, tenant share)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
-        return admission, prompt.token_ids
+        return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
+                                             "prompt_opens_reasoning": prompt.opens_reasoning,
+                                             "tool_call_format": prompt.tool_call_format}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
@@ -186,10 +207,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
         wait_s = request.max_queue_wait_ms / 1e3 if request.max_queue_wait_ms else 0.0
         with _under("request."):
-            admission, _ = await self._admit(inner, dry_run=request.dry_run, wait_s=wait_s,
-                                             deadline_s=context.time_remaining(), context=context)
+            admission, _, noted = await self._admit(inner, dry_run=request.dry_run,
+                                                    wait_s=wait_s,
+                                                    deadline_s=context.time_remaining(),
+                                                    context=context)
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
+        admission = _noted(admission, noted)
         self._count(admission)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
@@ -274,9 +298,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             inner.CopyFrom(request)
             inner.request_id = request.request_id or uuid.uuid4().hex[:16]
             wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
-            admission, prompt_ids = await self._admit(inner, dry_run=False, wait_s=wait_s,
-                                                      deadline_s=context.time_remaining(),
-                                                      context=context)
+            admission, prompt_ids, noted = await self._admit(
+                inner, dry_run=False, wait_s=wait_s, deadline_s=context.time_remaining(),
+                context=context)
             bound = log.bind(request_id=inner.request_id)
             queued = None  # perf_counter() when it joined the queue
             if isinstance(admission, Ticket):
@@ -294,6 +318,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if admission.decision is Decision.REJECTED:
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
+            admission = _noted(admission, noted)
             lease, worker = admission.lease, admission.worker
             bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
             bound.info("admitted", decision=admission.decision.value, model=worker.model,

@@ -17,6 +17,7 @@ _FINISH = {
     FinishReason.EOS: types_pb2.EOS,
     FinishReason.STOP_SEQUENCE: types_pb2.STOP_SEQUENCE,
     FinishReason.CONSTRAINT_COMPLETE: types_pb2.CONSTRAINT_COMPLETE,
+    FinishReason.STOP_TOKEN: types_pb2.STOP_TOKEN,
 }
 
 
@@ -79,7 +80,8 @@ def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
         return tokenizer.encode(request.text)
     if kind == "token_ids":
         return list(request.token_ids.ids)
-    return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat))
+    return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat),
+                                 request_rules.template_kwargs(request.chat.template_kwargs_json))
 
 
 def chat_turns(chat: types_pb2.ChatMessages) -> list:
@@ -133,7 +135,9 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
-        constraint=request_rules.constraint_spec(request), **kwargs)
+        constraint=request_rules.constraint_spec(request, tool_format=tokenizer.tool_call_format),
+        ignore_eos=request.ignore_eos,
+        stop_token_ids=tuple(request.stop_token_ids), **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,
@@ -141,6 +145,7 @@ def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.L
     pb = types_pb2.Finished(
         finish_reason=_FINISH[done.finish_reason],
         stop_sequence=done.stop_sequence,
+        stop_token_id=done.stop_token_id,
         usage=types_pb2.Usage(prompt_tokens=done.prompt_tokens,
                               generated_tokens=done.generated_tokens,
                               max_new_tokens=done.max_new_tokens,

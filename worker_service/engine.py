@@ -163,6 +163,7 @@ class Engine:
         request_rules.token_ids_in_vocab(req.prompt_ids, self.spec.vocab_size)
         request_rules.logit_bias_in_vocab((t for t, _ in req.sampling.logit_bias),
                                           self.spec.vocab_size)
+        request_rules.stop_token_ids_in_vocab(req.stop_token_ids, self.spec.vocab_size)
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
                                      self.spec.context_length, req.min_new_tokens)
 

@@ -118,8 +118,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         req = convert.prepare(request.request, engine.tokenizer, sequence_id="tokenize",
                               context_length=engine.spec.context_length)
         engine.check(req)
-        return worker_pb2.TokenizeResponse(token_ids=req.prompt_ids,
-                                           context_length=engine.spec.context_length)
+        answer = worker_pb2.TokenizeResponse(token_ids=req.prompt_ids,
+                                             context_length=engine.spec.context_length)
+        if request.request.WhichOneof("prompt") == "chat":
+            # The gateway splits a reasoning model's output by these (ortserve/reasoning.py).
+            answer.reasoning_format = engine.tokenizer.reasoning_format
+            answer.prompt_opens_reasoning = engine.tokenizer.opens_reasoning(req.prompt_ids)
+            answer.tool_call_format = engine.tokenizer.tool_call_format
+        return answer
 
     async def Detokenize(self, request, context):
         engine = self._ready().engine

@@ -30,6 +30,13 @@ class CapLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAP_LIMIT_WORKER: _ClassVar[CapLimit]
     CAP_LIMIT_TENANT_QUOTA: _ClassVar[CapLimit]
 
+class MaxNewTokensSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MAX_NEW_TOKENS_SOURCE_UNSPECIFIED: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_REQUEST: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: _ClassVar[MaxNewTokensSource]
+    MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: _ClassVar[MaxNewTokensSource]
+
 class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REJECTION_CAUSE_UNSPECIFIED: _ClassVar[RejectionCause]
@@ -49,6 +56,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EOS: _ClassVar[FinishReason]
     STOP_SEQUENCE: _ClassVar[FinishReason]
     CONSTRAINT_COMPLETE: _ClassVar[FinishReason]
+    STOP_TOKEN: _ClassVar[FinishReason]
 
 class SessionKVState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -68,6 +76,10 @@ REJECTED: Decision
 CAP_LIMIT_UNSPECIFIED: CapLimit
 CAP_LIMIT_WORKER: CapLimit
 CAP_LIMIT_TENANT_QUOTA: CapLimit
+MAX_NEW_TOKENS_SOURCE_UNSPECIFIED: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_REQUEST: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: MaxNewTokensSource
+MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: MaxNewTokensSource
 REJECTION_CAUSE_UNSPECIFIED: RejectionCause
 CONTEXT_LENGTH_EXCEEDED: RejectionCause
 EXCEEDS_CAPACITY: RejectionCause
@@ -82,6 +94,7 @@ LENGTH: FinishReason
 EOS: FinishReason
 STOP_SEQUENCE: FinishReason
 CONSTRAINT_COMPLETE: FinishReason
+STOP_TOKEN: FinishReason
 SESSION_KV_STATE_UNSPECIFIED: SessionKVState
 SESSION_EMPTY: SessionKVState
 SESSION_BUSY: SessionKVState
@@ -107,12 +120,14 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
-    __slots__ = ("messages", "tools")
+    __slots__ = ("messages", "tools", "template_kwargs_json")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+    template_kwargs_json: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., template_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "parameters_json")
@@ -170,7 +185,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +201,8 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -201,7 +218,9 @@ class GenerateRequest(_message.Message):
     logprobs: LogprobsOptions
     stream_interval_ms: int
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -236,7 +255,7 @@ class ConstraintResult(_message.Message):
     def __init__(self, satisfied: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
-    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "limit", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes")
+    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "limit", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "requested_source")
     REQUESTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_WAS_UNSET_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +271,7 @@ class BudgetCap(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TENANT_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
     requested_max_new_tokens: int
     admitted_max_new_tokens: int
     requested_was_unset: bool
@@ -267,7 +287,8 @@ class BudgetCap(_message.Message):
     tenant: str
     tenant_quota_bytes: int
     tenant_reserved_bytes: int
-    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., limit: _Optional[_Union[CapLimit, str]] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ...) -> None: ...
+    requested_source: MaxNewTokensSource
+    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., limit: _Optional[_Union[CapLimit, str]] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., requested_source: _Optional[_Union[MaxNewTokensSource, str]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "tenant_requests_per_s", "tenant_burst")
@@ -326,7 +347,7 @@ class Rejection(_message.Message):
     def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., tenant_requests_per_s: _Optional[float] = ..., tenant_burst: _Optional[int] = ...) -> None: ...
 
 class Admission(_message.Message):
-    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model")
+    __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model", "reasoning_format", "prompt_opens_reasoning", "tool_call_format", "max_new_tokens_source")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +362,10 @@ class Admission(_message.Message):
     QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_OPENS_REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     request_id: str
     lease_id: str
@@ -355,7 +380,11 @@ class Admission(_message.Message):
     queue_wait_ms: float
     lease_secret: str
     model: str
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    reasoning_format: str
+    prompt_opens_reasoning: bool
+    tool_call_format: str
+    max_new_tokens_source: MaxNewTokensSource
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_source: _Optional[_Union[MaxNewTokensSource, str]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s")
@@ -446,7 +475,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint")
+    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint", "stop_token_id")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +486,7 @@ class Finished(_message.Message):
     EXECUTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     stop_sequence: str
     usage: Usage
@@ -467,7 +497,8 @@ class Finished(_message.Message):
     execution_provider: str
     session: SessionInfo
     constraint: ConstraintResult
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ...) -> None: ...
+    stop_token_id: int
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "requests_ahead", "bytes_ahead", "needed_bytes", "waited_ms", "max_wait_ms", "queue_length")

@@ -37,6 +37,7 @@ from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the le
     Decision,
     Expired,
     Lease,
+    NewTokensSource,
     PrefixCacheReport,
     Rejection,
     TenantRoom,

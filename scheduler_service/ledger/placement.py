@@ -26,6 +26,7 @@ from scheduler_service.ledger.types import (
     Decision,
     Expired,
     Lease,
+    NewTokensSource,
     Rejection,
     TenantRoom,
     WorkerGeometry,
@@ -40,6 +41,7 @@ class Option:
     requested_max_new_tokens: int
     admissible_max_new_tokens: int  # the most that fits now, <= requested
     fits_whole: bool
+    source: NewTokensSource = NewTokensSource.REQUEST  # where `requested` came from
 
 
 def resolve_model(requested: str, served: Collection[str]) -> str:
@@ -96,6 +98,7 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
             decision=Decision.ADMITTED, request_id=req.request_id,
             prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
             reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
+            max_new_tokens_source=best.source,
         )
     # No worker takes it whole: the one with the largest cap.
     best = max(options, key=lambda o: (o.admissible_max_new_tokens, o.worker.available_bytes,
@@ -184,6 +187,7 @@ def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
             decision=Decision.ADMITTED, request_id=req.request_id,
             prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
             reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
+            max_new_tokens_source=o.source,
         )
     fits_floor = o.admissible_max_new_tokens >= req.floor_new_tokens
     if fits_floor and not req.strict:
@@ -216,11 +220,11 @@ def fits_context(req: AdmissionRequest, g: WorkerGeometry) -> bool:
 
 def option(req: AdmissionRequest, worker) -> Option:
     g = worker.geometry
-    requested = (req.max_new_tokens if req.max_new_tokens is not None
-                 else g.context_length - req.prompt_tokens)
+    requested, source = req.requested_new_tokens(g.context_length)
     fit_new = g.tokens_within(worker.available_bytes) - req.prompt_tokens
     admissible = max(0, min(requested, fit_new))
-    return Option(worker, requested, admissible, fits_whole=admissible == requested)
+    return Option(worker, requested, admissible, fits_whole=admissible == requested,
+                  source=source)
 
 def capped(req: AdmissionRequest, best: Option) -> Admission:
     g = best.worker.geometry
@@ -233,12 +237,13 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
         requested_bytes=g.bytes_for(req.prompt_tokens + requested),
         admitted_bytes=admitted_bytes, available_bytes=best.worker.available_bytes,
         capacity_bytes=g.capacity_bytes, bytes_per_token=g.bytes_per_token,
-        prompt_tokens=req.prompt_tokens, worker_id=g.worker_id,
+        prompt_tokens=req.prompt_tokens, worker_id=g.worker_id, requested_source=best.source,
     )
     cap = replace(cap, reason=sentences.cap_reason(cap))
     return Admission(
         decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
         max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
+        max_new_tokens_source=best.source,
     )
 
 def reject_context(req: AdmissionRequest, widest) -> Admission:
@@ -247,7 +252,7 @@ def reject_context(req: AdmissionRequest, widest) -> Admission:
     rejection = sentences.rendered(Rejection(
         cause=Cause.CONTEXT_LENGTH_EXCEEDED,
         prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
-        requested_max_new_tokens=req.max_new_tokens or max(ctx - req.prompt_tokens, 0),
+        requested_max_new_tokens=req.requested_new_tokens(ctx)[0],
         context_length=ctx, bytes_per_token=g.bytes_per_token,
         capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
     ))

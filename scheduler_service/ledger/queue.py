@@ -426,9 +426,8 @@ class AdmissionQueue:
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
         rejection = sentences.rendered(Rejection(
             cause=cause, prompt_tokens=request.prompt_tokens, min_new_tokens=request.min_new_tokens,
-            requested_max_new_tokens=(request.max_new_tokens if request.max_new_tokens is not None
-                                      else max((widest.geometry.context_length if widest else 0)
-                                               - request.prompt_tokens, 0)),
+            requested_max_new_tokens=request.requested_new_tokens(
+                widest.geometry.context_length if widest else 0)[0],
             cap_refused=mode is not Mode.ALLOW, needed_bytes=needed,
             available_bytes=max((w.available_bytes for w in workers), default=0),
             capacity_bytes=widest.geometry.capacity_bytes if widest else 0,

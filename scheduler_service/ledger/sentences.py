@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ortserve.errors import ContextWindowFull, quoted
 from ortserve.units import human_bytes, human_bytes_at_least, tokens
-from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, Rejection
+from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, NewTokensSource, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
                 "can reach the scheduler")
@@ -20,7 +20,9 @@ START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check
 def cap_reason(cap: BudgetCap) -> str:
     """Why max_new_tokens was reduced, for BudgetCap.reason."""
     n_new, requested = cap.admitted_max_new_tokens, cap.requested_max_new_tokens
-    asked = (f"max_new_tokens unset (the remaining context window: {tokens(requested)})"
+    asked = (f"max_new_tokens unset (the server default: {tokens(requested)})"
+             if cap.requested_source is NewTokensSource.SERVER_DEFAULT
+             else f"max_new_tokens unset (the remaining context window: {tokens(requested)})"
              if cap.requested_was_unset else f"max_new_tokens {requested:,}")
     if cap.limit is CapLimit.TENANT_QUOTA:
         return (f"prompt {tokens(cap.prompt_tokens)} + {asked} needs "

@@ -21,6 +21,15 @@ class Decision(enum.Enum):
     REJECTED = "rejected"
 
 
+class NewTokensSource(enum.IntEnum):
+    """Where an admission's requested max_new_tokens came from (the proto's
+    MaxNewTokensSource numbers, so the servicer passes it on as it is)."""
+
+    REQUEST = 1  # the request set max_new_tokens
+    SERVER_DEFAULT = 2  # unset: the scheduler's --default-max-new-tokens for the model
+    CONTEXT_WINDOW = 3  # unset, no default (or one beyond it): the remaining context window
+
+
 class Cause(enum.Enum):
     """Why a request was rejected; each maps to its own gRPC status code."""
 
@@ -96,7 +105,7 @@ class AdmissionRequest:
 
     request_id: str
     prompt_tokens: int
-    max_new_tokens: int | None = None  # None: the remaining context window
+    max_new_tokens: int | None = None  # None: default_max_new_tokens, or the remaining window
     min_new_tokens: int = 0
     strict: bool = False  # cap policy STRICT: reject rather than cap
     # Placed only on workers serving this model (the servicer resolves the request's
@@ -109,6 +118,9 @@ class AdmissionRequest:
     tenant: str = ""
     # The admission queue serves lower first (vLLM's convention), then by arrival.
     priority: int = 0
+    # The server's ceiling for a request that sets none (--default-max-new-tokens, resolved
+    # for the model); None: such a request asks for the remaining context window.
+    default_max_new_tokens: int | None = None
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +138,19 @@ class AdmissionRequest:
                 self.prompt_ids, block_tokens, min(usable, prefix_hash.SUMMARY_DEPTH_BLOCKS))
             self._hashes[block_tokens] = hashes
         return hashes
+
+    def requested_new_tokens(self, context_length: int) -> tuple[int, NewTokensSource]:
+        """The ceiling this request asks for on a worker of `context_length`, and where it
+        came from: its own max_new_tokens; else the server default, within the remaining
+        window and at least min_new_tokens; else the remaining window."""
+        window = max(context_length - self.prompt_tokens, 0)
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens, NewTokensSource.REQUEST
+        if self.default_max_new_tokens:
+            wanted = max(self.default_max_new_tokens, self.min_new_tokens)
+            if wanted <= window:
+                return wanted, NewTokensSource.SERVER_DEFAULT
+        return window, NewTokensSource.CONTEXT_WINDOW
 
     @property
     def floor_new_tokens(self) -> int:
@@ -152,6 +177,8 @@ class BudgetCap:
     tenant: str = ""
     tenant_quota_bytes: int = 0  # TENANT_QUOTA: the tenant's quota on this model
     tenant_reserved_bytes: int = 0  # TENANT_QUOTA: what its other leases held just before
+    # Where requested_max_new_tokens came from (requested_was_unset: the default or the window).
+    requested_source: NewTokensSource = NewTokensSource.REQUEST
 
 
 @dataclass(frozen=True)
@@ -266,6 +293,13 @@ class Admission:
     dry_run: bool = False
     queue_wait_s: float = 0.0  # time spent in the admission queue before this decision
     tenant: str = ""  # who the request is charged to ("": no tenant), for the metrics
+    # Where the requested ceiling came from (unset when rejected).
+    max_new_tokens_source: NewTokensSource | None = None
+    # Not the ledger's: what the worker that counted a chat prompt said of its reasoning,
+    # passed on to the caller in the Admission (the servicer sets them).
+    reasoning_format: str = ""
+    prompt_opens_reasoning: bool = False
+    tool_call_format: str = ""
 
 
 @dataclass(frozen=True)

@@ -309,8 +309,9 @@ class SessionRPCs:
                 before_bytes = held.reserved_bytes if held is not None else 0
                 admission = None
                 # The turn is charged to the tenant that opened the session (its lease's).
-                turn = convert.admission_request(full, len(ids), full.model,
-                                                 tenant=held.tenant if held is not None else "")
+                turn = convert.admission_request(
+                    full, len(ids), full.model, tenant=held.tenant if held is not None else "",
+                    default_max_new_tokens=self._config.default_max_new_tokens.for_model(full.model))
                 async with aclosing(self._admit_turn(session, inner, turn, context,
                                                      bound)) as news:
                     async for item in news:

@@ -13,6 +13,7 @@ import pytest
 from ortserve_client import Client, ExceedsCapacity
 
 from ortserve.v1 import types_pb2, worker_pb2
+from scheduler_service.default_tokens import DEFAULT_TOKENS
 from tests.e2e.conftest import (
     BIN,
     prompt_tokens,
@@ -70,11 +71,14 @@ def test_the_incident_unset_max_new_tokens_is_capped_before_the_first_token(tmp_
         assert adm.decision == "CAPPED" and chunks
         cap = adm.budget_cap
         assert cap.requested_was_unset
-        assert cap.requested_max_new_tokens == 8192 - n_prompt
+        # Unset asks for the scheduler's default (--default-max-new-tokens), not the window.
+        assert cap.requested_max_new_tokens == DEFAULT_TOKENS < 8192 - n_prompt
+        assert cap.requested_source == "server_default"
+        assert adm.max_new_tokens_source == "server_default"
         assert cap.admitted_max_new_tokens == room
         assert cap.bytes_per_token == BPT and cap.capacity_bytes == budget == cap.available_bytes
         assert cap.admitted_bytes == (n_prompt + room) * BPT <= budget
-        assert cap.requested_bytes == 8192 * BPT
+        assert cap.requested_bytes == -(-(n_prompt + DEFAULT_TOKENS) // block) * block * BPT
         result = stream.result
         assert result.finish_reason == "LENGTH"
         assert result.budget_cap == cap  # repeated in the final event

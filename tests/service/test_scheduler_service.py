@@ -20,12 +20,14 @@ from ortserve.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from scheduler_service import default_tokens
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
 
 BPT = 46_080
 CTX = 8_192
+DEFAULT_TOKENS = default_tokens.DEFAULT_TOKENS
 
 
 class TokenizeOnlyWorker(worker_pb2_grpc.WorkerServicer):
@@ -100,9 +102,12 @@ def test_admit_caps_the_incident_and_dry_run_reserves_nothing(cluster):
     adm = stub.Admit(scheduler_pb2.AdmitRequest(request=prompt(37)), timeout=5)
     assert adm.decision == types_pb2.CAPPED
     cap = adm.budget_cap
-    assert (cap.requested_max_new_tokens, cap.admitted_max_new_tokens) == (CTX - 37, 500)
+    # Unset: the server's default (--default-max-new-tokens), not the whole window.
+    assert (cap.requested_max_new_tokens, cap.admitted_max_new_tokens) == (DEFAULT_TOKENS, 500)
     assert cap.requested_was_unset and cap.bytes_per_token == BPT
-    assert cap.requested_bytes == CTX * BPT and cap.admitted_bytes == 537 * BPT
+    assert cap.requested_source == types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT
+    assert adm.max_new_tokens_source == types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT
+    assert cap.requested_bytes == (37 + DEFAULT_TOKENS) * BPT and cap.admitted_bytes == 537 * BPT
     assert cap.available_bytes == cap.capacity_bytes == 537 * BPT
 
 

@@ -79,7 +79,10 @@ def test_no_worker_is_503_and_an_invalid_field_is_400_with_its_openai_name():
     assert no_worker.status == 503 and no_worker.headers()["Retry-After"] == "1"
     for proto_path, param in (("sampling.top_p", "top_p"), ("max_new_tokens", "max_tokens"),
                               ("chat.messages[2].role", "messages[2].role"), ("stop[3]", "stop"),
-                              ("token_ids.ids[3]", "prompt")):
+                              ("token_ids.ids[3]", "prompt"),
+                              ("chat.template_kwargs_json.reasoning_effort", "reasoning_effort"),
+                              ("chat.template_kwargs_json.x", "chat_template_kwargs.x"),
+                              ("chat.template_kwargs_json", "chat_template_kwargs")):
         bad = from_grpc(FakeRpcError(S.INVALID_ARGUMENT, f"{proto_path}: bad", [
             rich_status.error_info("INVALID_REQUEST", {}),
             rich_status.bad_request(proto_path, "bad")]), "messages")

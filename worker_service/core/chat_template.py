@@ -23,7 +23,7 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ortserve import tool_calls
+from ortserve import reasoning, tool_calls, tool_formats
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
 # The named special tokens transformers passes to every chat template (its
@@ -61,8 +61,16 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens)
         env = chat_template_environment()
         self._template = env.from_string(source)
+        # The variables the template reads: chat_template_kwargs may set only these.
+        self.variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
         # A template that reads `tools` renders tools, tool calls and tool turns itself.
-        self.supports_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+        self.supports_tools = "tools" in self.variables
+        # The format the template asks tool calls in (ortserve/tool_formats.py); a template
+        # that reads no tools gets the fallback, which asks for Hermes'.
+        self.tool_call_format = (tool_formats.format_of_template(source) if self.supports_tools
+                                 else "hermes")
+        # The reasoning tags the template writes, if any (ortserve/reasoning.py).
+        self.reasoning_format = reasoning.family_of_template(source)
 
     @classmethod
     def load(cls, model_dir: Path, tokenizer_config: dict,
@@ -77,21 +85,59 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ModelLoadError(f"the chat template of {model_dir} does not parse: {exc}") from exc
 
-    def render(self, messages: Sequence[Turn], tools: Sequence[Mapping[str, Any]] = ()) -> str:
+    def render(self, messages: Sequence[Turn], tools: Sequence[Mapping[str, Any]] = (),
+               kwargs: Mapping[str, Any] | None = None) -> str:
         """Turns (and the functions offered, transformers' {"type": "function", "function":
-        {...}} dicts) -> the prompt text, with the generation prompt appended."""
+        {...}} dicts) -> the prompt text, with the generation prompt appended. `kwargs`:
+        further variables (chat_template_kwargs), each one the template reads."""
+        kwargs = dict(kwargs or {})
+        self.check_kwargs(kwargs)
         turns = [_as_dict(m) for m in messages]
+        fallback = not self.supports_tools and bool(tools)
         if not self.supports_tools:
             turns = _fallback_turns(turns, tools)
             tools = ()
         try:
-            # The variables transformers' apply_chat_template passes (no documents).
-            return self._template.render(
-                messages=turns, tools=list(tools) or None, documents=None,
-                add_generation_prompt=True, **self.special_tokens,
-            )
+            return self._render(turns, tools, kwargs)
         except TemplateError as exc:
+            if fallback and turns[0]["role"] == "system" and len(turns) > 1 \
+                    and turns[1]["role"] == "user":
+                # A template without a system role (Gemma's): the fallback's tools section
+                # goes at the head of the first user turn instead.
+                merged = {"role": "user",
+                          "content": turns[0]["content"] + "\n\n" + turns[1]["content"]}
+                try:
+                    return self._render([merged, *turns[2:]], tools, kwargs)
+                except TemplateError:
+                    pass
             raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
+
+    def _render(self, turns: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
+                kwargs: Mapping[str, Any]) -> str:
+        # The variables transformers' apply_chat_template passes (no documents).
+        return self._template.render(
+            messages=turns, tools=list(tools) or None, documents=None,
+            add_generation_prompt=True, **{**self.special_tokens, **kwargs},
+        )
+
+
+    def check_kwargs(self, kwargs: Mapping[str, Any]) -> None:
+        """Each chat_template_kwargs name is a variable this template reads and not one the
+        worker sets: one it would not read is refused, never silently dropped."""
+        where = "chat.template_kwargs_json."
+        for name in kwargs:
+            if name in _SET_BY_WORKER or name in self.special_tokens:
+                raise InvalidRequest(where + name, f"{name!r} is set by ortserve itself; "
+                                     "remove it from the template variables")
+            if name not in self.variables:
+                reads = sorted(self.variables - _SET_BY_WORKER - set(self.special_tokens))
+                raise InvalidRequest(where + name, f"this model's chat template does not read "
+                                     f"{name!r}, so it would change nothing; it reads "
+                                     f"{', '.join(reads) or 'no other variables'}")
+
+
+# The variables `render` passes itself (transformers' apply_chat_template's).
+_SET_BY_WORKER = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 def _as_dict(turn: Turn) -> dict[str, Any]:

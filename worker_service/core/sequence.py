@@ -34,6 +34,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_new_tokens reached
     EOS = "eos"  # the model emitted an end-of-sequence token
     STOP_SEQUENCE = "stop_sequence"  # the output text contained a stop sequence
+    STOP_TOKEN = "stop_token"  # the model generated one of the request's stop_token_ids
     CONSTRAINT_COMPLETE = "constraint_complete"  # the constraint admits no further token
 
 
@@ -59,6 +60,11 @@ class SequenceRequest:
     # Log-probabilities per generated token with this many alternatives (0..20);
     # None: not asked, and nothing is computed.
     top_logprobs: int | None = None
+    # Generation does not end at the model's EOS tokens (it runs to max_new_tokens, a
+    # stop sequence or a stop token).
+    ignore_eos: bool = False
+    # Token ids that end generation once generated (their text kept, as vLLM does).
+    stop_token_ids: tuple[int, ...] = ()
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -68,6 +74,7 @@ class SequenceRequest:
         request_rules.prompt_tokens(len(self.prompt_ids))
         request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
         request_rules.stop_sequences(self.stop)
+        request_rules.stop_tokens(self.stop_token_ids, self.ignore_eos, self.constraint is not None)
         self.sampling.validate()
         request_rules.constraint(self.constraint)
         if self.top_logprobs is not None:
@@ -127,6 +134,7 @@ class Completed:
     constraint_satisfied: bool | None = None
     constraint_reason: str = ""
     cached_prompt_tokens: int = 0  # prompt tokens copied from the prefix cache (not prefilled)
+    stop_token_id: int = 0  # the stop token generated, when finish_reason is STOP_TOKEN
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,9 @@ class Sequence:
         self.sequence_id = req.sequence_id
         self.on_event = on_event
         self.sampler = Sampler(req.sampling, vocab_size)
-        self.eos_token_ids = frozenset(eos_token_ids)
+        # ignore_eos: the model's EOS tokens end nothing (a stop token still does).
+        self.eos_token_ids = frozenset(() if req.ignore_eos else eos_token_ids)
+        self.stop_token_ids = frozenset(req.stop_token_ids)
         self.stream = StopTextStream(tokenizer, req.prompt_ids, req.stop)
         self.token_ids = list(req.prompt_ids)  # prompt + output; the repetition penalty reads it
         self.num_computed_tokens = 0  # tokens whose K/V the cache holds
@@ -176,8 +186,8 @@ class Sequence:
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
         if req.min_new_tokens > 0:
-            # min_new_tokens: EOS is masked until that many tokens exist.
-            self.sampler.suppress(sorted(self.eos_token_ids))
+            # min_new_tokens: EOS and the stop tokens are masked until that many tokens exist.
+            self.sampler.suppress(sorted(self.eos_token_ids | self.stop_token_ids))
 
     @property
     def num_output_tokens(self) -> int:
@@ -287,10 +297,13 @@ class Sequence:
             # EOS counts as a generated token but adds no text.
             text = self.stream.push(None, final=True, stops_armed=armed)
             return token, text, FinishReason.EOS, logprobs
-        final = complete or generated >= self.req.max_new_tokens
+        stop_token = token in self.stop_token_ids
+        final = complete or stop_token or generated >= self.req.max_new_tokens
         text = self.stream.push(token, final=final, stops_armed=armed)
         if self.stream.stop_sequence:
             return token, text, FinishReason.STOP_SEQUENCE, logprobs
+        if stop_token:
+            return token, text, FinishReason.STOP_TOKEN, logprobs
         if complete:
             # Nothing can follow: ending now saves the model run that could only pick EOS.
             return token, text, FinishReason.CONSTRAINT_COMPLETE, logprobs
@@ -312,6 +325,7 @@ class Sequence:
             total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
             reused_prompt_tokens=self.reused_tokens, cached_prompt_tokens=self.cached_tokens,
+            stop_token_id=self.token_ids[-1] if finish_reason is FinishReason.STOP_TOKEN else 0,
             **self._constraint_outcome(finish_reason),
         )
 
@@ -324,6 +338,9 @@ class Sequence:
         if finish_reason is FinishReason.STOP_SEQUENCE:
             why = (f"the stop sequence {self.stream.stop_sequence!r} ended the output before "
                    f"it completed {field}; drop stop sequences the constrained output may contain")
+        elif finish_reason is FinishReason.STOP_TOKEN:
+            why = (f"the stop token {self.token_ids[-1]} ended the output before it completed "
+                   f"{field}; drop stop_token_ids the constrained output may contain")
         else:
             why = (f"the output reached max_new_tokens ({self.req.max_new_tokens:,}) before it "
                    f"completed {field}; it is a truncated prefix: raise max_new_tokens (if the "

@@ -14,6 +14,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers.decoders import DecodeStream
 
+from ortserve import reasoning
 from worker_service.core.chat_template import ChatTemplate, Turn, read_special_tokens
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
@@ -63,17 +64,39 @@ class Tokenizer:
         """Plain text -> token ids (no chat template)."""
         return self._tok.encode(text, add_special_tokens=True).ids
 
-    def render_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = ()) -> str:
+    def render_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = (),
+                    kwargs: Mapping | None = None) -> str:
         """Turns ((role, content) or message dicts, chat_template.Turn) and the functions
-        offered -> the prompt text, with the generation prompt appended."""
+        offered -> the prompt text, with the generation prompt appended; `kwargs`: further
+        template variables (chat_template_kwargs)."""
         if self.chat_template is None:
             raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
-        return self.chat_template.render(messages, tools)
+        return self.chat_template.render(messages, tools, kwargs)
 
-    def encode_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = ()) -> list[int]:
-        """Turns and tools -> token ids of the templated prompt."""
-        return self._tok.encode(self.render_chat(messages, tools), add_special_tokens=False).ids
+    def encode_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = (),
+                    kwargs: Mapping | None = None) -> list[int]:
+        """Turns, tools and template variables -> token ids of the templated prompt."""
+        return self._tok.encode(self.render_chat(messages, tools, kwargs),
+                                add_special_tokens=False).ids
+
+    @property
+    def tool_call_format(self) -> str:
+        """The format the chat template asks tool calls in (ortserve/tool_formats.py)."""
+        return self.chat_template.tool_call_format if self.chat_template is not None else "hermes"
+
+    @property
+    def reasoning_format(self) -> str:
+        """The reasoning family the chat template writes ("think"), "" for none."""
+        return self.chat_template.reasoning_format if self.chat_template is not None else ""
+
+    def opens_reasoning(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether a chat prompt's end leaves the template's reasoning block open (its last
+        few tokens decoded with their special tokens: the tags may be special tokens)."""
+        if not self.reasoning_format:
+            return False
+        tail = self._tok.decode(list(prompt_ids[-16:]), skip_special_tokens=False)
+        return reasoning.prompt_opens_reasoning(self.reasoning_format, tail)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

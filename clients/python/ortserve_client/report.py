@@ -34,11 +34,17 @@ def cap_notice(cap: BudgetCap) -> str:
                 f"tenant held {human_bytes(cap.tenant_reserved_bytes)} of its "
                 f"{human_bytes(cap.tenant_quota_bytes)} quota. {cap.reason}")
     return (f"CAPPED by the KV budget: max_new_tokens {cap.requested_max_new_tokens:,}"
-            f"{' (unset: the remaining context window)' if cap.requested_was_unset else ''}"
+            f"{_unset(cap) if cap.requested_was_unset else ''}"
             f" -> {cap.admitted_max_new_tokens:,}; needs {human_bytes(cap.requested_bytes)} at "
             f"{cap.bytes_per_token:,} B/token, reserved {human_bytes(cap.admitted_bytes)}, "
             f"{human_bytes(cap.available_bytes)} was free of {human_bytes(cap.capacity_bytes)} "
             f"on worker {cap.worker_id}. {cap.reason}")
+
+
+def _unset(cap: BudgetCap) -> str:
+    if cap.requested_source == "server_default":
+        return " (unset: the server's default)"
+    return " (unset: the remaining context window)"
 
 
 def queued_notice(q: Queued) -> str:

@@ -26,12 +26,23 @@ class BudgetCap:
     tenant: str = ""
     tenant_quota_bytes: int = 0
     tenant_reserved_bytes: int = 0
+    # Where requested_max_new_tokens came from: "request", "server_default" or
+    # "context_window" ("" from a scheduler that does not say).
+    requested_source: str = ""
 
     @classmethod
     def from_pb(cls, pb: types_pb2.BudgetCap) -> BudgetCap:
-        fields = {f: getattr(pb, f) for f in cls.__dataclass_fields__ if f != "limit"}
+        fields = {f: getattr(pb, f) for f in cls.__dataclass_fields__
+                  if f not in ("limit", "requested_source")}
         limit = ("tenant_quota" if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA else "worker")
-        return cls(**fields, limit=limit)
+        return cls(**fields, limit=limit, requested_source=max_tokens_source(pb.requested_source))
+
+
+def max_tokens_source(value: int) -> str:
+    """A MaxNewTokensSource as a word: request, server_default, context_window; "" unset."""
+    if not value:
+        return ""
+    return types_pb2.MaxNewTokensSource.Name(value).removeprefix("MAX_NEW_TOKENS_FROM_").lower()
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class Admission:
     # Admit's proof of holding the lease (Client.release needs it); kept out of repr and logs.
     lease_secret: str = field(default="", repr=False)
     model: str = ""  # the model that answers (the request's, resolved); empty when REJECTED
+    # Where max_new_tokens came from: "request", "server_default", "context_window"; "" when
+    # REJECTED (or from a scheduler that does not say).
+    max_new_tokens_source: str = ""
 
     @classmethod
     def from_pb(cls, pb: types_pb2.Admission) -> Admission:
@@ -64,6 +78,7 @@ class Admission:
             budget_cap=BudgetCap.from_pb(pb.budget_cap) if pb.HasField("budget_cap") else None,
             rejection=rejection_dict(pb.rejection) if pb.HasField("rejection") else None,
             queue_wait_ms=pb.queue_wait_ms, lease_secret=pb.lease_secret, model=pb.model,
+            max_new_tokens_source=max_tokens_source(pb.max_new_tokens_source),
         )
 
 

@@ -1,0 +1,145 @@
+"""End to end with the openai client: a reasoning model's chat answers split into
+reasoning_content and content, streamed and not, with its reasoning tokens counted.
+
+The model is the tiny random one in a folder made here with a Qwen3-style chat
+template: its generation prompt opens <think> (closes it at once under
+enable_thinking false) and it reads reasoning_effort. A random model never writes
+</think> by itself, so the requests force an output that closes the reasoning with a
+regex (vLLM's structured_outputs, through extra_body): the gateway's parser still sees
+only the model's real tokens, the tag split over several of them, and a second gateway
+with --reasoning-parser none shows the raw text the split must add up to.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from devtools.cluster import LocalCluster, model_cache, stop_service
+from tests.e2e.test_gateway_e2e import openai_client, start_gateway, wait_reserved_zero
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+MODEL = "tiny-think"
+TEMPLATE = (
+    "{% for message in messages %}{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if reasoning_effort is defined %}{{ 'Effort: ' + reasoning_effort + '\\n' }}{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
+)
+MESSAGES = [{"role": "user", "content": "Think, then answer."}]
+# The forced output: reasoning, the closing tag (several tokens), the answer.
+SPLIT = {"structured_outputs": {"regex": "[a-z]{6,14}</think>\n\n[a-z]{4,10}"}}
+
+
+@pytest.fixture(scope="module")
+def think(tmp_path_factory):
+    tiny = model_cache() / "models" / "tiny-llama"
+    if not (tiny / "genai_config.json").exists():
+        pytest.fail(f"the tiny model is not prepared at {tiny}: run `make tiny-model`")
+    folder = tmp_path_factory.mktemp("models") / MODEL
+    folder.mkdir()
+    for name in ("genai_config.json", "model.onnx", "model.onnx.data", "tokenizer.json",
+                 "tokenizer_config.json"):
+        (folder / name).symlink_to(tiny / name)
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
+    cluster = LocalCluster(model_dir=folder, workers=1, threads=1, kv_capacities=["8MiB"],
+                           log_dir=tmp_path_factory.mktemp("logs-reasoning")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(think, tmp_path_factory):
+    service = start_gateway(tmp_path_factory, think.address)
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def raw_gateway(think, tmp_path_factory):
+    service = start_gateway(tmp_path_factory, think.address, ("--reasoning-parser", "none"))
+    yield service
+    stop_service(service)
+
+
+def create(gateway, **kw):
+    return openai_client(gateway).chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, **kw)
+
+
+def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, think):
+    raw = create(raw_gateway, max_tokens=40, logprobs=True, extra_body=SPLIT)
+    raw_text = raw.choices[0].message.content
+    assert "</think>" in raw_text and raw.model_extra["ortserve"]["finished"]["constraint"][
+        "satisfied"]
+    # Per token (one token per chunk here): the tokens up to the one that completes the tag.
+    seen, closing = b"", None
+    for i, token in enumerate(raw.choices[0].logprobs.content):
+        seen += bytes(token.bytes)
+        if b"</think>" in seen:
+            closing = i + 1
+            break
+    answer = create(gateway, max_tokens=40, extra_body=SPLIT)
+    message = answer.choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and message.content and "think>" not in reasoning + message.content
+    assert raw_text == reasoning + "</think>\n\n" + message.content
+    assert answer.model_extra["ortserve"]["reasoning_format"] == "think"
+    details = answer.usage.completion_tokens_details
+    assert answer.usage.completion_tokens == raw.usage.completion_tokens
+    assert details.reasoning_tokens == closing < answer.usage.completion_tokens
+    assert wait_reserved_zero(think.address) == 0
+
+
+def test_streamed_reasoning_comes_apart_and_first(gateway):
+    whole = create(gateway, max_tokens=40, extra_body=SPLIT).choices[0].message
+    chunks = list(create(gateway, max_tokens=40, stream=True, extra_body=SPLIT,
+                         stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    thoughts = [d.model_extra.get("reasoning_content") for d in deltas]
+    texts = [d.content for d in deltas]
+    assert not any(t and c for t, c in zip(thoughts, texts, strict=True))  # never both
+    last_thought = max(i for i, t in enumerate(thoughts) if t)
+    assert all(not c for c in texts[:last_thought])  # the answer only after the reasoning
+    assert "".join(t or "" for t in thoughts) == whole.model_extra["reasoning_content"]
+    assert "".join(c or "" for c in texts) == whole.content
+    assert len([t for t in thoughts if t]) > 1  # it streamed, not one block at the end
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens > 0
+
+
+def test_reasoning_tokens_count_toward_the_cap_like_any_other(gateway):
+    answer = create(gateway, max_tokens=5)  # the open reasoning never closes in 5 tokens
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage.completion_tokens == 5
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 5
+    assert answer.choices[0].message.model_extra["reasoning_content"]
+    assert not answer.choices[0].message.content
+    assert answer.model_extra["ortserve"]["max_new_tokens"] == 5
+
+
+def test_enable_thinking_false_reaches_the_template_and_the_answer_is_content(gateway):
+    answer = create(gateway, max_tokens=20, extra_body={
+        "chat_template_kwargs": {"enable_thinking": False},
+        "structured_outputs": {"regex": "[a-z]{4,10}"}})
+    message = answer.choices[0].message
+    assert message.content and message.model_extra.get("reasoning_content") is None
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_reasoning_effort_reaches_a_template_that_reads_it(gateway):
+    low = create(gateway, max_tokens=3, reasoning_effort="low")
+    none = create(gateway, max_tokens=3)
+    # The template writes "Effort: low" into the prompt: the prompt is longer by those tokens.
+    assert low.usage.prompt_tokens > none.usage.prompt_tokens
+
+
+def test_a_template_variable_the_template_does_not_read_is_refused(gateway):
+    with pytest.raises(openai.BadRequestError) as info:
+        create(gateway, max_tokens=3, extra_body={"chat_template_kwargs": {"thinking_budget": 9}})
+    assert info.value.body["param"] == "chat_template_kwargs.thinking_budget"
+    assert "does not read" in info.value.body["message"]
