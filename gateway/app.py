@@ -212,7 +212,8 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams
             def opener(r):
-                return open_direct(upstream.stub, workers, r, upstream.timeout_s, metadata)
+                return open_direct(upstream.stub, workers, r, upstream.timeout_s, metadata,
+                                   relayed=lambda: upstream.open(r, metadata))
         else:
             def opener(r):
                 return upstream.open(r, metadata)

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 from ortserve_client.direct import SERVER_BOUND_MS, rejection_status, relabelled, worker_failure
 
 from ortserve import keepalive
+from ortserve.error_path import not_reached
 from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 
-from .upstream import StreamBroken
+from .upstream import OpenStream, StreamBroken
 
 _ADMIT_PREFIX = "request."
 
@@ -96,9 +97,16 @@ class Workers:
 
 
 async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRequest,
-                      timeout_s: float, metadata: Sequence[tuple[str, str]]) -> DirectStream:
+                      timeout_s: float, metadata: Sequence[tuple[str, str]],
+                      relayed: Callable[[], Awaitable[OpenStream]] | None = None,
+                      ) -> DirectStream | OpenStream:
     """Admit, start the worker's Generate and wait for its Admission; raises grpc.RpcError
-    (StatusError) or StreamBroken before any byte is sent, the lease given back."""
+    (StatusError) or StreamBroken before any byte is sent, the lease given back.
+
+    A worker that cannot be reached at all (not_reached: the request never started there)
+    with `relayed` given: the lease is given back and the request goes once through the
+    scheduler's relay (`relayed()`), which marks that worker unreachable and places it on
+    another; the scheduler alone learns which workers answer."""
     started = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     wait_ms = request.max_queue_wait_ms if request.HasField("max_queue_wait_ms") else SERVER_BOUND_MS
@@ -119,6 +127,7 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
     inner.ClearField("max_queue_wait_ms")
     call = None
     claimed = False
+    unreached = False
     try:
         call = workers.generate(
             admission.worker_address,
@@ -128,15 +137,19 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
         try:
             first = types_pb2.GenerateEvent.FromString(await frames.__anext__())
         except grpc.RpcError as error:
-            raise worker_failure(error, admission, 0, claimed=False) from None
+            if relayed is None or not not_reached(error):
+                raise worker_failure(error, admission, 0, claimed=False) from None
+            unreached = True  # the lease is given back below; the relay places it again
+            first = None
         except StopAsyncIteration:
             first = None
-        if first is None or first.WhichOneof("event") != "admission":
-            raise StreamBroken(f"worker {admission.worker_id}'s stream did not start with an "
-                               "Admission")
-        claimed = True
-        return DirectStream(call, frames, admission, started,
-                            (time.perf_counter() - started) * 1e3)
+        if not unreached:
+            if first is None or first.WhichOneof("event") != "admission":
+                raise StreamBroken(f"worker {admission.worker_id}'s stream did not start "
+                                   "with an Admission")
+            claimed = True
+            return DirectStream(call, frames, admission, started,
+                                (time.perf_counter() - started) * 1e3)
     finally:
         if not claimed:
             if call is not None:
@@ -147,3 +160,4 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
                 await scheduler.Release(scheduler_pb2.ReleaseRequest(
                     lease_id=admission.lease_id, lease_secret=admission.lease_secret),
                     timeout=10.0, metadata=tuple(metadata))
+    return await relayed()

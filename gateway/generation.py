@@ -60,7 +60,8 @@ async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> S
     """A plain Generate, admitted; raises grpc.RpcError or StreamBroken before any byte."""
     if target.workers is not None:
         return await open_direct(target.upstream.stub, target.workers, request,
-                                 target.upstream.timeout_s, target.metadata)
+                                 target.upstream.timeout_s, target.metadata,
+                                 relayed=lambda: target.upstream.open(request, target.metadata))
     return await target.upstream.open(request, target.metadata)
 
 
