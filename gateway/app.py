@@ -219,7 +219,7 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
                 return upstream.open(r, metadata)
         streams = await choices.open_all(opener, requests)
     except grpc.RpcError as error:
-        raise from_grpc(error, _PROMPT_PARAM[kind]) from None
+        raise from_grpc(error, _PROMPT_PARAM[kind], kind) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     admissions = [s.admission for s in streams]
@@ -285,7 +285,7 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
             elif kind == "finished":
                 finished[index] = event.finished
     except grpc.RpcError as error:
-        raise from_grpc(error, _PROMPT_PARAM[meta.kind]) from None
+        raise from_grpc(error, _PROMPT_PARAM[meta.kind], meta.kind) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     if any(f is None for f in finished):
@@ -367,7 +367,7 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     except grpc.RpcError as error:
         # The headers are gone already: a mid-stream failure is an error event,
         # which the openai clients raise as APIError.
-        yield _data(from_grpc(error, _PROMPT_PARAM[meta.kind]).body())
+        yield _data(from_grpc(error, _PROMPT_PARAM[meta.kind], meta.kind).body())
     except StreamBroken as error:
         yield _data(HttpError(502, str(error), "server_error", "bad_upstream_stream").body())
     finally:
