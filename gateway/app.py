@@ -22,7 +22,7 @@ from ortserve.request_rules import TENANT_METADATA
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
-from . import anthropic_route, choices, responses, responses_route, tokenize, tools
+from . import anthropic_route, choices, errors, responses, responses_route, tokenize, tools
 from .config import GatewayConfig
 from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
@@ -48,6 +48,7 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
     upstream: Upstream | None = None
     workers: Workers | None = None  # the direct path's channels (--direct-to-workers)
     stored = ResponseStore(config.responses_max, config.responses_ttl_s)
+    errors.SCHEDULER["address"] = config.scheduler_address  # named when it cannot be reached
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

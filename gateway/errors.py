@@ -18,6 +18,8 @@ from google.rpc import error_details_pb2
 from ortserve_client.errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
 
 from ortserve import rich_status
+from ortserve.error_path import STATUS_DETAILS_KEY
+from ortserve.errors import clip
 
 from .translate import ParamError
 
@@ -104,6 +106,11 @@ def route_words(value, route: str):
         return [route_words(v, route) for v in value]
     return value
 
+# The gateway's own code for a scheduler it cannot reach (no status of the scheduler's at
+# all: every answer of the scheduler carries one), and the address it calls (build_app).
+SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
+SCHEDULER = {"address": ""}
+
 
 @dataclass
 class HttpError(Exception):
@@ -140,6 +147,8 @@ def from_param_error(error: ParamError) -> HttpError:
 def from_grpc(error: grpc.RpcError, prompt_param: str, route: str = "chat") -> HttpError:
     """Map a failed Generate call; `prompt_param` is "messages" or "prompt"; `route`
     ("chat", "completion", "responses", "messages") names the fields in its callers' words."""
+    if _unreached(error):
+        return scheduler_unavailable(error)
     decoded = from_rpc_error(error)
     info = decoded.error_info()
     reason = info.reason if info else None
@@ -156,6 +165,26 @@ def from_grpc(error: grpc.RpcError, prompt_param: str, route: str = "chat") -> H
     return HttpError(status, in_route_words(message, route), kind, code,
                      _param(decoded, reason, prompt_param), _retry_after_s(decoded),
                      route_words(extension, route))
+
+
+def _unreached(error: grpc.RpcError) -> bool:
+    """The call never reached the scheduler (down, wrong address, connection lost): the
+    transport's UNAVAILABLE, with none of the status details every scheduler answer has."""
+    return error.code() == S.UNAVAILABLE and not any(
+        k == STATUS_DETAILS_KEY for k, _ in (error.trailing_metadata() or ()))
+
+
+def scheduler_unavailable(error: grpc.RpcError) -> HttpError:
+    """503 `scheduler_unavailable`: where the gateway calls, what the transport said, and
+    what to do."""
+    address = SCHEDULER["address"] or "(unknown)"
+    message = (f"the gateway cannot reach the scheduler at {address} "
+               f"({clip(error.details() or 'no answer', 300)}); start the scheduler there "
+               "(ortserve-scheduler) or point the gateway's --scheduler at the address it "
+               "listens on, then retry")
+    return HttpError(503, message, "service_unavailable", SCHEDULER_UNAVAILABLE, None, 0.0,
+                     {"grpc_code": S.UNAVAILABLE.name, "reason": SCHEDULER_UNAVAILABLE.upper(),
+                      "metadata": {"scheduler_address": address}})
 
 
 def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str | None:
