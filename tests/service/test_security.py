@@ -224,3 +224,22 @@ def test_an_open_plaintext_scheduler_beyond_loopback_says_so_loudly():
     finally:
         loop.close()
 
+
+def test_a_generate_key_may_use_sessions_like_generate(secured):
+    # Each session RPC with a generate key reaches its handler: an unknown session is the
+    # handler's NOT_FOUND, an open with no worker its NO_WORKER, never ROLE_REQUIRED.
+    stub = secured.stub()
+    key = bearer(GENERATE_KEY)
+    error = refused(stub.OpenSession, scheduler_pb2.OpenSessionRequest(), metadata=key)
+    assert reason(error) == "NO_WORKER", error.details()
+    unknown = scheduler_pb2.SessionRequest(session_id="no-such-session")
+    for call in (stub.GetSession, stub.SwapOutSession, stub.CloseSession):
+        error = refused(call, unknown, metadata=key)
+        assert (error.code(), reason(error)) == (grpc.StatusCode.NOT_FOUND,
+                                                 "SESSION_NOT_FOUND"), error.details()
+    turn = stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+        session_id="no-such-session", request=types_pb2.GenerateRequest(
+            token_ids=types_pb2.TokenIds(ids=[1]))), timeout=5, metadata=key)
+    with pytest.raises(grpc.RpcError) as err:
+        list(turn)
+    assert reason(err.value) == "SESSION_NOT_FOUND", err.value.details()
