@@ -434,9 +434,9 @@ def message_object(message_id: str, model: str, blocks: list[dict],
 
 def ortserve_extension(adm: types_pb2.Admission, fin: types_pb2.Finished | None = None,
                        resolved: Mapping[str, str] | None = None) -> dict:
-    out = admission_extension(adm)
+    out = admission_extension(adm, "messages")
     if fin is not None:
-        out["finished"] = finished_extension(fin)
+        out["finished"] = finished_extension(fin, "messages")
     if resolved:
         out["resolved"] = dict(resolved)
     return out

@@ -58,7 +58,7 @@ async def count_tokens(request: Request, target: Target):
         try:
             answer = await target.upstream.tokenize(parsed.generate, target.metadata)
         except grpc.RpcError as error:
-            raise am.renamed(from_grpc(error, "messages")) from None
+            raise am.renamed(from_grpc(error, "messages", "messages")) from None
     except HttpError as error:
         return error_response(error)
     return {"input_tokens": len(answer.token_ids)}
@@ -77,7 +77,7 @@ async def _create(request: Request, target: Target, reasoning_for: ReasoningFor)
     try:
         opened = await generation.open_generate(target, parsed.choice_request(0, message_id))
     except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages")) from None
+        raise am.renamed(from_grpc(error, "messages", "messages")) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     adm = opened.admission
@@ -94,7 +94,7 @@ async def _create(request: Request, target: Target, reasoning_for: ReasoningFor)
         pieces, fin = await generation.unless_disconnected(
             request, generation.read_all(opened, Reader(parser)), opened.cancel, message_id)
     except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages")) from None
+        raise am.renamed(from_grpc(error, "messages", "messages")) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     blocks = am.ContentBlocks()
@@ -139,7 +139,7 @@ async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: St
     except grpc.RpcError as error:
         # The headers are gone already: a failure mid-way is an `error` event, which
         # Anthropic's SDKs raise.
-        yield _sse("error", am.error_body(am.renamed(from_grpc(error, "messages"))))
+        yield _sse("error", am.error_body(am.renamed(from_grpc(error, "messages", "messages"))))
     except StreamBroken as error:
         yield _sse("error", am.error_body(HttpError(502, str(error), "server_error",
                                                     "bad_upstream_stream")))

@@ -22,7 +22,7 @@ from ortserve.request_rules import TENANT_METADATA
 from ortserve.tls import channel_credentials
 from ortserve.v1 import types_pb2
 
-from . import anthropic_route, choices, responses, responses_route, tokenize, tools
+from . import anthropic_route, choices, errors, responses, responses_route, tokenize, tools
 from .config import GatewayConfig
 from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError, from_grpc, from_param_error
@@ -49,6 +49,7 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
     upstream: Upstream | None = None
     workers: Workers | None = None  # the direct path's channels (--direct-to-workers)
     stored = ResponseStore(config.responses_max, config.responses_ttl_s)
+    errors.SCHEDULER["address"] = config.scheduler_address  # named when it cannot be reached
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -225,7 +226,7 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
                 return upstream.open(r, metadata)
         streams = await choices.open_all(opener, requests)
     except grpc.RpcError as error:
-        raise from_grpc(error, _PROMPT_PARAM[kind]) from None
+        raise from_grpc(error, _PROMPT_PARAM[kind], kind) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     admissions = [s.admission for s in streams]
@@ -296,7 +297,7 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
             elif kind == "finished":
                 finished[index] = event.finished
     except grpc.RpcError as error:
-        raise from_grpc(error, _PROMPT_PARAM[meta.kind]) from None
+        raise from_grpc(error, _PROMPT_PARAM[meta.kind], meta.kind) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     if any(f is None for f in finished):
@@ -433,7 +434,7 @@ async def _sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
     except grpc.RpcError as error:
         # The headers are gone already: a mid-stream failure is an error event,
         # which the openai clients raise as APIError.
-        yield _data(from_grpc(error, _PROMPT_PARAM[meta.kind]).body())
+        yield _data(from_grpc(error, _PROMPT_PARAM[meta.kind], meta.kind).body())
     except StreamBroken as error:
         yield _data(HttpError(502, str(error), "server_error", "bad_upstream_stream").body())
     finally:

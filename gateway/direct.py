@@ -23,6 +23,7 @@ import grpc
 import structlog
 
 from ortserve import keepalive
+from ortserve.error_path import not_reached
 from ortserve.relay_client import RelayCall
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
@@ -146,9 +147,13 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
                       relay: Callable[[], Awaitable[OpenStream]] | None = None
                       ) -> DirectStream | OpenStream:
     """Admit, start the worker's Generate and wait for its Admission; raises grpc.RpcError
-    (StatusError) or StreamBroken before any byte is sent, the lease given back. A worker
-    the gateway cannot reach (Workers.reachable) gives its lease back and the request goes
-    through `relay` (the scheduler's Generate), when given."""
+    (StatusError) or StreamBroken before any byte is sent, the lease given back.
+
+    With `relay` given (the scheduler's Generate for the same request), the request goes
+    there once instead, its lease given back first: when the gateway cannot reach the worker
+    (Workers.reachable), or the worker's call failed without ever reaching it (not_reached:
+    the request never started there), where the scheduler's relay then marks that worker
+    unreachable and places the request on another."""
     started = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     wait_ms = request.max_queue_wait_ms if request.HasField("max_queue_wait_ms") else SERVER_BOUND_MS
@@ -166,6 +171,7 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
         return await relay()
     call = None
     claimed = False
+    unreached = False
     try:
         call = workers.generate(
             admission.worker_address,
@@ -175,20 +181,25 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
         try:
             first = types_pb2.GenerateEvent.FromString(await frames.__anext__())
         except grpc.RpcError as error:
-            raise worker_failure(error, admission, 0, claimed=False) from None
+            if relay is None or not not_reached(error):
+                raise worker_failure(error, admission, 0, claimed=False) from None
+            unreached = True  # the lease is given back below; the relay places it again
+            first = None
         except StopAsyncIteration:
             first = None
-        if first is None or first.WhichOneof("event") != "admission":
-            raise StreamBroken(f"worker {admission.worker_id}'s stream did not start with an "
-                               "Admission")
-        claimed = True
-        return DirectStream(call, frames, admission, started,
-                            (time.perf_counter() - started) * 1e3)
+        if not unreached:
+            if first is None or first.WhichOneof("event") != "admission":
+                raise StreamBroken(f"worker {admission.worker_id}'s stream did not start "
+                                   "with an Admission")
+            claimed = True
+            return DirectStream(call, frames, admission, started,
+                                (time.perf_counter() - started) * 1e3)
     finally:
         if not claimed:
             if call is not None:
                 call.cancel()
             await _give_back(scheduler, admission, metadata)
+    return await relay()
 
 
 async def _give_back(scheduler, admission: types_pb2.Admission,

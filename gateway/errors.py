@@ -10,6 +10,7 @@ error carries the same numbers for programs.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import grpc
@@ -17,6 +18,8 @@ from google.rpc import error_details_pb2
 from ortserve_client.errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
 
 from ortserve import rich_status
+from ortserve.error_path import STATUS_DETAILS_KEY
+from ortserve.errors import clip
 
 from .translate import ParamError
 
@@ -74,6 +77,40 @@ _PARAM_OF_FIELD = {
     "constraint.tool_call.function_name": "tool_choice",
 }
 
+# GenerateRequest's field names in the scheduler's sentences (a remedy's "lower
+# max_new_tokens to N", a cap's reason) as each HTTP route's callers spell them: the
+# one mapping every error and cap text of the gateway goes through (in_route_words).
+ROUTE_FIELDS: dict[str, dict[str, str]] = {
+    "chat": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
+    "completion": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
+    "responses": {"max_new_tokens": "max_output_tokens", "min_new_tokens": "min_tokens"},
+    "messages": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
+}
+# Whole words only: the `ortserve` object's keys (requested_max_new_tokens) stay as they are.
+_FIELD_WORD = re.compile(r"\b(max_new_tokens|min_new_tokens)\b")
+
+
+def in_route_words(text: str, route: str) -> str:
+    """`text` with GenerateRequest's field names in `route`'s HTTP parameter names."""
+    names = ROUTE_FIELDS[route]
+    return _FIELD_WORD.sub(lambda m: names[m.group(1)], text)
+
+
+def route_words(value, route: str):
+    """Every string inside `value` (dicts and lists walked, keys kept) in `route`'s words."""
+    if isinstance(value, str):
+        return in_route_words(value, route)
+    if isinstance(value, dict):
+        return {k: route_words(v, route) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [route_words(v, route) for v in value]
+    return value
+
+# The gateway's own code for a scheduler it cannot reach (no status of the scheduler's at
+# all: every answer of the scheduler carries one), and the address it calls (build_app).
+SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
+SCHEDULER = {"address": ""}
+
 
 @dataclass
 class HttpError(Exception):
@@ -107,8 +144,11 @@ def from_param_error(error: ParamError) -> HttpError:
     return HttpError(400, error.message, "invalid_request_error", error.code, error.param)
 
 
-def from_grpc(error: grpc.RpcError, prompt_param: str) -> HttpError:
-    """Map a failed Generate call; `prompt_param` is "messages" or "prompt"."""
+def from_grpc(error: grpc.RpcError, prompt_param: str, route: str = "chat") -> HttpError:
+    """Map a failed Generate call; `prompt_param` is "messages" or "prompt"; `route`
+    ("chat", "completion", "responses", "messages") names the fields in its callers' words."""
+    if _unreached(error):
+        return scheduler_unavailable(error)
     decoded = from_rpc_error(error)
     info = decoded.error_info()
     reason = info.reason if info else None
@@ -122,8 +162,29 @@ def from_grpc(error: grpc.RpcError, prompt_param: str) -> HttpError:
         extension["rejection"] = rejection_dict(decoded.rejection)
         if decoded.remedy and decoded.remedy not in message:
             message = f"{message} {decoded.remedy}"
-    return HttpError(status, message, kind, code, _param(decoded, reason, prompt_param),
-                     _retry_after_s(decoded), extension)
+    return HttpError(status, in_route_words(message, route), kind, code,
+                     _param(decoded, reason, prompt_param), _retry_after_s(decoded),
+                     route_words(extension, route))
+
+
+def _unreached(error: grpc.RpcError) -> bool:
+    """The call never reached the scheduler (down, wrong address, connection lost): the
+    transport's UNAVAILABLE, with none of the status details every scheduler answer has."""
+    return error.code() == S.UNAVAILABLE and not any(
+        k == STATUS_DETAILS_KEY for k, _ in (error.trailing_metadata() or ()))
+
+
+def scheduler_unavailable(error: grpc.RpcError) -> HttpError:
+    """503 `scheduler_unavailable`: where the gateway calls, what the transport said, and
+    what to do."""
+    address = SCHEDULER["address"] or "(unknown)"
+    message = (f"the gateway cannot reach the scheduler at {address} "
+               f"({clip(error.details() or 'no answer', 300)}); start the scheduler there "
+               "(ortserve-scheduler) or point the gateway's --scheduler at the address it "
+               "listens on, then retry")
+    return HttpError(503, message, "service_unavailable", SCHEDULER_UNAVAILABLE, None, 0.0,
+                     {"grpc_code": S.UNAVAILABLE.name, "reason": SCHEDULER_UNAVAILABLE.upper(),
+                      "metadata": {"scheduler_address": address}})
 
 
 def _param(decoded: OrtserveError, reason: str | None, prompt_param: str) -> str | None:

@@ -478,9 +478,9 @@ def ortserve_extension(adm: types_pb2.Admission, fin: types_pb2.Finished | None,
                        session: dict | None, resolved: Mapping[str, str] | None = None) -> dict:
     """The `ortserve` object: the decision and the cap (as chat's), how it ended, and the
     session that keeps this response's KV (None: not kept; `reason` says why)."""
-    out = {**admission_extension(adm), "session": session}
+    out = {**admission_extension(adm, "responses"), "session": session}
     if fin is not None:
-        out["finished"] = finished_extension(fin)
+        out["finished"] = finished_extension(fin, "responses")
     if resolved:
         out["resolved"] = dict(resolved)
     return out

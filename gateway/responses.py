@@ -18,6 +18,7 @@ from ortserve_client.types import BudgetCap, sampling_dict
 
 from ortserve.v1 import types_pb2
 
+from .errors import in_route_words
 from .translate import Kind
 
 # ortserve's finish reasons in OpenAI's words: a cap ends as "length", like
@@ -62,12 +63,16 @@ class ResponseMeta:
         return cls(kind, _ID_PREFIX[kind] + uuid.uuid4().hex, model, int(time.time()))
 
 
-def budget_cap_dict(pb: types_pb2.BudgetCap) -> dict:
-    return asdict(BudgetCap.from_pb(pb))
+def budget_cap_dict(pb: types_pb2.BudgetCap, route: str = "chat") -> dict:
+    """The cap for the `ortserve` object, its reason in `route`'s parameter names."""
+    cap = asdict(BudgetCap.from_pb(pb))
+    cap["reason"] = in_route_words(cap["reason"], route)
+    return cap
 
 
-def admission_extension(adm: types_pb2.Admission) -> dict:
-    """The `ortserve` object of the body / first chunk: the decision and the full cap."""
+def admission_extension(adm: types_pb2.Admission, route: str = "chat") -> dict:
+    """The `ortserve` object of the body / first chunk: the decision and the full cap
+    (its text in `route`'s parameter names: errors.ROUTE_FIELDS)."""
     return {
         "decision": types_pb2.Decision.Name(adm.decision),
         "request_id": adm.request_id,
@@ -83,18 +88,20 @@ def admission_extension(adm: types_pb2.Admission) -> dict:
         "tool_call_format": adm.tool_call_format or None,
         "reasoning_format": adm.reasoning_format or None,
         "reserved_bytes": adm.reserved_bytes,
-        "budget_cap": budget_cap_dict(adm.budget_cap) if adm.HasField("budget_cap") else None,
+        "budget_cap": (budget_cap_dict(adm.budget_cap, route) if adm.HasField("budget_cap")
+                       else None),
     }
 
 
-def finished_extension(fin: types_pb2.Finished) -> dict:
+def finished_extension(fin: types_pb2.Finished, route: str = "chat") -> dict:
     """The `ortserve` object of the last chunk: what ran, where, and how fast."""
     t = fin.timings
     return {
         "finish_reason": types_pb2.FinishReason.Name(fin.finish_reason),
         "stop_sequence": fin.stop_sequence,
         "stop_token_id": fin.stop_token_id if fin.finish_reason == types_pb2.STOP_TOKEN else None,
-        "budget_cap": budget_cap_dict(fin.budget_cap) if fin.HasField("budget_cap") else None,
+        "budget_cap": (budget_cap_dict(fin.budget_cap, route) if fin.HasField("budget_cap")
+                       else None),
         "sampling": sampling_dict(fin.sampling),
         "worker_id": fin.worker_id,
         "execution_provider": fin.execution_provider,

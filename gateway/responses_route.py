@@ -118,7 +118,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
             run.stream.cancel, meta.id)
     except grpc.RpcError as error:
         _settle(store, target, run, None)
-        raise openai_responses.renamed(from_grpc(error, "messages")) from None
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     except StreamBroken as error:
         _settle(store, target, run, None)
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
@@ -172,7 +172,7 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                 return Run(stream, session, False, prior.turns + 1)
         return await _open_new_session(target, request, rr.model, request_id)
     except grpc.RpcError as error:
-        raise openai_responses.renamed(from_grpc(error, "messages")) from None
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
 
@@ -298,7 +298,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
     except grpc.RpcError as error:
         # The headers are gone already: a failure mid-way is an error event, then
         # response.failed (the openai clients yield both).
-        failure = openai_responses.renamed(from_grpc(error, "messages"))
+        failure = openai_responses.renamed(from_grpc(error, "messages", "responses"))
         yield _sse(items.event("error", code=failure.code, message=failure.message,
                                param=failure.param))
         yield _sse(items.event("response.failed", response=openai_responses.response_object(

@@ -29,7 +29,8 @@ log = structlog.get_logger("auth")
 
 
 class Role(enum.StrEnum):
-    GENERATE = "generate"  # Generate, Admit, Release of one's own lease, GetBudget's totals
+    # Generate, Admit, sessions, Release of one's own lease, GetBudget's totals
+    GENERATE = "generate"
     ADMIN = "admin"  # also every caller's lease ids (GetBudget include_leases)
 
 
@@ -47,6 +48,12 @@ METHOD_ROLES: dict[str, Role] = {
     "/ortserve.v1.Scheduler/GetBudget": Role.GENERATE,  # include_leases: admin, in the servicer
     "/ortserve.v1.Scheduler/Tokenize": Role.GENERATE,
     "/ortserve.v1.Scheduler/Detokenize": Role.GENERATE,
+    # A session is a generating client's conversation: the same role as Generate.
+    "/ortserve.v1.Scheduler/OpenSession": Role.GENERATE,
+    "/ortserve.v1.Scheduler/SessionTurn": Role.GENERATE,
+    "/ortserve.v1.Scheduler/GetSession": Role.GENERATE,
+    "/ortserve.v1.Scheduler/SwapOutSession": Role.GENERATE,
+    "/ortserve.v1.Scheduler/CloseSession": Role.GENERATE,
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")

@@ -68,6 +68,12 @@ def is_worker_failure(error: grpc.RpcError) -> bool:
     return not any(k == STATUS_DETAILS_KEY for k, _ in (error.trailing_metadata() or ()))
 
 
+def not_reached(error: grpc.RpcError) -> bool:
+    """Whether a worker call failed for want of a connection (UNAVAILABLE from the transport:
+    refused, its port closed): before its first frame, the worker never saw the request."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and is_worker_failure(error)
+
+
 def reason_of(error: grpc.RpcError) -> str | None:
     """The ErrorInfo reason a failed call carries (None: none)."""
     info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from ortserve.error_path import Relayed, is_worker_failure, reason_of, worker_failure
+from ortserve.error_path import Relayed, is_worker_failure, not_reached, reason_of, worker_failure
 from ortserve.errors import ErrorReason, clip
 from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
@@ -172,8 +172,30 @@ class Leg:
     if_worker_dies: str | None = None
 
 
+# A second placement for a request whose worker could not be reached: its Admission
+# and Leg on another worker, or None where none takes it (the first failure stands).
+Replace = Callable[[], Awaitable[tuple[Admission, Leg] | None]]
+
+
+class _Unreached(Exception):
+    """The worker failed before it sent anything: the failure as it would pass on."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def unreached(error: grpc.aio.AioRpcError, frames: int) -> bool:
+    """Whether a worker call failed before the worker answered at all: no frame came and
+    the transport said UNAVAILABLE with no status details of the worker's own (connection
+    refused, its port closed). Such a request never started: it may be placed again."""
+    return frames == 0 and not_reached(error)
+
+
 async def relay(admission: Admission, leg: Leg, arrived_s: float,
                 time_remaining: Callable[[], float | None],
+                replace: Replace | None = None,
+                on_unreached: Callable[[Leg], None] = lambda leg: None,
                 ) -> AsyncIterator[types_pb2.GenerateEvent | bytes]:
     """Our Admission first (its BudgetCap before any token), then the worker's stream.
 
@@ -183,15 +205,55 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
     worker sent (the server's stream serializer sends bytes unchanged): parsed
     only for a leg that reads them (on_chunk). The worker call is cancelled on
     every exit, so a client's cancel reaches the worker at once.
+
+    With `replace` (a request not pinned to its worker), our Admission waits for the
+    worker's first frame: a worker that cannot be reached (`unreached`) is reported to
+    `on_unreached`, its leg exits (its on_exit releases what it held, once) and the
+    request is placed once more through `replace`; the caller sees only the Admission
+    of the worker that serves it.
     """
+    # aclosing: a caller's exit runs the leg's exit (the worker call cancelled, the lease
+    # released) at once, not when the inner generator is collected.
+    try:
+        async with contextlib.aclosing(_relay_leg(
+                admission, leg, arrived_s, time_remaining,
+                defer=replace is not None, replaceable=replace is not None)) as items:
+            async for item in items:
+                yield item
+        return
+    except _Unreached as first:
+        on_unreached(leg)
+        second = await replace() if replace is not None else None
+        if second is None:
+            raise first.failure from None
+        leg.bound.info("placed again after the worker could not be reached",
+                       worker_id=second[1].worker_id)
+    admission, leg = second
+    async with contextlib.aclosing(_relay_leg(admission, leg, arrived_s, time_remaining,
+                                              defer=True, replaceable=False)) as items:
+        async for item in items:
+            yield item
+
+
+async def _relay_leg(admission: Admission, leg: Leg, arrived_s: float,
+                     time_remaining: Callable[[], float | None], defer: bool, replaceable: bool,
+                     ) -> AsyncIterator[types_pb2.GenerateEvent | bytes]:
+    """One worker's stream; `defer`: our Admission goes just before its first frame;
+    `replaceable`: a worker not reached raises _Unreached (after the leg's exit ran)."""
     call = None
     finished = False
     relayed_tokens = 0
+    frames = 0
+    ours = types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
     try:
-        yield types_pb2.GenerateEvent(admission=convert.admission_to_pb(admission))
+        if not defer:
+            yield ours
         call = leg.stub.Generate(leg.request, timeout=time_remaining())
         relay_offset_ms = (time.perf_counter() - arrived_s) * 1e3
         async for frame in call:
+            frames += 1
+            if frames == 1 and defer:
+                yield ours
             tag = frame[0] if frame else 0
             if tag == CHUNK_TAG:
                 tokens = chunk_tokens(frame)
@@ -210,24 +272,34 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
                     leg.on_finished(event.finished)
                     finished = True
                 yield event
+        if frames == 0 and defer:
+            yield ours  # a stream with nothing in it: the caller still learns its admission
     except grpc.aio.AioRpcError as error:
         leg.bound.warning("worker call failed", code=error.code().name,
                           details=clip(error.details(), 300))
-        # NOTE: the lease of a relayed request is ours; a worker that finds it gone took
-        # the request only after its lease expired (it stopped answering past the lease
-        # TTL): the worker failing, not the caller's lease to admit again.
-        lost = relayed_tokens == 0 and reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value
-        if leg.if_worker_dies is not None and (is_worker_failure(error) or lost):
-            why = ("its lease expired before the worker took the request (the worker did not "
-                   "answer for longer than the lease TTL)" if lost else clip(error.details(), 300))
-            raise worker_failure(
-                error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
-                f"tokens: {why}; {leg.if_worker_dies}",
-                leg.worker_id, leg.address, relayed_tokens) from None
-        raise Relayed(error, failure_message(leg.worker_id, leg.address, error, relayed_tokens,
-                                             None)) from None
+        failure = _failure(leg, error, relayed_tokens)
+        if replaceable and unreached(error, frames):
+            raise _Unreached(failure) from None
+        raise failure from None
     finally:
         if call is not None and not call.done():
             call.cancel()  # propagates a client cancel to the worker
         if leg.on_exit is not None:
             await leg.on_exit(call is not None and not finished)
+
+
+def _failure(leg: Leg, error: grpc.aio.AioRpcError, relayed_tokens: int) -> Exception:
+    """A failed worker call as it passes on: WORKER_FAILED where the worker failed."""
+    # NOTE: the lease of a relayed request is ours; a worker that finds it gone took
+    # the request only after its lease expired (it stopped answering past the lease
+    # TTL): the worker failing, not the caller's lease to admit again.
+    lost = relayed_tokens == 0 and reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value
+    if leg.if_worker_dies is not None and (is_worker_failure(error) or lost):
+        why = ("its lease expired before the worker took the request (the worker did not "
+               "answer for longer than the lease TTL)" if lost else clip(error.details(), 300))
+        return worker_failure(
+            error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
+            f"tokens: {why}; {leg.if_worker_dies}",
+            leg.worker_id, leg.address, relayed_tokens)
+    return Relayed(error, failure_message(leg.worker_id, leg.address, error, relayed_tokens, None))
+

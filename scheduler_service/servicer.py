@@ -120,7 +120,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return "no worker registered"
         last_error = "none"
         # NOTE: any worker of the model will do: one model, one tokenizer.
-        for worker in sorted(snapshot, key=lambda w: len(w.leases)):
+        for worker in sorted(snapshot, key=lambda w: (w.unreachable, len(w.leases))):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
@@ -259,7 +259,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         one tokenizer); a worker's judgement (INVALID_ARGUMENT, ...) is relayed as is."""
         last: grpc.aio.AioRpcError | None = None
         for worker in sorted(placement.serving(self._ledger.snapshot(), model),
-                             key=lambda w: len(w.leases)):
+                             key=lambda w: (w.unreachable, len(w.leases))):
             try:
                 return await call(self._workers.stub(worker.geometry.address))
             except grpc.aio.AioRpcError as error:
@@ -319,23 +319,45 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
             admission = _noted(admission, noted)
-            lease, worker = admission.lease, admission.worker
-            bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
-            bound.info("admitted", decision=admission.decision.value, model=worker.model,
-                       max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
-            # The worker gets the admitted ceiling, the counted prompt and the resolved model:
-            # no second resolution.
             leg = self._generate_leg(admission, inner, prompt_ids, bound, outcome)
             outcome.relaying = True
-            async with aclosing(relay(admission, leg, arrived, context.time_remaining)) as events:
+            async with aclosing(relay(admission, leg, arrived, context.time_remaining,
+                                      replace=lambda: self._place_again(admission, inner, prompt_ids,
+                                                                        bound, outcome),
+                                      on_unreached=self._unreached)) as events:
                 async for event in events:
                     yield event
 
-    def _generate_leg(self, admission: Admission, inner: types_pb2.GenerateRequest,
+    def _unreached(self, leg: Leg) -> None:
+        """A worker that could not be reached gets no new placements until it heartbeats."""
+        if self._ledger.unreachable(leg.worker_id):
+            leg.bound.warning("worker unreachable: no placements on it until its next heartbeat",
+                              address=leg.address)
+
+    async def _place_again(self, first: Admission, asked: types_pb2.GenerateRequest,
+                           prompt_ids: list[int], bound, outcome: RequestOutcome,
+                           noted: dict) -> tuple[Admission, Leg] | None:
+        """The request once more through the ledger, now that its first worker could not be
+        reached (and is skipped); None where no other worker takes it now."""
+        model = first.worker.model
+        domain = convert.admission_request(
+            asked, len(prompt_ids), model, prompt_ids=prompt_ids, tenant=first.tenant,
+            default_max_new_tokens=self._config.default_max_new_tokens.for_model(model))
+        admission = _noted(self._ledger.admit(domain), noted)
+        log_expired(self._ledger.take_expired(), self._metrics)
+        if admission.decision is Decision.REJECTED:
+            bound.info("no other worker takes it", cause=admission.rejection.cause.value)
+            return None
+        return admission, self._generate_leg(admission, asked, prompt_ids, bound, outcome)
+
+    def _generate_leg(self, admission: Admission, asked: types_pb2.GenerateRequest,
                       prompt_ids: list[int], bound, outcome: RequestOutcome) -> Leg:
         """The request's worker side for the relay: its outcome and a log line at Finished;
         on every exit, the lease released if no worker ever claimed it."""
         lease, worker = admission.lease, admission.worker
+        bound = bound.bind(lease_id=lease.lease_id, worker_id=worker.worker_id)
+        bound.info("admitted", decision=admission.decision.value, model=worker.model,
+                   max_new_tokens=admission.max_new_tokens, reserved_bytes=admission.reserved_bytes)
 
         def on_finished(finished: types_pb2.Finished) -> None:
             outcome.finished(finished)
@@ -351,7 +373,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
         return Leg(worker_id=worker.worker_id, address=worker.address,
                    stub=self._workers.stub(worker.address),
-                   request=worker_request(inner, lease.lease_id, admission.max_new_tokens,
+                   # The admitted ceiling, the counted prompt and the resolved model: no
+                   # second resolution.
+                   request=worker_request(asked, lease.lease_id, admission.max_new_tokens,
                                           worker.model, prompt_ids),
                    bound=bound, on_finished=on_finished, on_exit=release_unclaimed,
                    if_worker_dies=f"its lease returns to the budget within "

@@ -54,6 +54,9 @@ class _Worker:
     leases: dict[str, Lease] = field(default_factory=dict)
     reserved_bytes: int = 0
     draining: bool = False  # shutting down: no new placements, its leases run out
+    # A call to it failed before it answered at all (connection refused): no new
+    # placements until it shows it is alive again (its next heartbeat or registration).
+    unreachable: bool = False
     batch: BatchStats = field(default_factory=BatchStats)
     prefix: PrefixCacheReport = field(default_factory=PrefixCacheReport)
 
@@ -145,10 +148,23 @@ class Ledger:
                 return False
             worker.last_heartbeat = self._clock()
             worker.draining = worker.draining or draining
+            worker.unreachable = False  # it answered us: alive, whatever failed before
             if batch is not None:
                 worker.batch = batch
             if prefix is not None:
                 worker.prefix = prefix
+            return True
+
+    def unreachable(self, worker_id: str) -> bool:
+        """A call to the worker failed before it answered (its process gone, its port
+        closed): place nothing new on it until its next heartbeat or registration, rather
+        than until its lease TTL runs out. Its leases stay: expiry or its worker releases
+        them. False: no such worker."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return False
+            worker.unreachable = True
             return True
 
     def remove_worker(self, worker_id: str) -> int:
@@ -174,7 +190,8 @@ class Ledger:
         """
         with self._lock:
             self._expire_locked(self._clock())
-            open_workers = [w for w in self._workers.values() if not w.draining]
+            open_workers = [w for w in self._workers.values()
+                            if not w.draining and not w.unreachable]
             decision = placement.decide(open_workers, request, self.retry_after_s)
             room = self._room(request.tenant, request.model)
             if room is not None:
@@ -301,6 +318,7 @@ class Ledger:
                     heartbeat_age_s=now - w.last_heartbeat,
                     leases=tuple(w.leases.values()),
                     draining=w.draining,
+                    unreachable=w.unreachable,
                     batch=w.batch,
                     prefix=w.prefix,
                 )

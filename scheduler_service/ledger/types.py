@@ -334,6 +334,7 @@ class WorkerSnapshot:
     heartbeat_age_s: float
     leases: tuple[Lease, ...]
     draining: bool = False
+    unreachable: bool = False  # a call failed before it answered; cleared by its heartbeat
     batch: BatchStats = field(default_factory=lambda: BatchStats())
     prefix: PrefixCacheReport = field(default_factory=lambda: PrefixCacheReport())
 

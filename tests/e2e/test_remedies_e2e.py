@@ -147,14 +147,14 @@ def test_the_gateways_remedies_when_followed_are_answered(cluster, gateway):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=CTX)
     assert err.value.body["ortserve"]["reason"] == "CONTEXT_LENGTH_EXCEEDED"
-    lower = int(re.search(r"lower max_new_tokens to ([0-9,]+)", err.value.message)[1]
+    lower = int(re.search(r"lower max_tokens to ([0-9,]+)", err.value.message)[1]
                 .replace(",", ""))
     answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=lower)
     assert answer.model_extra["ortserve"]["budget_cap"]["requested_max_new_tokens"] == lower
     # Cap: each of its two remedies gives the request without a cap.
     capped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40)
     reason = capped.model_extra["ortserve"]["budget_cap"]["reason"]
-    fitting = int(re.search(r"ask for max_new_tokens <= ([0-9,]+)", reason)[1].replace(",", ""))
+    fitting = int(re.search(r"ask for max_tokens <= ([0-9,]+)", reason)[1].replace(",", ""))
     answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=fitting)
     assert answer.model_extra["ortserve"]["budget_cap"] is None
     restart_worker(cluster, remedy_size(reason))

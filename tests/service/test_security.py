@@ -175,15 +175,21 @@ def test_a_plain_client_cannot_release_or_claim_someone_elses_lease(secured):
     assert secured.ledger().total_reserved_bytes == 0
 
 
-def test_generate_stream_does_not_carry_the_lease_secret(secured):
-    secured.worker_stub().RegisterWorker(registration(), timeout=5)
-    # The stream's Admission comes first; the worker (127.0.0.1:1) is unreachable afterwards.
-    stream = secured.stub().Generate(types_pb2.GenerateRequest(
-        token_ids=types_pb2.TokenIds(ids=[1, 2]), max_new_tokens=3), timeout=5,
-        metadata=bearer(GENERATE_KEY))
-    first = next(stream)
-    assert first.admission.lease_id and first.admission.lease_secret == ""
-    stream.cancel()
+def test_generate_stream_does_not_carry_the_lease_secret():
+    # A worker that answers (the stream's Admission goes out with its first frame).
+    from tests.service.fake_cluster import Cluster
+
+    cluster = Cluster(api_keys=parse_keys(f"generate:{GENERATE_KEY}", "test"))
+    try:
+        cluster.register()
+        stream = cluster.stub.Generate(types_pb2.GenerateRequest(
+            token_ids=types_pb2.TokenIds(ids=[1, 2]), max_new_tokens=3), timeout=5,
+            metadata=bearer(GENERATE_KEY))
+        first = next(stream)
+        assert first.admission.lease_id and first.admission.lease_secret == ""
+        stream.cancel()
+    finally:
+        cluster.close()
 
 
 def test_a_worker_without_a_trusted_client_certificate_cannot_register(secured):
@@ -217,3 +223,23 @@ def test_an_open_plaintext_scheduler_beyond_loopback_says_so_loudly():
         loop.run(running.stop(0))
     finally:
         loop.close()
+
+
+def test_a_generate_key_may_use_sessions_like_generate(secured):
+    # Each session RPC with a generate key reaches its handler: an unknown session is the
+    # handler's NOT_FOUND, an open with no worker its NO_WORKER, never ROLE_REQUIRED.
+    stub = secured.stub()
+    key = bearer(GENERATE_KEY)
+    error = refused(stub.OpenSession, scheduler_pb2.OpenSessionRequest(), metadata=key)
+    assert reason(error) == "NO_WORKER", error.details()
+    unknown = scheduler_pb2.SessionRequest(session_id="no-such-session")
+    for call in (stub.GetSession, stub.SwapOutSession, stub.CloseSession):
+        error = refused(call, unknown, metadata=key)
+        assert (error.code(), reason(error)) == (grpc.StatusCode.NOT_FOUND,
+                                                 "SESSION_NOT_FOUND"), error.details()
+    turn = stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+        session_id="no-such-session", request=types_pb2.GenerateRequest(
+            token_ids=types_pb2.TokenIds(ids=[1]))), timeout=5, metadata=key)
+    with pytest.raises(grpc.RpcError) as err:
+        list(turn)
+    assert reason(err.value) == "SESSION_NOT_FOUND", err.value.details()

@@ -48,3 +48,15 @@ def test_plaintext_and_open_ports_warn_unless_bound_to_loopback(host, loopback):
     from ortserve.tls import is_loopback
 
     assert is_loopback(host) is loopback
+
+
+def test_every_scheduler_rpc_has_a_role():
+    # A method missing from METHOD_ROLES is admin-only: every public RPC is decided here.
+    from ortserve.auth import METHOD_ROLES
+    from ortserve.v1 import scheduler_pb2
+
+    service = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
+    methods = {f"/{service.full_name}/{m.name}" for m in service.methods}
+    assert methods - set(METHOD_ROLES) == set()
+    sessions = [m for m in methods if "Session" in m]
+    assert len(sessions) == 5 and {METHOD_ROLES[m] for m in sessions} == {Role.GENERATE}

@@ -301,3 +301,20 @@ def test_heartbeat_reconcile_drops_claimed_leases_the_worker_lost_after_grace():
     dropped = ledger.reconcile("w1", [kept.lease_id], grace_s=2.0)
     assert [d.lease_id for d in dropped] == [lost.lease_id]
     assert ledger.reserved_bytes() == 40 * BPT
+
+
+def test_an_unreachable_worker_gets_no_placement_until_it_heartbeats():
+    ledger = ledger_with(geometry("w1"), geometry("w2"))
+    assert ledger.unreachable("w2") and not ledger.unreachable("nobody")
+    placed = [ledger.admit(AdmissionRequest(f"r{i}", prompt_tokens=10, max_new_tokens=10))
+              for i in range(3)]
+    assert {a.worker.worker_id for a in placed} == {"w1"}
+    assert [w.unreachable for w in ledger.snapshot()] == [False, True]
+    ledger.unreachable("w1")
+    refused = ledger.admit(AdmissionRequest("r", prompt_tokens=10, max_new_tokens=10))
+    assert refused.rejection.cause is Cause.NO_WORKER  # none to place on: a retry may find one
+    assert ledger.heartbeat("w2")  # alive again: placed on as before
+    again = ledger.admit(AdmissionRequest("r", prompt_tokens=10, max_new_tokens=10))
+    assert again.worker.worker_id == "w2"
+    ledger.register(geometry("w1"))  # a registration clears it too
+    assert not any(w.unreachable for w in ledger.snapshot())

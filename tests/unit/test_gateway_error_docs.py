@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.errors import _FALLBACK, STATUS_TABLE, from_grpc
+from gateway.errors import _FALLBACK, SCHEDULER_UNAVAILABLE, STATUS_TABLE, from_grpc
 from ortserve import rich_status
 from ortserve.status_table import STATUS_OF_REASON
 from tests.unit.test_gateway_errors import FakeRpcError
@@ -59,10 +59,12 @@ def test_each_row_lists_exactly_the_codes_the_gateway_sends(key):
         assert codes == {reason.lower()}
         return
     # A status row: each reason the scheduler sends with that status and no row of its
-    # own, and the bare status name (no ErrorInfo: the scheduler is down, a deadline).
+    # own, and the bare status name (a status with no ErrorInfo, a deadline).
     expected = {r.lower() for r, s in SCHEDULER_REASONS.items()
                 if s.name == status and (grpc.StatusCode[status], r) not in STATUS_TABLE}
     expected.add(status.lower())
+    if status == "UNAVAILABLE":  # the gateway's own: no scheduler answered at all
+        expected.add(SCHEDULER_UNAVAILABLE)
     assert codes == expected, f"docs/gateway.md's {status} row must list {sorted(expected)}"
 
 
