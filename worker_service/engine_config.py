@@ -53,3 +53,6 @@ class EngineConfig:
     # Extra ORT session config entries ((key, value), ...), e.g.
     # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()
+    # LoRA adapters loaded at start, (served name, .onnx_adapter path) each (--lora NAME=PATH);
+    # the base folder must take its LoRA weights as inputs (model_tools/lora.py).
+    lora_adapters: tuple[tuple[str, str], ...] = ()

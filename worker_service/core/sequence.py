@@ -59,6 +59,8 @@ class SequenceRequest:
     # Log-probabilities per generated token with this many alternatives (0..20);
     # None: not asked, and nothing is computed.
     top_logprobs: int | None = None
+    # The LoRA adapter this sequence runs under, by its served name; "": the base model.
+    adapter: str = ""
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
