@@ -133,7 +133,7 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
-        constraint=request_rules.constraint_spec(request), **kwargs)
+        constraint=request_rules.constraint_spec(request), adapter=request.adapter, **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,

@@ -131,3 +131,14 @@ def test_a_base_without_lora_inputs_refuses_adapters(tiny_dir, lora_dir):
     with pytest.raises(InvalidRequest, match="no LoRA inputs"):
         Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=1, kv_capacity_bytes=2**20,
                             lora_adapters=(("random0", path),)))
+
+
+def test_the_lora_flag_is_name_equals_path_and_repeatable():
+    from worker_service.__main__ import parse_config
+
+    config = parse_config(["--model-dir", "m", "--lora", "a=/x/a.onnx_adapter",
+                           "--lora", "b=/x/b.onnx_adapter"], [])
+    assert config.lora == (("a", "/x/a.onnx_adapter"), ("b", "/x/b.onnx_adapter"))
+    for bad in (["--lora", "nopath"], ["--lora", "a=/p", "--lora", "a=/q"]):
+        with pytest.raises(SystemExit):
+            parse_config(["--model-dir", "m", *bad], [])

@@ -69,7 +69,9 @@ class BatchRunner:
         # LoRA weights are graph inputs (runtime/lora.py): every run binds its adapter's
         # values; a graph with LoRA inputs always has a set (the base binds zeros).
         if lora is None and lora_inputs(session):
-            lora = AdapterSet(session)
+            # On the rows' device (device rows say which; the host arena is the CPU).
+            lora = AdapterSet(session, getattr(store, "device", "cpu"),
+                              getattr(store, "device_id", 0))
         self.lora = lora
         self._bound_adapter: dict[int, str] = {}  # id(binding) -> adapter bound in it
         # Decode runs over a part [start, stop) of the rows: one per adapter group.

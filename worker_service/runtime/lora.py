@@ -66,6 +66,19 @@ def parse_lora_flag(value: str) -> tuple[str, str]:
     return name, path
 
 
+def parameter_bytes(path: str | Path) -> int:
+    """The bytes an .onnx_adapter file's parameters take once loaded (what the worker
+    counts against its capacity); raise InvalidRequest when it cannot be read."""
+    try:
+        adapter_file = ort.AdapterFormat.read_adapter(str(path))
+        params = adapter_file.get_parameters()
+        return sum(int(np.prod(v.shape())) * np.dtype(np.float32).itemsize
+                   for v in params.values())
+    except Exception as error:  # ORT raises its own types for an unreadable file
+        raise InvalidRequest("--lora", f"{path} is not a readable .onnx_adapter file "
+                             f"({error})") from error
+
+
 class AdapterSet:
     """The adapters one worker serves, each bound as the LoRA inputs of its rows' runs."""
 
