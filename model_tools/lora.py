@@ -1,15 +1,17 @@
 """Build a base model folder whose LoRA weights are graph inputs, and random PEFT adapters.
 
-  .venv-tools/bin/python -m model_tools.lora [--cache-dir DIR] [--adapters 2] [--rank 4] [--force]
+  .venv-tools/bin/python -m model_tools.lora [--cache-dir DIR] [--base tiny-llama|smollm2-135m-instruct]
+      [--adapters 2] [--rank 4] [--force]
 
 onnxruntime-genai's builder takes `--extra_options adapter_path=DIR` (a PEFT
 folder) but bakes that one adapter into the graph: every targeted projection
 becomes MatMul(x, W) + MatMul(MatMul(x, A), B * scaling) with A and B as
 initializers. It writes no `.onnx_adapter` file and no LoRA graph inputs (that
 step is Olive's ExtractAdapters pass, not part of the builder). So this tool
-builds the tiny base once per adapter and then does the extraction itself:
+builds the base (the tiny llama, or SmolLM2's fp32 HF folder that `make model` keeps
+under <cache>/hf/) once per adapter and then does the extraction itself:
 
-1. N random adapters are made with peft over the seeded tiny llama
+1. N random adapters are made with peft over the base
    (`init_lora_weights=False`, so B is not zero and each adapter changes the
    output), seeded, saved as PEFT folders: no downloads.
 2. The builder runs once per adapter with adapter_path; the graphs are the
@@ -21,7 +23,7 @@ builds the tiny base once per adapter and then does the extraction itself:
 4. Expected greedy tokens of transformers + peft (fp32) for the base and each
    adapter over fixed prompts go to lora-expected.json, for the parity test.
 
-Output: <cache>/models/tiny-llama-lora/ (a model folder plus adapters/). The
+Output: <cache>/models/<base>-lora/ (a model folder plus adapters/). The
 base is served by binding zeros of rank 1 to every LoRA input.
 """
 
@@ -34,6 +36,7 @@ import sys
 from pathlib import Path
 
 from model_tools.prepare import (
+    SMOLLM2_HF,
     TINY_HF,
     PrepareError,
     complete_model_folder,
@@ -43,7 +46,7 @@ from model_tools.prepare import (
     write_manifest,
 )
 
-LORA_NAME = "tiny-llama-lora"
+BASES = (TINY_HF, SMOLLM2_HF)  # HF folders under <cache>/hf/ that `make tiny-model` / `make model` keep
 ADAPTER_SEED = 4300
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK_DIM = "lora_rank"
@@ -142,11 +145,13 @@ def write_adapter(values: dict, out: Path) -> int:
     return sum(v.nbytes for v in values.values())
 
 
-def build(cache: Path, adapters: int, rank: int, force: bool) -> Path:
-    hf_dir = cache / "hf" / TINY_HF
+def build(cache: Path, adapters: int, rank: int, force: bool, base: str = TINY_HF) -> Path:
+    hf_dir = cache / "hf" / base
     if not (hf_dir / "config.json").is_file():
-        raise PrepareError(f"{hf_dir} is not there", "run `make tiny-model` first")
-    final = cache / "models" / LORA_NAME
+        raise PrepareError(f"{hf_dir} is not there",
+                           "run `make tiny-model` (tiny-llama) or `make model` first")
+    lora_name = f"{base}-lora"
+    final = cache / "models" / lora_name
     if final.exists() and not force:
         print(f"{final} exists (--force rebuilds it)", file=sys.stderr)
         return final
@@ -172,7 +177,7 @@ def build(cache: Path, adapters: int, rank: int, force: bool) -> Path:
             if set(values[name]) != set(shapes):
                 raise PrepareError(f"adapter {name}'s LoRA weights differ in names from the base's")
         complete_model_folder(hf_dir, out)
-        report = {"base": TINY_HF, "rank": rank, "target_modules": TARGET_MODULES,
+        report = {"base": base, "rank": rank, "target_modules": TARGET_MODULES,
                   "lora_inputs": len(shapes), "adapters": {}}
         print("lora: greedy tokens of transformers + peft (the parity reference)", file=sys.stderr)
         expected = {"prompts": EXPECTED_PROMPTS, "new_tokens": EXPECTED_NEW_TOKENS,
@@ -185,8 +190,8 @@ def build(cache: Path, adapters: int, rank: int, force: bool) -> Path:
         (out / EXPECTED_FILE).write_text(json.dumps(expected, indent=1) + "\n")
         (out / "lora.json").write_text(json.dumps(report, indent=1) + "\n")
         shutil.rmtree(work)
-        write_manifest(out, LORA_NAME, "fp32",
-                       f"{TINY_HF} with LoRA inputs; {adapters} random peft adapters, rank {rank}, "
+        write_manifest(out, lora_name, "fp32",
+                       f"{base} with LoRA inputs; {adapters} random peft adapters, rank {rank}, "
                        f"seeds {ADAPTER_SEED}..")
     return final
 
@@ -200,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m model_tools.lora", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--base", choices=BASES, default=TINY_HF, help="the base model")
     parser.add_argument("--adapters", type=int, default=2, help="random adapters to make")
     parser.add_argument("--rank", type=int, default=4, help="LoRA rank of each adapter")
     parser.add_argument("--force", action="store_true", help="rebuild an existing folder")
@@ -207,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.adapters < 1 or args.rank < 1:
         parser.error("--adapters and --rank must be >= 1")
     try:
-        final = build(resolve_cache_dir(args.cache_dir), args.adapters, args.rank, args.force)
+        final = build(resolve_cache_dir(args.cache_dir), args.adapters, args.rank, args.force,
+                      args.base)
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -64,9 +64,17 @@ def run_together(engine: Engine, requests: list[SequenceRequest]) -> dict[str, l
 
 def requests_for(expected: dict, names: list[str]) -> list[SequenceRequest]:
     new = expected["new_tokens"]
-    return [SequenceRequest(f"{name or 'base'}-{i}", tuple(prompt), new, min_new_tokens=new,
-                            adapter=name)
+    return [SequenceRequest(f"{name or 'base'}-{i}", tuple(prompt), new, adapter=name)
             for name in names for i, prompt in enumerate(expected["prompts"])]
+
+
+def up_to_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
+    """The reference greedy tokens as the engine ends them: at the first EOS, included
+    (the reference runs the whole length; min_new_tokens would suppress EOS instead)."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:i + 1]
+    return tokens
 
 
 def test_adapter_groups_are_maximal_runs():
@@ -142,3 +150,20 @@ def test_the_lora_flag_is_name_equals_path_and_repeatable():
     for bad in (["--lora", "nopath"], ["--lora", "a=/p", "--lora", "a=/q"]):
         with pytest.raises(SystemExit):
             parse_config(["--model-dir", "m", *bad], [])
+
+
+def test_smollm2_adapters_mixed_in_one_batch_equal_transformers_and_peft():
+    """The same on SmolLM2-135M fp32 (`python -m model_tools.lora --base
+    smollm2-135m-instruct`): the base and two adapters, all in one batch."""
+    path = prepared_model_dir("smollm2-135m-instruct-lora")
+    expected = json.loads((path / "lora-expected.json").read_text())
+    adapters = tuple((name, str(path / "adapters" / f"{name}.onnx_adapter"))
+                     for name in ("random0", "random1"))
+    with Engine(EngineConfig(model_dir=path, intra_op_threads=2, prefill_chunk_tokens=64,
+                             kv_capacity_bytes=64 * 2**20, lora_adapters=adapters)) as engine:
+        got = run_together(engine, requests_for(expected, ["random1", "", "random0"]))
+        eos = engine.spec.eos_token_ids
+    for name in ("", "random0", "random1"):
+        for i, want in enumerate(expected[name or "base"]):
+            assert got[f"{name or 'base'}-{i}"] == up_to_eos(want, eos), (name, i)
+    assert expected["random0"] != expected["base"] != expected["random1"]
