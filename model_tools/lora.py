@@ -50,6 +50,7 @@ BASES = (TINY_HF, SMOLLM2_HF)  # HF folders under <cache>/hf/ that `make tiny-mo
 ADAPTER_SEED = 4300
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK_DIM = "lora_rank"
+SLOT_INPUT = "lora_slot"  # the per-row graph's row -> adapter slot input
 EXPECTED_FILE = "lora-expected.json"
 EXPECTED_PROMPTS = [[1, 504, 3158, 282, 4649, 314], [28, 11, 9, 500, 21, 7, 99, 1000]]
 EXPECTED_NEW_TOKENS = 12
@@ -131,6 +132,40 @@ def extract_inputs(model_file: Path, out_dir: Path) -> dict[str, tuple[int, ...]
     return shapes
 
 
+def stack_inputs(model_file: Path) -> int:
+    """Per-row adapters in one run: each LoRA input X [in, rank] becomes X.stacked
+    [lora_slots, in, rank] gathered by a new input `lora_slot` [batch] (row b's slot) into
+    X [batch, in, rank]; MatMul broadcasts over the batch axis, so every row multiplies by
+    its own adapter's weights. Rewrites model_file in place (the graph only: the weights'
+    external data is untouched); returns how many inputs were stacked."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_file), load_external_data=False)
+    graph = model.graph
+    lora = [i for i in graph.input if is_lora_weight(i.name)]
+    nodes = []
+    for value in lora:
+        dims = [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+        graph.input.remove(value)
+        graph.input.append(helper.make_tensor_value_info(
+            f"{value.name}.stacked", TensorProto.FLOAT, ["lora_slots", *dims]))
+        nodes.append(helper.make_node("Gather", [f"{value.name}.stacked", SLOT_INPUT],
+                                      [value.name], name=f"{value.name}/Gather", axis=0))
+    graph.input.append(helper.make_tensor_value_info(SLOT_INPUT, TensorProto.INT64,
+                                                     ["batch_size"]))
+    # The builder's 2-D shape notes for these names would contradict the gathered 3-D ones.
+    stale = [v for v in graph.value_info if is_lora_weight(v.name)]
+    for v in stale:
+        graph.value_info.remove(v)
+    # Before every consumer, so the nodes stay topologically sorted.
+    rest = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *rest])
+    onnx.save(model, str(model_file))
+    return len(lora)
+
+
 def write_adapter(values: dict, out: Path) -> int:
     """Write one .onnx_adapter file; returns its parameter bytes."""
     import numpy as np
@@ -143,6 +178,23 @@ def write_adapter(values: dict, out: Path) -> int:
                             for k, v in values.items()})
     adapter.export_adapter(str(out))
     return sum(v.nbytes for v in values.values())
+
+
+def build_per_row(shared: Path, force: bool) -> Path:
+    """The per-row variant of a built shared folder, beside it as <name>-rows."""
+    final = shared.parent / f"{shared.name}-rows"
+    if final.exists() and not force:
+        print(f"{final} exists (--force rebuilds it)", file=sys.stderr)
+        return final
+    if final.exists():
+        shutil.rmtree(final)
+    with staged(final) as out:
+        shutil.copytree(shared, out, dirs_exist_ok=True)
+        (out / "ortserve-model.json").unlink()
+        stacked = stack_inputs(out / "model.onnx")
+        print(f"lora: {stacked} LoRA inputs stacked per row", file=sys.stderr)
+        write_manifest(out, final.name, "fp32", f"{shared.name} with per-row LoRA inputs")
+    return final
 
 
 def build(cache: Path, adapters: int, rank: int, force: bool, base: str = TINY_HF) -> Path:
@@ -209,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", type=int, default=2, help="random adapters to make")
     parser.add_argument("--rank", type=int, default=4, help="LoRA rank of each adapter")
     parser.add_argument("--force", action="store_true", help="rebuild an existing folder")
+    parser.add_argument("--per-row", action="store_true",
+                        help="also write <name>-rows: every row its own adapter in one run")
     args = parser.parse_args(argv)
     if args.adapters < 1 or args.rank < 1:
         parser.error("--adapters and --rank must be >= 1")
@@ -219,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(final)
+    if args.per_row:
+        print(build_per_row(final, args.force))
     return 0
 
 

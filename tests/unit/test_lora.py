@@ -21,9 +21,11 @@ from worker_service.runtime.batch_runner import adapter_groups
 from worker_service.runtime.lora import AdapterNotFound
 
 
-@pytest.fixture(scope="module")
-def lora_dir():
-    path = prepared_model_dir("tiny-llama-lora")
+@pytest.fixture(scope="module", params=["tiny-llama-lora", "tiny-llama-lora-rows"])
+def lora_dir(request):
+    """The shared layout (one run per adapter group) and the per-row one (every row its
+    own adapter in one run: model_tools.lora --per-row)."""
+    path = prepared_model_dir(request.param)
     if not (path / "lora-expected.json").is_file():
         pytest.skip(f"{path} has no lora-expected.json: run `make lora-demo`")
     return path
@@ -105,9 +107,11 @@ def test_rows_joining_together_decode_in_one_run_per_adapter(engine, expected):
                                                 adapter=name) for i, name in enumerate(names)])
     for i, name in enumerate(names):
         assert got[f"j{i}"] == expected[name or "base"][0], (i, name)
-    # Six rows, three adapters, arriving interleaved: the first chunks and each decode step
-    # run once per adapter (3 x 12 runs), not once per row (6 x 12).
-    assert engine.runner.batch.runs - runs_before == 3 * new
+    # Six rows, three adapters, arriving interleaved. Shared LoRA inputs: the first chunks
+    # and each decode step run once per adapter (3 x 12 runs), not once per row (6 x 12).
+    # Per-row inputs: the first chunks still split by adapter (3), then one run a step.
+    runs = engine.runner.batch.runs - runs_before
+    assert runs == (3 + (new - 1) if engine.adapters.per_row else 3 * new)
 
 
 def test_prefix_cache_never_serves_another_adapters_blocks(engine, expected):

@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker_service.runtime.last_logits import LOGITS_POSITIONS
-from worker_service.runtime.lora import BASE, AdapterSet, lora_inputs
+from worker_service.runtime.lora import BASE, SLOT_INPUT, AdapterSet, lora_inputs
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowStore
 
@@ -74,6 +74,7 @@ class BatchRunner:
                               getattr(store, "device_id", 0))
         self.lora = lora
         self._bound_adapter: dict[int, str] = {}  # id(binding) -> adapter bound in it
+        self._slots = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
         # Decode runs over a part [start, stop) of the rows: one per adapter group.
         self._decode_part_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self.runs = 0
@@ -96,11 +97,20 @@ class BatchRunner:
         self._decode_part_bindings.clear()
         self._bound_adapter.clear()
 
-    def _bind_adapter(self, binding: ort.IOBinding, adapter: str) -> None:
-        """Bind `adapter`'s LoRA values into binding unless it already holds them."""
+    def _bind_adapter(self, binding: ort.IOBinding, adapter: str,
+                      per_row: Sequence[str] | None = None) -> None:
+        """Bind `adapter`'s LoRA values into binding unless it already holds them. A
+        per-row graph binds every adapter stacked (once) and each row's slot: `per_row`,
+        or `adapter` for every row of the run."""
         if self.lora is None:
-            if adapter != BASE:
+            if adapter != BASE or any(per_row or ()):
                 raise ValueError(f"adapter {adapter!r} asked of a graph without LoRA inputs")
+            return
+        if self.lora.per_row:
+            key = f"#stacked-{self.lora.version}"
+            if self._bound_adapter.get(id(binding)) != key:
+                self.lora.bind_stacked(binding)
+                self._bound_adapter[id(binding)] = key
             return
         if self._bound_adapter.get(id(binding)) != adapter:
             self.lora.bind(binding, adapter)
@@ -120,6 +130,7 @@ class BatchRunner:
             binding = self._prefill_bindings[row] = self.session.io_binding()
             self.store.bind(binding, row, row + 1)
         self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, [adapter])
         ids_view = self._ids[:n].reshape(1, n)
         ids_view[0] = ids
         # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
@@ -169,6 +180,7 @@ class BatchRunner:
             binding = self._first_bindings[key] = self.session.io_binding()
             self.store.bind(binding, *key)
         self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, [adapter] * rows)
         ids = self._ids[:rows * width].reshape(rows, width)
         ids.fill(spec.eos_token_ids[0] if spec.eos_token_ids else 0)  # any valid id pads
         mask = self._mask[:rows * width].reshape(rows, width)
@@ -239,8 +251,11 @@ class BatchRunner:
             raise ValueError(f"decode over {rows} rows needs {rows} adapters, "
                              f"got {len(adapters)}")
         ids = np.asarray(next_ids, dtype=np.int64)
-        for start, stop, adapter in adapter_groups(adapters, rows):
-            self._decode_part(start, stop, past[start:stop], ids[start:stop], adapter, rows)
+        if self.lora is not None and self.lora.per_row:  # every row its own adapter: one run
+            self._decode_part(0, rows, past, ids, BASE, rows, adapters)
+        else:
+            for start, stop, adapter in adapter_groups(adapters, rows):
+                self._decode_part(start, stop, past[start:stop], ids[start:stop], adapter, rows)
         spec = self.spec
         logits = self._decode_logits[:rows * spec.vocab_size]
         for b in range(rows):
@@ -252,7 +267,7 @@ class BatchRunner:
         return logits.reshape(rows, spec.vocab_size)
 
     def _decode_part(self, start: int, stop: int, past: np.ndarray, next_ids: np.ndarray,
-                     adapter: str, rows: int) -> None:
+                     adapter: str, rows: int, per_row: Sequence[str] | None = None) -> None:
         """One run decoding rows [start, stop) with one adapter; logits land at rows
         [start, stop) of the decode logits."""
         spec, n = self.spec, stop - start
@@ -267,6 +282,7 @@ class BatchRunner:
                 binding = self._decode_part_bindings[(start, stop)] = self.session.io_binding()
                 self.store.bind(binding, start, stop)
         self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, per_row if per_row is not None else [adapter] * n)
         width = int(past.max()) + 1
         ids_view = self._ids[:n].reshape(n, 1)
         ids_view[:, 0] = next_ids
@@ -286,6 +302,14 @@ class BatchRunner:
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
         self.runs += 1
+
+    def _bind_slots(self, binding: ort.IOBinding, adapters: Sequence[str]) -> None:
+        """A per-row graph: row b of the run reads adapter slot adapters[b]."""
+        if self.lora is None or not self.lora.per_row:
+            return
+        slots = self._slots[:len(adapters)]
+        slots[:] = [self.lora.slot(a) for a in adapters]
+        binding.bind_cpu_input(SLOT_INPUT, slots)
 
     def _bind_logits_at(self, binding: ort.IOBinding, last: Sequence[int],
                         width: int | None = None) -> int:

@@ -211,6 +211,8 @@ def _placed_nodes(session: ort.InferenceSession, spec: ModelSpec,
             feeds[last_logits.LOGITS_POSITIONS] = np.zeros((1, 1, 1), dtype=np.int64)
         for name, shape in lora.lora_inputs(session).items():  # the base: rank-1 zeros
             feeds[name] = np.zeros([d if isinstance(d, int) else 1 for d in shape], np.float32)
+        if lora.SLOT_INPUT in {i.name for i in session.get_inputs()}:
+            feeds[lora.SLOT_INPUT] = np.zeros(1, np.int64)
         empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
         for i in range(spec.num_layers):
             for name in (spec.past_key_name, spec.past_value_name):

@@ -24,6 +24,11 @@ import onnxruntime as ort
 from worker_service.core.errors import EngineError, ErrorReason, InvalidRequest
 
 BASE = ""  # the adapter name that means the base model
+# A per-row graph (model_tools.lora --per-row): each LoRA input X is X.stacked
+# [slots, in, rank], gathered by SLOT_INPUT [batch] (row b's slot), so rows of
+# different adapters run in one run. Slot 0 is the base (zeros).
+SLOT_INPUT = "lora_slot"
+STACKED_SUFFIX = ".stacked"
 
 
 def is_lora_input(name: str) -> bool:
@@ -56,6 +61,7 @@ class Adapter:
     rank: int
     nbytes: int  # parameter bytes held on the device
     values: dict[str, ort.OrtValue]
+    host: dict[str, np.ndarray]  # the same values in host memory (a per-row graph restacks)
 
 
 def parse_lora_flag(value: str) -> tuple[str, str]:
@@ -84,11 +90,20 @@ class AdapterSet:
 
     def __init__(self, session: ort.InferenceSession, device: str = "cpu",
                  device_id: int = 0) -> None:
-        self.inputs = lora_inputs(session)
+        found = lora_inputs(session)
+        self.per_row = SLOT_INPUT in {i.name for i in session.get_inputs()}
+        # The adapter's parameter names and shapes [in, rank] / [rank, out].
+        self.inputs = ({name.removesuffix(STACKED_SUFFIX): shape[1:]
+                        for name, shape in found.items()} if self.per_row else found)
         self.device, self.device_id = device, device_id
         self.adapters: dict[str, Adapter] = {}
         self._base = {name: self._ortvalue(np.zeros(self._base_shape(shape), np.float32))
                       for name, shape in self.inputs.items()}
+        self.version = 0  # bumped when the stacked values change (bindings re-bind)
+        self._slots: dict[str, int] = {BASE: 0}
+        self._stacked: dict[str, ort.OrtValue] = {}
+        if self.per_row:
+            self._restack()
 
     @property
     def enabled(self) -> bool:
@@ -126,7 +141,7 @@ class AdapterSet:
                 "--lora", f"adapter {name!r} ({path}) does not fit this base: {len(missing)} LoRA inputs "
                 f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}); "
                 f"build the adapter against this base folder")
-        values, ranks, nbytes = {}, set(), 0
+        values, host, ranks, nbytes = {}, {}, set(), 0
         for key, shape in self.inputs.items():
             array = params[key].numpy().copy()
             fixed = [(axis, dim) for axis, dim in enumerate(shape) if isinstance(dim, int)]
@@ -135,20 +150,57 @@ class AdapterSet:
                 raise InvalidRequest("--lora", f"adapter {name!r}: {key} is {array.dtype} "
                                      f"{list(array.shape)}, the graph wants float32 {shape}")
             ranks.add(array.shape[1] if ".lora_A." in key else array.shape[0])
-            values[key] = self._ortvalue(np.ascontiguousarray(array))
+            host[key] = np.ascontiguousarray(array)
+            if not self.per_row:
+                values[key] = self._ortvalue(host[key])
             nbytes += array.nbytes
         del params, adapter_file
         if len(ranks) != 1:
             raise InvalidRequest("--lora", f"adapter {name!r}: its weights disagree on the rank "
                                  f"({sorted(ranks)})")
-        adapter = Adapter(name, str(path), ranks.pop(), nbytes, values)
+        adapter = Adapter(name, str(path), ranks.pop(), nbytes, values, host)
         self.adapters[name] = adapter
+        if self.per_row:
+            self._restack()
         return adapter
 
     def unload(self, name: str) -> Adapter:
         if name not in self.adapters:
             raise AdapterNotFound(name, self.names())
-        return self.adapters.pop(name)
+        adapter = self.adapters.pop(name)
+        if self.per_row:
+            self._restack()
+        return adapter
+
+    def slot(self, name: str) -> int:
+        """A per-row graph: the stacked slot of adapter `name` (0: the base)."""
+        return self._slots[name]
+
+    def bind_stacked(self, binding: ort.IOBinding) -> None:
+        """A per-row graph: bind every served adapter's values, stacked by slot."""
+        for key, value in self._stacked.items():
+            binding.bind_ortvalue_input(key + STACKED_SUFFIX, value)
+
+    def _restack(self) -> None:
+        # Ranks are padded to the largest with zeros (a zero column of A and row of B add
+        # nothing), so adapters of different ranks share one stacked tensor.
+        order = sorted(self.adapters)
+        rank = max([a.rank for a in self.adapters.values()] + [1])
+        self._slots = {BASE: 0, **{name: i + 1 for i, name in enumerate(order)}}
+        stacked = {}
+        for key, shape in self.inputs.items():
+            is_a = ".lora_A." in key
+            dims = (shape[0], rank) if is_a else (rank, shape[1])
+            array = np.zeros((len(order) + 1, *dims), np.float32)
+            for i, name in enumerate(order):
+                value = self.adapters[name].host[key]
+                if is_a:
+                    array[i + 1, :, :value.shape[1]] = value
+                else:
+                    array[i + 1, :value.shape[0], :] = value
+            stacked[key] = self._ortvalue(array)
+        self._stacked = stacked
+        self.version += 1
 
     def check(self, name: str) -> None:
         """Raise AdapterNotFound unless `name` is the base or a loaded adapter."""
@@ -161,6 +213,8 @@ class AdapterSet:
             if name != BASE:
                 raise AdapterNotFound(name, [])
             return
+        if self.per_row:
+            raise ValueError("a per-row graph binds its adapters stacked (bind_stacked)")
         values = self._base if name == BASE else self.adapters[name].values
         for key, value in values.items():
             binding.bind_ortvalue_input(key, value)
