@@ -123,9 +123,9 @@ tiny-model: tools-setup
 	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only tiny >/dev/null
 
 ## lora-demo: the tiny base with its LoRA weights as graph inputs and two random peft adapters
-## ($(ORTSERVE_MODEL_CACHE)/models/tiny-llama-lora, adapters/*.onnx_adapter; no downloads)
+## ($(ORTSERVE_MODEL_CACHE)/models/tiny-llama-lora and its per-row twin tiny-llama-lora-rows; no downloads)
 lora-demo: tools-setup tiny-model
-	@$(TOOLS_VENV)/bin/python -m model_tools.lora >/dev/null
+	@$(TOOLS_VENV)/bin/python -m model_tools.lora --per-row >/dev/null
 
 ## model-cuda: the default model for --device cuda (fp16, the builder's -e cuda; no GPU needed)
 model-cuda: tools-setup

@@ -20,9 +20,9 @@ CAPACITY_BYTES = 8 * 2**20
 ADAPTERS = ("random0", "random1")
 
 
-@pytest.fixture(scope="module")
-def lora_dir():
-    path = prepared_model_dir("tiny-llama-lora")
+@pytest.fixture(scope="module", params=["tiny-llama-lora", "tiny-llama-lora-rows"])
+def lora_dir(request):
+    path = prepared_model_dir(request.param)
     if not (path / "lora-expected.json").is_file():
         pytest.skip(f"{path} has no lora-expected.json: run `make lora-demo`")
     return path
