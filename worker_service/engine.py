@@ -211,7 +211,7 @@ class Engine:
                    if self.prefix_cache is not None else None)
             try:
                 if session_id:
-                    held = self._session_adapters.setdefault(session_id, req.adapter)
+                    held = self._session_adapters.get(session_id, req.adapter)
                     if held != req.adapter:
                         raise InvalidRequest("adapter", f"session {session_id!r} runs under "
                                              f"adapter {held or '(base)'!r}; a turn cannot "
@@ -221,6 +221,7 @@ class Engine:
                                                         req.max_tokens, detail)
                     seq.continue_session(session_id, start.allocation, start.reused_tokens,
                                          start.resume)
+                    self._session_adapters[session_id] = req.adapter
                     if start.reused_tokens and hit is not None:  # the session's own KV wins
                         self._release_hit(hit)
                         hit = None

@@ -171,3 +171,26 @@ def test_smollm2_adapters_mixed_in_one_batch_equal_transformers_and_peft():
         for i, want in enumerate(expected[name or "base"]):
             assert got[f"{name or 'base'}-{i}"] == up_to_eos(want, eos), (name, i)
     assert expected["random0"] != expected["base"] != expected["random1"]
+
+
+def test_a_session_keeps_the_adapter_of_its_first_turn(engine, expected):
+    prompt, new = tuple(expected["prompts"][0]), expected["new_tokens"]
+    engine.open_session("lora-s")
+    try:
+        done = threading.Event()
+        out = []
+
+        def on_event(event) -> None:
+            if isinstance(event, TERMINAL):
+                out.append(event)
+                done.set()
+
+        engine.submit(SequenceRequest("t1", prompt, new, adapter="random0"), on_event,
+                      session_id="lora-s")
+        assert done.wait(60) and isinstance(out[0], Completed)
+        assert list(out[0].token_ids) == expected["random0"][0]
+        with pytest.raises(InvalidRequest, match="adapter 'random0'"):
+            engine.submit(SequenceRequest("t2", prompt + tuple(out[0].token_ids), 4),
+                          on_event, session_id="lora-s")
+    finally:
+        engine.close_session("lora-s")
