@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: chaos model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
+.PHONY: chaos model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model lora-demo hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -121,6 +121,11 @@ model: tools-setup
 
 tiny-model: tools-setup
 	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only tiny >/dev/null
+
+## lora-demo: the tiny base with its LoRA weights as graph inputs and two random peft adapters
+## ($(ORTSERVE_MODEL_CACHE)/models/tiny-llama-lora and its per-row twin tiny-llama-lora-rows; no downloads)
+lora-demo: tools-setup tiny-model
+	@$(TOOLS_VENV)/bin/python -m model_tools.lora --per-row >/dev/null
 
 ## model-cuda: the default model for --device cuda (fp16, the builder's -e cuda; no GPU needed)
 model-cuda: tools-setup

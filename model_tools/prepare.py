@@ -194,12 +194,16 @@ def save_tiny_hf(tokenizer_dir: Path, out: Path) -> None:
 
 
 def run_builder(hf_dir: Path, out: Path, precision: str, builder_cache: Path,
-                execution_provider: str = "cpu") -> None:
-    """Convert a Hugging Face folder with onnxruntime-genai's model builder (a subprocess)."""
+                execution_provider: str = "cpu", extra_options: list[str] | None = None) -> None:
+    """Convert a Hugging Face folder with onnxruntime-genai's model builder (a subprocess).
+
+    extra_options: the builder's KEY=VALUE --extra_options (e.g. adapter_path=DIR)."""
     # NOTE: the builder's --help crashes (a format-string bug); its options are in
     # get_args() of onnxruntime_genai/models/builder.py.
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
            "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(builder_cache)]
+    if extra_options:
+        cmd += ["--extra_options", *extra_options]
     # NOTE: the builder stamps model.onnx's producer_version with `git rev-parse HEAD`
     # run five folders above its own file: inside .venv-tools that is *this* repo, so
     # model.onnx would change with every ortserve commit. With no git repository it

@@ -32,8 +32,17 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+def adapter_root(adapter: str) -> int:
+    """The parent of a prompt's first block under a LoRA adapter ("": the base, ROOT), so
+    equal tokens under different adapters (whose KV differs) never share a key."""
+    if not adapter:
+        return ROOT
+    h = hashlib.blake2b(adapter.encode(), digest_size=8, person=b"ortserve-lora")
+    return int.from_bytes(h.digest(), "little")
+
+
 def chain_hashes(token_ids: Sequence[int], block_tokens: int, max_blocks: int | None = None,
-                 ) -> list[int]:
+                 adapter: str = "") -> list[int]:
     """The chain hashes of the whole `block_tokens` runs at the start of `token_ids`.
 
     hashes[i] keys tokens [0, (i + 1) x block_tokens); a partial last run has
@@ -45,7 +54,7 @@ def chain_hashes(token_ids: Sequence[int], block_tokens: int, max_blocks: int | 
     if max_blocks is not None:
         n_blocks = min(n_blocks, max_blocks)
     hashes: list[int] = []
-    parent = ROOT
+    parent = adapter_root(adapter)
     for b in range(n_blocks):
         parent = block_hash(parent, token_ids[b * block_tokens:(b + 1) * block_tokens])
         hashes.append(parent)

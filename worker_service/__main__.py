@@ -23,7 +23,8 @@ from ortserve.tls import add_arguments as add_tls_arguments
 from ortserve.units import parse_bytes
 from ortserve.version import package_version
 from worker_service.config import WorkerConfig
-from worker_service.core.errors import EngineError
+from worker_service.core.errors import EngineError, InvalidRequest
+from worker_service.runtime import lora
 from worker_service.runtime.rate_set_runner import BENCH_ENV
 from worker_service.server import build_server
 
@@ -89,6 +90,11 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                         "on CUDA each KV row is this long and allocated whole, so a shorter "
                         "context holds more rows (vLLM's --max-model-len; env "
                         "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a LoRA adapter (an .onnx_adapter file) as NAME; repeatable. The "
+                        "model folder must take its LoRA weights as inputs (make lora-demo); "
+                        "a request names it in GenerateRequest.adapter; its bytes come out of "
+                        "the KV capacity")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -127,6 +133,12 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         if not 0 < a.bench_rate_set_tokens_per_s <= 100_000:
             p.error(f"--bench-rate-set-tokens-per-s {a.bench_rate_set_tokens_per_s:g}: give more "
                     "than 0 and at most 100000 tokens a second per stream")
+    try:
+        lora_adapters = tuple(lora.parse_lora_flag(value) for value in a.lora)
+    except InvalidRequest as error:
+        p.error(str(error))
+    if len({name for name, _ in lora_adapters}) != len(lora_adapters):
+        p.error(f"--lora: a name is given twice ({', '.join(n for n, _ in lora_adapters)})")
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")
@@ -170,7 +182,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
-        max_context_tokens=a.max_context_tokens,
+        max_context_tokens=a.max_context_tokens, lora=lora_adapters,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         bench_rate_set_tokens_per_s=a.bench_rate_set_tokens_per_s,

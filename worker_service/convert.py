@@ -136,8 +136,8 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
         constraint=request_rules.constraint_spec(request, tool_format=tokenizer.tool_call_format),
-        ignore_eos=request.ignore_eos,
-        stop_token_ids=tuple(request.stop_token_ids), **kwargs)
+        ignore_eos=request.ignore_eos, stop_token_ids=tuple(request.stop_token_ids),
+        adapter=request.adapter, **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,

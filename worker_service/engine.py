@@ -45,6 +45,7 @@ from worker_service.core.tokenizer import Tokenizer
 from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices
 from worker_service.runtime.factory import build_runtime
+from worker_service.runtime.lora import AdapterNotFound, AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
@@ -96,6 +97,13 @@ class Engine:
         self.runner: Runner = self.runtime.runner
         self.kv_layout = self.runtime.kind
         self.prefix_cache: PrefixCache | None = self.runtime.prefix_cache
+        # LoRA adapters (runtime/lora.py): a graph with LoRA inputs has a set on a batched
+        # runner; --lora on a base without them is refused with the reason.
+        self.adapters: AdapterSet | None = getattr(self.runner, "adapters", None)
+        for name, path in config.lora_adapters:
+            (self.adapters or AdapterSet(session)).load(name, path)
+        # A session's K/V was computed under one adapter: its turns keep it.
+        self._session_adapters: dict[str, str] = {}
         # Sessions keep K/V between turns as host copies of their rows (session_kv.py).
         self.sessions = SessionTable(self.kv) if self.runtime.capabilities.sessions else None
         if config.bench_rate_set_tokens_per_s:
@@ -166,6 +174,15 @@ class Engine:
         request_rules.stop_token_ids_in_vocab(req.stop_token_ids, self.spec.vocab_size)
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
                                      self.spec.context_length, req.min_new_tokens)
+        if req.adapter:
+            if self.adapters is None:
+                raise AdapterNotFound(req.adapter, [])
+            self.adapters.check(req.adapter)
+
+    @property
+    def adapter_bytes(self) -> int:
+        """Bytes the loaded LoRA adapters hold (on the session's device)."""
+        return self.adapters.total_bytes() if self.adapters is not None else 0
 
     def submit(self, req: SequenceRequest, on_event: Callable[[Event], None],
                session_id: str = "", checked: bool = False) -> SequenceHandle:
@@ -194,13 +211,21 @@ class Engine:
             if req.sequence_id in self._live:
                 raise LeaseInUse(req.sequence_id)
             # Pinned before the charge is made, so the eviction the charge may need leaves it.
-            hit = self.prefix_cache.lookup(req.prompt_ids) if self.prefix_cache is not None else None
+            hit = (self.prefix_cache.lookup(req.prompt_ids, req.adapter)
+                   if self.prefix_cache is not None else None)
             try:
                 if session_id:
+                    held = self._session_adapters.get(session_id, req.adapter)
+                    if held != req.adapter:
+                        raise InvalidRequest("adapter", f"session {session_id!r} runs under "
+                                             f"adapter {held or '(base)'!r}; a turn cannot "
+                                             f"switch to {req.adapter or '(base)'!r}: open "
+                                             "another session for it")
                     start = self._sessions().begin_turn(session_id, req.prompt_ids,
                                                         req.max_tokens, detail)
                     seq.continue_session(session_id, start.allocation, start.reused_tokens,
                                          start.resume)
+                    self._session_adapters[session_id] = req.adapter
                     if start.reused_tokens and hit is not None:  # the session's own KV wins
                         self._release_hit(hit)
                         hit = None
@@ -263,7 +288,9 @@ class Engine:
     def close_session(self, session_id: str) -> int:
         """Forget an idle session; returns the pool bytes freed (SessionBusy during a turn)."""
         with self._cond:
-            return self._sessions().close(session_id)
+            freed = self._sessions().close(session_id)
+            self._session_adapters.pop(session_id, None)
+            return freed
 
     def close(self) -> None:
         """Stop the engine thread; queued and running sequences end with Failed. Idempotent."""

@@ -57,3 +57,6 @@ class EngineConfig:
     # token this many times a second; 0: the model runs. The worker refuses it outside the
     # bench (ORTSERVE_BENCH=1).
     bench_rate_set_tokens_per_s: float = 0.0
+    # LoRA adapters loaded at start, (served name, .onnx_adapter path) each (--lora NAME=PATH);
+    # the base folder must take its LoRA weights as inputs (model_tools/lora.py).
+    lora_adapters: tuple[tuple[str, str], ...] = ()

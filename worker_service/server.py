@@ -25,6 +25,7 @@ from worker_service.engine import Engine, EngineConfig
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.metrics import WorkerMetrics
 from worker_service.runtime import device as devices
+from worker_service.runtime import lora
 from worker_service.scheduler_link import SchedulerLink
 from worker_service.servicer import WorkerServicer
 
@@ -119,6 +120,17 @@ class WorkerServer:
 async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, health, port: int) -> None:
     device = devices.resolve_device(config.device)
     capacity_bytes = resolve_kv_capacity(config, device)
+    # LoRA adapters live in the memory the capacity names: what they hold is not KV room,
+    # so the ledger's capacity is the rest (it moves by an adapter's bytes).
+    adapter_bytes = sum(lora.parameter_bytes(path) for _, path in config.lora)
+    if config.lora:
+        if adapter_bytes >= capacity_bytes:
+            raise ConfigError(f"the {len(config.lora)} LoRA adapters hold {adapter_bytes:,} "
+                              f"bytes, all of the {capacity_bytes:,}-byte KV capacity; raise "
+                              "--kv-capacity or load fewer adapters")
+        log.info("lora adapters", adapters=[name for name, _ in config.lora],
+                 adapter_bytes=adapter_bytes, kv_capacity_bytes=capacity_bytes - adapter_bytes)
+        capacity_bytes -= adapter_bytes
     engine_config = EngineConfig(model_dir=config.model_dir, device=device,
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
@@ -128,7 +140,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes,
-                                 bench_rate_set_tokens_per_s=config.bench_rate_set_tokens_per_s)
+                                 bench_rate_set_tokens_per_s=config.bench_rate_set_tokens_per_s,
+                                 lora_adapters=config.lora)
     # ORT session creation blocks for seconds: keep it off the event loop.
     try:
         engine = await asyncio.to_thread(Engine, engine_config)

@@ -79,10 +79,10 @@ def _batched(model_dir, waves, new_tokens, cancel_at_step=None):
     batch = eng.runner.batch
     prefill_first = batch.prefill_first
 
-    def counted_prefill_first(start_row, chunks):
+    def counted_prefill_first(start_row, chunks, **kwargs):
         runs["first_batches"] += 1
         runs["largest_first_batch"] = max(runs["largest_first_batch"], len(chunks))
-        return prefill_first(start_row, chunks)
+        return prefill_first(start_row, chunks, **kwargs)
 
     batch.prefill_first = counted_prefill_first
     step = eng.step

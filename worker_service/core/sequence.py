@@ -65,6 +65,8 @@ class SequenceRequest:
     ignore_eos: bool = False
     # Token ids that end generation once generated (their text kept, as vLLM does).
     stop_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter this sequence runs under, by its served name; "": the base model.
+    adapter: str = ""
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)

@@ -29,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker_service.runtime.last_logits import LOGITS_POSITIONS
+from worker_service.runtime.lora import BASE, SLOT_INPUT, AdapterSet, lora_inputs
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowStore
 
@@ -37,7 +38,7 @@ class BatchRunner:
     """One ORT session over one row store; see the module docstring."""
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
-                 max_chunk_tokens: int = 512) -> None:
+                 max_chunk_tokens: int = 512, lora: AdapterSet | None = None) -> None:
         if store.spec is not spec and store.spec != spec:
             raise ValueError("the row store was made for another model spec")
         self.session = session
@@ -65,6 +66,17 @@ class BatchRunner:
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
         # First-chunk batches over rows [start, stop): bound once per (start, stop).
         self._first_bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        # LoRA weights are graph inputs (runtime/lora.py): every run binds its adapter's
+        # values; a graph with LoRA inputs always has a set (the base binds zeros).
+        if lora is None and lora_inputs(session):
+            # On the rows' device (device rows say which; the host arena is the CPU).
+            lora = AdapterSet(session, getattr(store, "device", "cpu"),
+                              getattr(store, "device_id", 0))
+        self.lora = lora
+        self._bound_adapter: dict[int, str] = {}  # id(binding) -> adapter bound in it
+        self._slots = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
+        # Decode runs over a part [start, stop) of the rows: one per adapter group.
+        self._decode_part_bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self.runs = 0
         self.largest_batch = 0
         # CPU seconds this (engine) thread spent inside session runs: the bench's
@@ -82,8 +94,30 @@ class BatchRunner:
         self._decode_rows = 0
         self._prefill_bindings.clear()
         self._first_bindings.clear()
+        self._decode_part_bindings.clear()
+        self._bound_adapter.clear()
 
-    def prefill(self, row: int, past_tokens: int, ids: Sequence[int]) -> np.ndarray:
+    def _bind_adapter(self, binding: ort.IOBinding, adapter: str,
+                      per_row: Sequence[str] | None = None) -> None:
+        """Bind `adapter`'s LoRA values into binding unless it already holds them. A
+        per-row graph binds every adapter stacked (once) and each row's slot: `per_row`,
+        or `adapter` for every row of the run."""
+        if self.lora is None:
+            if adapter != BASE or any(per_row or ()):
+                raise ValueError(f"adapter {adapter!r} asked of a graph without LoRA inputs")
+            return
+        if self.lora.per_row:
+            key = f"#stacked-{self.lora.version}"
+            if self._bound_adapter.get(id(binding)) != key:
+                self.lora.bind_stacked(binding)
+                self._bound_adapter[id(binding)] = key
+            return
+        if self._bound_adapter.get(id(binding)) != adapter:
+            self.lora.bind(binding, adapter)
+            self._bound_adapter[id(binding)] = adapter
+
+    def prefill(self, row: int, past_tokens: int, ids: Sequence[int],
+                adapter: str = BASE) -> np.ndarray:
         """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
         n = len(ids)
         if not 1 <= n <= self.max_chunk_tokens:
@@ -95,6 +129,8 @@ class BatchRunner:
         if binding is None:
             binding = self._prefill_bindings[row] = self.session.io_binding()
             self.store.bind(binding, row, row + 1)
+        self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, [adapter])
         ids_view = self._ids[:n].reshape(1, n)
         ids_view[0] = ids
         # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
@@ -120,7 +156,8 @@ class BatchRunner:
         self.largest_batch = max(self.largest_batch, 1)
         return logits[(positions - 1) * spec.vocab_size:]
 
-    def prefill_first(self, start_row: int, chunks: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_first(self, start_row: int, chunks: Sequence[Sequence[int]],
+                      adapter: str = BASE) -> np.ndarray:
         """First prompt chunks of rows [start, start + len(chunks)) in ONE run; those rows hold
         nothing yet. Right-padded to the longest chunk W: row b's mask has len(chunks[b]) ones.
 
@@ -142,6 +179,8 @@ class BatchRunner:
         if binding is None:
             binding = self._first_bindings[key] = self.session.io_binding()
             self.store.bind(binding, *key)
+        self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, [adapter] * rows)
         ids = self._ids[:rows * width].reshape(rows, width)
         ids.fill(spec.eos_token_ids[0] if spec.eos_token_ids else 0)  # any valid id pads
         mask = self._mask[:rows * width].reshape(rows, width)
@@ -180,7 +219,8 @@ class BatchRunner:
         return by_position[np.arange(rows), np.asarray(last)]
 
     def decode(self, rows: int, past_tokens_per_row: Sequence[int], next_ids: Sequence[int],
-               active: Sequence[bool] | None = None) -> np.ndarray:
+               active: Sequence[bool] | None = None,
+               adapters: Sequence[str] | None = None) -> np.ndarray:
         """One token for each of rows [0, rows) in ONE run; logits [rows, vocab].
 
         Row b has written past_tokens_per_row[b] positions; its new token lands at
@@ -192,6 +232,10 @@ class BatchRunner:
         writes scratch at its position past_b, which its next prompt chunk (at the
         same past) overwrites before anything reads it. Its logits are meaningless
         and its held tokens stay past_b (the scratch page is still accounted).
+
+        adapters[b]: row b's LoRA adapter (BASE: none). The LoRA weights are
+        batch-shared inputs, so each maximal run of rows with one adapter is one
+        run over its rows [start, stop); None: every row is the base, one run.
         """
         if not 1 <= rows <= self.store.rows:
             raise ValueError(f"decode over rows [0, {rows}) but the store has "
@@ -203,36 +247,69 @@ class BatchRunner:
         past = np.asarray(past_tokens_per_row, dtype=np.int64)
         for b in range(rows):
             self._check_room(b, int(past[b]), int(past[b]) + 1)
-        spec, binding = self.spec, self._decode_binding
-        if self._decode_rows != rows:
-            self.store.bind(binding, 0, rows)
-            self._decode_rows = rows
-        width = int(past.max()) + 1
-        ids_view = self._ids[:rows].reshape(rows, 1)
-        ids_view[:, 0] = next_ids
-        mask = self._mask[:rows * width].reshape(rows, width)
-        np.less(self._columns[:width], past[:, None] + 1, out=mask, casting="unsafe")
-        binding.bind_cpu_input(spec.input_ids_name, ids_view)
-        binding.bind_cpu_input(spec.attention_mask_name, mask)
-        if spec.position_ids_name:
-            positions = self._positions[:rows].reshape(rows, 1)
-            positions[:, 0] = past
-            binding.bind_cpu_input(spec.position_ids_name, positions)
-        self._bind_logits_at(binding, [0] * rows)
+        if adapters is not None and len(adapters) != rows:
+            raise ValueError(f"decode over {rows} rows needs {rows} adapters, "
+                             f"got {len(adapters)}")
+        ids = np.asarray(next_ids, dtype=np.int64)
+        if self.lora is not None and self.lora.per_row:  # every row its own adapter: one run
+            self._decode_part(0, rows, past, ids, BASE, rows, adapters)
+        else:
+            for start, stop, adapter in adapter_groups(adapters, rows):
+                self._decode_part(start, stop, past[start:stop], ids[start:stop], adapter, rows)
+        spec = self.spec
         logits = self._decode_logits[:rows * spec.vocab_size]
-        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
-                            [rows, 1, spec.vocab_size], logits.ctypes.data)
-        started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
-        self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
             if active is None or active[b]:
                 self.store.note_written(b, int(past[b]) + 1)
             else:
                 self.store.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
-        self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
         return logits.reshape(rows, spec.vocab_size)
+
+    def _decode_part(self, start: int, stop: int, past: np.ndarray, next_ids: np.ndarray,
+                     adapter: str, rows: int, per_row: Sequence[str] | None = None) -> None:
+        """One run decoding rows [start, stop) with one adapter; logits land at rows
+        [start, stop) of the decode logits."""
+        spec, n = self.spec, stop - start
+        if (start, stop) == (0, rows):
+            binding = self._decode_binding
+            if self._decode_rows != rows:
+                self.store.bind(binding, 0, rows)
+                self._decode_rows = rows
+        else:
+            binding = self._decode_part_bindings.get((start, stop))
+            if binding is None:
+                binding = self._decode_part_bindings[(start, stop)] = self.session.io_binding()
+                self.store.bind(binding, start, stop)
+        self._bind_adapter(binding, adapter)
+        self._bind_slots(binding, per_row if per_row is not None else [adapter] * n)
+        width = int(past.max()) + 1
+        ids_view = self._ids[:n].reshape(n, 1)
+        ids_view[:, 0] = next_ids
+        mask = self._mask[:n * width].reshape(n, width)
+        np.less(self._columns[:width], past[:, None] + 1, out=mask, casting="unsafe")
+        binding.bind_cpu_input(spec.input_ids_name, ids_view)
+        binding.bind_cpu_input(spec.attention_mask_name, mask)
+        if spec.position_ids_name:
+            positions = self._positions[:n].reshape(n, 1)
+            positions[:, 0] = past
+            binding.bind_cpu_input(spec.position_ids_name, positions)
+        self._bind_logits_at(binding, [0] * n)
+        logits = self._decode_logits[start * spec.vocab_size:stop * spec.vocab_size]
+        binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
+                            [n, 1, spec.vocab_size], logits.ctypes.data)
+        started_s = time.thread_time()
+        self.session.run_with_iobinding(binding)
+        self.ort_cpu_s += time.thread_time() - started_s
+        self.runs += 1
+
+    def _bind_slots(self, binding: ort.IOBinding, adapters: Sequence[str]) -> None:
+        """A per-row graph: row b of the run reads adapter slot adapters[b]."""
+        if self.lora is None or not self.lora.per_row:
+            return
+        slots = self._slots[:len(adapters)]
+        slots[:] = [self.lora.slot(a) for a in adapters]
+        binding.bind_cpu_input(SLOT_INPUT, slots)
 
     def _bind_logits_at(self, binding: ort.IOBinding, last: Sequence[int],
                         width: int | None = None) -> int:
@@ -257,3 +334,16 @@ class BatchRunner:
         if total_tokens > self.store.max_tokens(row):
             raise ValueError(f"row {row} is charged for {self.store.max_tokens(row):,} tokens; "
                              f"a run to {total_tokens:,} would write beyond it")
+
+
+def adapter_groups(adapters: Sequence[str] | None, rows: int) -> list[tuple[int, int, str]]:
+    """Maximal runs of rows [0, rows) with one adapter, as (start, stop, adapter)."""
+    if adapters is None:
+        return [(0, rows, BASE)]
+    groups: list[tuple[int, int, str]] = []
+    start = 0
+    for b in range(1, rows + 1):
+        if b == rows or adapters[b] != adapters[start]:
+            groups.append((start, b, adapters[start]))
+            start = b
+    return groups

@@ -23,7 +23,7 @@ import onnxruntime as ort
 import structlog
 
 from worker_service.core.errors import DeviceUnavailable, ModelLoadError
-from worker_service.runtime import last_logits
+from worker_service.runtime import last_logits, lora
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.placement import PlacedNode, Placement, nodes_from_profile
 
@@ -209,6 +209,10 @@ def _placed_nodes(session: ort.InferenceSession, spec: ModelSpec,
             feeds[spec.position_ids_name] = np.zeros((1, 1), dtype=np.int64)
         if last_logits.LOGITS_POSITIONS in {i.name for i in session.get_inputs()}:
             feeds[last_logits.LOGITS_POSITIONS] = np.zeros((1, 1, 1), dtype=np.int64)
+        for name, shape in lora.lora_inputs(session).items():  # the base: rank-1 zeros
+            feeds[name] = np.zeros([d if isinstance(d, int) else 1 for d in shape], np.float32)
+        if lora.SLOT_INPUT in {i.name for i in session.get_inputs()}:
+            feeds[lora.SLOT_INPUT] = np.zeros(1, np.int64)
         empty = np.zeros((1, spec.kv_heads, 0, spec.head_dim), dtype=spec.kv_dtype)
         for i in range(spec.num_layers):
             for name in (spec.past_key_name, spec.past_value_name):

@@ -23,9 +23,10 @@ import onnxruntime as ort
 
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
-from worker_service.runtime.batch_runner import BatchRunner
+from worker_service.runtime.batch_runner import BatchRunner, adapter_groups
 from worker_service.runtime.kv_pool import KVPool
 from worker_service.runtime.last_logits import LOGITS_POSITIONS
+from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.row_store import RowStore
@@ -161,6 +162,11 @@ class BatchedModelRunner:
         return self.store
 
     @property
+    def adapters(self) -> AdapterSet | None:
+        """The LoRA adapters of this graph (None: it has no LoRA inputs)."""
+        return self.batch.lora
+
+    @property
     def largest_batch(self) -> int:
         return self.batch.largest_batch
 
@@ -201,7 +207,8 @@ class BatchedModelRunner:
             try:
                 logits = self.batch.decode(len(rows), past,
                                            [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
-                                           active)
+                                           active,
+                                           adapters=[seq.req.adapter for seq in rows])
             except Exception as exc:  # the run was shared: every row in it failed
                 for seq in rows:
                     out.step_of(seq).error = exc
@@ -246,7 +253,8 @@ class BatchedModelRunner:
                                     self.batch.max_chunk_tokens) if self.batch_first_chunks else [
             [i] for i in range(len(chunks))]
         for group in groups:
-            members = [chunks[i] for i in group]
+            # Rows of one adapter side by side: the decode runs once per run of one adapter.
+            members = sorted((chunks[i] for i in group), key=lambda c: c.seq.req.adapter)
             start = len(self._by_row)
             members = [c for c in members if self._take_row(out, c.seq)]
             if len(members) == 1:
@@ -255,9 +263,16 @@ class BatchedModelRunner:
                 self._prefill_first(out, start, members)
 
     def _prefill_first(self, out: StepOutput, start_row: int, chunks: list[PrefillChunk]) -> None:
+        # One run per run of rows with one LoRA adapter (its weights are batch-shared inputs).
+        for start, stop, _ in adapter_groups([c.seq.req.adapter for c in chunks], len(chunks)):
+            self._prefill_first_group(out, start_row + start, chunks[start:stop])
+
+    def _prefill_first_group(self, out: StepOutput, start_row: int,
+                             chunks: list[PrefillChunk]) -> None:
         try:
             logits = self.batch.prefill_first(
-                start_row, [c.seq.token_ids[:c.num_tokens] for c in chunks])
+                start_row, [c.seq.token_ids[:c.num_tokens] for c in chunks],
+                adapter=chunks[0].seq.req.adapter)
         except Exception as exc:  # a shared run: every row in it failed
             for c in chunks:
                 out.step_of(c.seq).error = exc
@@ -275,7 +290,8 @@ class BatchedModelRunner:
         if n <= 0 or step.error is not None:
             return
         try:
-            logits = self.batch.prefill(self._by_row.index(seq), start, seq.token_ids[start:start + n])
+            logits = self.batch.prefill(self._by_row.index(seq), start,
+                                        seq.token_ids[start:start + n], adapter=seq.req.adapter)
         except Exception as exc:
             step.error = exc
             return
@@ -305,7 +321,7 @@ class BatchedModelRunner:
         # the K/V its miss computes (docs/prefix-cache.md, "A hit is exact").
         held = min(self.store.written_tokens(row), seq.num_computed_tokens, seq.req.prompt_tokens)
         new = []
-        for index, key in cache.missing(seq.token_ids[:held]):
+        for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter):
             block = cache.insert_pinned(key, index, self.store.export_block(row, index))
             if block is not None:
                 new.append(block)

@@ -118,13 +118,14 @@ class PrefixCache:
 
     # --- a sequence starts: lookup --------------------------------------------
 
-    def lookup(self, prompt_ids: Sequence[int]) -> CachedPrefix | None:
+    def lookup(self, prompt_ids: Sequence[int], adapter: str = "") -> CachedPrefix | None:
         """Pin the longest cached block prefix of the prompt, leaving at least its last two
         tokens to prefill (its logits give the first new token, and a one-token run over a
-        past would compute other floats than the miss's longer run); None on a miss."""
+        past would compute other floats than the miss's longer run); None on a miss. Blocks
+        are keyed under their LoRA adapter ("": the base): another adapter's never match."""
         bt = self.block_tokens
         usable = max(len(prompt_ids) - MIN_PREFILL_TOKENS, 0) // bt
-        hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable)
+        hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable, adapter)
         with self._lock:
             self.stats.lookups += 1
             self.stats.lookup_tokens += usable * bt  # the most a hit could supply
@@ -160,12 +161,12 @@ class PrefixCache:
 
     # --- a sequence finishes: fill --------------------------------------------
 
-    def missing(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
+    def missing(self, token_ids: Sequence[int], adapter: str = "") -> list[tuple[int, int]]:
         """(block index, chain hash) of the whole blocks of `token_ids` not cached yet, at most
         what the limit holds; the blocks already cached are touched (recently used)."""
         if self.limit_bytes == 0:
             return []
-        hashes = prefix_hash.chain_hashes(token_ids, self.block_tokens)
+        hashes = prefix_hash.chain_hashes(token_ids, self.block_tokens, adapter=adapter)
         with self._lock:
             for key in reversed(hashes):
                 if key in self._blocks:
