@@ -11,6 +11,17 @@ dropped (chat templates do not render past thoughts). Keys Anthropic does not
 define but the chat path honours as extensions (min_tokens, cap_policy,
 seed, ...) pass through as they are.
 
+Thinking: a model whose chat template writes reasoning streams it as
+`thinking` blocks (the Admission says which format, as for chat's
+reasoning_content). The `thinking` parameter maps where it can be honoured:
+`{"type": "disabled"}` sets the template's `enable_thinking` to false (a
+template without that switch refuses it, naming `thinking`); `{"type":
+"enabled", "budget_tokens": N}` asks for thinking blocks, refused when the
+model's template writes no reasoning (or the gateway runs --reasoning-parser
+none). The budget is no separate limit: thinking and text share max_tokens,
+which Anthropic requires to exceed it and the scheduler reserves whole (the
+`ortserve.resolved` object says so). Other types (adaptive, ...) are refused.
+
 The cap: a capped request ends with stop_reason "max_tokens" (the limit that
 applied was the admitted one) and says so in the X-Ortserve-Budget-Cap header
 and the `ortserve` object (message_start's message and message_delta when
@@ -22,6 +33,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ortserve.v1 import types_pb2
@@ -49,13 +61,15 @@ _REFUSED = {"container", "mcp_servers", "context_management", "inference_geo", "
             "logprobs", "top_logprobs", "stream_options"}
 # A ParsedRequest's param (chat's name) -> the Messages API's.
 _RENAMES = (("stop", "stop_sequences"), ("reasoning_effort", "output_config.effort"),
+            ("chat_template_kwargs.enable_thinking", "thinking"),
             ("response_format.json_schema.schema", "output_config.format.schema"),
             ("response_format", "output_config.format"))
 
 
-def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool]:
-    """(the chat request, stream); raises ParamError naming the Messages field. `counting`:
-    a count_tokens body (no max_tokens: nothing is generated)."""
+def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool, str | None]:
+    """(the chat request, stream, the thinking type asked: "enabled", "disabled" or None);
+    raises ParamError naming the Messages field. `counting`: a count_tokens body (no
+    max_tokens: nothing is generated)."""
     if not isinstance(body, Mapping):
         raise ParamError("body", "the request body must be a JSON object")
     params = {k: v for k, v in body.items() if v is not None}
@@ -69,10 +83,6 @@ def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool]:
             raise ParamError(key, "is not supported by ortserve's Messages endpoint; remove it "
                              "(every parameter is honoured or refused, never ignored)",
                              code="unsupported_parameter")
-    if "thinking" in params:
-        raise ParamError("thinking", "is not supported yet: ortserve has no thinking budget; "
-                         "a model that thinks streams thinking blocks without it",
-                         code="unsupported_parameter")
     max_tokens = params.get("max_tokens")
     if max_tokens is None:
         raise ParamError("max_tokens", "required: the most tokens to generate (the Messages "
@@ -91,12 +101,59 @@ def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool]:
         chat.update(_tool_choice(params["tool_choice"], "tools" in params))
     if "output_config" in params:
         chat.update(_output_config(params["output_config"]))
+    thinking, resolved = None, {}
+    if "thinking" in params:
+        thinking, resolved = _thinking(params["thinking"], max_tokens, chat)
     try:
         parsed = parse_request("chat", chat)
     except ParamError as error:
         raise ParamError(chat_param(error.param, origin), error.message.split(": ", 1)[-1],
                          error.code) from None
-    return parsed, parsed.stream
+    if resolved:
+        parsed = replace(parsed, resolved={**(parsed.resolved or {}), **resolved})
+    return parsed, parsed.stream, thinking
+
+
+def _thinking(config: object, max_tokens: object, chat: dict) -> tuple[str, dict[str, str]]:
+    """`thinking` -> (its type, the `ortserve.resolved` notes); "disabled" sets the
+    template's enable_thinking in `chat` (see the module's doc for what each type does)."""
+    kind = config.get("type") if isinstance(config, Mapping) else None
+    if kind not in ("enabled", "disabled"):
+        raise ParamError("thinking.type" if isinstance(config, Mapping) else "thinking",
+                         f"{kind!r} is not supported: send {{\"type\": \"enabled\", "
+                         "\"budget_tokens\": N}} or {\"type\": \"disabled\"} (ortserve cannot "
+                         "let the model decide whether to think)", code="unsupported_parameter")
+    extra = {k for k, v in config.items() if v is not None} - {"type", "budget_tokens",
+                                                                "display"}
+    if extra:
+        raise ParamError(f"thinking.{sorted(extra)[0]}", "is not supported (only type, "
+                         "budget_tokens and display)", code="unsupported_parameter")
+    if kind == "disabled":
+        if "budget_tokens" in config:
+            raise ParamError("thinking.budget_tokens", "goes with type \"enabled\" only")
+        kwargs = chat.get("chat_template_kwargs", {})
+        if not isinstance(kwargs, Mapping):
+            return kind, {}  # chat's refusal names chat_template_kwargs
+        if kwargs.get("enable_thinking", False) is not False:
+            raise ParamError("thinking", "{\"type\": \"disabled\"} differs from "
+                             "chat_template_kwargs.enable_thinking: send one of them")
+        chat["chat_template_kwargs"] = {**kwargs, "enable_thinking": False}
+        return kind, {}
+    display = config.get("display", "summarized")
+    if display != "summarized":
+        raise ParamError("thinking.display", f"{display!r} is not supported: ortserve shows "
+                         "the thinking as the model wrote it (\"summarized\"); it has no "
+                         "signature to return in its place", code="unsupported_parameter")
+    budget = config.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ParamError("thinking.budget_tokens", f"{budget!r}: required with type "
+                         "\"enabled\", a positive whole number of tokens")
+    if isinstance(max_tokens, int) and budget >= max_tokens:
+        raise ParamError("thinking.budget_tokens", f"{budget:,} must be less than max_tokens "
+                         f"({max_tokens:,}): thinking counts toward max_tokens")
+    return kind, {"thinking.budget_tokens": (
+        f"{budget} is not a separate limit: thinking and text share max_tokens "
+        f"({max_tokens}), which is reserved whole")}
 
 
 def _messages(system: object, messages: object) -> tuple[list[dict], list[str]]:

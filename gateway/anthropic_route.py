@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -22,7 +23,7 @@ from . import anthropic_messages as am
 from . import generation
 from .errors import HttpError, from_grpc, from_param_error
 from .generation import Reader, Stream, Target
-from .output_parts import OutputParser, ReasoningFor, no_reasoning
+from .output_parts import OutputParser
 from .param_error import ParamError
 from .responses import admission_headers
 from .translate import ParsedRequest
@@ -40,9 +41,11 @@ def passed_through(request: Request) -> tuple[tuple[str, str], ...]:
     return (("authorization", auth),) if auth else ()
 
 
-async def create(request: Request, target: Target, reasoning_for: ReasoningFor = no_reasoning):
+async def create(request: Request, target: Target, reasoning_mode: str = "auto"):
+    """`reasoning_mode`: the gateway's --reasoning-parser (thinking blocks split as chat's
+    reasoning_content is, when the Admission names the model's reasoning format)."""
     try:
-        return await _create(request, target, reasoning_for)
+        return await _create(request, target, reasoning_mode)
     except HttpError as error:
         return error_response(error)
 
@@ -52,7 +55,7 @@ async def count_tokens(request: Request, target: Target):
     (Scheduler.Tokenize: its chat template, tools included); nothing is reserved."""
     try:
         try:
-            parsed, _ = am.parse(await generation.json_body(request), counting=True)
+            parsed, _, _ = am.parse(await generation.json_body(request), counting=True)
         except ParamError as error:
             raise from_param_error(error) from None
         try:
@@ -68,11 +71,15 @@ def error_response(error: HttpError) -> JSONResponse:
     return JSONResponse(am.error_body(error), status_code=error.status, headers=error.headers())
 
 
-async def _create(request: Request, target: Target, reasoning_for: ReasoningFor):
+async def _create(request: Request, target: Target, reasoning_mode: str):
     try:
-        parsed, stream = am.parse(await generation.json_body(request))
+        parsed, stream, thinking = am.parse(await generation.json_body(request))
     except ParamError as error:
         raise from_param_error(error) from None
+    parsed = replace(parsed, reasoning_mode=reasoning_mode)
+    if thinking == "enabled" and reasoning_mode == "none":
+        raise _thinking_refused("the gateway runs --reasoning-parser none, so thinking would "
+                                "come as text")
     message_id = am.new_id()
     try:
         opened = await generation.open_generate(target, parsed.choice_request(0, message_id))
@@ -82,11 +89,14 @@ async def _create(request: Request, target: Target, reasoning_for: ReasoningFor)
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     adm = opened.admission
     model = adm.model or parsed.model
+    parser = OutputParser.for_stream(parsed, adm, lambda index: am.new_id("toolu"))
+    if thinking == "enabled" and not parser.splits_reasoning:
+        opened.cancel()  # nothing was generated for the client: the lease is freed now
+        raise _thinking_refused(f"model {model!r}'s chat template writes no reasoning, so it "
+                                "does not think")
     headers = {**admission_headers(adm), "x-request-id": message_id}
     log.info("admitted", request_id=message_id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=model, api="messages", stream=stream)
-    parser = OutputParser(parsed.tool_calls, reasoning_for(model),
-                          lambda index: am.new_id("toolu"))
     if stream:
         return EventSourceResponse(_events(message_id, model, parsed, opened, Reader(parser)),
                                    headers=headers, sep="\n", ping=15)
@@ -149,6 +159,12 @@ async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: St
             # call ends now, so the lease is freed now, not at max_tokens.
             log.info("stream ended early", request_id=message_id, lease_id=adm.lease_id)
             opened.cancel()
+
+
+def _thinking_refused(why: str) -> HttpError:
+    return HttpError(400, f"{{\"type\": \"enabled\"}} cannot be honoured: {why}; leave "
+                     "`thinking` out or send {\"type\": \"disabled\"}",
+                     "invalid_request_error", "unsupported_parameter", "thinking")
 
 
 def _sse(kind: str, data: dict) -> dict:

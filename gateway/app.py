@@ -29,7 +29,6 @@ from .errors import HttpError, from_grpc, from_param_error
 from .generation import Target
 from .logprobs_json import ChoiceLogprobs
 from .metrics import HttpMetrics, MetricsMiddleware
-from .output_parts import ReasoningFor, no_reasoning
 from .reasoning_split import ChoiceReasoning
 from .response_store import ResponseStore
 from .translate import Kind, ParamError, ParsedRequest, parse_request
@@ -41,9 +40,7 @@ _PROMPT_PARAM = {"chat": "messages", "completion": "prompt"}
 _DISCONNECT_POLL_S = 0.25
 
 
-def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning) -> FastAPI:
-    """`reasoning_for(model)`: the reasoning parser of a model's outputs (None: it does not
-    think), for the Responses and Messages APIs' reasoning items and thinking blocks."""
+def build_app(config: GatewayConfig) -> FastAPI:
     # NOTE: the grpc.aio channel is bound to the event loop that creates it, so
     # it is opened in the lifespan (on uvicorn's loop), not here.
     upstream: Upstream | None = None
@@ -96,7 +93,8 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        return await responses_route.create(request, _target(request), stored, reasoning_for)
+        return await responses_route.create(request, _target(request), stored,
+                                            config.reasoning_parser)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str):
@@ -112,7 +110,7 @@ def build_app(config: GatewayConfig, reasoning_for: ReasoningFor = no_reasoning)
         return await anthropic_route.create(
             request, Target(upstream, workers, anthropic_route.passed_through(request),
                    config.stream_interval_ms),
-            reasoning_for)
+            config.reasoning_parser)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request):

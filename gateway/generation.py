@@ -25,7 +25,7 @@ from ortserve.worker_leg import relabelled
 
 from .direct import DirectStream, Workers, open_direct
 from .errors import HttpError
-from .output_parts import OutputParser, Piece, Reasoning
+from .output_parts import OutputParser, Piece
 from .upstream import OpenStream, StreamBroken, Upstream
 
 log = structlog.get_logger("ortserve.gateway")
@@ -132,20 +132,19 @@ def reason_of(error: grpc.RpcError) -> str:
 
 
 class Reader:
-    """A stream's chunks as pieces, counting the tokens spent thinking: a chunk whose text
-    went to reasoning only (a chunk across the boundary counts as content)."""
+    """A stream's chunks as pieces; the parser counts the tokens spent thinking."""
 
     def __init__(self, parser: OutputParser) -> None:
         self.parser = parser
-        self.reasoning_tokens = 0
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.parser.reasoning_tokens
 
     def chunk(self, chunk: types_pb2.TokenChunk) -> list[Piece]:
         if not chunk.text:
             return []  # a character still incomplete: nothing to show yet
-        pieces = self.parser.push(chunk.text)
-        if pieces and all(isinstance(p, Reasoning) for p in pieces):
-            self.reasoning_tokens += len(chunk.token_ids)
-        return pieces
+        return self.parser.push(chunk.text, len(chunk.token_ids))
 
     def end(self) -> list[Piece]:
         return self.parser.push("", final=True)

@@ -6,33 +6,23 @@ through the optional reasoning parser first, then the chat path's tool-call
 parser (`tools.ToolCallChoice`, so the format and its rules are one), and
 gives each API the same pieces to put in its own shape.
 
-The reasoning hook: a `ReasoningParser` is anything with
-`feed(text, final) -> (reasoning_delta, content_delta)`; `final` is True once,
-for the output's end (whatever it held back goes out). None: no reasoning
-parser, every character is content.
+Which parsers an output goes through is the stream's Admission's to say, as
+for a chat choice: the reasoning family and whether the prompt opened the
+block (`ChoiceReasoning.for_choice`, under the gateway's --reasoning-parser)
+and the tool-call format the model's template asks for. The reasoning tokens
+are counted by chat's rule (gateway/reasoning_split.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+
+from ortserve.v1 import types_pb2
 
 from . import tools
-
-
-class ReasoningParser(Protocol):
-    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
-        """(reasoning delta, content delta) of the next text delta of the output."""
-        ...
-
-
-# A model name -> its reasoning parser for one output (or None: the model does not think).
-ReasoningFor = Callable[[str], ReasoningParser | None]
-
-
-def no_reasoning(model: str) -> ReasoningParser | None:
-    return None
+from .reasoning_split import ChoiceReasoning
+from .translate import ParsedRequest
 
 
 @dataclass(frozen=True)
@@ -65,18 +55,39 @@ class OutputParser:
     """Pieces of one output. `call_id(index)` names each call (None: the chat path's
     random `call_...` ids); a session names them as it remembers them."""
 
-    def __init__(self, tool_calls: bool, reasoning: ReasoningParser | None = None,
-                 call_id: Callable[[int], str] | None = None) -> None:
-        self._calls = tools.ToolCallChoice() if tool_calls else None
+    def __init__(self, tool_calls: bool, reasoning: ChoiceReasoning | None = None,
+                 call_id: Callable[[int], str] | None = None,
+                 tool_format: str = "hermes") -> None:
+        self._calls = tools.ToolCallChoice(tool_format) if tool_calls else None
         self._reasoning = reasoning
         self._call_id = call_id
         self.reasoning_text = ""
         self.called = False  # the output made at least one call
 
-    def push(self, text: str, final: bool = False) -> list[Piece]:
+    @classmethod
+    def for_stream(cls, parsed: ParsedRequest, adm: types_pb2.Admission,
+                   call_id: Callable[[int], str] | None = None) -> OutputParser:
+        """The parser of an admitted stream's output: the parsers its Admission names."""
+        return cls(parsed.tool_calls,
+                   ChoiceReasoning.for_choice(parsed.kind, adm, parsed.reasoning_mode),
+                   call_id, adm.tool_call_format or "hermes")
+
+    @property
+    def splits_reasoning(self) -> bool:
+        return self._reasoning is not None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The output's tokens counted as reasoning so far (chat's rule)."""
+        return self._reasoning.tokens if self._reasoning is not None else 0
+
+    def push(self, text: str, n_tokens: int = 0, final: bool = False) -> list[Piece]:
+        """The next text of the output (`n_tokens` tokens) -> its pieces; `final` once, at
+        the output's end, hands out whatever the parsers held back."""
         pieces: list[Piece] = []
         if self._reasoning is not None:
-            thought, text = self._reasoning.feed(text, final)
+            thought, text = (self._reasoning.close() if final
+                             else self._reasoning.feed(text, n_tokens))
             if thought:
                 self.reasoning_text += thought
                 pieces.append(Reasoning(thought))

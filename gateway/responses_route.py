@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import structlog
@@ -35,7 +35,7 @@ from . import generation, openai_responses
 from .errors import HttpError, from_grpc, from_param_error
 from .generation import Reader, Stream, Target
 from .openai_responses import OutputItems, ResponseMeta, ResponsesRequest
-from .output_parts import Collected, OutputParser, ReasoningFor, no_reasoning
+from .output_parts import Collected, OutputParser
 from .param_error import ParamError
 from .response_store import ResponseStore, Stored
 from .responses import admission_headers
@@ -81,7 +81,9 @@ def _internal_ids(req: types_pb2.GenerateRequest, session_id: str) -> None:
 
 
 async def create(request: Request, target: Target, store: ResponseStore,
-                 reasoning_for: ReasoningFor = no_reasoning):
+                 reasoning_mode: str = "auto"):
+    """`reasoning_mode`: the gateway's --reasoning-parser (reasoning items split as chat's
+    reasoning_content is, when the Admission names the model's reasoning format)."""
     rr = _parse(await generation.json_body(request))
     prior = None
     if rr.previous_response_id:
@@ -95,7 +97,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
                             "previous_response_id")
     history = prior.conversation if prior else []
     try:
-        parsed = rr.chat(history)
+        parsed = replace(rr.chat(history), reasoning_mode=reasoning_mode)
     except ParamError as error:
         raise from_param_error(error) from None
     meta = ResponseMeta(openai_responses.new_id("resp"), rr, rr.model)
@@ -107,8 +109,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, api="responses", session_id=run.session_id,
              stream=rr.stream)
-    parser = OutputParser(parsed.tool_calls, reasoning_for(meta.model),
-                          _call_ids(run) if run.session_id else None)
+    parser = OutputParser.for_stream(parsed, adm, _call_ids(run) if run.session_id else None)
     if rr.stream:
         return EventSourceResponse(_events(meta, parsed, run, Reader(parser), store, target),
                                    headers=headers, sep="\n", ping=15)

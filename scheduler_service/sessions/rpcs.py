@@ -16,6 +16,7 @@ import asyncio
 import time
 import uuid
 from contextlib import aclosing
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -169,9 +170,10 @@ class SessionRPCs:
     # -- turns -------------------------------------------------------------------
 
     async def _render(self, session: Session, inner: types_pb2.GenerateRequest,
-                      ) -> tuple[types_pb2.GenerateRequest, list[int]]:
-        """The turn's whole conversation as a request and its token ids (the worker that
-        holds the session renders chat, so its template is the one whose tokens are held)."""
+                      ) -> tuple[types_pb2.GenerateRequest, list[int], dict]:
+        """The turn's whole conversation as a request, its token ids (the worker that holds
+        the session renders chat, so its template is the one whose tokens are held), and
+        what that worker said of the prompt's formats, for the Admission (as Generate's)."""
         kind = inner.WhichOneof("prompt")
         if kind not in ("chat", "token_ids"):
             raise InvalidField("request.prompt", "a session turn adds chat messages or token_ids "
@@ -188,7 +190,7 @@ class SessionRPCs:
                 request_rules.token_ids_in_vocab(list(inner.token_ids.ids), geometry.vocab_size,
                                                  "request.")
             full.token_ids.ids[:] = ids
-            return full, ids
+            return full, ids, {}
         full.chat.ClearField("messages")
         for message in session.messages:  # whole, so the history renders as it rendered before
             chat_history.add_message(full.chat.messages, message)
@@ -208,7 +210,10 @@ class SessionRPCs:
                                    getattr(inner, label),
                                    int(info.metadata.get("context_length", 0))) from None
             raise Relayed(error) from None
-        return full, list(answer.token_ids)
+        return full, list(answer.token_ids), {
+            "reasoning_format": answer.reasoning_format,
+            "prompt_opens_reasoning": answer.prompt_opens_reasoning,
+            "tool_call_format": answer.tool_call_format}
 
     @staticmethod
     def _session_tools(session: Session, inner: types_pb2.GenerateRequest) -> None:
@@ -299,7 +304,7 @@ class SessionRPCs:
                 self._session_tools(session, inner)  # before the checks: a constraint needs them
                 request_rules.generate_request(inner, prefix="request.")
                 self._same_model(session, inner)
-                full, ids = await self._render(session, inner)
+                full, ids, noted = await self._render(session, inner)
                 geometry = self._ledger.geometry(session.worker_id)
                 context_length = geometry.context_length if geometry else 0
                 if context_length and len(ids) + max(inner.min_new_tokens, 1) > context_length:
@@ -325,7 +330,7 @@ class SessionRPCs:
                     self._alive(session)  # a lease gone while it waited: its worker died, say so
                     bound.info("turn rejected", cause=admission.rejection.cause.value)
                     raise rejection_error(admission.rejection)
-                granted = admission
+                granted = admission = replace(admission, **noted)
                 session.last_budget_cap = admission.budget_cap  # this turn's, or none
                 bound.info("turn admitted", decision=admission.decision.value, prompt_tokens=len(ids),
                            max_new_tokens=admission.max_new_tokens,

@@ -150,3 +150,15 @@ def test_closing_the_stream_mid_way_frees_the_lease(roomy, gateway):
     assert reserved_bytes(roomy.address) > 0
     stream.close()
     assert wait_reserved_zero(roomy.address) == 0
+
+
+def test_thinking_is_refused_by_a_model_whose_template_cannot_honour_it(roomy, gateway):
+    # SmolLM2's template writes no reasoning and has no enable_thinking switch.
+    ask = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": FRANCE}]}
+    for thinking, why in (({"type": "enabled", "budget_tokens": 4}, "writes no reasoning"),
+                          ({"type": "disabled"}, "does not read 'enable_thinking'")):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            client(gateway, max_retries=0).messages.create(**ask, thinking=thinking)
+        message = err.value.body["error"]["message"]
+        assert message.startswith("thinking: ") and why in message, message
+    assert wait_reserved_zero(roomy.address) == 0  # the admitted one let its lease go

@@ -1,5 +1,6 @@
-"""End to end with the openai client: a reasoning model's chat answers split into
-reasoning_content and content, streamed and not, with its reasoning tokens counted.
+"""End to end with the openai and anthropic clients: a reasoning model's answers split
+into reasoning and answer, streamed and not, with its reasoning tokens counted, in chat
+(reasoning_content), Responses (reasoning items) and Messages (thinking blocks).
 
 The model is the tiny random one in a folder made here with a Qwen3-style chat
 template: its generation prompt opens <think> (closes it at once under
@@ -12,6 +13,7 @@ with --reasoning-parser none shows the raw text the split must add up to.
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pytest
 
@@ -53,16 +55,22 @@ def think(tmp_path_factory):
     cluster.stop()
 
 
+# One token per chunk (the gateway's default coalesces the tokens of 20 ms into one event):
+# reasoning tokens are counted per chunk, so only then is the count the exact token count.
+PER_TOKEN = ("--stream-interval-ms", "0")
+
+
 @pytest.fixture(scope="module")
 def gateway(think, tmp_path_factory):
-    service = start_gateway(tmp_path_factory, think.address)
+    service = start_gateway(tmp_path_factory, think.address, PER_TOKEN)
     yield service
     stop_service(service)
 
 
 @pytest.fixture(scope="module")
 def raw_gateway(think, tmp_path_factory):
-    service = start_gateway(tmp_path_factory, think.address, ("--reasoning-parser", "none"))
+    service = start_gateway(tmp_path_factory, think.address,
+                            ("--reasoning-parser", "none", *PER_TOKEN))
     yield service
     stop_service(service)
 
@@ -72,18 +80,24 @@ def create(gateway, **kw):
         model=MODEL, messages=MESSAGES, temperature=0, **kw)
 
 
-def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, think):
+def raw_split(raw_gateway) -> tuple[str, int]:
+    """The unsplit text of the forced output (from a --reasoning-parser none gateway) and
+    its tokens up to the one that completes the closing tag (one token per chunk here)."""
     raw = create(raw_gateway, max_tokens=40, logprobs=True, extra_body=SPLIT)
     raw_text = raw.choices[0].message.content
     assert "</think>" in raw_text and raw.model_extra["ortserve"]["finished"]["constraint"][
         "satisfied"]
-    # Per token (one token per chunk here): the tokens up to the one that completes the tag.
-    seen, closing = b"", None
+    seen = b""
     for i, token in enumerate(raw.choices[0].logprobs.content):
         seen += bytes(token.bytes)
         if b"</think>" in seen:
-            closing = i + 1
-            break
+            return raw_text, i + 1
+    raise AssertionError(f"no closing tag in {raw_text!r}")
+
+
+def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, think):
+    raw = create(raw_gateway, max_tokens=40, extra_body=SPLIT)
+    raw_text, closing = raw_split(raw_gateway)
     answer = create(gateway, max_tokens=40, extra_body=SPLIT)
     message = answer.choices[0].message
     reasoning = message.model_extra["reasoning_content"]
@@ -143,3 +157,100 @@ def test_a_template_variable_the_template_does_not_read_is_refused(gateway):
         create(gateway, max_tokens=3, extra_body={"chat_template_kwargs": {"thinking_budget": 9}})
     assert info.value.body["param"] == "chat_template_kwargs.thinking_budget"
     assert "does not read" in info.value.body["message"]
+
+
+# -- Responses: reasoning items -------------------------------------------------------
+
+
+def respond(gateway, **kw):
+    return openai_client(gateway).responses.create(
+        model=MODEL, input=MESSAGES[0]["content"], temperature=0, max_output_tokens=40,
+        extra_body=SPLIT, **kw)
+
+
+def test_a_response_has_a_reasoning_item_before_its_message(gateway, raw_gateway, think):
+    raw_text, closing = raw_split(raw_gateway)
+    for store in (False, True):  # a plain Generate, and a session's first turn
+        response = respond(gateway, store=store)
+        assert [item.type for item in response.output] == ["reasoning", "message"]
+        reasoning = response.output[0]
+        assert reasoning.summary == [] and [c.type for c in reasoning.content] == [
+            "reasoning_text"]
+        thought = reasoning.content[0].text
+        assert thought and response.output_text and "think>" not in thought + response.output_text
+        assert raw_text == thought + "</think>\n\n" + response.output_text
+        details = response.usage.output_tokens_details
+        assert details.reasoning_tokens == closing < response.usage.output_tokens
+        assert response.model_extra["ortserve"]["session"]["kept"] is store
+    openai_client(gateway).responses.delete(response.id)  # its session's KV is let go
+    assert wait_reserved_zero(think.address) == 0
+
+
+def test_a_streamed_response_streams_reasoning_first_then_text(gateway, raw_gateway):
+    raw_text, _ = raw_split(raw_gateway)
+    events = list(respond(gateway, stream=True, store=False))
+    kinds = [e.type for e in events]
+    thoughts = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    texts = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(thoughts) > 1 and texts  # it streamed, not one block at the end
+    assert max(i for i, k in enumerate(kinds) if k == "response.reasoning_text.delta") < \
+        min(i for i, k in enumerate(kinds) if k == "response.output_text.delta")
+    assert raw_text == "".join(thoughts) + "</think>\n\n" + "".join(texts)
+    done = events[-1]
+    assert done.type == "response.completed"
+    assert [item.type for item in done.response.output] == ["reasoning", "message"]
+    assert done.response.output[0].content[0].text == "".join(thoughts)
+    assert done.response.usage.output_tokens_details.reasoning_tokens > 0
+
+
+# -- Messages: thinking blocks --------------------------------------------------------
+
+
+def message(gateway, **kw):
+    kw["extra_body"] = {"temperature": 0, **kw.get("extra_body", SPLIT)}
+    kw.setdefault("max_tokens", 40)
+    return anthropic.Anthropic(base_url=f"http://{gateway.address}", api_key="unused",
+                               timeout=120).messages.create(model=MODEL, messages=MESSAGES, **kw)
+
+
+def test_a_message_has_a_thinking_block_before_its_text(gateway, raw_gateway, think):
+    raw_text, _ = raw_split(raw_gateway)
+    answer = message(gateway)
+    assert [b.type for b in answer.content] == ["thinking", "text"]
+    thinking, text = answer.content[0].thinking, answer.content[1].text
+    assert thinking and text and "think>" not in thinking + text
+    assert raw_text == thinking + "</think>\n\n" + text
+    assert answer.stop_reason == "end_turn"
+    assert wait_reserved_zero(think.address) == 0
+
+
+def test_a_streamed_message_streams_thinking_deltas_then_text(gateway, raw_gateway):
+    raw_text, _ = raw_split(raw_gateway)
+    events = list(message(gateway, stream=True))
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    thoughts = [d.thinking for d in deltas if d.type == "thinking_delta"]
+    texts = [d.text for d in deltas if d.type == "text_delta"]
+    assert len(thoughts) > 1 and texts
+    assert [d.type for d in deltas] == ["thinking_delta"] * len(thoughts) + [
+        "text_delta"] * len(texts)
+    assert raw_text == "".join(thoughts) + "</think>\n\n" + "".join(texts)
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+
+
+def test_thinking_disabled_reaches_the_template_and_enabled_says_what_the_budget_is(gateway):
+    off = message(gateway, max_tokens=20, thinking={"type": "disabled"},
+                  extra_body={"structured_outputs": {"regex": "[a-z]{4,10}"}})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text
+    on = message(gateway, thinking={"type": "enabled", "budget_tokens": 30})
+    assert [b.type for b in on.content] == ["thinking", "text"]
+    note = on.model_extra["ortserve"]["resolved"]["thinking.budget_tokens"]
+    assert "not a separate limit" in note and "max_tokens (40)" in note
+
+
+def test_thinking_enabled_is_refused_where_it_cannot_be_honoured(raw_gateway, think):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        message(raw_gateway, thinking={"type": "enabled", "budget_tokens": 30})
+    assert info.value.body["error"]["message"].startswith("thinking: ")
+    assert "--reasoning-parser none" in info.value.body["error"]["message"]
+    assert wait_reserved_zero(think.address) == 0

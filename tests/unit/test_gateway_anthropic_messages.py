@@ -80,7 +80,14 @@ def test_tool_choice_none_offers_no_tools():
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
     ({"tools": [dict(TOOL, input_schema=[1])]}, "tools[0].input_schema"),
     ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 9}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 4, "display": "omitted"}},
+     "thinking.display"),
+    ({"thinking": {"type": "adaptive"}}, "thinking.type"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 4}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True}},
+     "thinking"),
     ({"output_config": {"format": {"type": "json_schema"}, "task_budget": 1}},
      "output_config.task_budget"),
     ({"temprature": 0}, "temprature"),
@@ -137,3 +144,17 @@ def test_blocks_stream_their_events_and_end_as_the_whole_content():
                              {"type": "text", "text": "Hi"},
                              {"type": "tool_use", "id": "toolu_1", "name": "f",
                               "input": {"a": 1}}]
+
+
+def test_thinking_disabled_switches_the_template_off_and_enabled_says_what_the_budget_is():
+    messages = [{"role": "user", "content": "x"}]
+    parsed, _, kind = am.parse({"model": "m", "max_tokens": 9, "messages": messages,
+                                "thinking": {"type": "disabled"}})
+    assert kind == "disabled"
+    assert json.loads(parsed.generate.chat.template_kwargs_json) == {"enable_thinking": False}
+    parsed, _, kind = am.parse({"model": "m", "max_tokens": 9, "messages": messages,
+                                "thinking": {"type": "enabled", "budget_tokens": 4}})
+    assert kind == "enabled" and not parsed.generate.chat.template_kwargs_json
+    assert "not a separate limit" in parsed.resolved["thinking.budget_tokens"]
+    # The worker's refusal of a template without the switch names the Messages field.
+    assert am.chat_param("chat_template_kwargs.enable_thinking") == "thinking"

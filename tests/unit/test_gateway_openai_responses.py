@@ -4,6 +4,8 @@ processes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway import openai_responses as orr
@@ -140,32 +142,36 @@ def test_usage_counts_session_and_prefix_cache_reuse_as_cached():
                      "total_tokens": 105}
 
 
-class ThinkTags:
-    """A stand-in for a reasoning parser: text before "</think>" is reasoning."""
-
-    def __init__(self) -> None:
-        self.thinking = True
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
-        if not self.thinking:
-            return "", text
-        head, sep, tail = text.partition("</think>")
-        if sep:
-            self.thinking = False
-            return head, tail
-        return text, ""
-
-
-def test_the_reasoning_hook_splits_thoughts_from_text_and_calls():
-    parser = OutputParser(True, ThinkTags(), call_id=lambda i: f"id{i}")
-    pieces = parser.push("plan</think>Sure. ")
-    pieces += parser.push('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>')
+def test_the_admission_picks_the_reasoning_split_and_the_tool_format():
+    parsed = chat({"input": "Hi", "tools": [TOOL]})
+    adm = types_pb2.Admission(reasoning_format="think", prompt_opens_reasoning=True,
+                              tool_call_format="hermes")
+    parser = OutputParser.for_stream(parsed, adm, call_id=lambda i: f"id{i}")
+    pieces = parser.push("plan</thi", 2)
+    pieces += parser.push("nk>\n\nSure. ", 2)
+    pieces += parser.push('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', 9)
     pieces += parser.push("", final=True)
     assert pieces[0] == Reasoning("plan")
     assert Text("Sure. ") in pieces
     assert CallStart(0, "id0", "f") in pieces
     assert "".join(p.fragment for p in pieces if isinstance(p, CallArguments)) == '{"a": 1}'
     assert parser.called and parser.reasoning_text == "plan"
+    assert parser.reasoning_tokens == 4  # chat's rule: the chunk that closes counts
+    # --reasoning-parser none, or a model whose template writes no reasoning: all text.
+    for mode, fmt in (("none", "think"), ("auto", "")):
+        plain = OutputParser.for_stream(replace(parsed, reasoning_mode=mode),
+                                        types_pb2.Admission(reasoning_format=fmt,
+                                                            prompt_opens_reasoning=True))
+        assert plain.push("plan</think>x", 3) == [Text("plan</think>x")]
+        assert not plain.splits_reasoning and plain.reasoning_tokens == 0
+
+
+def test_the_tool_call_format_is_the_admissions():
+    parsed = chat({"input": "Hi", "tools": [TOOL]})
+    parser = OutputParser.for_stream(parsed, types_pb2.Admission(tool_call_format="mistral"))
+    pieces = parser.push('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]', 9)
+    pieces += parser.push("", final=True)
+    assert [p.name for p in pieces if isinstance(p, CallStart)] == ["f"]
 
 
 def _stored(response_id: str, session: str = "s1", turns: int = 1) -> Stored:
