@@ -23,6 +23,7 @@ from ortserve.constraint import ConstraintSpec
 from worker_service.core.constraint import Constraint
 from worker_service.core.errors import EngineError
 from worker_service.core.logprobs import TokenLogprobs
+from worker_service.core.ngram import Drafter
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
@@ -59,6 +60,9 @@ class SequenceRequest:
     # Log-probabilities per generated token with this many alternatives (0..20);
     # None: not asked, and nothing is computed.
     top_logprobs: int | None = None
+    # Speculative decoding allowed for this request (the worker's setting decides
+    # whether it runs); False: every token from its own model run.
+    speculative: bool = True
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -127,6 +131,9 @@ class Completed:
     constraint_satisfied: bool | None = None
     constraint_reason: str = ""
     cached_prompt_tokens: int = 0  # prompt tokens copied from the prefix cache (not prefilled)
+    # Speculative decoding: tokens proposed and verified, and those the output kept.
+    draft_proposed_tokens: int = 0
+    draft_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,8 @@ class Sequence:
         self.constraint: Constraint | None = None
         self.cached_tokens = 0  # prompt tokens a prefix cache hit supplies (start_from_cache)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
+        # Speculative decoding's per-sequence state (the engine sets it when it drafts).
+        self.drafter: Drafter | None = None
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
         if req.min_new_tokens > 0:
@@ -253,12 +262,15 @@ class Sequence:
         if not self.t_prefill_start:
             self.t_prefill_start = now
 
-    def accept(self, logits: np.ndarray, chosen: int | None = None
+    def accept(self, logits: np.ndarray, chosen: int | None = None, draft: int | None = None
                ) -> tuple[int, str, FinishReason | None, TokenLogprobs | None]:
         """Sample the next token from the last position's logits and append it.
 
         `chosen`: the token the sampler would pick, already picked (the engine's one
         argmax over a step's plain-greedy rows: sampling.greedy_tokens).
+        `draft`: the token proposed for this position (speculative decoding): the
+        sampler accepts or replaces it (Sampler.choose), the result distributed as
+        without it; it was accepted exactly when the returned token equals it.
         Returns (token id, text that may go out now, finish reason or None, the
         token's log-probabilities when the request asked for them, else None).
         """
@@ -266,10 +278,11 @@ class Sequence:
         if chosen is not None:
             token, logprobs = chosen, None
         elif constraint is None:
-            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs)
+            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
+                                                  draft=draft)
         else:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
-                                                  allowed=constraint.allowed())
+                                                  allowed=constraint.allowed(), draft=draft)
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
@@ -312,6 +325,8 @@ class Sequence:
             total_ms=(end - arrived) * 1e3, seed=self.sampler.seed, text=self.stream.text,
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
             reused_prompt_tokens=self.reused_tokens, cached_prompt_tokens=self.cached_tokens,
+            draft_proposed_tokens=self.drafter.proposed_tokens if self.drafter else 0,
+            draft_accepted_tokens=self.drafter.accepted_tokens if self.drafter else 0,
             **self._constraint_outcome(finish_reason),
         )
 
