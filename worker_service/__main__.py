@@ -73,6 +73,13 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
+    p.add_argument("--speculative", choices=["ngram", "off"],
+                   default=from_env(p, "ORTSERVE_WORKER_SPECULATIVE", d.speculative,
+                                    choices=("ngram", "off")),
+                   help="speculative decoding: ngram proposes tokens from the sequence's own "
+                        "earlier text and verifies several in one model run (greedy output "
+                        "unchanged, sampling's distribution kept); off: one run per token "
+                        "(docs/speculative-decoding.md; env ORTSERVE_WORKER_SPECULATIVE)")
     p.add_argument("--max-batch-rows", type=int,
                    default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows),
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
@@ -150,6 +157,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
+        speculative=a.speculative,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         log_level=a.log_level, log_json=a.log_json, tls=tls,

@@ -31,6 +31,9 @@ class WorkerConfig:
     # The prefix cache's bound inside the KV capacity (--prefix-cache-bytes); None: half
     # of it; 0: off (docs/prefix-cache.md).
     prefix_cache_bytes: int | None = None
+    # Speculative decoding (--speculative): "ngram" (prompt lookup, verified in one run;
+    # docs/speculative-decoding.md) or "off".
+    speculative: str = "ngram"
     log_level: str = "info"
     log_json: bool | None = None
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

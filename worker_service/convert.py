@@ -133,7 +133,8 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         sequence_id=sequence_id, request_id=request.request_id, prompt_ids=tuple(ids),
         max_new_tokens=max_new, min_new_tokens=request.min_new_tokens,
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
-        constraint=request_rules.constraint_spec(request), **kwargs)
+        constraint=request_rules.constraint_spec(request),
+        speculative=not request.disable_speculation, **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,
@@ -153,6 +154,9 @@ def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.L
         sampling=sampling_to_pb(sampling, done.seed),
         worker_id=worker_id,
         execution_provider=provider,
+        speculation=types_pb2.Speculation(mode=done.speculative_mode,
+                                          proposed_tokens=done.draft_proposed_tokens,
+                                          accepted_tokens=done.draft_accepted_tokens),
     )
     if lease.HasField("budget_cap"):
         pb.budget_cap.CopyFrom(lease.budget_cap)

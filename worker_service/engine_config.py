@@ -45,6 +45,11 @@ class EngineConfig:
     # prompt chunk computes one row of logits, not one per token. False: the graph as
     # the folder has it (for A/B runs).
     last_position_logits: bool = True
+    # Speculative decoding: "ngram" (prompt lookup: proposals from the sequence's own
+    # earlier tokens, verified in one run; core/ngram.py) or "off".
+    speculative: str = "off"
+    # The most tokens one proposal may hold (each sequence's size adapts below it).
+    speculative_max_tokens: int = 8
     # Extra ORT session config entries ((key, value), ...), e.g.
     # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()

@@ -126,7 +126,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  max_batch_rows=config.max_batch_rows,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
-                                 prefix_cache_bytes=config.prefix_cache_bytes)
+                                 prefix_cache_bytes=config.prefix_cache_bytes,
+                                 speculative=config.speculative)
     # ORT session creation blocks for seconds: keep it off the event loop.
     try:
         engine = await asyncio.to_thread(Engine, engine_config)

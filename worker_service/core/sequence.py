@@ -134,6 +134,7 @@ class Completed:
     # Speculative decoding: tokens proposed and verified, and those the output kept.
     draft_proposed_tokens: int = 0
     draft_accepted_tokens: int = 0
+    speculative_mode: str = "off"  # what ran: "ngram" or "off"
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,8 @@ class Sequence:
         self.constraint: Constraint | None = None
         self.cached_tokens = 0  # prompt tokens a prefix cache hit supplies (start_from_cache)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
-        # Speculative decoding's per-sequence state (the engine sets it when it drafts).
+        # Speculative decoding's per-sequence state: set at submit when speculation runs
+        # for this sequence (the worker's mode and the request allow it), else None.
         self.drafter: Drafter | None = None
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
@@ -327,6 +329,7 @@ class Sequence:
             reused_prompt_tokens=self.reused_tokens, cached_prompt_tokens=self.cached_tokens,
             draft_proposed_tokens=self.drafter.proposed_tokens if self.drafter else 0,
             draft_accepted_tokens=self.drafter.accepted_tokens if self.drafter else 0,
+            speculative_mode="ngram" if self.drafter else "off",
             **self._constraint_outcome(finish_reason),
         )
 

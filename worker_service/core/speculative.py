@@ -47,3 +47,51 @@ def accept_point_draft(weights: np.ndarray, draft_index: int | None,
         # p was a point mass at the draft (up to rounding): nothing else can be drawn.
         return draft_index
     return pick(residual, uniform())
+
+
+class VerifyCosts:
+    """Whether verifying a row's proposal pays in this step, from measured run times.
+
+    A step without speculation costs one shared decode run D(n) over its n rows
+    and yields n tokens. Verifying a row's proposal costs one more run, batch 1
+    (ORT's CPU attention takes several new tokens over a past only at batch 1),
+    of V seconds, and yields the tokens it is expected to accept, a. Rows are
+    taken best first while each raises the step's tokens per second:
+    (tokens + a) / (cost + V) > tokens / cost. When every row verifies, the
+    shared run is not needed at all and the step costs r x V. D(n) and V are
+    moving averages of the engine's own runs; before one is measured, the rule
+    verifies (the measurement needs a run), taking an unmeasured D(n) as V.
+    """
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self._decode_s: dict[int, float] = {}  # rows -> seconds per shared decode run
+        self._verify_s: float | None = None  # seconds per verification run
+
+    def record_decode(self, rows: int, seconds: float) -> None:
+        if rows > 0 and seconds > 0:
+            self._decode_s[rows] = _average(self._decode_s.get(rows), seconds, self.weight)
+
+    def record_verify(self, seconds: float) -> None:
+        if seconds > 0:
+            self._verify_s = _average(self._verify_s, seconds, self.weight)
+
+    def chosen(self, rows: int, gains: list[float]) -> int:
+        """How many of the candidates, best first (`gains`: expected accepted tokens,
+        sorted descending), to verify in a step of `rows` running rows."""
+        verify = self._verify_s
+        if verify is None or not gains:
+            return len(gains)
+        decode = self._decode_s.get(rows, verify)
+        if len(gains) == rows and (rows + sum(gains)) / (rows * verify) > rows / decode:
+            return rows  # every row verifies and the shared run is skipped
+        tokens, cost, taken = float(rows), decode, 0
+        for gain in gains:
+            if (tokens + gain) / (cost + verify) <= tokens / cost:
+                break
+            tokens, cost, taken = tokens + gain, cost + verify, taken + 1
+        return taken
+
+
+def _average(current: float | None, sample: float, weight: float) -> float:
+    return sample if current is None else current + weight * (sample - current)
