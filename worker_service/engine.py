@@ -124,9 +124,24 @@ class Engine:
         if config.speculative_max_tokens < 1:
             raise InvalidRequest("speculative_max_tokens", "speculative_max_tokens must be >= 1, "
                                  f"got {config.speculative_max_tokens}")
-        # Speculation where the runner verifies drafts (the arena layout); "off" elsewhere,
-        # and Info reports what runs.
+        # Speculation where the runner verifies drafts (the arena layout) as exactly as it
+        # decodes; "off" elsewhere, and Info reports what runs.
         self.speculative = config.speculative if self.runner.verifies else "off"
+        self.verify_drift: float | None = None
+        self.speculative_note = "" if self.speculative == config.speculative else (
+            f"kv_layout {layout} verifies no proposals")
+        if self.speculative != "off":
+            self.verify_drift = self.runner.verify_drift()
+            if self.verify_drift > config.speculative_max_logit_drift:
+                self.speculative = "off"
+                self.speculative_note = (
+                    f"a verification run's logits differ from single-token runs' by up to "
+                    f"{self.verify_drift:.3g} on this model (limit "
+                    f"{config.speculative_max_logit_drift:g}), enough to change greedy tokens: "
+                    "speculation is off; a model whose matmuls do not quantize activations "
+                    "(fp32, fp16) keeps it")
+        if self.speculative_note:
+            log.info("speculative_off", asked=config.speculative, why=self.speculative_note)
         self._costs = VerifyCosts()
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)

@@ -159,14 +159,39 @@ def test_sampled_rows_speculate_and_end_within_their_ceiling(tiny_pair):
     assert done.generated_tokens == 30 and done.speculative_mode == "ngram"
 
 
-def smollm2_pair(name):
-    pair = engines(prepared_model_dir(name))
-    return pair
+def test_a_constrained_row_verifies_only_what_the_grammar_allows(tiny_pair):
+    ids = tiny_pair[0].tokenizer.encode_chat([("user", COPY)])
+    off, on = run_both(tiny_pair, ids, 40,
+                       constraint=ConstraintSpec("regex", "(the library )+"))
+    assert on.draft_accepted_tokens > 0
 
 
-@pytest.fixture(scope="module", params=["smollm2-135m-instruct-int4", "smollm2-135m-instruct-fp32"])
-def smollm2(request):
-    pair = smollm2_pair(request.param)
+def test_speculation_is_off_where_verification_drifts_from_decode(tiny_dir):
+    """The start-up probe: a verification run's logits against single-token runs'. The
+    tiny model's drift is ~1e-7; a limit below it turns speculation off, with the reason."""
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2, speculative="ngram",
+                             speculative_max_logit_drift=1e-12)) as engine:
+        assert engine.speculative == "off" and 0 < engine.verify_drift < 1e-4
+        assert "differ from single-token runs' by up to" in engine.speculative_note
+        done = engine.generate(SequenceRequest("x", (1, 2, 3, 1, 2), 8))
+        assert (done.speculative_mode, done.draft_proposed_tokens) == ("off", 0)
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2, speculative="ngram",
+                             kv_layout="static")) as engine:
+        assert engine.speculative == "off" and "static" in engine.speculative_note
+
+
+@pytest.mark.slow
+def test_int4_speculation_resolves_off_for_its_drift():
+    """int4's MatMulNBits quantize activations: the attention path's last-bit differences
+    become whole steps (~0.5 logits measured), so greedy tokens would change."""
+    with Engine(EngineConfig(model_dir=prepared_model_dir("smollm2-135m-instruct-int4"),
+                             intra_op_threads=2, speculative="ngram")) as engine:
+        assert engine.speculative == "off" and engine.verify_drift > 0.01
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pair = engines(prepared_model_dir("smollm2-135m-instruct-fp32"))
     yield pair
     for engine in pair:
         engine.close()
@@ -196,7 +221,6 @@ def test_smollm2_greedy_json_schema_equals_speculation_off(smollm2):
                                                      f"{PASSAGE}")])
     off, on = run_both(smollm2, ids, 90,
                        constraint=ConstraintSpec("json_schema", json.dumps(PERSON)))
-    assert on.draft_proposed_tokens > 0
     assert on.constraint_satisfied == off.constraint_satisfied
 
 

@@ -260,6 +260,34 @@ class BatchedModelRunner:
         step.logits = None
         step.computed_tokens = 1 + len(draft)
 
+    def verify_drift(self, past_tokens: int = 48, positions: int = 3) -> float:
+        """The largest logit difference between a verification run and single-token decode
+        runs over the same tokens (a probe at start-up, on a scratch row; 0.0 when exact).
+
+        ORT's CPU attention takes a different path for several new tokens over a past
+        than for one; a graph that quantizes its activations (int4 MatMulNBits at
+        accuracy level 4) can turn that path's last-bit differences into whole
+        quantization steps. Greedy output equals the non-speculative output only where
+        this is small next to the gap between the best two logits.
+        """
+        arena, vocab = self.arena, self.spec.vocab_size
+        if arena.rows:
+            raise RuntimeError("the drift probe runs before any sequence has a row")
+        ids = np.random.default_rng(0).integers(0, vocab, past_tokens + positions).tolist()
+        row = arena.allocate(past_tokens + positions)
+        try:
+            self.batch.prefill(row, 0, ids[:past_tokens])
+            decoded = []
+            for i in range(positions):
+                decoded.append(self.batch.decode(1, [past_tokens + i], [ids[past_tokens + i]])[0]
+                               .astype(np.float64))
+            arena.note_written(row, past_tokens)
+            verified = self.batch.verify(row, past_tokens, ids[past_tokens:]).astype(np.float64)
+            return float(max(np.abs(d - v).max() for d, v in zip(decoded, verified, strict=True)))
+        finally:
+            arena.free(row)
+            self.batch.invalidate()
+
     def keep_computed(self, seq: Sequence) -> None:
         """Rewind the row to the sequence's computed tokens (its rejected proposals go)."""
         row = self._by_row.index(seq)
