@@ -93,3 +93,8 @@ def test_drafter_respects_the_room_left_and_counts():
     assert drafter.propose(tokens, room_tokens=0) == []
     drafter.record(2, 1)
     assert (drafter.proposed_tokens, drafter.accepted_tokens) == (2, 1)
+
+
+def test_the_drafter_needs_a_two_token_match():
+    assert Drafter().propose([7, 1, 2, 9, 5, 1], room_tokens=4) == []
+    assert Drafter().propose([7, 1, 2, 9, 5, 7, 1], room_tokens=4) == [2, 9, 5, 7]

@@ -157,3 +157,15 @@ def test_point_mass_target_keeps_its_draft():
     weights = np.array([0.0, 1.0, 0.0], dtype=np.float32)
     assert speculative.accept_point_draft(weights, 1, lambda: 0.999999, sampling._pick) == 1
     assert speculative.accept_point_draft(weights, 0, lambda: 0.5, sampling._pick) == 1
+
+
+def test_verify_costs_take_rows_while_they_pay_and_probe_after_declining():
+    costs = speculative.VerifyCosts(weight=1.0, probe_every=3)
+    assert costs.chosen(4, [3.0, 1.0]) == 2  # nothing measured: verify, to measure
+    costs.record_decode(4, 0.010)
+    costs.record_verify(0.010)
+    # 4 tokens in 10 ms; a row expecting 5 more in 10 ms more pays, one expecting 3 not.
+    assert costs.chosen(4, [5.0, 3.0]) == 1
+    assert costs.chosen(1, [0.5]) == 1  # alone: its verification replaces the decode run
+    costs.record_decode(1, 0.004)
+    assert [costs.chosen(1, [0.5]) for _ in range(3)] == [0, 0, 1]  # the third: a probe

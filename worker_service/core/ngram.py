@@ -125,7 +125,9 @@ class AdaptiveDraft:
 class Drafter:
     """One sequence's drafting: its n-gram index, its adaptive size and its counts."""
 
-    def __init__(self, max_k: int = 8, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_k: int = 8, max_ngram: int = 3, min_ngram: int = 2) -> None:
+        # min_ngram 2: a one-token match (a common word, a space) predicts little in
+        # free text, and every failed proposal costs a verification run.
         self.proposer = NgramProposer(max_ngram, min_ngram)
         self.size = AdaptiveDraft(max_k=max_k, start_k=min(4, max_k))
         self.proposed_tokens = 0  # tokens proposed and verified

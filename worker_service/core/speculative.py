@@ -60,11 +60,16 @@ class VerifyCosts:
     (tokens + a) / (cost + V) > tokens / cost. When every row verifies, the
     shared run is not needed at all and the step costs r x V. D(n) and V are
     moving averages of the engine's own runs; before one is measured, the rule
-    verifies (the measurement needs a run), taking an unmeasured D(n) as V.
+    verifies (the measurement needs a run), taking an unmeasured D(n) as V. A
+    measurement taken while the machine was busy must not stop verification for
+    good: every `probe_every`-th step the rule declines, it verifies anyway, so V
+    stays current.
     """
 
-    def __init__(self, weight: float = 0.2) -> None:
+    def __init__(self, weight: float = 0.2, probe_every: int = 16) -> None:
         self.weight = weight
+        self.probe_every = probe_every
+        self._declined = 0  # steps declined since the last verification
         self._decode_s: dict[int, float] = {}  # rows -> seconds per shared decode run
         self._verify_s: float | None = None  # seconds per verification run
 
@@ -84,13 +89,21 @@ class VerifyCosts:
             return len(gains)
         decode = self._decode_s.get(rows, verify)
         if len(gains) == rows and (rows + sum(gains)) / (rows * verify) > rows / decode:
+            self._declined = 0
             return rows  # every row verifies and the shared run is skipped
         tokens, cost, taken = float(rows), decode, 0
         for gain in gains:
             if (tokens + gain) / (cost + verify) <= tokens / cost:
                 break
             tokens, cost, taken = tokens + gain, cost + verify, taken + 1
-        return taken
+        if taken:
+            self._declined = 0
+            return taken
+        self._declined += 1
+        if self._declined >= self.probe_every:
+            self._declined = 0
+            return 1  # a probe: the best candidate verifies, and V is measured again
+        return 0
 
 
 def _average(current: float | None, sample: float, weight: float) -> float:
