@@ -131,8 +131,13 @@ class Engine:
         self.speculative_note = "" if self.speculative == config.speculative else (
             f"kv_layout {layout} verifies no proposals")
         if self.speculative != "off":
-            self.verify_drift = self.runner.verify_drift()
-            if self.verify_drift > config.speculative_max_logit_drift:
+            try:
+                self.verify_drift = self.runner.verify_drift()
+            except Exception as exc:  # e.g. a KV capacity with no room for the probe's row
+                self.speculative = "off"
+                self.speculative_note = f"the start-up verification probe failed ({exc})"
+            if self.verify_drift is not None and (
+                    self.verify_drift > config.speculative_max_logit_drift):
                 self.speculative = "off"
                 self.speculative_note = (
                     f"a verification run's logits differ from single-token runs' by up to "

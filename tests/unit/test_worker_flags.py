@@ -85,3 +85,10 @@ def test_max_batch_rows_from_the_flag_or_its_variable_and_out_of_range_names_the
     with pytest.raises(SystemExit):
         parse_config(["--model-dir", "m", "--max-batch-rows", "0"])
     assert "--max-batch-rows 0: give 1 to 1024" in capsys.readouterr().err
+
+
+def test_speculative_is_ngram_by_default_and_off_by_flag_or_variable(monkeypatch):
+    assert parse_config(["--model-dir", "m"], []).speculative == "ngram"
+    assert parse_config(["--model-dir", "m", "--speculative", "off"], []).speculative == "off"
+    monkeypatch.setenv("ORTSERVE_WORKER_SPECULATIVE", "off")
+    assert parse_config(["--model-dir", "m"], []).speculative == "off"

@@ -277,14 +277,15 @@ class Sequence:
         token's log-probabilities when the request asked for them, else None).
         """
         constraint = self.constraint
+        offered = {} if draft is None else {"draft": draft}
         if chosen is not None:
             token, logprobs = chosen, None
         elif constraint is None:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
-                                                  draft=draft)
+                                                  **offered)
         else:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
-                                                  allowed=constraint.allowed(), draft=draft)
+                                                  allowed=constraint.allowed(), **offered)
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
