@@ -324,6 +324,25 @@ def versions() -> dict:
 
 # -- the run ---------------------------------------------------------------------------
 
+def cuda_section(models_root: Path, quick: bool) -> dict:
+    """On a machine with a GPU: cuda_check on the CUDA folder (`make model-cuda`), whose
+    decode_speed puts ortserve's device rows beside onnxruntime-genai at 1-128 streams."""
+    from worker_service.runtime.device import resolve_device
+
+    if resolve_device("auto") != "cuda":
+        return {"skipped": "no GPU with a CUDA provider here"}
+    folder = models_root / "smollm2-135m-instruct-fp16-cuda"
+    if not (folder / "ortserve-model.json").is_file():
+        return {"skipped": f"{folder} is not prepared: run `make model-cuda`"}
+    out = subprocess.run([sys.executable, "-m", "worker_service.cuda_check", "--model-dir",
+                          str(folder), "--speed-tokens", "16" if quick else "128"],
+                         capture_output=True, text=True, timeout=900)
+    try:
+        return {"exit": out.returncode, **json.loads(out.stdout)}
+    except ValueError:
+        return {"exit": out.returncode, "stderr_tail": out.stderr[-2000:]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -437,6 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     if not a.skip_dataplane:
         progress("dataplane: CPU per delivered token of scheduler, worker and gateway")
         dataplane_doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane")
+    progress("cuda: cuda_check's decode speed beside onnxruntime-genai (on a GPU only)")
+    cuda_doc = cuda_section(models_root, a.quick)
     doc = {
         "schema_version": SCHEMA_VERSION,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -462,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         "serving": serving_doc,
         "structured": structured_doc,
         "dataplane": dataplane_doc,
+        "cuda": cuda_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2))

@@ -160,6 +160,7 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         version=pb.version,
         device=pb.device,
         max_batch_rows=pb.max_batch_rows,
+        nodes_off_device=tuple(pb.nodes_off_device),
     )
 
 
@@ -206,6 +207,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             device=g.device,
             cached_bytes=w.prefix.cached_bytes,
             cached_blocks=len(w.prefix.hashes),
+            nodes_off_device=list(g.nodes_off_device),
         ))
     return scheduler_pb2.Budget(
         workers=workers,

@@ -85,6 +85,12 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="the most sequences running at once (the CPU KV arena's rows); admitted "
                         "ones beyond wait for a row in arrival order (vLLM's --max-num-seqs; "
                         "env ORTSERVE_WORKER_MAX_BATCH_ROWS)")
+    p.add_argument("--max-context-tokens", type=int,
+                   default=from_env(p, "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS", d.max_context_tokens),
+                   help="the context this worker serves, at most the model's (0: the model's); "
+                        "on CUDA each KV row is this long and allocated whole, so a shorter "
+                        "context holds more rows (vLLM's --max-model-len; env "
+                        "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS)")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -114,6 +120,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     a = p.parse_args(argv)
     if not 1 <= a.max_batch_rows <= 1024:
         p.error(f"--max-batch-rows {a.max_batch_rows}: give 1 to 1024 (sequences running at once)")
+    if a.max_context_tokens < 0:
+        p.error(f"--max-context-tokens {a.max_context_tokens}: give 0 (the model's) or more tokens")
     if not a.model_dir:
         p.error("--model-dir (or ORTSERVE_WORKER_MODEL_DIR) is required; `make model` prepares "
                 "the default under $ORTSERVE_MODEL_CACHE/models/")
@@ -158,6 +166,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
         speculative=a.speculative,
+        max_context_tokens=a.max_context_tokens,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         log_level=a.log_level, log_json=a.log_json, tls=tls,

@@ -25,6 +25,8 @@ class WorkerConfig:
     # The KV arena's rows: the most sequences running at once; admitted ones beyond wait
     # in the engine's queue for a row (--max-batch-rows).
     max_batch_rows: int = 32
+    # The context served, at most the model's; 0: the model's (--max-context-tokens).
+    max_context_tokens: int = 0
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)

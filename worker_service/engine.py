@@ -47,10 +47,8 @@ from worker_service.core.step_scheduler import StepPlan, StepScheduler
 from worker_service.core.tokenizer import Tokenizer
 from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices
-from worker_service.runtime.kv_arena import KVArena
-from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
+from worker_service.runtime.factory import build_runtime
 from worker_service.runtime.model import ModelSpec, load_model_spec
-from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, SequenceStep, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
@@ -77,6 +75,8 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.spec: ModelSpec = load_model_spec(config.model_dir)
+        if 0 < config.max_context_tokens < self.spec.context_length:
+            self.spec = dataclasses.replace(self.spec, context_length=config.max_context_tokens)
         self.tokenizer = Tokenizer(self.spec.model_dir)
         self.intra_op_threads = config.intra_op_threads or devices.usable_cores()
         session = devices.create_session(self.spec, config.device, config.device_id,
@@ -88,36 +88,19 @@ class Engine:
         self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
         self.provider = self.providers[0]
         self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
+        placed = devices.placement(session)
+        # The CPU-preferred shape nodes a CUDA session keeps on the host (allowed, reported).
+        self.nodes_off_device = placed.off_device_report() if placed is not None else []
         self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
         chunk_tokens = max(config.prefill_chunk_tokens, 1)
-        layout = config.kv_layout if config.kv_layout != "auto" else (
-            "arena" if config.device == "cpu" else "static")
-        if layout == "arena":
-            if config.device != "cpu":
-                raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with "
-                                     "device cpu, or kv_layout static on cuda")
-            self._arena: KVArena | None = KVArena(self.spec, config.max_batch_rows,
-                                                  config.kv_capacity_bytes)
-            self.kv = KVPool(self._arena, config.kv_capacity_bytes)
-            self.runner: Runner = BatchedModelRunner(session, self.spec, self._arena, chunk_tokens,
-                                                     batch_first_chunks=config.batch_first_chunks)
-        elif layout == "static":
-            self._arena = None
-            self.kv = KVPool(StaticSharedKV(self.spec, config.device, config.device_id),
-                             config.kv_capacity_bytes)
-            self.runner = ModelRunner(session, self.spec, self.kv)
-        else:
-            raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of auto, arena, "
-                                 "static")
-        self.kv_layout = layout
-        self.prefix_cache: PrefixCache | None = None
-        cache_bytes = min(config.kv_capacity_bytes, config.kv_capacity_bytes // 2
-                          if config.prefix_cache_bytes is None else config.prefix_cache_bytes)
-        if isinstance(self.runner, BatchedModelRunner) and cache_bytes > 0:
-            self.prefix_cache = self.runner.prefix_cache = PrefixCache(
-                self.kv, cache_bytes, self.runner.arena.block_tokens)
-        # Sessions keep K/V between turns as host copies of arena rows (session_kv.py).
-        self.sessions = SessionTable(self.kv, config.session_swap_bytes) if layout == "arena" else None
+        # The pool, the runner and the rows behind them, for this device (runtime/factory.py).
+        self.runtime = build_runtime(config, self.spec, session, chunk_tokens)
+        self.kv = self.runtime.pool
+        self.runner: Runner = self.runtime.runner
+        self.kv_layout = self.runtime.kind
+        self.prefix_cache: PrefixCache | None = self.runtime.prefix_cache
+        # Sessions keep K/V between turns as host copies of their rows (session_kv.py).
+        self.sessions = SessionTable(self.kv) if self.runtime.capabilities.sessions else None
         if config.speculative not in ("ngram", "off"):
             raise InvalidRequest("speculative", f"speculative {config.speculative!r} is not one "
                                  "of ngram, off")
@@ -129,7 +112,7 @@ class Engine:
         self.speculative = config.speculative if self.runner.verifies else "off"
         self.verify_drift: float | None = None
         self.speculative_note = "" if self.speculative == config.speculative else (
-            f"kv_layout {layout} verifies no proposals")
+            f"kv_layout {self.kv_layout} verifies no proposals")
         if self.speculative != "off":
             try:
                 self.verify_drift = self.runner.verify_drift()
@@ -163,7 +146,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="ortserve-engine", daemon=True)
         self._thread.start()
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
-                 nodes_by_provider=self.nodes_by_provider,
+                 nodes_by_provider=self.nodes_by_provider, nodes_off_device=self.nodes_off_device,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
                  bytes_per_token=self.spec.bytes_per_token)
 
@@ -189,11 +172,16 @@ class Engine:
     @property
     def batch_rows(self) -> int:
         """Rows of the running batch now (a racy read, for reports)."""
-        return self._arena.rows if self._arena is not None else 0
+        return self.runtime.batch_rows
 
     @property
     def max_batch_rows(self) -> int:
-        return self._arena.max_rows if self._arena is not None else 1
+        return self.runtime.max_batch_rows
+
+    @property
+    def _arena(self):
+        """The row store (None for the static layout): the tests' name for it."""
+        return self.runtime.rows
 
     def active_sequences(self) -> int:
         with self._cond:
@@ -284,9 +272,9 @@ class Engine:
 
     def _sessions(self) -> SessionTable:
         if self.sessions is None:
-            raise InvalidRequest("session", f"sessions keep K/V as arena rows; this worker runs "
-                                 f"kv_layout {self.kv_layout!r}: start it with --kv-layout arena "
-                                 "(CPU) to serve sessions")
+            raise InvalidRequest("session", f"sessions keep K/V as rows of a row store; this "
+                                 f"worker runs kv_layout {self.kv_layout!r}: use kv_layout "
+                                 "auto to serve sessions")
         return self.sessions
 
     def open_session(self, session_id: str) -> SessionInfo:
@@ -355,8 +343,7 @@ class Engine:
         if self.sessions is not None:
             with self._cond:
                 self.sessions.drop_all()
-        if self._arena is not None:
-            self._arena.close()
+        self.runtime.close()
         self._masks.close()
 
     def step(self) -> None:

@@ -24,11 +24,16 @@ class EngineConfig:
     # Prompt tokens one step may prefill (batch 1 chunks): bounds the host logits of a
     # run and how long a long prompt delays the decoding streams.
     prefill_chunk_tokens: int = 512
-    # "arena": running sequences are rows of one commit-on-touch KV arena and decode
-    # in one batched run (CPU only); "static": one buffer per sequence, one run each
-    # (the CUDA path); "auto": arena on CPU, static on CUDA.
+    # runtime/factory.py builds what this names. "auto"/"rows": running sequences are
+    # rows of one row store and decode in one batched run (the host arena on CPU);
+    # "arena": the same, CPU only; "static": one buffer per sequence, one run each,
+    # no sessions or prefix cache (only when asked for by name).
     kv_layout: str = "auto"
-    max_batch_rows: int = 32  # the arena's rows: the most sequences running at once
+    # The context this worker serves, at most the model's (0: the model's). Rows are
+    # this long, so a shorter context holds more device rows (allocated whole); the
+    # worker reports it as its context_length.
+    max_context_tokens: int = 0
+    max_batch_rows: int = 32  # the row store's rows: the most sequences running at once
     # Host bytes swapped-out sessions may hold (outside the KV capacity); 0: a swap-out
     # drops the session's K/V and its next turn recomputes the history.
     session_swap_bytes: int = 256 * 2**20

@@ -124,6 +124,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  intra_op_threads=config.intra_op_threads,
                                  intra_op_spinning=config.intra_op_spinning,
                                  max_batch_rows=config.max_batch_rows,
+                                 max_context_tokens=config.max_context_tokens,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes,
@@ -157,8 +158,9 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
         execution_provider=engine.provider, vocab_size=spec.vocab_size,
         version=package_version(), device=engine.device,
-        # Rows bound the batch only in the arena layout (static: one buffer per sequence).
-        max_batch_rows=engine.max_batch_rows if engine.kv_layout == "arena" else 0,
+        # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
+        max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
+        nodes_off_device=engine.nodes_off_device,
     )
     if config.metrics_port is not None:
         registry = new_registry()

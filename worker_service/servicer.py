@@ -110,6 +110,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             kv_layout=engine.kv_layout, batch_rows=engine.batch_rows,
             max_batch_rows=engine.max_batch_rows, largest_batch=engine.runner.largest_batch,
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),
+            nodes_off_device=engine.nodes_off_device,
+            kv_allocated_bytes=engine.runtime.allocated_bytes,
         )
 
     async def Tokenize(self, request, context):

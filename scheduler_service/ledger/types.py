@@ -50,6 +50,8 @@ class WorkerGeometry:
     # The most sequences it runs at once; admitted ones beyond wait there for a row.
     # 0: no limit (a layout without rows, or an older worker that does not say).
     max_batch_rows: int = 0
+    # Graph nodes ORT runs off its device (allowed shape nodes), reported, not acted on.
+    nodes_off_device: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.worker_id:

@@ -41,7 +41,7 @@ def session_for(spec: ModelSpec) -> ort.InferenceSession:
     return ort.InferenceSession(str(spec.model_file), options, providers=["CPUExecutionProvider"])
 
 
-def drive(session, spec, plans, max_rows, check_memory=True):
+def drive(session, spec, plans, max_rows, check_memory=True, make_store=None):
     """A minimal engine step loop, as the engine's step would run.
 
     Each step: a joining sequence takes the next row; every prefilling row runs one
@@ -49,9 +49,11 @@ def drive(session, spec, plans, max_rows, check_memory=True):
     prefilling riding along inactive; finished and cancelled rows leave.
 
     Returns per plan (tokens, logits per token) and checks, at every step, that the
-    committed KV (kernel and arena) is within the charges.
+    committed KV (kernel and arena) is within the charges. `make_store(spec, max_rows)`: a
+    row store of another memory (device rows), checked by what its rows hold instead.
     """
-    arena = KVArena(spec, max_rows=max_rows, capacity_bytes=2**40)
+    arena = (KVArena(spec, max_rows=max_rows, capacity_bytes=2**40) if make_store is None
+             else make_store(spec, max_rows))
     runner = BatchRunner(session, spec, arena, max_chunk_tokens=CHUNK_TOKENS)
     tokens: dict[int, list[int]] = {i: [] for i in range(len(plans))}
     logits: dict[int, list[np.ndarray]] = {i: [] for i in range(len(plans))}
@@ -103,7 +105,9 @@ def drive(session, spec, plans, max_rows, check_memory=True):
                 if active[b]:
                     state.past += 1
                     accept(state, batch[b])
-        if check_memory:
+        if check_memory and make_store is not None:
+            assert arena.held_bytes() <= arena.charged_bytes() <= arena.memory_bytes()
+        elif check_memory:
             kernel = arena.kernel_committed_bytes()
             assert arena.committed_bytes() <= arena.charged_bytes()
             assert kernel <= arena.charged_bytes(), f"step {step}: kernel {kernel:,} > charges"
@@ -113,7 +117,7 @@ def drive(session, spec, plans, max_rows, check_memory=True):
             if len(tokens[live[row].index]) >= plan.new_tokens or plan.cancel_step == step:
                 leave(row)
         step += 1
-    assert arena.rows == 0 and arena.kernel_committed_bytes() == 0
+    assert arena.rows == 0 and (make_store is not None or arena.kernel_committed_bytes() == 0)
     largest = runner.largest_batch
     arena.close()
     return tokens, logits, (largest, len(moves), decoding_beside_a_prefill)

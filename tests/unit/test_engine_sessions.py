@@ -229,3 +229,44 @@ def test_a_rewound_turn_keeps_only_the_reused_prefix_in_memory():
     assert sum(a.nbytes for a in arrays) == 10 * 8 <= start.allocation.nbytes
     table.end_turn("s", start.allocation, None)  # a failed turn: everything goes
     assert pool.held_bytes() == 0 and table.info("s").state is SessionState.EMPTY
+
+
+def test_on_a_device_pool_parked_and_swapped_copies_count_against_the_host_budget():
+    """CUDA rows are device memory: a session's copy between turns is host memory beside
+    them, so it counts against the pool's host budget (and is dropped when that is full)."""
+    from worker_service.runtime.kv_pool import HostBudget
+
+    pool = KVPool(_Layout(), capacity_bytes=10_000, host=HostBudget(100 * 8),
+                  parks_on_host=True)
+    table = SessionTable(pool)
+    table.open("a"), table.open("b")
+    first = table.begin_turn("a", tuple(range(60)), 70, "")
+    table.end_turn("a", first.allocation, _held(60))
+    info = table.info("a")
+    assert info.state is SessionState.RESIDENT and pool.host.used_bytes == 60 * 8
+    assert pool.held_bytes() == _Layout().bytes_for(60)  # the next turn's room on the device
+    second = table.begin_turn("b", tuple(range(50)), 60, "")
+    table.end_turn("b", second.allocation, _held(50))  # 60 + 50 tokens > the host's 100
+    assert table.info("b").state is SessionState.EMPTY and pool.held_bytes() == _Layout().bytes_for(60)
+    assert table.swap_out("a") == _Layout().bytes_for(60)
+    assert table.info("a").state is SessionState.SWAPPED and pool.host.used_bytes == 60 * 8
+    again = table.begin_turn("a", tuple(range(65)), 75, "")  # swapped in: host bytes back
+    assert again.reused_tokens == 60 and pool.host.used_bytes == 0
+    table.end_turn("a", again.allocation, None)
+    table.close("a")
+    assert pool.held_bytes() == 0 and pool.host.used_bytes == 0
+
+
+def test_on_the_cpu_only_swapped_copies_count_against_the_host_budget():
+    from worker_service.runtime.kv_pool import HostBudget
+
+    pool = KVPool(_Layout(), capacity_bytes=10_000, host=HostBudget(100 * 8))
+    table = SessionTable(pool)
+    table.open("a")
+    first = table.begin_turn("a", tuple(range(60)), 70, "")
+    table.end_turn("a", first.allocation, _held(60))
+    assert pool.host.used_bytes == 0  # resident: the arena is host memory, charged there
+    table.swap_out("a")
+    assert pool.host.used_bytes == 60 * 8 and table.swap_used_bytes == 60 * 8
+    table.close("a")
+    assert pool.host.used_bytes == 0

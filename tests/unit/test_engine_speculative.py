@@ -49,8 +49,8 @@ def checked(engine: Engine, limits: list[str]):
         assert arena.kernel_committed_bytes() <= engine.held_bytes()
         assert arena.committed_bytes() <= arena.charged_bytes()
         for row, seq in enumerate(engine.runner._by_row):
-            if arena._rows[row].touched_tokens > seq.req.max_tokens:
-                limits.append(f"{seq.sequence_id}: {arena._rows[row].touched_tokens} > "
+            if arena.table.entry(row).touched_tokens > seq.req.max_tokens:
+                limits.append(f"{seq.sequence_id}: {arena.table.entry(row).touched_tokens} > "
                               f"{seq.req.max_tokens}")
 
     engine.step = checked_step

@@ -87,6 +87,16 @@ def test_max_batch_rows_from_the_flag_or_its_variable_and_out_of_range_names_the
     assert "--max-batch-rows 0: give 1 to 1024" in capsys.readouterr().err
 
 
+def test_max_context_tokens_from_the_flag_or_its_variable(monkeypatch, capsys):
+    assert parse_config(["--model-dir", "m"]).max_context_tokens == 0
+    assert parse_config(["--model-dir", "m", "--max-context-tokens", "2048"]).max_context_tokens == 2048
+    monkeypatch.setenv("ORTSERVE_WORKER_MAX_CONTEXT_TOKENS", "4096")
+    assert parse_config(["--model-dir", "m"]).max_context_tokens == 4096
+    with pytest.raises(SystemExit):
+        parse_config(["--model-dir", "m", "--max-context-tokens", "-1"])
+    assert "--max-context-tokens -1" in capsys.readouterr().err
+
+
 def test_speculative_is_ngram_by_default_and_off_by_flag_or_variable(monkeypatch):
     assert parse_config(["--model-dir", "m"], []).speculative == "ngram"
     assert parse_config(["--model-dir", "m", "--speculative", "off"], []).speculative == "off"

@@ -1,4 +1,4 @@
-"""Runs a builder graph over a KVArena: prompt chunks and batched single-token decode.
+"""Runs a builder graph over a row store: prompt chunks and batched single-token decode.
 
 Why three entry points (DESIGN.md, "Batching"): GroupQueryAttention takes each
 row's length from its attention-mask row sum and the total from the mask's
@@ -10,8 +10,10 @@ the mask's whole width as a first prompt, and each row's own length is its
 mask's ones (right padding), so several waiting prompts prefill in one run
 (`prefill_first`).
 
-Both bind the arena rows as past input and present output (one buffer), so
-nothing is copied per step. A graph with a `logits_positions` input
+Both bind the store's rows as past input and present output (one buffer), so
+nothing is copied per step. The store is host memory (kv_arena.py) or device
+memory (device_rows.py): this code is the same for both; only the inputs'
+and logits' small host arrays cross to a device. A graph with a `logits_positions` input
 (runtime/last_logits.py) computes logits only at the position each row reads:
 its logits are [rows, 1, vocab] in every entry point. Host arrays for ids,
 mask and logits are preallocated once; returned logits are views into them,
@@ -26,25 +28,25 @@ from collections.abc import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.last_logits import LOGITS_POSITIONS
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.row_store import RowStore
 
 
 class BatchRunner:
-    """One ORT session over one KVArena; see the module docstring."""
+    """One ORT session over one row store; see the module docstring."""
 
-    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
+    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int = 512) -> None:
-        if arena.spec is not spec and arena.spec != spec:
-            raise ValueError("the arena was made for another model spec")
+        if store.spec is not spec and store.spec != spec:
+            raise ValueError("the row store was made for another model spec")
         self.session = session
         self.spec = spec
-        self.arena = arena
+        self.store = store
         self.max_chunk_tokens = max_chunk_tokens
         logits_type = next(o.type for o in session.get_outputs() if o.name == spec.logits_name)
         self.logits_dtype = np.dtype(np.float16 if "float16" in logits_type else np.float32)
-        rows, ctx, vocab = arena.max_rows, spec.context_length, spec.vocab_size
+        rows, ctx, vocab = store.max_rows, spec.context_length, spec.vocab_size
         # Flat buffers: the first B x W entries viewed as [B, W] are contiguous, as ORT needs.
         self._ids = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
         self._positions = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
@@ -69,9 +71,14 @@ class BatchRunner:
         # "inside ONNX Runtime" share (pool threads, if any, are not in it).
         self.ort_cpu_s = 0.0
 
+    @property
+    def arena(self) -> RowStore:
+        """The row store (the bench scripts' name for it)."""
+        return self.store
+
     def invalidate(self) -> None:
-        """Forget cached KV bindings. Not needed after arena.free (addresses are fixed); for
-        a caller that replaced the arena's arrays."""
+        """Forget cached KV bindings. Not needed after store.free (addresses are fixed); for
+        a caller that replaced the store's memory."""
         self._decode_rows = 0
         self._prefill_bindings.clear()
         self._first_bindings.clear()
@@ -102,7 +109,7 @@ class BatchRunner:
         binding = self._prefill_bindings.get(row)
         if binding is None:
             binding = self._prefill_bindings[row] = self.session.io_binding()
-            self.arena.bind(binding, row, row + 1)
+            self.store.bind(binding, row, row + 1)
         ids_view = self._ids[:n].reshape(1, n)
         ids_view[0] = ids
         # All ones of the total width: the graph reads seqlens_k = sum - 1 and the total.
@@ -129,7 +136,7 @@ class BatchRunner:
         started_s = time.thread_time()
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
-        self.arena.note_written(row, total)
+        self.store.note_written(row, total)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, 1)
         by_position = logits.reshape(positions, spec.vocab_size)
@@ -156,7 +163,7 @@ class BatchRunner:
         binding = self._first_bindings.get(key)
         if binding is None:
             binding = self._first_bindings[key] = self.session.io_binding()
-            self.arena.bind(binding, *key)
+            self.store.bind(binding, *key)
         ids = self._ids[:rows * width].reshape(rows, width)
         ids.fill(spec.eos_token_ids[0] if spec.eos_token_ids else 0)  # any valid id pads
         mask = self._mask[:rows * width].reshape(rows, width)
@@ -186,7 +193,7 @@ class BatchRunner:
         self.session.run_with_iobinding(binding)
         self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
-            self.arena.note_written(start_row + b, lengths[b], touched_tokens=width)
+            self.store.note_written(start_row + b, lengths[b], touched_tokens=width)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
         if self.gathers:
@@ -208,9 +215,9 @@ class BatchRunner:
         same past) overwrites before anything reads it. Its logits are meaningless
         and its held tokens stay past_b (the scratch page is still accounted).
         """
-        if not 1 <= rows <= self.arena.rows:
-            raise ValueError(f"decode over rows [0, {rows}) but the arena has "
-                             f"{self.arena.rows} live rows")
+        if not 1 <= rows <= self.store.rows:
+            raise ValueError(f"decode over rows [0, {rows}) but the store has "
+                             f"{self.store.rows} live rows")
         if len(past_tokens_per_row) != rows or len(next_ids) != rows or (
                 active is not None and len(active) != rows):
             raise ValueError(f"decode over {rows} rows needs {rows} past lengths, ids (and active "
@@ -220,7 +227,7 @@ class BatchRunner:
             self._check_room(b, int(past[b]), int(past[b]) + 1)
         spec, binding = self.spec, self._decode_binding
         if self._decode_rows != rows:
-            self.arena.bind(binding, 0, rows)
+            self.store.bind(binding, 0, rows)
             self._decode_rows = rows
         width = int(past.max()) + 1
         ids_view = self._ids[:rows].reshape(rows, 1)
@@ -242,9 +249,9 @@ class BatchRunner:
         self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
             if active is None or active[b]:
-                self.arena.note_written(b, int(past[b]) + 1)
+                self.store.note_written(b, int(past[b]) + 1)
             else:
-                self.arena.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
+                self.store.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, rows)
         return logits.reshape(rows, spec.vocab_size)
@@ -263,12 +270,12 @@ class BatchRunner:
 
     def _check_room(self, row: int, past_tokens: int, total_tokens: int) -> None:
         # A run writes positions [past, total): never past the row's charge, never a gap.
-        if not 0 <= row < self.arena.rows:
-            raise ValueError(f"row {row} is not live (rows are [0, {self.arena.rows}))")
-        written = self.arena.written_tokens(row)
+        if not 0 <= row < self.store.rows:
+            raise ValueError(f"row {row} is not live (rows are [0, {self.store.rows}))")
+        written = self.store.written_tokens(row)
         if past_tokens != written:
             raise ValueError(f"row {row} holds {written:,} tokens but the run says the past "
                              f"is {past_tokens:,}")
-        if total_tokens > self.arena.max_tokens(row):
-            raise ValueError(f"row {row} is charged for {self.arena.max_tokens(row):,} tokens; "
+        if total_tokens > self.store.max_tokens(row):
+            raise ValueError(f"row {row} is charged for {self.store.max_tokens(row):,} tokens; "
                              f"a run to {total_tokens:,} would write beyond it")

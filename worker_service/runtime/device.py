@@ -7,12 +7,12 @@ missing) unless CUDA really runs it.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +25,7 @@ import structlog
 from worker_service.core.errors import DeviceUnavailable, ModelLoadError
 from worker_service.runtime import last_logits
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.placement import PlacedNode, Placement, nodes_from_profile
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +83,7 @@ def free_cuda_memory_bytes(device_id: int) -> int:
 def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1
                       ) -> tuple[ort.SessionOptions, str]:
     """Session options, with profiling on for the one warm-up run that tells where ORT
-    placed every node (see _placement); returns them and the profile's folder."""
+    placed every node (see _placed_nodes); returns them and the profile's folder."""
     options = ort.SessionOptions()
     # Explicit threads: ORT's default pool is clearly slower on small machines (MODEL_NOTES).
     options.intra_op_num_threads = intra_op_threads
@@ -97,10 +98,29 @@ def _profiled_options(intra_op_threads: int, inter_op_threads: int = 1
     return options, profile_dir
 
 
+# ORT refuses a session that lists the CPU provider and also disables falling back to it
+# ("Conflicting session configuration"); the placement check below replaces that switch.
+_NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
+
+
+def session_providers(device: str, device_id: int) -> list:
+    """The providers a session on `device` is created with. On CUDA the CPU provider stays
+    listed: ORT places its CPU-preferred shape nodes there, and the placement check
+    (runtime/placement.py) refuses a session whose heavy nodes would land on it."""
+    if device == "cuda":
+        return [(CUDA, {"device_id": device_id}), CPU]
+    return [CPU]
+
+
 def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
                    inter_op_threads: int = 1, config_entries: tuple[tuple[str, str], ...] = (),
                    last_position_logits: bool = True) -> ort.InferenceSession:
     """An ORT session for `spec` on `device`, verified to run where it was asked to.
+
+    On CUDA: refused (DeviceUnavailable) when the CUDA provider is not active (naming
+    the missing library or device), when the placement is unknown, or when a heavy
+    node runs on the CPU provider (naming the nodes); the shape nodes ORT keeps on the
+    CPU on purpose are allowed and reported (`placement(session)`).
 
     `last_position_logits`: the graph with the LM head only at the positions the engine
     reads (runtime/last_logits.py), where the graph allows the edit; the runners see
@@ -110,16 +130,13 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
         raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
     options, profile_dir = _profiled_options(intra_op_threads, inter_op_threads)
     for key, value in config_entries:
+        if key == _NO_CPU_FALLBACK:
+            raise ModelLoadError(f"the session config entry {key} conflicts with the CPU "
+                                 "provider ORT needs for its shape nodes; drop it (heavy nodes "
+                                 "off the device are refused by the placement check instead)")
         options.add_session_config_entry(key, value)
-    preload_log = ""
-    if device == "cuda":
-        providers: list = [(CUDA, {"device_id": device_id}), CPU]
-        # NOTE: ORT places nodes without a CUDA kernel (GroupQueryAttention in fp32, say)
-        # on the CPU provider silently, copying KV across every step: refuse instead.
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        preload_log = _preload_cuda_libraries()
-    else:
-        providers = [CPU]
+    providers = session_providers(device, device_id)
+    preload_log = _preload_cuda_libraries() if device == "cuda" else ""
     model: str | bytes = str(spec.model_file)
     if last_position_logits:
         graph, folder, note = last_logits.edited_graph(spec.model_file, spec.logits_name)
@@ -132,28 +149,59 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
         session = ort.InferenceSession(model, options, providers=providers)
     except Exception as exc:
         shutil.rmtree(profile_dir, ignore_errors=True)
-        if device == "cuda" and "fallback" in str(exc).lower():
-            # Either CUDA is not there at all, or some nodes have no CUDA kernel: a
-            # session that may fall back tells which, and names the nodes.
-            _explain_cuda_fallback(spec, device_id, intra_op_threads, preload_log, exc)
+        if device == "cuda":
+            raise DeviceUnavailable(
+                f"ONNX Runtime could not create a CUDA session for {spec.model_file} ({exc}); "
+                f"{describe_missing_cuda(device_id, preload_log)}. Fix the CUDA setup, or run "
+                "with --device cpu") from exc
         raise ModelLoadError(f"ONNX Runtime could not load {spec.model_file}: {exc}") from exc
     active = session.get_providers()
     if device == "cuda" and (not active or active[0] != CUDA):
+        shutil.rmtree(profile_dir, ignore_errors=True)
         raise _cuda_not_active(active, device_id, preload_log)
     _check_session_io(session, spec)
-    session.ortserve_nodes_by_provider = _placement(session, spec, profile_dir)
+    placed = Placement(CUDA if device == "cuda" else CPU,
+                       tuple(_placed_nodes(session, spec, profile_dir)))
+    if device == "cuda":
+        _refuse_bad_placement(spec, placed)
+    if placed.off_device:
+        log.info("nodes off the device", device=device, allowed=placed.off_device_report())
+    session.ortserve_placement = placed
     return session
+
+
+def placement(session: ort.InferenceSession) -> Placement | None:
+    """The session's placement as profiled at creation (None for a session made elsewhere)."""
+    return getattr(session, "ortserve_placement", None)
 
 
 def node_placement(session: ort.InferenceSession) -> dict[str, int]:
     """How many graph nodes each execution provider runs, from ORT's own profile."""
-    return dict(getattr(session, "ortserve_nodes_by_provider", {}))
+    placed = placement(session)
+    return placed.nodes_by_provider if placed is not None else {}
 
 
-def _placement(session: ort.InferenceSession, spec: ModelSpec, profile_dir: str,
-               op_types_on: str = ""):
-    """Run one token through a fresh empty cache with profiling on; count nodes per provider
-    (or, with op_types_on, return the set of op types that provider runs)."""
+def _refuse_bad_placement(spec: ModelSpec, placed: Placement) -> None:
+    if not placed.known:
+        raise DeviceUnavailable(
+            f"the placement of {spec.model_file}'s nodes could not be read from ONNX Runtime's "
+            "profile (see the warning logged before this), so the worker cannot tell whether "
+            "the heavy nodes run on CUDA; check the model folder loads with --device cpu")
+    heavy = placed.heavy_off_device
+    if heavy:
+        shown = "; ".join(n.describe() for n in heavy[:8])
+        more = f" and {len(heavy) - 8} more" if len(heavy) > 8 else ""
+        raise DeviceUnavailable(
+            f"{spec.model_file}: {len(heavy)} heavy node(s) would run on the CPU provider, "
+            f"copying activations or KV between host and GPU every step: {shown}{more}. Use "
+            "a model folder built for CUDA (the genai builder's -e cuda, fp16), or run with "
+            "--device cpu")
+
+
+def _placed_nodes(session: ort.InferenceSession, spec: ModelSpec,
+                  profile_dir: str) -> list[PlacedNode]:
+    """Run one token through a fresh empty cache with profiling on; the nodes ORT ran,
+    where (an empty list when the profile could not be read)."""
     try:
         feeds = {spec.input_ids_name: np.ones((1, 1), dtype=np.int64),
                  spec.attention_mask_name: np.ones((1, 1), dtype=np.int64)}
@@ -167,21 +215,12 @@ def _placement(session: ort.InferenceSession, spec: ModelSpec, profile_dir: str,
                 feeds[name.format(i=i)] = empty
         session.run(None, feeds)
         with open(session.end_profiling()) as f:
-            events = json.load(f)
-    except Exception as exc:  # a report, not a gate: never fail the start over it
+            return nodes_from_profile(json.load(f))
+    except Exception as exc:  # reported; on CUDA an unknown placement refuses the start
         log.warning("node placement unknown", error=f"{type(exc).__name__}: {exc}")
-        return {}
+        return []
     finally:
         shutil.rmtree(profile_dir, ignore_errors=True)
-    providers: dict[str, tuple[str, str]] = {}
-    for event in events:
-        args = event.get("args", {})
-        if event.get("cat") == "Node" and "provider" in args:
-            providers[args.get("node_index", event.get("name"))] = (args["provider"],
-                                                                    args.get("op_name", "?"))
-    if op_types_on:
-        return {op for provider, op in providers.values() if provider == op_types_on}
-    return dict(collections.Counter(provider for provider, _ in providers.values()))
 
 
 def _cuda_not_active(active: list[str], device_id: int, preload_log: str) -> DeviceUnavailable:
@@ -190,24 +229,6 @@ def _cuda_not_active(active: list[str], device_id: int, preload_log: str) -> Dev
         f"{describe_missing_cuda(device_id, preload_log)}; ONNX Runtime falls back to "
         "CPU silently, so the worker refuses to start. Install the CUDA and cuDNN libraries "
         "onnxruntime-gpu needs on a machine with an NVIDIA GPU, or run with --device cpu")
-
-
-def _explain_cuda_fallback(spec: ModelSpec, device_id: int, intra_op_threads: int,
-                           preload_log: str, error: Exception) -> None:
-    """Raise DeviceUnavailable saying why a no-fallback CUDA session refused to load."""
-    options, profile_dir = _profiled_options(intra_op_threads)
-    probe = ort.InferenceSession(str(spec.model_file), options,
-                                 providers=[(CUDA, {"device_id": device_id}), CPU])
-    active = probe.get_providers()
-    if not active or active[0] != CUDA:
-        shutil.rmtree(profile_dir, ignore_errors=True)
-        raise _cuda_not_active(active, device_id, preload_log) from error
-    on_cpu = sorted(_placement(probe, spec, profile_dir, op_types_on=CPU))
-    raise DeviceUnavailable(
-        f"{spec.model_file} has nodes with no CUDA kernel ({', '.join(on_cpu) or 'unknown'}), "
-        "which ONNX Runtime would run on the CPU provider with host-device copies every "
-        "step; use a model folder built for CUDA (the genai builder's -e cuda, fp16), or run "
-        "with --device cpu") from error
 
 
 def _check_session_io(session: ort.InferenceSession, spec: ModelSpec) -> None:
@@ -227,8 +248,19 @@ def _preload_cuda_libraries() -> str:
     return captured.getvalue()
 
 
+# The dynamic loader's words for a library it could not find ("libcublasLt.so.12: cannot
+# open shared object file: No such file or directory").
+_MISSING_LIBRARY = re.compile(r"(lib[\w+-]+(?:\.[\w+-]+)*\.so(?:\.\d+)*)\s*:\s*cannot open shared")
+
+
+def missing_libraries(text: str) -> list[str]:
+    """The shared libraries a loader error (or ORT's preload log) says it could not find."""
+    return list(dict.fromkeys(_MISSING_LIBRARY.findall(text)))
+
+
 def describe_missing_cuda(device_id: int = 0, preload_log: str = "") -> str:
-    """Best-effort account of why the CUDA provider did not come up."""
+    """Best-effort account of why the CUDA provider did not come up, naming the missing
+    library or device."""
     if CUDA not in ort.get_available_providers():
         return "this onnxruntime build has no CUDA provider (install onnxruntime-gpu, not onnxruntime)"
     reasons = []
@@ -237,12 +269,16 @@ def describe_missing_cuda(device_id: int = 0, preload_log: str = "") -> str:
         ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
         ctypes.CDLL(str(capi / "libonnxruntime_providers_cuda.so"))
     except OSError as exc:
-        reasons.append(f"its CUDA provider library cannot load ({exc})")
+        libs = missing_libraries(str(exc))
+        reasons.append(f"the CUDA library {', '.join(libs)} is missing ({exc})" if libs else
+                       f"its CUDA provider library cannot load ({exc})")
     if not any(Path("/dev").glob("nvidia[0-9]*")):
         reasons.append("no NVIDIA GPU is visible (no /dev/nvidia0)")
     elif not Path(f"/dev/nvidia{device_id}").exists():
         reasons.append(f"GPU {device_id} is not visible (no /dev/nvidia{device_id})")
     failed = [line.strip() for line in preload_log.splitlines() if line.startswith("Failed to load")]
     if failed and not reasons:
-        reasons.append("; ".join(failed[:3]))
+        libs = missing_libraries(preload_log)
+        reasons.append((f"the CUDA library {', '.join(libs)} is missing: " if libs else "")
+                       + "; ".join(failed[:3]))
     return " and ".join(reasons) or "the CUDA provider failed to initialise (see ORT's log)"

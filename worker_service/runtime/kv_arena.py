@@ -29,15 +29,13 @@ import contextlib
 import ctypes
 import math
 import mmap
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from ortserve import kv_math
-from worker_service.core.errors import CapacityExceeded
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.row_store import RowTable, RowTableMixin
 
 # Not exported by Python's mmap module; the Linux value on x86_64 and arm64.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -63,18 +61,11 @@ def block_tokens_for(head_dim: int, itemsize: int, page_bytes: int = mmap.PAGESI
     return math.lcm(page_bytes, token_head_bytes) // token_head_bytes
 
 
-@dataclass
-class _Row:
-    max_tokens: int
-    charged_bytes: int
-    written_tokens: int = 0  # positions [0, n) hold the sequence's KV
-    # Highest position + 1 any run wrote since allocation, valid or scratch (a
-    # prefilling row riding in a batched decode): what the pages committed.
-    touched_tokens: int = 0
+class KVArena(RowTableMixin):
+    """Rows of KV in one commit-on-touch mapping (a RowStore in host memory); see the module
+    docstring. The rows' bookkeeping is the RowTable's; this class is the memory."""
 
-
-class KVArena:
-    """Rows of KV in one commit-on-touch mapping; see the module docstring."""
+    device = "cpu"
 
     def __init__(self, spec: ModelSpec, max_rows: int, capacity_bytes: int) -> None:
         if max_rows < 1:
@@ -83,7 +74,6 @@ class KVArena:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.spec = spec
         self.max_rows = max_rows
-        self.capacity_bytes = capacity_bytes
         self.dtype = np.dtype(spec.kv_dtype)
         self.block_tokens = block_tokens_for(spec.head_dim, self.dtype.itemsize)
         # The row's sequence axis, rounded up so each head's region is whole blocks
@@ -112,20 +102,23 @@ class KVArena:
         self.values = [flat[(2 * i + 1) * per_region:(2 * i + 2) * per_region].reshape(shape)
                        for i in range(spec.num_layers)]
         self.base_address = flat.ctypes.data
-        self._rows: list[_Row] = []  # index = row; rows [0, len) are live
+        self.table = RowTable(max_rows, spec.context_length, capacity_bytes, self._bytes_for,
+                              what="a KV arena row")
 
     # --- accounting ----------------------------------------------------------
 
-    def bytes_for(self, n_tokens: int) -> int:
-        """Bytes a row of up to n_tokens holds: whole blocks, the ledger's own formula."""
+    def _bytes_for(self, n_tokens: int) -> int:
         return kv_math.bytes_for(n_tokens, self.spec.bytes_per_token, self.block_tokens)
-
-    def charged_bytes(self) -> int:
-        return sum(r.charged_bytes for r in self._rows)
 
     def committed_bytes(self) -> int:
         """The arena's page accounting: whole blocks of the positions each row has touched."""
-        return sum(self.bytes_for(r.touched_tokens) for r in self._rows)
+        return self.table.touched_bytes()
+
+    def memory_bytes(self) -> int:
+        return self.committed_bytes()
+
+    def device_names(self) -> set[str]:
+        return {"cpu"}
 
     def kernel_committed_bytes(self) -> int:
         """Resident bytes of the arena's mapping, as the kernel counts them (/proc/self/smaps)."""
@@ -145,57 +138,7 @@ class KVArena:
                     total_kib += int(line.split()[1])
         return total_kib * 1024
 
-    @property
-    def rows(self) -> int:
-        """Live rows: they are exactly [0, rows)."""
-        return len(self._rows)
-
-    def written_tokens(self, row: int) -> int:
-        return self._rows[row].written_tokens
-
-    def max_tokens(self, row: int) -> int:
-        return self._rows[row].max_tokens
-
-    # --- allocate / free -----------------------------------------------------
-
-    def can_allocate(self, max_tokens: int, also: Sequence[int] = ()) -> bool:
-        """Whether a row of `max_tokens` fits now, after rows for `also` (token counts of
-        rows about to be allocated)."""
-        return (len(self._rows) + len(also) < self.max_rows
-                and 1 <= max_tokens <= self.spec.context_length
-                and self.charged_bytes() + sum(map(self.bytes_for, also))
-                + self.bytes_for(max_tokens) <= self.capacity_bytes)
-
-    def allocate(self, max_tokens: int) -> int:
-        """A new row (the next index) for a sequence of up to max_tokens tokens."""
-        if not 1 <= max_tokens <= self.spec.context_length:
-            raise ValueError(f"a row holds 1..{self.spec.context_length} tokens (the model's "
-                             f"context), got {max_tokens}")
-        needed = self.bytes_for(max_tokens)
-        held = self.charged_bytes()
-        if held + needed > self.capacity_bytes:
-            raise CapacityExceeded(needed, held, self.capacity_bytes,
-                                   detail=f"a KV arena row of {max_tokens:,} tokens")
-        if len(self._rows) >= self.max_rows:
-            raise CapacityExceeded(needed, held, self.capacity_bytes,
-                                   detail=f"a KV arena row, but all {self.max_rows} rows are in "
-                                          "use (raise the arena's max_rows)")
-        self._rows.append(_Row(max_tokens, needed))
-        return len(self._rows) - 1
-
-    def note_written(self, row: int, n_tokens: int, touched_tokens: int = 0) -> None:
-        """Record that `row` now holds positions [0, n_tokens) (the runner calls it per run).
-
-        touched_tokens: a run also wrote scratch up to that position (its pages are
-        committed though the tokens are not the sequence's yet).
-        """
-        entry = self._rows[row]
-        touched = max(entry.touched_tokens, n_tokens, touched_tokens)
-        if not 0 <= n_tokens <= touched <= entry.max_tokens:
-            raise ValueError(f"row {row} is charged for {entry.max_tokens:,} tokens; "
-                             f"it cannot hold {max(n_tokens, touched_tokens):,}")
-        entry.written_tokens = n_tokens
-        entry.touched_tokens = touched
+    # --- free --------------------------------------------------------------
 
     def free(self, row: int) -> dict[int, int]:
         """Release `row`; returns {old row: new row} for a row moved into the hole (maybe {}).
@@ -206,14 +149,13 @@ class KVArena:
         source pages are returned at once: committed memory stays within the
         charges throughout.
         """
-        if not 0 <= row < len(self._rows):
-            raise IndexError(f"row {row} is not live (rows are [0, {len(self._rows)}))")
-        last = len(self._rows) - 1
-        freed = self._rows[row]
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} is not live (rows are [0, {self.rows}))")
+        last = self.rows - 1
+        freed = self.table.entry(row)
         self._discard_from(row, 0)
-        moved: dict[int, int] = {}
         if row != last:
-            kept = self._rows[last]
+            kept = self.table.entry(last)
             chunk_tokens = self.bytes_for(freed.max_tokens) // self.spec.bytes_per_token
             for t0 in range(0, kept.written_tokens, chunk_tokens):
                 t1 = min(t0 + chunk_tokens, kept.written_tokens)
@@ -221,11 +163,8 @@ class KVArena:
                     region[row, :, t0:t1] = region[last, :, t0:t1]
                 self._discard_from(last, t0, t1)
             self._discard_from(last, 0)
-            kept.touched_tokens = kept.written_tokens  # scratch beyond was not copied
-            self._rows[row] = kept
-            moved[last] = row
-        self._rows.pop()
-        return moved
+        moved = self.table.remove(row)
+        return {moved: row} if moved is not None else {}
 
     def export_row(self, row: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Copy the row's written K/V out to host arrays (per layer [kv_heads, n, head_dim]).
@@ -234,7 +173,7 @@ class KVArena:
         block by block as they are copied, so the row plus its copy commit at most
         one block more than the row alone did. The row stays live, holding 0 tokens.
         """
-        entry = self._rows[row]
+        entry = self.table.entry(row)
         n = entry.written_tokens
         shape = (self.spec.kv_heads, n, self.spec.head_dim)
         keys = [np.empty(shape, self.dtype) for _ in range(self.spec.num_layers)]
@@ -255,8 +194,8 @@ class KVArena:
         Each layer's source entry is set to None once copied, so a caller that
         handed over its only reference frees the copy layer by layer.
         """
-        if n_tokens > self._rows[row].max_tokens:
-            raise ValueError(f"row {row} is charged for {self._rows[row].max_tokens:,} tokens; "
+        if n_tokens > self.max_tokens(row):
+            raise ValueError(f"row {row} is charged for {self.max_tokens(row):,} tokens; "
                              f"it cannot take {n_tokens:,}")
         for i in range(self.spec.num_layers):
             self.keys[i][row, :, :n_tokens] = keys[i][:, :n_tokens]
@@ -270,8 +209,8 @@ class KVArena:
         finishing row's blocks go to the prefix cache without the two ever both committed."""
         bt = self.block_tokens
         t0, t1 = block * bt, (block + 1) * bt
-        if t1 > self._rows[row].written_tokens:
-            raise ValueError(f"row {row} holds {self._rows[row].written_tokens:,} tokens; block "
+        if t1 > self.written_tokens(row):
+            raise ValueError(f"row {row} holds {self.written_tokens(row):,} tokens; block "
                              f"{block} ends at {t1:,}")
         out = np.empty((2 * self.spec.num_layers, self.spec.kv_heads, bt, self.spec.head_dim),
                        self.dtype)
@@ -286,8 +225,8 @@ class KVArena:
         reports the tokens held with `note_written` once every block is in."""
         bt = self.block_tokens
         t0, t1 = block * bt, (block + 1) * bt
-        if t1 > self._rows[row].max_tokens:
-            raise ValueError(f"row {row} is charged for {self._rows[row].max_tokens:,} tokens; "
+        if t1 > self.max_tokens(row):
+            raise ValueError(f"row {row} is charged for {self.max_tokens(row):,} tokens; "
                              f"block {block} ends at {t1:,}")
         for i in range(self.spec.num_layers):
             self.keys[i][row, :, t0:t1] = kv[2 * i]
@@ -315,7 +254,7 @@ class KVArena:
 
     def close(self) -> None:
         """Drop the mapping; OrtValues made by `ortvalues` must be gone first."""
-        self._rows.clear()
+        self.table.clear()
         self.keys = self.values = []
         # Views still exported (BufferError): the mapping goes with the last of them.
         with contextlib.suppress(BufferError):

@@ -1,11 +1,14 @@
-"""The worker's KV pool: byte accounting, allocate/free, and the layouts behind it.
+"""The worker's KV pool: byte accounting, allocate/free, and its two budgets.
 
 `KVPool` is the worker's side of the ledger: it charges each sequence
 `bytes_for(prompt + max_new_tokens)` (the scheduler's own formula, from
 ortserve.kv_math) against `capacity_bytes` under one lock, so the worker
-never holds more than it reported. A `KVLayout` decides how the bytes are
-physically held (`StaticSharedKV`: one buffer per sequence); a batched
-layout plugs in behind the same interface.
+never holds more than it reported. That is the DEVICE budget: the memory the
+running rows live in (the host arena on CPU, the device rows on CUDA). The
+HOST budget (`HostBudget`) bounds the K/V kept in host memory outside it:
+swapped sessions, and on CUDA (`parks_on_host`) the sessions parked between
+turns too. What the pool charges against is a `KVAccounting` (a row store,
+row_store.py, or the per-sequence `StaticSharedKV`, which also allocates).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ class KVBuffer(Protocol):
         ...
 
 
-class KVLayout(Protocol):
-    """A way of holding KV for sequences of a given model on a given device."""
+class KVAccounting(Protocol):
+    """How a memory charges sequences: its granularity and bytes per sequence."""
 
     block_tokens: int  # allocation granularity in tokens
 
@@ -44,8 +47,43 @@ class KVLayout(Protocol):
         """Bytes a sequence of up to `max_tokens` tokens physically holds (what the ledger charges)."""
         ...
 
+
+class KVLayout(KVAccounting, Protocol):
+    """A per-sequence way of holding KV: the pool materializes each sequence's buffer."""
+
     def allocate(self, max_tokens: int) -> KVBuffer:
         ...
+
+
+class HostBudget:
+    """Bytes of K/V the worker keeps in host memory outside the device budget. Thread-safe."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes < 0:
+            raise ValueError(f"the host budget must be >= 0 bytes, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self._used_bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used_bytes
+
+    def take(self, nbytes: int) -> bool:
+        """Count `nbytes` more when they fit the limit; False (nothing counted) otherwise."""
+        with self._lock:
+            if self._used_bytes + nbytes > self.limit_bytes:
+                return False
+            self._used_bytes += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            if nbytes > self._used_bytes:
+                raise RuntimeError(f"the host budget gives back {nbytes:,} bytes but counts only "
+                                   f"{self._used_bytes:,}")
+            self._used_bytes -= nbytes
 
 
 class StaticSharedKV:
@@ -150,9 +188,14 @@ class KVPool:
     evicts cached blocks first (docs/prefix-cache.md).
     """
 
-    def __init__(self, layout: KVLayout, capacity_bytes: int) -> None:
+    def __init__(self, layout: KVAccounting, capacity_bytes: int,
+                 host: HostBudget | None = None, parks_on_host: bool = False) -> None:
         self.layout = layout
-        self.capacity_bytes = capacity_bytes
+        self.capacity_bytes = capacity_bytes  # the device budget
+        self.host = host if host is not None else HostBudget(0)
+        # True when the device budget is not host memory: K/V parked between a session's
+        # turns is then a host copy and counts against `host` as well.
+        self.parks_on_host = parks_on_host
         # Re-entrant: the prefix cache shares it, and evicts while the pool holds it.
         self.lock = self._lock = threading.RLock()
         self._held_bytes = 0  # guarded by _lock
@@ -201,6 +244,8 @@ class KVPool:
         if allocation.freed:
             raise RuntimeError("KV allocation used after free()")
         if allocation.buffer is None:
+            if not isinstance(self.layout, StaticSharedKV):
+                raise RuntimeError("this pool's sequences are rows of a row store: no buffers")
             try:
                 allocation.buffer = self.layout.allocate(allocation.max_tokens)
             except Exception as exc:

@@ -4,12 +4,14 @@ Both implement `runner.Runner`: they read a sequence's tokens, its
 computed-token count and its KV but change no sequence state; the engine's
 postprocess applies the step output once the step is over.
 
-- `BatchedModelRunner` (CPU): every running sequence is one row of a KV
-  arena, and one session run advances all of them by one token; the first
+- `BatchedModelRunner`: every running sequence is one row of a row store
+  (row_store.py: the host arena on CPU, device rows on CUDA), and one session
+  run advances all of them by one token; the first
   chunks of new sequences then run batched (right-padded, one run per group),
   and chunks over a past batch 1 into their rows.
-- `ModelRunner` (per-sequence `StaticSharedKV` buffers; the CUDA path): each
-  sequence has its own IOBinding over its own buffer, one run per sequence.
+- `ModelRunner` (per-sequence `StaticSharedKV` buffers, only when asked for
+  with kv_layout "static"): each sequence has its own IOBinding over its own
+  buffer, one run per sequence.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import onnxruntime as ort
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
 from worker_service.runtime.batch_runner import BatchRunner
-from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool
 from worker_service.runtime.last_logits import LOGITS_POSITIONS
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
+from worker_service.runtime.row_store import RowStore
 from worker_service.runtime.runner import StepOutput
 from worker_service.runtime.session_kv import HeldKV
 
@@ -69,7 +71,7 @@ class ModelRunner:
         return out
 
     def park(self, seq: Sequence) -> HeldKV | None:
-        """Nothing to keep: sessions need the arena layout (the engine refuses them here)."""
+        """Nothing to keep: sessions need a row store (the engine refuses them here)."""
         return None
 
     def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
@@ -137,7 +139,7 @@ class ModelRunner:
 
 
 class BatchedModelRunner:
-    """Every running sequence is a row of one KV arena; a step is ONE batched run over all
+    """Every running sequence is a row of one row store; a step is ONE batched run over all
     rows, then the prompt chunks batch 1. Engine thread only.
 
     In the batched run a decoding row feeds its last sampled token and a
@@ -146,17 +148,22 @@ class BatchedModelRunner:
     in steps whose chunk budget went to another.
     """
 
-    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, arena: KVArena,
+    def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int, batch_first_chunks: bool = True) -> None:
         self.session = session
         self.batch_first_chunks = batch_first_chunks
         self.spec = spec
-        self.arena = arena
-        self.batch = BatchRunner(session, spec, arena, max_chunk_tokens=max_chunk_tokens)
+        self.store = store
+        self.batch = BatchRunner(session, spec, store, max_chunk_tokens=max_chunk_tokens)
         self._by_row: list[Sequence] = []  # row b's sequence; rows are [0, n)
         self.prefix_cache: PrefixCache | None = None  # set by the engine when it has one
 
     verifies = True
+
+    @property
+    def arena(self) -> RowStore:
+        """The row store (the bench scripts' name for it)."""
+        return self.store
 
     @property
     def largest_batch(self) -> int:
@@ -167,7 +174,7 @@ class BatchedModelRunner:
         return self.batch.ort_cpu_s
 
     def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
-        return self.arena.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])
+        return self.store.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])
 
     def run(self, plan: StepPlan) -> StepOutput:
         out = StepOutput()
@@ -188,7 +195,7 @@ class BatchedModelRunner:
             elif seq.resume is not None:
                 # A session turn: its reused prefix goes back into the new row.
                 resume = seq.resume
-                self.arena.import_row(len(self._by_row) - 1, resume.keys, resume.values,
+                self.store.import_row(len(self._by_row) - 1, resume.keys, resume.values,
                                       len(resume.tokens))
                 restored.append(seq)
         rows = list(self._by_row)
@@ -296,7 +303,7 @@ class BatchedModelRunner:
     def _take_row(self, out: StepOutput, seq: Sequence) -> bool:
         """Give the sequence the next row; False (the sequence's step failed) when none is free."""
         try:
-            row = self.arena.allocate(seq.kv.max_tokens)
+            row = self.store.allocate(seq.kv.max_tokens)
         except Exception as exc:
             out.step_of(seq).error = exc
             return False
@@ -354,9 +361,9 @@ class BatchedModelRunner:
         (the row's charge covered it until then; now the cache counts it again)."""
         assert self.prefix_cache is not None
         for b in range(prefix.copied, len(prefix.blocks)):
-            self.arena.import_block(row, b, prefix.blocks[b].kv)
+            self.store.import_block(row, b, prefix.blocks[b].kv)
             self.prefix_cache.copied(prefix, b)
-        self.arena.note_written(row, prefix.tokens)
+        self.store.note_written(row, prefix.tokens)
 
     def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
         """A sequence is over: copy its row's whole blocks the cache lacks into it, pinned
@@ -366,10 +373,10 @@ class BatchedModelRunner:
         if cache is None or seq not in self._by_row:
             return []
         row = self._by_row.index(seq)
-        held = min(self.arena.written_tokens(row), seq.num_computed_tokens)
+        held = min(self.store.written_tokens(row), seq.num_computed_tokens)
         new = []
         for index, key in cache.missing(seq.token_ids[:held]):
-            block = cache.insert_pinned(key, index, self.arena.export_block(row, index))
+            block = cache.insert_pinned(key, index, self.store.export_block(row, index))
             if block is not None:
                 new.append(block)
         return new
@@ -381,7 +388,7 @@ class BatchedModelRunner:
         """
         if seq not in self._by_row:
             return None
-        keys, values = self.arena.export_row(self._by_row.index(seq))
+        keys, values = self.store.export_row(self._by_row.index(seq))
         n = keys[0].shape[1] if keys else 0
         self.forget(seq)
         return HeldKV(tuple(seq.token_ids[:n]), keys, values)
@@ -397,7 +404,7 @@ class BatchedModelRunner:
         if seq not in self._by_row:
             return
         row = self._by_row.index(seq)
-        moved = self.arena.free(row)
+        moved = self.store.free(row)
         last = self._by_row.pop()
         if moved:
             self._by_row[row] = last

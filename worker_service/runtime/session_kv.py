@@ -15,12 +15,15 @@ A session is in one state:
 - RESIDENT: between turns the row's written K/V is copied to host arrays and
   the row freed, so idle sessions never sit in the batched decode; the pool
   keeps charging exactly bytes_for(held tokens), which is what the
-  scheduler's lease shrinks to. (On CPU the arena is host memory too, so
-  this moves bytes without adding any.)
-- SWAPPED: reclaimed: the copy moved to the swap store, under its own limit
-  (--session-swap-bytes), and the pool charge is gone, so the scheduler can
-  release the lease's bytes. A copy that does not fit the store is dropped
-  (EMPTY): the next turn recomputes.
+  scheduler's lease shrinks to (the next turn's room on the device). On CPU
+  the arena is host memory too, so this moves bytes without adding any; on
+  CUDA (`pool.parks_on_host`) the copy is host memory beside the device
+  budget and counts against the pool's host budget as well (a copy that does
+  not fit it is dropped: EMPTY).
+- SWAPPED: reclaimed: the copy stays in host memory, counted against the host
+  budget (--session-swap-bytes), and the pool charge is gone, so the
+  scheduler can release the lease's bytes. A copy that does not fit the host
+  budget is dropped (EMPTY): the next turn recomputes.
 
 Every method runs under the engine's lock; the pool has its own.
 """
@@ -36,7 +39,7 @@ import numpy as np
 
 from ortserve.errors import ErrorReason, quoted
 from worker_service.core.errors import EngineError
-from worker_service.runtime.kv_pool import KVAllocation, KVPool
+from worker_service.runtime.kv_pool import HostBudget, KVAllocation, KVPool
 
 
 class SessionState(enum.Enum):
@@ -125,11 +128,25 @@ def common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
 class SessionTable:
     """Every session on this worker and the swap store's bytes."""
 
-    def __init__(self, pool: KVPool, swap_limit_bytes: int) -> None:
+    def __init__(self, pool: KVPool, swap_limit_bytes: int | None = None) -> None:
+        """`swap_limit_bytes`: a host budget of its own; None: the pool's (`pool.host`)."""
         self.pool = pool
-        self.swap_limit_bytes = swap_limit_bytes
-        self.swap_used_bytes = 0
+        self.host = pool.host if swap_limit_bytes is None else HostBudget(swap_limit_bytes)
         self._sessions: dict[str, _Session] = {}
+
+    @property
+    def swap_limit_bytes(self) -> int:
+        return self.host.limit_bytes
+
+    @property
+    def swap_used_bytes(self) -> int:
+        """Host bytes the sessions' copies count against the host budget."""
+        return self.host.used_bytes
+
+    def _on_host_budget(self, s: _Session) -> bool:
+        """Whether the session's copy counts against the host budget now."""
+        return s.held is not None and (s.state is SessionState.SWAPPED or (
+            s.state is SessionState.RESIDENT and self.pool.parks_on_host))
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -169,8 +186,8 @@ class SessionTable:
             allocation = s.kv
         else:
             allocation = self.pool.allocate(max_tokens, detail=detail)
-        if s.state is SessionState.SWAPPED and held is not None:
-            self.swap_used_bytes -= held.nbytes  # swapped in: the turn's charge covers it now
+        if self._on_host_budget(s):
+            self.host.give(held.nbytes)  # swapped in: the turn's charge covers it now
         resume = None
         if held is not None and reused == len(held.tokens):
             resume = held  # the common case: the turn appends to everything held
@@ -196,6 +213,10 @@ class SessionTable:
             self.pool.free(allocation)
             s.state, s.held, s.kv = SessionState.EMPTY, None, None
             return
+        if self.pool.parks_on_host and not self.host.take(held.nbytes):
+            self.pool.free(allocation)  # no host room for the copy: the next turn recomputes
+            s.state, s.held, s.kv = SessionState.EMPTY, None, None
+            return
         # The copy exists before the charge shrinks: never held above charged.
         self.pool.resize(allocation, len(held.tokens))
         s.state, s.held, s.kv = SessionState.RESIDENT, held, allocation
@@ -213,9 +234,8 @@ class SessionTable:
             return 0
         assert s.kv is not None and s.held is not None
         freed = s.kv.nbytes
-        if self.swap_used_bytes + s.held.nbytes <= self.swap_limit_bytes:
-            self.swap_used_bytes += s.held.nbytes
-            s.state = SessionState.SWAPPED
+        if self.pool.parks_on_host or self.host.take(s.held.nbytes):
+            s.state = SessionState.SWAPPED  # (parked on the host: already counted there)
         else:
             s.state, s.held = SessionState.EMPTY, None
         self.pool.free(s.kv)
@@ -231,8 +251,8 @@ class SessionTable:
         if s.state is SessionState.BUSY:
             raise SessionBusy(session_id, "closing it")
         del self._sessions[session_id]
-        if s.state is SessionState.SWAPPED and s.held is not None:
-            self.swap_used_bytes -= s.held.nbytes
+        if self._on_host_budget(s):
+            self.host.give(s.held.nbytes)
         freed = 0
         if s.kv is not None:
             freed = s.kv.nbytes
@@ -242,7 +262,8 @@ class SessionTable:
     def drop_all(self) -> None:
         """The engine closes: every session's charge goes back."""
         for session_id, s in list(self._sessions.items()):
+            if self._on_host_budget(s):
+                self.host.give(s.held.nbytes)
             if s.kv is not None:
                 self.pool.free(s.kv)
             del self._sessions[session_id]
-        self.swap_used_bytes = 0

@@ -142,7 +142,8 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
                          "model": w.model, "device": w.device,
                          "execution_provider": w.execution_provider,
                          "capacity_bytes": w.capacity_bytes, "context_length": w.context_length,
-                         "block_tokens": w.block_tokens, "draining": w.draining}
+                         "block_tokens": w.block_tokens, "draining": w.draining,
+                         "nodes_off_device": list(w.nodes_off_device)}
                         for w in budget.workers]}))
         return EXIT_OK
     print(f"client     ortserve {package_version()}")
@@ -152,6 +153,9 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
               f"device {w.device or '?'}  {w.execution_provider}  capacity "
               f"{human_bytes(w.capacity_bytes)}  context {w.context_length:,}"
               f"{'  DRAINING' if w.draining else ''}")
+        if w.nodes_off_device:
+            print(f"           {len(w.nodes_off_device)} shape node(s) off the device, allowed: "
+                  f"{'; '.join(w.nodes_off_device)}")
     for m in budget.models:
         print(f"model      {m.model}  {m.workers} worker(s)  capacity "
               f"{human_bytes(m.capacity_bytes)}  available {human_bytes(m.available_bytes)}  "
