@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from ortserve.constraint import ConstraintSpec
 from tests.models import prepared_model_dir
+from worker_service.core import speculative
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
 from worker_service.engine import Engine, EngineConfig
@@ -253,3 +255,52 @@ def test_smollm2_a_sessions_later_turn_equals_speculation_off(smollm2):
     assert on1.token_ids == off1.token_ids and on2.token_ids == off2.token_ids
     assert on2.reused_prompt_tokens == off2.reused_prompt_tokens > 0
     assert on2.draft_accepted_tokens > 0
+
+
+# Four tokens made the only candidates (logit_bias + top_k 4) and a prompt whose 2-grams
+# propose one of them after each: the second token is always verified against a draft.
+CANDIDATES = (262, 284, 290, 314)
+PROMPT = (1000, 262, 284, 1000, 284, 290, 1000, 290, 314, 1000, 314, 262, 1000)
+TRIALS = 600
+
+
+def pair_counts(engine: Engine, seed: int) -> tuple[np.ndarray, int]:
+    counts = np.zeros((4, 4))
+    proposed = 0
+    sampling = dict(temperature=1.0, top_k=4, logit_bias=tuple((t, 30.0) for t in CANDIDATES))
+    for trial in range(TRIALS):
+        done = engine.generate(SequenceRequest(
+            f"d{trial}", PROMPT, 2, sampling=SamplingConfig(seed=seed * 10_007 + trial,
+                                                            **sampling)))
+        t1, t2 = done.token_ids
+        counts[CANDIDATES.index(t1), CANDIDATES.index(t2)] += 1
+        proposed += done.draft_proposed_tokens
+    return counts, proposed
+
+
+def two_sample_chi_square(a: np.ndarray, b: np.ndarray) -> float:
+    both = a + b
+    seen = both > 0
+    expected_a = both * a.sum() / both.sum()
+    expected_b = both * b.sum() / both.sum()
+    return float((((a - expected_a) ** 2 / np.where(seen, expected_a, 1))[seen]).sum()
+                 + (((b - expected_b) ** 2 / np.where(seen, expected_b, 1))[seen]).sum())
+
+
+def test_tiny_sampled_pairs_are_distributed_as_without_speculation(tiny_pair, monkeypatch):
+    """Temperature 1 on the tiny model: the (first, second) token pairs with speculation
+    and without come from one distribution (two-sample chi-square, 15 degrees of freedom:
+    37.7 is its 0.999 quantile); with the rejection rule broken, they do not."""
+    off, _ = pair_counts(tiny_pair[0], seed=1)
+    on, proposed = pair_counts(tiny_pair[1], seed=2)
+    assert proposed >= TRIALS  # the second token was verified against a draft every time
+    assert two_sample_chi_square(off, on) < 37.7
+
+    def broken(weights, draft_index, uniform, pick):  # the residual replaced by p
+        if draft_index is not None and uniform() * weights.sum() < weights[draft_index]:
+            return draft_index
+        return pick(weights, uniform())
+
+    monkeypatch.setattr(speculative, "accept_point_draft", broken)
+    wrong, _ = pair_counts(tiny_pair[1], seed=3)
+    assert two_sample_chi_square(off, wrong) > 37.7
