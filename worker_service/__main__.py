@@ -76,6 +76,13 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
+    p.add_argument("--speculative", choices=["ngram", "off"],
+                   default=from_env(p, "ORTSERVE_WORKER_SPECULATIVE", d.speculative,
+                                    choices=("ngram", "off")),
+                   help="speculative decoding: ngram proposes tokens from the sequence's own "
+                        "earlier text and verifies several in one model run (greedy output "
+                        "unchanged, sampling's distribution kept); off: one run per token "
+                        "(docs/speculative-decoding.md; env ORTSERVE_WORKER_SPECULATIVE)")
     rows = in_range(int, 1, 1024, what="sequences running at once")
     p.add_argument("--max-batch-rows", type=rows,
                    default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows, kind=rows),
@@ -182,7 +189,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
-        max_context_tokens=a.max_context_tokens, lora=lora_adapters,
+        max_context_tokens=a.max_context_tokens, lora=lora_adapters, speculative=a.speculative,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         bench_rate_set_tokens_per_s=a.bench_rate_set_tokens_per_s,

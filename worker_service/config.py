@@ -39,6 +39,9 @@ class WorkerConfig:
     # Bench only: no model runs, every stream gets this many tokens a second (EngineConfig's
     # bench_rate_set_tokens_per_s); 0: off. Taken only with ORTSERVE_BENCH=1.
     bench_rate_set_tokens_per_s: float = 0.0
+    # Speculative decoding (--speculative): "ngram" (prompt lookup, verified in one run;
+    # docs/speculative-decoding.md) or "off".
+    speculative: str = "ngram"
     log_level: str = "info"
     log_json: bool | None = None
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

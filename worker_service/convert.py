@@ -137,7 +137,7 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
         constraint=request_rules.constraint_spec(request, tool_format=tokenizer.tool_call_format),
         ignore_eos=request.ignore_eos, stop_token_ids=tuple(request.stop_token_ids),
-        adapter=request.adapter, **kwargs)
+        adapter=request.adapter, speculative=not request.disable_speculation, **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,
@@ -158,6 +158,9 @@ def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.L
         sampling=sampling_to_pb(sampling, done.seed),
         worker_id=worker_id,
         execution_provider=provider,
+        speculation=types_pb2.Speculation(mode=done.speculative_mode,
+                                          proposed_tokens=done.draft_proposed_tokens,
+                                          accepted_tokens=done.draft_accepted_tokens),
     )
     if lease.HasField("budget_cap"):
         pb.budget_cap.CopyFrom(lease.budget_cap)

@@ -50,6 +50,15 @@ class EngineConfig:
     # prompt chunk computes one row of logits, not one per token. False: the graph as
     # the folder has it (for A/B runs).
     last_position_logits: bool = True
+    # Speculative decoding: "ngram" (prompt lookup: proposals from the sequence's own
+    # earlier tokens, verified in one run; core/ngram.py) or "off".
+    speculative: str = "off"
+    # The most tokens one proposal may hold (each sequence's size adapts below it).
+    speculative_max_tokens: int = 8
+    # Speculation runs only where a verification run's logits differ from single-token
+    # runs' by at most this (measured at start-up: Engine.verify_drift), so greedy output
+    # stays the non-speculative output; beyond it the engine runs "off" and says why.
+    speculative_max_logit_drift: float = 1e-3
     # Extra ORT session config entries ((key, value), ...), e.g.
     # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()

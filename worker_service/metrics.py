@@ -47,6 +47,12 @@ class WorkerMetrics:
         self.sequences = Counter(
             "ortserve_worker_sequences_finished", "Sequences that finished, by finish reason",
             ["finish_reason"], registry=registry)
+        self.draft_proposed_tokens = Counter(
+            "ortserve_worker_speculative_proposed_tokens",
+            "Tokens speculative decoding proposed and the model verified", registry=registry)
+        self.draft_accepted_tokens = Counter(
+            "ortserve_worker_speculative_accepted_tokens",
+            "Proposed tokens the outputs kept (each one a model run saved)", registry=registry)
         self.latency = RequestLatency(registry, "ortserve_worker", "worker")
         registry.register(_PrefixCacheMetrics(engine))
         registry.register(_RelaySent())
@@ -54,6 +60,9 @@ class WorkerMetrics:
     def completed(self, done: Completed) -> None:
         self.generated_tokens.inc(done.generated_tokens)
         self.sequences.labels(done.finish_reason.value).inc()
+        if done.draft_proposed_tokens:
+            self.draft_proposed_tokens.inc(done.draft_proposed_tokens)
+            self.draft_accepted_tokens.inc(done.draft_accepted_tokens)
         self.latency.observe(done.generated_tokens, done.ttft_ms, done.decode_ms, done.total_ms)
 
 

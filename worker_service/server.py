@@ -141,7 +141,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  session_swap_bytes=config.session_swap_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes,
                                  bench_rate_set_tokens_per_s=config.bench_rate_set_tokens_per_s,
-                                 lora_adapters=config.lora)
+                                 lora_adapters=config.lora,
+                                 speculative=config.speculative)
     # ORT session creation blocks for seconds: keep it off the event loop.
     try:
         engine = await asyncio.to_thread(Engine, engine_config)

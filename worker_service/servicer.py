@@ -106,6 +106,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             kv_heads=spec.kv_heads, head_dim=spec.head_dim, kv_dtype=spec.kv_dtype.name,
             eos_token_ids=list(spec.eos_token_ids), vocab_size=spec.vocab_size,
             intra_op_threads=engine.intra_op_threads, active_sequences=engine.active_sequences(),
+            speculative=engine.speculative,
             kv_layout=engine.kv_layout, batch_rows=engine.batch_rows,
             max_batch_rows=engine.max_batch_rows, largest_batch=engine.runner.largest_batch,
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),

@@ -185,7 +185,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,7 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -222,7 +223,8 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ...) -> None: ...
+    disable_speculation: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -477,7 +479,7 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint", "stop_token_id")
+    __slots__ = ("finish_reason", "stop_sequence", "usage", "timings", "budget_cap", "sampling", "worker_id", "execution_provider", "session", "constraint", "stop_token_id", "speculation")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -489,6 +491,7 @@ class Finished(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     stop_sequence: str
     usage: Usage
@@ -500,7 +503,18 @@ class Finished(_message.Message):
     session: SessionInfo
     constraint: ConstraintResult
     stop_token_id: int
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
+    speculation: Speculation
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., worker_id: _Optional[str] = ..., execution_provider: _Optional[str] = ..., session: _Optional[_Union[SessionInfo, _Mapping]] = ..., constraint: _Optional[_Union[ConstraintResult, _Mapping]] = ..., stop_token_id: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ...) -> None: ...
+
+class Speculation(_message.Message):
+    __slots__ = ("mode", "proposed_tokens", "accepted_tokens")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    proposed_tokens: int
+    accepted_tokens: int
+    def __init__(self, mode: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "requests_ahead", "bytes_ahead", "needed_bytes", "waited_ms", "max_wait_ms", "queue_length")

@@ -95,3 +95,10 @@ def test_max_context_tokens_from_the_flag_or_its_variable(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parse_config(["--model-dir", "m", "--max-context-tokens", "-1"])
     assert "-1 tokens is outside 0 to" in capsys.readouterr().err
+
+
+def test_speculative_is_ngram_by_default_and_off_by_flag_or_variable(monkeypatch):
+    assert parse_config(["--model-dir", "m"], []).speculative == "ngram"
+    assert parse_config(["--model-dir", "m", "--speculative", "off"], []).speculative == "off"
+    monkeypatch.setenv("ORTSERVE_WORKER_SPECULATIVE", "off")
+    assert parse_config(["--model-dir", "m"], []).speculative == "off"

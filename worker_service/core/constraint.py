@@ -86,6 +86,11 @@ class Constraint:
         self._matcher.consume_token(token)
         self._check()
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, from the current state, the constraint allows in a row (a
+        speculative proposal is cut there before it is verified); the state is unchanged."""
+        return int(self._matcher.validate_tokens(list(tokens)))
+
     @property
     def complete(self) -> bool:
         """No further token is possible: the output is a whole match and must end now."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ortserve import request_rules
+from worker_service.core import speculative
 from worker_service.core.logprobs import TokenLogprobs, token_logprobs
 
 
@@ -80,19 +81,27 @@ class Sampler:
         self._suppressed = np.asarray(list(token_ids), dtype=np.int64)
 
     def __call__(self, logits: np.ndarray, history: Sequence[int],
-                 allowed: np.ndarray | None = None) -> int:
+                 allowed: np.ndarray | None = None, draft: int | None = None) -> int:
         """Choose the next token from 1-D logits; `history` is prompt + output so far."""
-        return self.choose(logits, history, allowed=allowed)[0]
+        return self.choose(logits, history, allowed=allowed, draft=draft)[0]
 
     def choose(self, logits: np.ndarray, history: Sequence[int],
                top_logprobs: int | None = None,
-               allowed: np.ndarray | None = None) -> tuple[int, TokenLogprobs | None]:
+               allowed: np.ndarray | None = None,
+               draft: int | None = None) -> tuple[int, TokenLogprobs | None]:
         """The next token and, when `top_logprobs` is not None, its log-probability and the
         `top_logprobs` most likely alternatives (worker_service.core.logprobs).
 
         `allowed` (a bool array over the vocabulary: an output constraint's mask) removes
         every other token first, so greedy, temperature, top_k, top_p and min_p choose
         among the allowed tokens only (and log-probabilities are over them).
+
+        `draft` (a proposed token, speculative decoding): when sampling, the token is
+        drawn by the speculative rejection rule (core/speculative.py), which keeps
+        the draft with its own probability and otherwise draws from the rest, so the
+        token is distributed exactly as without a draft; the draft was accepted
+        exactly when the returned token equals it. Greedy ignores it (the argmax is
+        the argmax).
         """
         if (self._rng is None and not self._suppressed.size and not self._adjusts
                 and top_logprobs is None):
@@ -118,7 +127,7 @@ class Sampler:
         else:
             assert self.config.temperature
             scores /= self.config.temperature
-            token = self._draw(scores)
+            token = self._draw(scores, draft)
         if self.config.counts_output:
             self._output_counts[token] = self._output_counts.get(token, 0) + 1
         if top_logprobs is None:
@@ -137,11 +146,12 @@ class Sampler:
         if self._bias_ids.size:
             scores[self._bias_ids] += self._bias_values
 
-    def _draw(self, scores: np.ndarray) -> int:
+    def _draw(self, scores: np.ndarray, draft: int | None = None) -> int:
         """A draw from `scores` (temperature applied) after top_k, top_p and min_p.
 
         By inverse CDF over the candidates in token-id order (in likelihood order under
-        top_p), one uniform from the sequence's own generator per token.
+        top_p), one uniform from the sequence's own generator per token; with a
+        `draft`, by the rejection rule over the same candidates (one or two uniforms).
         """
         assert self._rng is not None
         config = self.config
@@ -161,10 +171,23 @@ class Sampler:
             order = _nucleus(scores, weights, config.top_p)
             candidates = order if candidates is None else candidates[order]
             weights = weights[order]
-        index = _pick(weights, self._rng.random())
+        if draft is None:
+            index = _pick(weights, self._rng.random())
+        else:
+            index = speculative.accept_point_draft(weights, _index_of(candidates, draft,
+                                                                      weights.size),
+                                                   self._rng.random, _pick)
         return int(index if candidates is None else candidates[index])
 
 
+
+
+def _index_of(candidates: np.ndarray | None, token: int, size: int) -> int | None:
+    """`token`'s index among the candidates (None: the whole vocabulary), None if absent."""
+    if candidates is None:
+        return token if 0 <= token < size else None
+    found = np.flatnonzero(candidates == token)
+    return int(found[0]) if found.size else None
 
 
 def _masked_argmax(logits: np.ndarray, allowed: np.ndarray) -> int:

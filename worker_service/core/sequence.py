@@ -23,6 +23,7 @@ from ortserve.constraint import ConstraintSpec
 from worker_service.core.constraint import Constraint
 from worker_service.core.errors import EngineError
 from worker_service.core.logprobs import TokenLogprobs
+from worker_service.core.ngram import Drafter
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
@@ -67,6 +68,9 @@ class SequenceRequest:
     stop_token_ids: tuple[int, ...] = ()
     # The LoRA adapter this sequence runs under, by its served name; "": the base model.
     adapter: str = ""
+    # Speculative decoding allowed for this request (the worker's setting decides
+    # whether it runs); False: every token from its own model run.
+    speculative: bool = True
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -137,6 +141,10 @@ class Completed:
     constraint_reason: str = ""
     cached_prompt_tokens: int = 0  # prompt tokens copied from the prefix cache (not prefilled)
     stop_token_id: int = 0  # the stop token generated, when finish_reason is STOP_TOKEN
+    # Speculative decoding: tokens proposed and verified, and those the output kept.
+    draft_proposed_tokens: int = 0
+    draft_accepted_tokens: int = 0
+    speculative_mode: str = "off"  # what ran: "ngram" or "off"
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,9 @@ class Sequence:
         self.constraint: Constraint | None = None
         self.cached_tokens = 0  # prompt tokens a prefix cache hit supplies (start_from_cache)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
+        # Speculative decoding's per-sequence state: set at submit when speculation runs
+        # for this sequence (the worker's mode and the request allow it), else None.
+        self.drafter: Drafter | None = None
         self.done = False
         self.t_prefill_start = self.t_first = self.t_last = 0.0
         if req.min_new_tokens > 0:
@@ -265,23 +276,28 @@ class Sequence:
         if not self.t_prefill_start:
             self.t_prefill_start = now
 
-    def accept(self, logits: np.ndarray, chosen: int | None = None
+    def accept(self, logits: np.ndarray, chosen: int | None = None, draft: int | None = None
                ) -> tuple[int, str, FinishReason | None, TokenLogprobs | None]:
         """Sample the next token from the last position's logits and append it.
 
         `chosen`: the token the sampler would pick, already picked (the engine's one
         argmax over a step's plain-greedy rows: sampling.greedy_tokens).
+        `draft`: the token proposed for this position (speculative decoding): the
+        sampler accepts or replaces it (Sampler.choose), the result distributed as
+        without it; it was accepted exactly when the returned token equals it.
         Returns (token id, text that may go out now, finish reason or None, the
         token's log-probabilities when the request asked for them, else None).
         """
         constraint = self.constraint
+        offered = {} if draft is None else {"draft": draft}
         if chosen is not None:
             token, logprobs = chosen, None
         elif constraint is None:
-            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs)
+            token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
+                                                  **offered)
         else:
             token, logprobs = self.sampler.choose(logits, self.token_ids, self.req.top_logprobs,
-                                                  allowed=constraint.allowed())
+                                                  allowed=constraint.allowed(), **offered)
         now = time.perf_counter()
         if self.num_output_tokens == 0:
             self.t_first = now
@@ -328,6 +344,9 @@ class Sequence:
             token_ids=tuple(self.token_ids[self.req.prompt_tokens:]),
             reused_prompt_tokens=self.reused_tokens, cached_prompt_tokens=self.cached_tokens,
             stop_token_id=self.token_ids[-1] if finish_reason is FinishReason.STOP_TOKEN else 0,
+            draft_proposed_tokens=self.drafter.proposed_tokens if self.drafter else 0,
+            draft_accepted_tokens=self.drafter.accepted_tokens if self.drafter else 0,
+            speculative_mode="ngram" if self.drafter else "off",
             **self._constraint_outcome(finish_reason),
         )
 

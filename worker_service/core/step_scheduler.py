@@ -23,8 +23,8 @@ hit, cut it (docs/prefix-cache.md, "A hit is exact").
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -60,6 +60,9 @@ class StepPlan:
 
     decodes: tuple[Schedulable, ...] = ()
     prefills: tuple[PrefillChunk, ...] = ()
+    # Speculative decoding: tokens proposed after a decoding sequence's last one, by
+    # sequence id, for the runner to verify in this step (the engine adds them).
+    drafts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

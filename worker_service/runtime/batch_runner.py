@@ -119,6 +119,22 @@ class BatchRunner:
     def prefill(self, row: int, past_tokens: int, ids: Sequence[int],
                 adapter: str = BASE) -> np.ndarray:
         """Run ids (>= 1 tokens) batch 1 into `row` after its past_tokens; last logits [vocab]."""
+        return self._run_row(row, past_tokens, ids, every_position=False, adapter=adapter)[0]
+
+    def verify(self, row: int, past_tokens: int, ids: Sequence[int],
+               adapter: str = BASE) -> np.ndarray:
+        """Run ids batch 1 into `row` after its past_tokens, as `prefill`, and return the
+        logits at EVERY position [len(ids), vocab] (a speculative verification: position i
+        scores the token after ids[i]). A view, valid until the next call.
+
+        The row then holds past_tokens + len(ids) positions; the caller rewinds it
+        (arena.note_written) to the ones its output kept, and the next run overwrites
+        the rest.
+        """
+        return self._run_row(row, past_tokens, ids, every_position=True, adapter=adapter)
+
+    def _run_row(self, row: int, past_tokens: int, ids: Sequence[int],
+                 every_position: bool, adapter: str = BASE) -> np.ndarray:
         n = len(ids)
         if not 1 <= n <= self.max_chunk_tokens:
             raise ValueError(f"a prompt chunk is 1..{self.max_chunk_tokens} tokens, got {n}")
@@ -142,7 +158,13 @@ class BatchRunner:
             positions = self._positions[:n].reshape(1, n)
             positions[0] = np.arange(past_tokens, total)
             binding.bind_cpu_input(spec.position_ids_name, positions)
-        positions = self._bind_logits_at(binding, [n - 1])
+        if every_position and self.gathers:
+            at = self._logits_at[:n].reshape(1, n, 1)
+            at[0, :, 0] = np.arange(n)
+            binding.bind_cpu_input(LOGITS_POSITIONS, at)
+            positions = n
+        else:
+            positions = self._bind_logits_at(binding, [n - 1])
         if self._prefill_logits.size < positions * spec.vocab_size:
             self._prefill_logits = np.empty(positions * spec.vocab_size, dtype=self.logits_dtype)
         logits = self._prefill_logits[:positions * spec.vocab_size]
@@ -154,7 +176,8 @@ class BatchRunner:
         self.store.note_written(row, total)
         self.runs += 1
         self.largest_batch = max(self.largest_batch, 1)
-        return logits[(positions - 1) * spec.vocab_size:]
+        by_position = logits.reshape(positions, spec.vocab_size)
+        return by_position if every_position else by_position[positions - 1:]
 
     def prefill_first(self, start_row: int, chunks: Sequence[Sequence[int]],
                       adapter: str = BASE) -> np.ndarray:

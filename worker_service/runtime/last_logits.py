@@ -6,10 +6,11 @@ a decode step's one token). On SmolLM2-135M the LM head (576 x 49,152) is
 about a fifth of a token's weights, so a prompt of n tokens ran n - 1 rows of
 it, and wrote n x 49,152 floats, for nothing.
 
-The edit gathers the final norm's output at one position per row before the
-LM head: a new int64 input `logits_positions` [batch, 1, 1] (row b's position
-within this run) feeds GatherND(batch_dims=1), and logits become [batch, 1,
-vocab]. The model folder is left as it is (onnxruntime-genai reads the same
+The edit gathers the final norm's output at the read positions before the
+LM head: a new int64 input `logits_positions` [batch, positions, 1] (row b's
+positions within this run; one per row, except a speculative verification,
+which reads every position it runs) feeds GatherND(batch_dims=1), and logits
+become [batch, positions, vocab]. The model folder is left as it is (onnxruntime-genai reads the same
 folder); the edited graph is handed to ORT as bytes, its weights read from
 the folder (ORT's external-initializers folder option).
 
@@ -24,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 LOGITS_POSITIONS = "logits_positions"
+POSITIONS_DIM = "logits_positions_per_row"  # the symbolic dimension: positions read per row
 # An ORT session config key (onnxruntime_session_options_config_keys.h): where a model
 # loaded from bytes finds its external initializers.
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
@@ -89,7 +91,7 @@ def gather_logits_rows(model: onnx.ModelProto, logits_name: str) -> str:
 
     gathered = f"{hidden}/{LOGITS_POSITIONS}"
     graph.input.append(helper.make_tensor_value_info(
-        LOGITS_POSITIONS, TensorProto.INT64, ["batch_size", 1, 1]))
+        LOGITS_POSITIONS, TensorProto.INT64, ["batch_size", POSITIONS_DIM, 1]))
     gather = helper.make_node("GatherND", [hidden, LOGITS_POSITIONS], [gathered],
                               name=f"/{LOGITS_POSITIONS}/GatherND", batch_dims=1)
     # Topological order: right before the LM head, after everything `hidden` needs.
@@ -99,5 +101,5 @@ def gather_logits_rows(model: onnx.ModelProto, logits_name: str) -> str:
     graph.node.insert(at, gather)
     dim = output.type.tensor_type.shape.dim[1]
     dim.Clear()
-    dim.dim_value = 1
+    dim.dim_param = POSITIONS_DIM
     return ""

@@ -55,6 +55,10 @@ class ModelRunner:
 
     largest_batch = 1
     ort_cpu_s = 0.0  # CPU seconds of this thread inside session runs (as BatchRunner's)
+    verifies = False  # one run per sequence already; speculation is the arena layout's
+
+    def keep_computed(self, seq: Sequence) -> None:
+        raise AssertionError("this runner verifies no drafts")
 
     def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
         return True  # its buffer was charged at submit; it is made on first use
@@ -156,6 +160,8 @@ class BatchedModelRunner:
         self._by_row: list[Sequence] = []  # row b's sequence; rows are [0, n)
         self.prefix_cache: PrefixCache | None = None  # set by the engine when it has one
 
+    verifies = True
+
     @property
     def arena(self) -> RowStore:
         """The row store (the bench scripts' name for it)."""
@@ -201,9 +207,17 @@ class BatchedModelRunner:
                 restored.append(seq)
         rows = list(self._by_row)
         active = [not seq.in_prefill for seq in rows]
-        decoded = not any(active)
-        if not decoded:
+        decoded = not any(active)  # no row decodes: no shared run
+        drafts = plan.drafts
+        if rows and drafts and all(seq.sequence_id in drafts for seq in rows):
+            # Every row verifies: each runs its last token and its draft batch 1 (GQA takes
+            # several new tokens over a past only at batch 1), and no shared run is needed.
+            decoded = True
+            for b, seq in enumerate(rows):
+                self._verify(out, b, seq, seq.num_computed_tokens, None, drafts[seq.sequence_id])
+        elif not decoded:
             past = [seq.num_computed_tokens for seq in rows]
+            started = time.perf_counter()
             try:
                 logits = self.batch.decode(len(rows), past,
                                            [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
@@ -214,6 +228,7 @@ class BatchedModelRunner:
                     out.step_of(seq).error = exc
             else:
                 decoded = True
+                out.decode_s, out.decode_rows = time.perf_counter() - started, len(rows)
                 for b, seq in enumerate(rows):
                     if not active[b]:
                         continue
@@ -223,6 +238,12 @@ class BatchedModelRunner:
                         # A view: the decode buffer is rewritten only by the next step's run,
                         # after this step's postprocess has sampled from it.
                         step.logits = logits[b]
+                for b, seq in enumerate(rows):
+                    draft = drafts.get(seq.sequence_id)
+                    if draft and out.step_of(seq).logits is not None:
+                        # The shared run scored the draft's first token; one more run batch
+                        # 1 scores the rest.
+                        self._verify(out, b, seq, past[b] + 1, logits[b], draft)
         # First chunks: new rows after the decoded ones, one run per group (after the
         # decode, so the decoding streams' step is not delayed by them).
         self._run_first_chunks(out, first)
@@ -233,6 +254,63 @@ class BatchedModelRunner:
         for seq in restored:  # in its row now, whatever the run did
             out.step_of(seq).prefix_restored = True
         return out
+
+    def _verify(self, out: StepOutput, row: int, seq: Sequence, past: int,
+                first_logits: np.ndarray | None, draft: tuple[int, ...]) -> None:
+        """Run the draft (after the sequence's last token when the shared run did not) from
+        `past` in the sequence's row; its step gets the logits at every drafted position.
+
+        The run writes up to position len(token_ids) + len(draft) - 1: the engine clamps
+        a draft to the sequence's reservation, and the arena refuses a run beyond it.
+        """
+        step = out.step_of(seq)
+        ids = list(draft) if first_logits is not None else [seq.token_ids[past], *draft]
+        started = time.perf_counter()
+        try:
+            logits = self.batch.verify(row, past, ids, seq.req.adapter)
+        except Exception as exc:
+            step.error = exc
+            return
+        out.verify_s.append(time.perf_counter() - started)
+        # Copies: the verify buffer is reused by the next row's run.
+        step.verify_logits = (np.concatenate([first_logits[None], logits]) if first_logits
+                              is not None else logits.copy())
+        step.draft = tuple(draft)
+        step.logits = None
+        step.computed_tokens = 1 + len(draft)
+
+    def verify_drift(self, past_tokens: int = 48, positions: int = 3) -> float:
+        """The largest logit difference between a verification run and single-token decode
+        runs over the same tokens (a probe at start-up, on a scratch row; 0.0 when exact).
+
+        ORT's CPU attention takes a different path for several new tokens over a past
+        than for one; a graph that quantizes its activations (int4 MatMulNBits at
+        accuracy level 4) can turn that path's last-bit differences into whole
+        quantization steps. Greedy output equals the non-speculative output only where
+        this is small next to the gap between the best two logits.
+        """
+        arena, vocab = self.arena, self.spec.vocab_size
+        if arena.rows:
+            raise RuntimeError("the drift probe runs before any sequence has a row")
+        ids = np.random.default_rng(0).integers(0, vocab, past_tokens + positions).tolist()
+        row = arena.allocate(past_tokens + positions)
+        try:
+            self.batch.prefill(row, 0, ids[:past_tokens])
+            decoded = []
+            for i in range(positions):
+                decoded.append(self.batch.decode(1, [past_tokens + i], [ids[past_tokens + i]])[0]
+                               .astype(np.float64))
+            arena.note_written(row, past_tokens)
+            verified = self.batch.verify(row, past_tokens, ids[past_tokens:]).astype(np.float64)
+            return float(max(np.abs(d - v).max() for d, v in zip(decoded, verified, strict=True)))
+        finally:
+            arena.free(row)
+            self.batch.invalidate()
+
+    def keep_computed(self, seq: Sequence) -> None:
+        """Rewind the row to the sequence's computed tokens (its rejected proposals go)."""
+        row = self._by_row.index(seq)
+        self.arena.note_written(row, seq.num_computed_tokens)
 
     def _take_row(self, out: StepOutput, seq: Sequence) -> bool:
         """Give the sequence the next row; False (the sequence's step failed) when none is free."""

@@ -30,6 +30,12 @@ class SequenceStep:
     # The last position's logits when its pending tokens are all computed (it samples
     # next); None after a middle prompt chunk. May be a view, valid until the next run.
     logits: np.ndarray | None = None
+    # A speculative verification (the plan's draft for it): logits [len(draft) + 1, vocab],
+    # row i scoring the token after the sequence's last token (i = 0) or after draft[i - 1];
+    # `logits` is None and `computed_tokens` counts every position written (1 + the
+    # draft's), of which the engine keeps the accepted ones (`Runner.keep_computed`).
+    verify_logits: np.ndarray | None = None
+    draft: tuple[int, ...] = ()
     # Its session prefix went into its row this step: the sequence may let go of it.
     prefix_restored: bool = False
     error: Exception | None = None  # this sequence failed (alone, or with its shared run)
@@ -43,6 +49,11 @@ class StepOutput:
     """What one step computed, per sequence in the order they ran."""
 
     steps: dict[str, SequenceStep] = field(default_factory=dict)  # by sequence_id
+    # Wall seconds of this step's shared decode run (and its rows), and of each
+    # verification run: the engine's measure of what speculation costs here.
+    decode_s: float = 0.0
+    decode_rows: int = 0
+    verify_s: list[float] = field(default_factory=list)
 
     def step_of(self, seq: Sequence) -> SequenceStep:
         """The sequence's record, made empty on its first mention this step."""
@@ -72,6 +83,17 @@ class Runner(Protocol):
 
     def run(self, plan: StepPlan) -> StepOutput:
         """Run the plan's decodes and prompt chunks; sequence state is left as it was."""
+        ...
+
+    @property
+    def verifies(self) -> bool:
+        """Whether `run` verifies the plan's drafts (else it ignores them)."""
+        ...
+
+    def keep_computed(self, seq: Sequence) -> None:
+        """After a verification: the sequence's KV holds its first `num_computed_tokens`
+        positions; positions written past them (rejected proposals) are dropped, and the
+        next run overwrites them."""
         ...
 
     def park(self, seq: Sequence) -> HeldKV | None:

@@ -150,6 +150,9 @@ class GenerationStream:
             execution_provider=f.execution_provider, sampling=sampling_dict(f.sampling),
             queued=self.queued, logprobs=tuple(self._logprobs),
             constraint=ConstraintResult.from_pb(f.constraint) if f.HasField("constraint") else None,
+            speculation={"mode": f.speculation.mode,
+                         "proposed_tokens": f.speculation.proposed_tokens,
+                         "accepted_tokens": f.speculation.accepted_tokens},
         )
 
 

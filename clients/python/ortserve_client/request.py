@@ -40,6 +40,7 @@ def build_request(
     model: str = "",
     stream_interval_ms: int = 0,
     priority: int | None = None,
+    speculative: bool = True,
 ) -> types_pb2.GenerateRequest:
     """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
 
@@ -54,10 +55,13 @@ def build_request(
     `logprobs`: None, none asked; 0, each token's own log-probability; N, also the N most
     likely alternatives (0 to 20; TextChunk.logprobs, GenerateResult.logprobs).
     `priority`: the admission queue's order, lower sooner (unset: 0; docs/tenants.md).
+    `speculative=False`: no speculative decoding for this request (disable_speculation);
+    True: the worker's --speculative decides (GenerateResult.speculation says what ran).
     """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
                                     stop=list(stop), model=model,
-                                    stream_interval_ms=stream_interval_ms)
+                                    stream_interval_ms=stream_interval_ms,
+                                    disable_speculation=not speculative)
     if chat is not None:
         req.chat.messages.extend(types_pb2.ChatMessage(role=r, content=c) for r, c in chat)
     elif isinstance(prompt, str):

@@ -193,6 +193,8 @@ class GenerateResult:
     queued: Queued | None = None  # the last Queued event, when the request waited
     logprobs: tuple[TokenLogprob, ...] = ()  # with logprobs asked: one per token id, in order
     constraint: ConstraintResult | None = None  # set exactly when the request had a constraint
+    # Speculative decoding as it ran: {"mode", "proposed_tokens", "accepted_tokens"}.
+    speculation: dict = field(default_factory=dict)
 
     @property
     def queue_wait_ms(self) -> float:
