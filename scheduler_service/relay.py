@@ -135,8 +135,8 @@ async def _wake(event: asyncio.Event, timeout_s: float) -> None:
 
     NOTE: not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the
     same loop pass as the event (a kick() right before the client's connection dropped):
-    return fut.result() instead of raising. The waiter then looped on, holding its place
-    until admitted (issue 30 #11: a SIGKILLed client queued for 10.6 s). asyncio.timeout
+    return fut.result() instead of raising. The waiter would then loop on, holding its
+    place until admitted (a SIGKILLed client's ticket stays queued). asyncio.timeout
     counts cancels (Task.cancelling), so a caller's cancel is never taken for the timeout.
     """
     with contextlib.suppress(TimeoutError):
