@@ -1,7 +1,7 @@
 """One relay for Scheduler.Generate and SessionTurn: the admission-queue wait, the
 worker's stream passed on to the caller, the timings composed once, every exit clean.
 
-Generate (servicer.py) and SessionTurn (sessions/rpcs.py) differ only in what
+Generate (servicer.py) and SessionTurn (sessions/turn.py) differ only in what
 they do around a stream (a one-shot lease released if no worker claimed it; a
 session's conversation remembered at Finished): they hand that in as a Leg's
 callbacks, and this module does the rest, once. Everything runs on the
