@@ -180,7 +180,7 @@ bench-quick: setup tools-setup tiny-model model
 
 ## bench-peers: ortserve vs llama.cpp's llama-server through both OpenAI endpoints (builds
 ## llama-server once from the llama-cpp-python sdist, ~10 min on 2 cores; skipped with a notice
-## where it cannot be built); ratios into bench/results.json
+## where it cannot be built); ratios into bench/results/results.json
 bench-peers: setup tools-setup model
 	$(call step,bench-peers,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.llama_peer --build || echo "bench-peers: llama.cpp could not be built here (the line above says why); the comparison is skipped")
 	$(BIN)/python -m bench.serving_peers

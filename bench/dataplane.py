@@ -1,6 +1,6 @@
 """The token path's cost: CPU microseconds per delivered token, per process.
 
-  python -m bench.dataplane [--quick] [--out bench/dataplane.json] [--skip-gateway]
+  python -m bench.dataplane [--quick] [--out bench/results/dataplane.json] [--skip-gateway]
                             [--variants relay,direct,interval]
 
 A scheduler and one worker start as processes (devtools.cluster.LocalCluster),
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.dataplane", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 round, few tokens: a smoke run")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "dataplane.json")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "dataplane.json")
     p.add_argument("--skip-gateway", action="store_true", help="only the scheduler + worker run")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated, of {', '.join(VARIANTS)}")

@@ -72,6 +72,14 @@ def measure_chat(address: str, turns: int) -> dict:
             "last_cached_tokens": last.usage.cached_tokens, "last_ttft_ms": last.timings.ttft_ms}
 
 
+def prefix_section(model_dir: Path, quick: bool) -> dict:
+    """make bench's prefix-cache figure: measure_prefix through a scheduler and one worker on
+    `model_dir` (--quick: one repeat of a 200-token prefix)."""
+    with tempfile.TemporaryDirectory() as logs, LocalCluster(
+            model_dir=model_dir, log_dir=Path(logs), kv_capacities=["512MiB"]) as cluster:
+        return measure_prefix(cluster.address, 200 if quick else 1000, 1 if quick else 3)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.prefix_ttft", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,7 @@
 """make bench: ortserve measured side by side with a peer, in the same run, as JSON.
 
-  .venv/bin/python -m bench.run [--quick] [--out bench/results.json] [--skip-serving]
-      [--skip-structured] [--skip-dataplane]
+  .venv/bin/python -m bench.run [--quick] [--out bench/results/results.json] [--skip-serving]
+      [--skip-structured] [--skip-dataplane] [--skip-prefix]
 
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
@@ -34,6 +34,7 @@ import numpy as np
 from bench import structured
 from bench.admission import admission_burst, admission_latency
 from bench.dataplane import dataplane_section, print_section, process_cpu_s
+from bench.prefix_ttft import prefix_section
 from bench.roofline import l3_bytes, read_bandwidth
 from bench.serving import serving_run
 from devtools.cluster import LocalCluster, model_cache
@@ -347,13 +348,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the tiny model, few tokens: a smoke run")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "results.json")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--skip-serving", action="store_true", help="no Poisson serving run")
     p.add_argument("--skip-structured", action="store_true",
                    help="no constrained-vs-free decode run (bench/structured.py)")
     p.add_argument("--skip-dataplane", action="store_true",
                    help="no token-path CPU run (python -m bench.dataplane runs only that)")
+    p.add_argument("--skip-prefix", action="store_true",
+                   help="no prefix-cache TTFT run (python -m bench.prefix_ttft runs only that)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -456,6 +459,18 @@ def main(argv: list[str] | None = None) -> None:
     if not a.skip_dataplane:
         progress("dataplane: CPU per delivered token of scheduler, worker and gateway")
         dataplane_doc = dataplane_section(a.quick, ROOT / "logs" / "bench-dataplane")
+    prefix_doc: dict = {"skipped": "--skip-prefix"}
+    if not a.skip_prefix:
+        progress("prefix cache: TTFT of a prompt whose prefix is cached vs not, interleaved")
+        prefix_doc = prefix_section(models[first], a.quick)
+        # The headline is bench.prefix_ttft's own (cold median / hit median); the pairs' spread
+        # is per repeat (each repeat's cold and hit run back to back on a fresh prefix).
+        ratios["prefix_cold_over_hit_ttft"] = {first: prefix_doc["ratio_cold_over_hit"]}
+        per_pair = [c / h for c, h in zip(prefix_doc["cold_ttft_ms"], prefix_doc["hit_ttft_ms"],
+                                          strict=True)]
+        paired["prefix_cold_over_hit_ttft"] = {first: {
+            "median": statistics.median(per_pair), "min": min(per_pair), "max": max(per_pair),
+            "pairs": len(per_pair), "quiet_pairs": len(per_pair)}}
     progress("cuda: cuda_check's decode speed beside onnxruntime-genai (on a GPU only)")
     cuda_doc = cuda_section(models_root, a.quick)
     doc = {
@@ -483,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         "serving": serving_doc,
         "structured": structured_doc,
         "dataplane": dataplane_doc,
+        "prefix_cache": prefix_doc,
         "cuda": cuda_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)

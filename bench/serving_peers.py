@@ -1,7 +1,7 @@
 """Serving against llama.cpp's llama-server: both OpenAI `/v1/completions` endpoints, streamed.
 
   .venv/bin/python -m bench.serving_peers [--clients 1 8 16] [--rounds 3] [--new-tokens 64]
-      [--out bench/results.json]          (make bench-peers)
+      [--out bench/results/results.json]          (make bench-peers)
 
 ortserve (gateway -> scheduler -> one int4 worker, `--threads T`) against
 `llama-server --parallel 16 -c 16384 -t T` on the same SmolLM2 requantized to
@@ -171,7 +171,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "results.json")
     p.add_argument("--worker-arg", action="append", default=[],
                    help="an extra ortserve-worker argument (repeat), e.g. --worker-arg=--spin-wait "
                         "--worker-arg=off: for A/B runs")

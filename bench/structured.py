@@ -1,4 +1,4 @@
-"""Decode tokens/s of 8 streams under a JSON schema vs 8 free streams (issue 31: >= 0.9x).
+"""Decode tokens/s of 8 streams under a JSON schema vs 8 free streams (the target: >= 0.9x).
 
   .venv/bin/python -m bench.structured [--model-dir DIR] [--streams 8] [--tokens 64]
       [--repeats 4] [--threads 2]

@@ -24,7 +24,7 @@ import structlog
 
 from ortserve import keepalive
 from ortserve.error_path import not_reached
-from ortserve.relay_client import RelayCall
+from ortserve.relay_client import RelayClient
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from ortserve.worker_leg import (
@@ -95,14 +95,14 @@ class Workers:
                  relay_if_unreachable: bool = False) -> None:
         self._credentials = credentials
         self.relay_if_unreachable = relay_if_unreachable
-        self._calls: dict[str, tuple[grpc.aio.Channel, RelayCall]] = {}
+        self._calls: dict[str, tuple[grpc.aio.Channel, RelayClient]] = {}
         self._unreachable: dict[str, float] = {}  # address -> monotonic time it was found so
 
-    def _call(self, address: str) -> tuple[grpc.aio.Channel, RelayCall]:
+    def _call(self, address: str) -> tuple[grpc.aio.Channel, RelayClient]:
         if address not in self._calls:
             channel = secure_or_insecure_channel(address, self._credentials,
                                                  options=keepalive.CHANNEL_OPTIONS)
-            self._calls[address] = (channel, RelayCall(channel, address))
+            self._calls[address] = (channel, RelayClient(channel, address))
         return self._calls[address]
 
     def generate(self, address: str, request: worker_pb2.WorkerGenerateRequest,

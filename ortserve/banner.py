@@ -7,7 +7,7 @@ forms, one meaning:
   `{"event": "listening", "address": "HOST:PORT", "internal_address": ...,
   "level": "info", "logger": ..., "timestamp": ...}`, because in a container
   stdout and stderr reach the same collector, and one plain line in a JSON
-  stream breaks it (issue 30 #8).
+  stream breaks the collector's parsing.
 `parse` reads both; a reader should use it rather than split the text.
 """
 

@@ -3,7 +3,7 @@
 Built from the service descriptor instead of the generated add_*_to_server,
 because requests must reach us as raw bytes: a parse failure (invalid UTF-8
 in a string field) happens before any handler runs, and grpc's own
-deserializer would turn it into UNKNOWN (issue 12 #6). Every method, unary and
+deserializer would turn it into UNKNOWN, with no field named. Every method, unary and
 server-streaming, is wrapped so that:
 
 - a request that does not parse is INVALID_ARGUMENT naming the field;

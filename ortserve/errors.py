@@ -15,7 +15,7 @@ from typing import Any
 from .units import tokens
 
 # An echoed caller string (a lease id, a role) is clipped to this: a 5,000-char
-# id echoed into a status once overflowed the metadata limit (issue 12 #7).
+# id echoed whole into a status overflows gRPC's metadata limit.
 ECHO_LIMIT = 64
 # In ErrorInfo metadata and BadRequest field paths, where a program reads them, an echo
 # is clipped to this: the longest lease and worker id a request may carry (128 chars,

@@ -4,7 +4,7 @@ gRPC's C core logs through absl to fd 2, past Python's logging
 (`I1203 21:00:55.972554   28289 ssl_transport_security.cc:2563] Handshake failed ...`,
 one line per client that fails the TLS handshake); so do onnxruntime's C++
 logger and any plain `print(..., file=sys.stderr)`. A collector reading one
-JSON object a line broke exactly when something went wrong (issue 30 #8).
+JSON object a line breaks exactly when something goes wrong.
 
 So fd 2 becomes a socket (one message per write), and a reader thread turns each line that is not
 already JSON into a standard-library log record (logger "grpc-core",

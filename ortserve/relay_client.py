@@ -2,7 +2,7 @@
 
 Used by the scheduler's relay and by the gateway's two-step path
 (--direct-to-workers): each asks for a worker's stream as it would ask Worker.Generate
-(`RelayCall.generate(request, timeout)`) and gets a `RelayedStream`: the
+(`RelayClient.generate(request, timeout)`) and gets a `RelayedStream`: the
 same frames, as bytes, in the same order; the same failure, as the same
 grpc.aio.AioRpcError (code, message, details); `cancel()` and `done()` as a
 call has them. Underneath, the requests to one worker share one Relay call:
@@ -34,7 +34,7 @@ log = structlog.get_logger("relay_call")
 class RelayedStream:
     """One request's events from a shared Relay call, read like a Generate call's."""
 
-    def __init__(self, owner: RelayCall, stream_id: int,
+    def __init__(self, owner: RelayClient, stream_id: int,
                  request: worker_pb2.WorkerGenerateRequest) -> None:
         self._owner = owner
         self.stream_id = stream_id
@@ -158,7 +158,7 @@ def generate_call(channel: grpc.aio.Channel):
         response_deserializer=None)  # None: the frame's bytes as they came
 
 
-class RelayCall:
+class RelayClient:
     """The Relay calls to one worker: at most one open at a time, opened on demand."""
 
     def __init__(self, channel: grpc.aio.Channel, address: str) -> None:

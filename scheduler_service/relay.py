@@ -1,7 +1,7 @@
 """One relay for Scheduler.Generate and SessionTurn: the admission-queue wait, the
 worker's stream passed on to the caller, the timings composed once, every exit clean.
 
-Generate (servicer.py) and SessionTurn (sessions/rpcs.py) differ only in what
+Generate (servicer.py) and SessionTurn (sessions/turn.py) differ only in what
 they do around a stream (a one-shot lease released if no worker claimed it; a
 session's conversation remembered at Finished): they hand that in as a Leg's
 callbacks, and this module does the rest, once. Everything runs on the
@@ -135,8 +135,8 @@ async def _wake(event: asyncio.Event, timeout_s: float) -> None:
 
     NOTE: not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the
     same loop pass as the event (a kick() right before the client's connection dropped):
-    return fut.result() instead of raising. The waiter then looped on, holding its place
-    until admitted (issue 30 #11: a SIGKILLed client queued for 10.6 s). asyncio.timeout
+    return fut.result() instead of raising. The waiter would then loop on, holding its
+    place until admitted (a SIGKILLed client's ticket stays queued). asyncio.timeout
     counts cancels (Task.cancelling), so a caller's cancel is never taken for the timeout.
     """
     with contextlib.suppress(TimeoutError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from ortserve import keepalive
-from ortserve.relay_client import RelayCall, generate_call
+from ortserve.relay_client import RelayClient, generate_call
 from ortserve.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2_grpc
 
@@ -20,7 +20,7 @@ class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
 
     def __init__(self, channel: grpc.aio.Channel, address: str, shared_relay: bool) -> None:
         super().__init__(channel)
-        self.relay = RelayCall(channel, address) if shared_relay else None
+        self.relay = RelayClient(channel, address) if shared_relay else None
         self.Generate = self.relay.generate if self.relay is not None else generate_call(channel)
 
 

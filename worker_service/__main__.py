@@ -28,8 +28,9 @@ from worker_service.runtime import lora
 from worker_service.runtime.rate_set_runner import BENCH_ENV
 from worker_service.server import build_server
 
-# Issue 27: one word, "capacity", for what --kv-capacity sets, the ledger charges
-# against and the protos call capacity_bytes. The old "budget" names still work.
+# One word, "capacity", for what --kv-capacity sets, the ledger charges against and
+# the protos call capacity_bytes; the "budget" spellings still work for existing
+# deployments, and say they are deprecated.
 _DEPRECATED = "{old} is deprecated: use {new} (same meaning)"
 
 

@@ -45,8 +45,8 @@ def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
 class EventMailbox:
     """The engine thread's events onto the event loop: ONE loop wake-up per batch, not per token.
 
-    A step emits a token for every running sequence; each used to cost a
-    call_soon_threadsafe (a self-pipe write and a loop iteration). Here the
+    A step emits a token for every running sequence; a call_soon_threadsafe per token
+    would cost a self-pipe write and a loop iteration each. Here the
     engine thread appends to a deque (thread-safe) and schedules one delivery
     only when none is pending, so a step's tokens arrive in one loop callback.
     """

@@ -2,7 +2,7 @@
 
 A Worker.Generate call per request costs a gRPC message per token and request,
 paid in Python on both ends (~100 us each on the worker's event loop and the
-caller's, issue 28). On one Relay call a caller (the scheduler's relay, the
+caller's). On one Relay call a caller (the scheduler's relay, the
 gateway's two-step path: ortserve/relay_client.py) starts and cancels all of
 its requests to this worker, and every event that is ready when the
 call's writer runs (an engine step's tokens for all of them) leaves as one

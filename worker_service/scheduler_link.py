@@ -28,7 +28,7 @@ def likely_cause(details: str, tls: bool, address: str) -> str:
     """What an UNAVAILABLE from the scheduler most likely means, and the next step.
 
     gRPC says only UNAVAILABLE; its details hold the transport's words (measured
-    with grpcio 1.85 against a real scheduler, issue 30 #9): a TLS port closes a
+    with grpcio 1.85 against a real scheduler): a TLS port closes a
     plaintext connection at once ("Socket closed"), and a plaintext port answers
     a TLS ClientHello with bytes OpenSSL reads as WRONG_VERSION_NUMBER.
     """

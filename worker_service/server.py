@@ -44,7 +44,7 @@ def resolve_kv_capacity(config: WorkerConfig, device: str) -> int:
 
 
 def check_kv_capacity(engine: Engine) -> None:
-    """Refuse a capacity that cannot serve one request (issue 12 #9); warn below one context."""
+    """Refuse a capacity that cannot serve one request; warn below one context."""
     spec = engine.spec
     smallest = engine.kv.bytes_for(2)  # one prompt token and one new token
     full_context = engine.kv.bytes_for(spec.context_length)

@@ -167,15 +167,6 @@ class Ledger:
             worker.unreachable = True
             return True
 
-    def remove_worker(self, worker_id: str) -> int:
-        """Forget a worker; its leases' bytes return. Returns the bytes freed."""
-        with self._lock:
-            worker = self._workers.get(worker_id)
-            if worker is None:
-                return 0
-            self._forget(worker)
-            return worker.reserved_bytes
-
     def geometry(self, worker_id: str) -> WorkerGeometry | None:
         with self._lock:
             worker = self._workers.get(worker_id)
@@ -224,7 +215,7 @@ class Ledger:
 
         A claimed lease is released only by its worker (`worker_id`), once it has
         freed the buffer: anyone else's release would offer bytes the worker
-        still holds (issue 12 #1), so it raises LEASE_CLAIMED and changes nothing.
+        still holds, so it raises LEASE_CLAIMED and changes nothing.
         """
         with self._lock:
             owner = self._lease_owner.get(lease_id)

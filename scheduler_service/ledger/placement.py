@@ -73,7 +73,7 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     """ADMITTED, CAPPED or REJECTED for `req` over the (non-draining) workers' state now.
 
     NOTE: only the request's model's workers: another model's free bytes would
-    serve it with the wrong weights (issue 30 #2).
+    serve it with the wrong weights.
     """
     workers = serving(workers, req.model)
     if not workers:

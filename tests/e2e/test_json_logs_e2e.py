@@ -1,6 +1,6 @@
 """With --log-json, every line a service writes is one JSON object: gRPC's own C-core lines
 (a failed TLS handshake per bad client) on stderr and the start-up banner on stdout included
-(issue 30 #8). Real processes, real TLS, real bad clients."""
+(a collector reads one JSON object a line). Real processes, real TLS, real bad clients."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ledger integrity under misuse, through real processes (issue 12's black-box defects)."""
+"""Ledger integrity under misuse, through real processes, as a black box."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Two models behind one scheduler, real processes: each request is answered by the model it names.
 
-The defect (issue 30 #2): placement took the worker with the most free bytes
-whatever its model, so requests for one model were served by the other. The
-tiny worker here gets far more KV than the SmolLM2 worker, so that old rule
-would send every SmolLM2 request to the tiny model.
+The risk: placement by the most free bytes whatever the model would serve requests
+for one model with the other. The tiny worker here gets far more KV than the
+SmolLM2 worker, so such a rule would send every SmolLM2 request to the tiny model.
 """
 
 from __future__ import annotations

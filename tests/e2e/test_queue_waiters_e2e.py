@@ -1,4 +1,4 @@
-"""Waiters in the admission queue through real processes (issue 30): a queued client
+"""Waiters in the admission queue through real processes: a queued client
 killed with SIGKILL leaves the queue at once, and a session turn on a busy budget
 waits in the queue like a Generate, then is served.
 

@@ -1,4 +1,4 @@
-"""Issue 30 #3-6 through real processes: a scheduler and one worker on the tiny model.
+"""Refusals through real processes: a scheduler and one worker on the tiny model.
 
 Context-window refusals carry the Rejection and are counted; a refusal names the
 field the caller set; a WAIT_FULL waiter reports the whole reservation it waits for.

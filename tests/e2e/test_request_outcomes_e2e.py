@@ -1,4 +1,4 @@
-"""Every request counted once by how it ended, through real processes (issue 33).
+"""Every request counted once by how it ended, through real processes.
 
 One scheduler, one worker with a small KV budget, the gateway: a finished
 request, a cancelled stream, a deadline, a rejection and a worker kill each move

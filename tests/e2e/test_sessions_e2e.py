@@ -1,4 +1,4 @@
-"""Multi-turn sessions through real processes on the default model (issue 15's acceptance).
+"""Multi-turn sessions through real processes on the default model.
 
 A scheduler and one CPU worker each; turns go through Scheduler.SessionTurn as
 any gRPC client would send them. Greedy chat turns: the default model answers

@@ -1,5 +1,5 @@
 """A worker and a scheduler that disagree about TLS: the worker's retry line names the
-likely cause and the next step, instead of "unreachable" alone (issue 30 #9).
+likely cause and the next step, instead of "unreachable" alone.
 Real processes, real certificates, the real default model."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One request, one trace across the gateway, the scheduler and the worker (issue 33).
+"""One request, one trace across the gateway, the scheduler and the worker.
 
 The test is the OTLP collector: a gRPC server implementing
 opentelemetry.proto.collector.trace.v1.TraceService/Export on a free port. The three

@@ -26,7 +26,7 @@ def test_a_kv_capacity_that_cannot_hold_one_request_is_refused_at_start(flag, bu
     assert "--kv-capacity" in out.stderr and "raise --kv-capacity to at least" in out.stderr
     # stderr is not a terminal here, so logs are JSON: every line, the fatal one too.
     lines = [json.loads(line) for line in out.stderr.splitlines() if line.strip()]
-    # The deprecated alias (issue 27: one word, "capacity") works and says so, once.
+    # The deprecated alias (one word, "capacity", is the name now) works and says so, once.
     deprecated = [line for line in lines if "deprecated" in line["event"]]
     assert [line["event"] for line in deprecated] == (
         ["--kv-budget is deprecated: use --kv-capacity (same meaning)"] if flag == "--kv-budget"

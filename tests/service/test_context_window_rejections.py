@@ -1,4 +1,4 @@
-"""Context-window refusals are the ledger's REJECTED like any other (issue 30 #3-5).
+"""Context-window refusals are the ledger's REJECTED like any other.
 
 Through a real scheduler channel with the stand-in worker, whose Tokenize refuses a
 prompt beyond the window as the real worker's does (CONTEXT_LENGTH_EXCEEDED with

@@ -1,4 +1,4 @@
-"""Regression tests for the scheduler's defects (issues 11 and 12), through a real channel."""
+"""Regression tests for the scheduler's defects, through a real channel."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from devtools.compose_cluster import DOCUMENTED_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-README_MAX_LINES = 400  # issue 27: the two commands, the picture, the calls, the links
+README_MAX_LINES = 400  # the two commands, the picture, the calls, the links
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -1,7 +1,7 @@
 """docs/gateway.md's error table is the gateway's table: same rows, same HTTP status and
-type, and every error.code the gateway can send for a status listed beside it (issue 30
-#10: the page said budget_busy for a full queue, the gateway sends queue_full, and
-queue_timeout was missing). Each documented code is also sent through from_grpc."""
+type, and every error.code the gateway can send for a status listed beside it (a page
+that drifts names budget_busy for a full queue where the gateway sends queue_full).
+Each documented code is also sent through from_grpc."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ OVERLAYS = ("cpu", "gpu")
 AUTOSCALING = "autoscaling"  # deploy/k8s/autoscaling: the workers' HPA, applied after an overlay
 # The oldest Kubernetes we claim (native gRPC probes are GA since 1.27) and the newest schemas.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
-# Set here ahead of the code that reads it (issue 17's graceful drain).
+# Set here ahead of the code that reads it (the graceful drain).
 PENDING_ENV: set[str] = set()  # names the manifests set ahead of the code (none now)
 
 

@@ -54,7 +54,7 @@ def test_a_scheduler_process_with_json_logs_writes_only_json_to_stderr():
     process = subprocess.Popen([str(BIN / "ortserve-scheduler"), "--port", "0",
                                 "--internal-port", "0", "--log-json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # With JSON logs the banner on stdout is JSON too (issue 30 #8); ortserve.banner reads it.
+    # With JSON logs the banner on stdout is JSON too (one collector reads both streams); ortserve.banner reads it.
     line = process.stdout.readline()
     assert json.loads(line)["event"] == "listening"
     assert banner.parse(line).address.startswith("127.0.0.1:")

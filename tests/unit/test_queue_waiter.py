@@ -1,4 +1,4 @@
-"""QueueWaiter: a queued caller's cancel always takes its ticket out of the queue (issue 30 #11)."""
+"""QueueWaiter: a queued caller's cancel always takes its ticket out of the queue."""
 
 from __future__ import annotations
 

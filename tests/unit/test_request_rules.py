@@ -66,7 +66,7 @@ def test_the_context_window_has_one_sentence(prompt, max_new, min_new, field, sa
 
 
 def test_an_unset_ceiling_raised_to_min_new_tokens_names_min_new_tokens():
-    # Issue 30 #5: {"text": "Hi", "min_new_tokens": 8197} on an 8,192-token window. The
+    # {"text": "Hi", "min_new_tokens": 8197} on an 8,192-token window. The
     # worker resolves the unset max_new_tokens to max(window - prompt, min_new_tokens).
     with pytest.raises(ContextWindowFull) as info:
         request_rules.context_window(1, 8_197, 8_192, min_new_tokens=8_197)

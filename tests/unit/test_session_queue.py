@@ -1,5 +1,5 @@
 """Session turns in the admission queue: a turn grows its own lease (Ledger.resize) in the
-same FIFO, under the same policy, as a new request (issue 30: a busy turn waits)."""
+same FIFO, under the same policy, as a new request (a busy turn waits)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The session registry's memory of ended sessions (issue 30 #7: a retried close)."""
+"""The session registry's memory of ended sessions (a retried close)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sessions a registering worker reports rebuild the scheduler's registry (issue 30)."""
+"""Sessions a registering worker reports rebuild the scheduler's registry."""
 
 from __future__ import annotations
 

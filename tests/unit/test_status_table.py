@@ -1,4 +1,4 @@
-"""One status table for the one reason enum, the same for every service (issue 27)."""
+"""One status table for the one reason enum, the same for every service."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The worker's retry line names a likely cause for the transport errors measured against a
-real scheduler (grpcio 1.85; issue 30 #9). The strings are grpc's own, copied from runs."""
+real scheduler (grpcio 1.85). The strings are grpc's own, copied from runs."""
 
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def test_wait_full_gets_its_full_reservation_after_a_release():
 
 @pytest.mark.parametrize("mode", [Mode.WAIT_FULL, Mode.STRICT])
 def test_a_whole_waiter_whose_floor_does_not_fit_either_reports_the_whole(mode):
-    # Issue 30 #6: with not even the floor free, the ledger's BUDGET_BUSY names the
+    # With not even the floor free, the ledger's BUDGET_BUSY names the
     # floor's bytes; the ticket waits for, and so reports, the whole reservation.
     queue, clock = setup()
     held = [queue.submit(req(f"h{i}")) for i in range(3)]  # 3 x 100 tokens: nothing free
