@@ -323,7 +323,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outcome.relaying = True
             async with aclosing(relay(admission, leg, arrived, context.time_remaining,
                                       replace=lambda: self._place_again(admission, inner, prompt_ids,
-                                                                        bound, outcome),
+                                                                        bound, outcome, noted),
                                       on_unreached=self._unreached)) as events:
                 async for event in events:
                     yield event
