@@ -29,6 +29,7 @@ class RateSetRunner:
 
     largest_batch = 0
     ort_cpu_s = 0.0  # nothing runs inside ORT
+    verifies = False  # no speculative verification: there is no model to verify with
 
     def __init__(self, tokens_per_s: float, max_rows: int, eos_token_ids: frozenset[int]) -> None:
         if tokens_per_s <= 0:
