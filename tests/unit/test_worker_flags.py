@@ -97,8 +97,8 @@ def test_max_context_tokens_from_the_flag_or_its_variable(monkeypatch, capsys):
     assert "-1 tokens is outside 0 to" in capsys.readouterr().err
 
 
-def test_speculative_is_ngram_by_default_and_off_by_flag_or_variable(monkeypatch):
-    assert parse_config(["--model-dir", "m"], []).speculative == "ngram"
-    assert parse_config(["--model-dir", "m", "--speculative", "off"], []).speculative == "off"
-    monkeypatch.setenv("ORTSERVE_WORKER_SPECULATIVE", "off")
+def test_speculative_is_off_by_default_and_ngram_by_flag_or_variable(monkeypatch):
     assert parse_config(["--model-dir", "m"], []).speculative == "off"
+    assert parse_config(["--model-dir", "m", "--speculative", "ngram"], []).speculative == "ngram"
+    monkeypatch.setenv("ORTSERVE_WORKER_SPECULATIVE", "ngram")
+    assert parse_config(["--model-dir", "m"], []).speculative == "ngram"
