@@ -14,6 +14,7 @@ import time
 import openai
 import pytest
 from ortserve_client import Client, GenerationFailed
+from ortserve_client.errors import NoWorker
 
 from devtools.cluster import stop_service, wait_serving
 from tests.e2e.conftest import reserved_bytes, start_cluster, worker_held_bytes
@@ -65,6 +66,18 @@ def recover(cluster, how: str) -> None:
     while reserved_bytes(cluster.address) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reserved_bytes(cluster.address) == 0
+    # Back means serving: a restarted worker registers before the scheduler's channel to
+    # its port is out of its reconnect backoff, and a request meanwhile is NO_WORKER.
+    deadline = time.monotonic() + 60
+    with Client(cluster.address, timeout_s=10) as client:
+        while True:
+            try:
+                client.generate("hi", max_new_tokens=1)
+                return
+            except (GenerationFailed, NoWorker):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
 
 def assert_worker_failed(info: dict, cluster, tokens_at_least: int) -> None:
