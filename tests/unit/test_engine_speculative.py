@@ -287,10 +287,21 @@ def two_sample_chi_square(a: np.ndarray, b: np.ndarray) -> float:
                  + (((b - expected_b) ** 2 / np.where(seen, expected_b, 1))[seen]).sum())
 
 
-def test_tiny_sampled_pairs_are_distributed_as_without_speculation(tiny_pair, monkeypatch):
+@pytest.fixture
+def fresh_tiny_pair(tiny_dir):
+    """Engines of this test's own: the module's pair carries the step checks other tests
+    wrapped around it, one more per test, which 1,800 generations would pay for each."""
+    pair = engines(tiny_dir)
+    yield pair
+    for engine in pair:
+        engine.close()
+
+
+def test_tiny_sampled_pairs_are_distributed_as_without_speculation(fresh_tiny_pair, monkeypatch):
     """Temperature 1 on the tiny model: the (first, second) token pairs with speculation
     and without come from one distribution (two-sample chi-square, 15 degrees of freedom:
     37.7 is its 0.999 quantile); with the rejection rule broken, they do not."""
+    tiny_pair = fresh_tiny_pair
     # The acceptance rule is under test, not the cost rule: verify every proposal, whatever
     # the run times measured on a loaded machine say.
     monkeypatch.setattr(tiny_pair[1]._costs, "chosen", lambda rows, gains: len(gains))
