@@ -73,9 +73,15 @@ def failure_message(worker_id: str, address: str, error: grpc.RpcError, tokens: 
     (UNAVAILABLE) with the tokens it sent and `if_worker_dies` (the next step; None:
     named by the worker only), anything else named by the worker."""
     if error.code() == grpc.StatusCode.UNAVAILABLE and if_worker_dies is not None:
-        return (f"worker {worker_id} at {address} failed after {tokens} tokens: "
-                f"{clip(error.details(), 300)}; {if_worker_dies}")
+        return worker_failed_message(worker_id, address, tokens, clip(error.details(), 300),
+                                     if_worker_dies)
     return f"worker {worker_id}: {clip(error.details(), 600)}"
+
+
+def worker_failed_message(worker_id: str, address: str, tokens: int, why: str,
+                          next_step: str) -> str:
+    """The one wording of a worker that failed mid-request, for every path."""
+    return f"worker {worker_id} at {address} failed after {tokens} tokens: {why}; {next_step}"
 
 
 class StatusError(grpc.RpcError):
@@ -137,8 +143,8 @@ def worker_failure(error: grpc.RpcError, admission: types_pb2.Admission, tokens:
                                                  error, tokens, None))
     lease = ("its lease returns to the budget when the scheduler expires it (its "
              "--lease-ttl-s)" if claimed else "its unclaimed lease is given back")
-    message = (f"worker {admission.worker_id} at {admission.worker_address} failed after "
-               f"{tokens} tokens: {clip(error.details() or '', 300)}; {lease}; retry the request")
+    message = worker_failed_message(admission.worker_id, admission.worker_address, tokens,
+                                    clip(error.details() or "", 300), f"{lease}; retry the request")
     return StatusError(grpc.StatusCode.UNAVAILABLE, message, ((STATUS_DETAILS_KEY, (
         worker_failed_status(message, admission.worker_id, admission.worker_address,
                              tokens, error))),))

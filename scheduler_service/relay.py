@@ -23,7 +23,7 @@ from ortserve.error_path import Relayed, is_worker_failure, not_reached, reason_
 from ortserve.errors import ErrorReason, clip
 from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
 from ortserve.v1 import types_pb2, worker_pb2
-from ortserve.worker_leg import compose_timings, failure_message
+from ortserve.worker_leg import compose_timings, failure_message, worker_failed_message
 from scheduler_service import convert
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission
@@ -298,8 +298,8 @@ def _failure(leg: Leg, error: grpc.aio.AioRpcError, relayed_tokens: int) -> Exce
         why = ("its lease expired before the worker took the request (the worker did not "
                "answer for longer than the lease TTL)" if lost else clip(error.details(), 300))
         return worker_failure(
-            error, f"worker {leg.worker_id} at {leg.address} failed after {relayed_tokens} "
-            f"tokens: {why}; {leg.if_worker_dies}",
+            error, worker_failed_message(leg.worker_id, leg.address, relayed_tokens, why,
+                                         leg.if_worker_dies),
             leg.worker_id, leg.address, relayed_tokens)
     return Relayed(error, failure_message(leg.worker_id, leg.address, error, relayed_tokens, None))
 
