@@ -62,7 +62,9 @@ def recover(cluster, how: str) -> None:
         port = service.address.rsplit(":", 1)[1]
         cluster.services.remove(service)
         wait_serving(cluster.start_worker(0, ["--port", port]), "ortserve.v1.Worker")
-    deadline = time.monotonic() + 30
+    # A stopped worker re-registers its live leases when it resumes; the one whose caller
+    # is gone ends when the worker's pings find that caller gone (~20 s, keepalive.py).
+    deadline = time.monotonic() + 90
     while reserved_bytes(cluster.address) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert reserved_bytes(cluster.address) == 0
