@@ -13,7 +13,7 @@ Running out of budget is a returned value (an `Admission` with a `Rejection`),
 not an exception; misuse (bad geometry, negative counts, releasing a lease a
 worker is serving, a second live worker under one id) raises a DomainError (errors.py).
 Every change of a worker's reserved bytes goes through `_hold` or `_release`,
-which assert the invariant after each.
+which assert the invariant after each (worker_state.check_held).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from scheduler_service.ledger import errors, placement
+from scheduler_service.ledger import errors, placement, tenant_holdings
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
+from scheduler_service.ledger.session_leases import SessionLeases
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
@@ -45,41 +46,18 @@ from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the le
     WorkerGeometry,
     WorkerSnapshot,
 )
-
-
-@dataclass
-class _Worker:
-    geometry: WorkerGeometry
-    last_heartbeat: float
-    leases: dict[str, Lease] = field(default_factory=dict)
-    reserved_bytes: int = 0
-    draining: bool = False  # shutting down: no new placements, its leases run out
-    # A call to it failed before it answered at all (connection refused): no new
-    # placements until it shows it is alive again (its next heartbeat or registration).
-    unreachable: bool = False
-    batch: BatchStats = field(default_factory=BatchStats)
-    prefix: PrefixCacheReport = field(default_factory=PrefixCacheReport)
-
-    @property
-    def available_bytes(self) -> int:
-        return self.geometry.capacity_bytes - self.reserved_bytes
-
-    def without(self, lease: Lease) -> _Worker:
-        """This worker as if `lease` held nothing: a what-if view for a decision, never stored."""
-        return replace(self, reserved_bytes=self.reserved_bytes - lease.reserved_bytes)
-
-    def within(self, room_bytes: int) -> _Worker:
-        """This worker as if at most `room_bytes` were free (a tenant's room): a view, never stored."""
-        free = min(self.available_bytes, room_bytes)
-        return replace(self, reserved_bytes=self.geometry.capacity_bytes - free)
+from scheduler_service.ledger.worker_state import WorkerState, check_held
 
 
 def _new_lease_id() -> str:
     return uuid.uuid4().hex
 
 
-class Ledger:
-    """Every worker's KV budget and every lease. Thread-safe: one lock."""
+class Ledger(SessionLeases):
+    """Every worker's KV budget and every lease. Thread-safe: one lock.
+
+    The session-lease operations (open, resize per turn, shrink) are in
+    session_leases.py, on the same lock and state."""
 
     def __init__(
         self,
@@ -95,7 +73,7 @@ class Ledger:
         self._clock = clock
         self._new_lease_id = new_lease_id
         self._lock = threading.Lock()
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, WorkerState] = {}
         self._lease_owner: dict[str, str] = {}  # lease_id -> worker_id
         self._tenants = TenantTable()
         # NOTE: expiry happens inside admit() too; recording here lets one place log them all.
@@ -121,7 +99,7 @@ class Ledger:
                                                   geometry.address, age, self.lease_ttl_s)
             if old is not None:
                 self._forget(old)
-            worker = _Worker(geometry=geometry, last_heartbeat=now)
+            worker = WorkerState(geometry=geometry, last_heartbeat=now)
             candidates, gone = placement.restored(
                 geometry.worker_id, live_leases, list(old.leases.values()) if old else [], now)
             self._expired += gone
@@ -207,7 +185,7 @@ class Ledger:
                 tenant=request.tenant,
             )
             self._hold(worker, lease)
-            _check_room(room, lease.reserved_bytes)
+            tenant_holdings.check_room(room, lease.reserved_bytes)
             return replace(decision, lease=lease)
 
     def release(self, lease_id: str, worker_id: str = "") -> int:
@@ -336,55 +314,34 @@ class Ledger:
     def tenant_reserved(self) -> dict[tuple[str, str], int]:
         """(tenant, model) -> the bytes its leases hold there: the queue's fair-share look."""
         with self._lock:
-            held: dict[tuple[str, str], int] = {}
-            for w in self._workers.values():
-                for lease in w.leases.values():
-                    key = (lease.tenant, w.geometry.model)
-                    held[key] = held.get(key, 0) + lease.reserved_bytes
-            return held
+            return tenant_holdings.reserved(self._workers.values())
 
     def tenant_usage(self) -> list[TenantUsage]:
         """Every configured tenant on every served model, and any other tenant that holds
         leases, sorted by (tenant, model)."""
         with self._lock:
-            table = self._tenants
-            rows: dict[tuple[str, str], list[int]] = {}
-            capacity: dict[str, int] = {}
-            for w in self._workers.values():
-                model = w.geometry.model
-                capacity[model] = capacity.get(model, 0) + w.geometry.capacity_bytes
-                for lease in w.leases.values():
-                    row = rows.setdefault((lease.tenant, model), [0, 0])
-                    row[0] += lease.reserved_bytes
-                    row[1] += 1
-            for name in table.tenants:
-                for model in capacity:
-                    rows.setdefault((name, model), [0, 0])
-            return [TenantUsage(tenant=name, model=model, reserved_bytes=held, leases=n,
-                                quota_bytes=table.quota_bytes(name, model, capacity.get(model, 0)),
-                                weight=table.weight(name))
-                    for (name, model), (held, n) in sorted(rows.items())]
+            return tenant_holdings.usage(self._workers.values(), self._tenants)
 
     # -- internals (lock held) ---------------------------------------------------
 
-    def _hold(self, worker: _Worker, lease: Lease) -> None:
+    def _hold(self, worker: WorkerState, lease: Lease) -> None:
         """`lease` now holds its reserved_bytes on `worker`: a new lease, or a held one resized."""
         before = worker.leases.get(lease.lease_id)
         worker.leases[lease.lease_id] = lease  # a resized lease keeps its place in the snapshot
         worker.reserved_bytes += lease.reserved_bytes - (before.reserved_bytes if before else 0)
         self._lease_owner[lease.lease_id] = worker.geometry.worker_id
-        _check(worker)
+        check_held(worker)
 
-    def _release(self, worker: _Worker, lease_id: str) -> Lease:
+    def _release(self, worker: WorkerState, lease_id: str) -> Lease:
         """Drop a held lease and its bytes: the one way a lease's bytes return (`_forget` drops
         a whole worker, whose sum goes with it)."""
         lease = worker.leases.pop(lease_id)
         del self._lease_owner[lease_id]
         worker.reserved_bytes -= lease.reserved_bytes
-        _check(worker)
+        check_held(worker)
         return lease
 
-    def _forget(self, worker: _Worker) -> None:
+    def _forget(self, worker: WorkerState) -> None:
         """Drop a whole worker: its leases' bytes go with it, nothing is left to sum."""
         del self._workers[worker.geometry.worker_id]
         for lease_id in worker.leases:
@@ -393,20 +350,7 @@ class Ledger:
     def _room(self, tenant: str, model: str, own: Lease | None = None) -> TenantRoom | None:
         """Tenant's quota on `model` ("": every worker) and what its leases hold there
         (`own`'s bytes not counted: a session's lease is its own to reuse); None: no quota."""
-        if not tenant:
-            return None
-        workers = placement.serving(self._workers.values(), model)
-        capacity = sum(w.geometry.capacity_bytes for w in workers)
-        record = self._tenants.get(tenant)
-        quota = record.quota_for(model) if record else None
-        if quota is None:
-            return None
-        held = sum(lease.reserved_bytes for w in workers for lease in w.leases.values()
-                   if lease.tenant == tenant)
-        if own is not None and own.tenant == tenant:
-            held -= own.reserved_bytes
-        return TenantRoom(tenant=tenant, model=model, quota_bytes=quota.bytes_of(capacity),
-                          reserved_bytes=held, capacity_bytes=capacity, share=quota.share)
+        return tenant_holdings.room(self._workers.values(), self._tenants, tenant, model, own)
 
     def _expire_locked(self, now: float) -> None:
         expired = self._expired
@@ -421,90 +365,3 @@ class Ledger:
                 if not lease.claimed and now - lease.created_at > self.claim_ttl_s:
                     self._release(worker, lease.lease_id)
                     expired.append(Expired(lease, "never claimed", now - lease.created_at))
-
-    # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
-
-    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "") -> Lease | None:
-        """A 0-byte lease for a new session on the worker of `model` ("": any) with the most
-        free bytes; None when none is registered. Its worker claims it when it opens the session."""
-        with self._lock:
-            self._expire_locked(self._clock())
-            candidates = placement.serving(self._workers.values(), model)
-            if not candidates:
-                return None
-            worker = max(candidates, key=lambda w: (w.available_bytes, -len(w.leases),
-                                                    w.geometry.worker_id))
-            lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
-                          request_id=request_id, prompt_tokens=0, max_new_tokens=0,
-                          reserved_bytes=0, created_at=self._clock(), session=True,
-                          tenant=tenant)
-            self._hold(worker, lease)
-            return lease
-
-    def resize(self, lease_id: str, request: AdmissionRequest, dry_run: bool = False) -> Admission:
-        """A session turn's admission on its own lease's worker: reserve-at-most.
-
-        The lease's current bytes count as available to it (they are its own),
-        so the turn is ADMITTED, CAPPED or REJECTED exactly as a fresh request
-        on that worker would be with those bytes free. REJECTED leaves the
-        lease as it was; otherwise it now holds prompt + admitted max_new, with
-        this turn's cap (or none). An unknown lease is REJECTED NO_WORKER.
-        `dry_run` decides and changes nothing (the admission queue's look, as admit's).
-        """
-        with self._lock:
-            self._expire_locked(self._clock())
-            owner = self._lease_owner.get(lease_id)
-            if owner is None:
-                return placement.reject(request, Cause.NO_WORKER, retry_after_s=self.retry_after_s)
-            worker = self._workers[owner]
-            lease = worker.leases[lease_id]
-            if not placement.fits_context(request, worker.geometry):
-                return placement.reject_context(request, worker)
-            freed = worker.without(lease)
-            decision = placement.decide_on(freed, request, self.retry_after_s)
-            # A session's turns count against the tenant that opened it.
-            room = self._room(lease.tenant, worker.geometry.model, own=lease)
-            if room is not None:
-                limited = placement.decide_on(freed.within(room.room_bytes), request,
-                                              self.retry_after_s)
-                decision = placement.within_quota(decision, limited, request, room,
-                                                  self.retry_after_s)
-            decision = replace(decision, tenant=lease.tenant)
-            if dry_run or decision.decision is Decision.REJECTED:
-                return replace(decision, dry_run=dry_run)
-            grown = replace(lease, prompt_tokens=request.prompt_tokens,
-                            max_new_tokens=decision.max_new_tokens,
-                            reserved_bytes=decision.reserved_bytes,
-                            budget_cap=decision.budget_cap, request_id=request.request_id)
-            self._hold(worker, grown)
-            _check_room(room, grown.reserved_bytes)
-            return replace(decision, lease=grown)
-
-    def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
-        """The lease's worker freed KV: reserve what `held_tokens` need (never more than now).
-
-        Only the lease's worker shrinks it, after freeing: the ledger then never
-        offers bytes the worker still holds. The last turn's cap stays on the lease.
-        """
-        if held_tokens < 0:
-            raise ValueError(f"held_tokens must be >= 0, got {held_tokens}")
-        with self._lock:
-            if self._lease_owner.get(lease_id) != worker_id:
-                return None
-            worker = self._workers[worker_id]
-            lease = worker.leases[lease_id]
-            new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
-            lease = replace(lease, reserved_bytes=new_bytes)
-            self._hold(worker, lease)
-            return lease
-
-
-def _check(worker: _Worker) -> None:
-    # NOTE: the invariant this whole module exists for, after every change of reserved bytes.
-    assert 0 <= worker.reserved_bytes <= worker.geometry.capacity_bytes, worker
-    assert worker.reserved_bytes == sum(lease.reserved_bytes for lease in worker.leases.values()), worker
-
-
-def _check_room(room: TenantRoom | None, granted_bytes: int) -> None:
-    # NOTE: a tenant's grant never takes it past its quota (one lock hold with the decision).
-    assert room is None or room.reserved_bytes + granted_bytes <= room.quota_bytes, (room, granted_bytes)
