@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from . import anthropic_messages as am
+from . import anthropic_reply as ar
 from . import generation
 from .errors import HttpError, from_grpc, from_param_error
 from .generation import Reader, Stream, Target
@@ -80,7 +81,7 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
     if thinking == "enabled" and reasoning_mode == "none":
         raise _thinking_refused("the gateway runs --reasoning-parser none, so thinking would "
                                 "come as text")
-    message_id = am.new_id()
+    message_id = ar.new_id()
     try:
         opened = await generation.open_generate(target, parsed.choice_request(0, message_id))
     except grpc.RpcError as error:
@@ -89,7 +90,7 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     adm = opened.admission
     model = adm.model or parsed.model
-    parser = OutputParser.for_stream(parsed, adm, lambda index: am.new_id("toolu"))
+    parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
     if thinking == "enabled" and not parser.splits_reasoning:
         opened.cancel()  # nothing was generated for the client: the lease is freed now
         raise _thinking_refused(f"model {model!r}'s chat template writes no reasoning, so it "
@@ -107,26 +108,26 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
         raise am.renamed(from_grpc(error, "messages", "messages")) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
-    blocks = am.ContentBlocks()
+    blocks = ar.ContentBlocks()
     blocks.add(pieces)
     blocks.close()
-    body = am.message_object(message_id, model, blocks.blocks, am.stop_reason(fin, parser.called),
-                             am.usage_dict(fin.usage),
-                             am.ortserve_extension(adm, fin, parsed.resolved))
+    body = ar.message_object(message_id, model, blocks.blocks, ar.stop_reason(fin, parser.called),
+                             ar.usage_dict(fin.usage),
+                             ar.ortserve_extension(adm, fin, parsed.resolved))
     return JSONResponse(body, headers=headers)
 
 
 async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: Stream,
                   reader: Reader) -> AsyncIterator[dict]:
     adm = opened.admission
-    blocks = am.ContentBlocks()
+    blocks = ar.ContentBlocks()
     finished = False
     try:
         usage = {"input_tokens": adm.prompt_tokens, "output_tokens": 0,
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        yield _sse(*am.sse_event("message_start", message=am.message_object(
+        yield _sse(*ar.sse_event("message_start", message=ar.message_object(
             message_id, model, [], (None, None), usage,
-            am.ortserve_extension(adm, None, parsed.resolved))))
+            ar.ortserve_extension(adm, None, parsed.resolved))))
         async for event in opened.events():
             kind = event.WhichOneof("event")
             if kind == "chunk":
@@ -137,13 +138,13 @@ async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: St
                 fin = event.finished
                 for out in blocks.add(reader.end()) + blocks.close():
                     yield _sse(*out)
-                stop, sequence = am.stop_reason(fin, reader.parser.called)
-                yield _sse(*am.sse_event("message_delta",
+                stop, sequence = ar.stop_reason(fin, reader.parser.called)
+                yield _sse(*ar.sse_event("message_delta",
                                       delta={"stop_reason": stop, "stop_sequence": sequence},
-                                      usage=am.usage_dict(fin.usage),
-                                      ortserve={"finished": am.ortserve_extension(
+                                      usage=ar.usage_dict(fin.usage),
+                                      ortserve={"finished": ar.ortserve_extension(
                                           adm, fin)["finished"]}))
-                yield _sse(*am.sse_event("message_stop"))
+                yield _sse(*ar.sse_event("message_stop"))
                 return
         raise StreamBroken("the stream ended without a Finished event")
     except grpc.RpcError as error:

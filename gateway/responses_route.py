@@ -31,10 +31,11 @@ from sse_starlette import EventSourceResponse
 
 from ortserve.v1 import types_pb2
 
-from . import generation, openai_responses
+from . import generation, openai_responses, openai_responses_reply
 from .errors import HttpError, from_grpc, from_param_error
 from .generation import Reader, Stream, Target
-from .openai_responses import OutputItems, ResponseMeta, ResponsesRequest
+from .openai_responses import ResponsesRequest
+from .openai_responses_reply import OutputItems, ResponseMeta
 from .output_parts import Collected, OutputParser
 from .param_error import ParamError
 from .response_store import ResponseStore, Stored
@@ -100,7 +101,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
         parsed = replace(rr.chat(history), reasoning_mode=reasoning_mode)
     except ParamError as error:
         raise from_param_error(error) from None
-    meta = ResponseMeta(openai_responses.new_id("resp"), rr, rr.model)
+    meta = ResponseMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
     run = await _open(target, store, rr, parsed, prior, meta.id)
     run.request, run.history, run.tools_key = rr, history, tools_key(parsed)
     adm = run.stream.admission
@@ -128,7 +129,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
         raise
     items = OutputItems()
     items.add(pieces)
-    status, incomplete = openai_responses.status_of(fin)
+    status, incomplete = openai_responses_reply.status_of(fin)
     items.close(status)
     body = _final(meta, parsed, run, items.items, fin, reader)
     _settle(store, target, run, body, pieces, fin)
@@ -223,10 +224,10 @@ def _session_dict(run: Run, fin: types_pb2.Finished | None) -> dict | None:
 
 def _final(meta: ResponseMeta, parsed: ParsedRequest, run: Run, output: list[dict],
            fin: types_pb2.Finished, reader: Reader) -> dict:
-    status, incomplete = openai_responses.status_of(fin)
-    return openai_responses.response_object(
-        meta, status, output, openai_responses.usage_dict(fin.usage, reader.reasoning_tokens),
-        incomplete, openai_responses.ortserve_extension(run.stream.admission, fin,
+    status, incomplete = openai_responses_reply.status_of(fin)
+    return openai_responses_reply.response_object(
+        meta, status, output, openai_responses_reply.usage_dict(fin.usage, reader.reasoning_tokens),
+        incomplete, openai_responses_reply.ortserve_extension(run.stream.admission, fin,
                                                         _session_dict(run, fin),
                                                         parsed.resolved))
 
@@ -268,8 +269,8 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
                   store: ResponseStore, target: Target) -> AsyncIterator[dict]:
     items = OutputItems()
     adm = run.stream.admission
-    started = openai_responses.response_object(
-        meta, "in_progress", [], ortserve=openai_responses.ortserve_extension(
+    started = openai_responses_reply.response_object(
+        meta, "in_progress", [], ortserve=openai_responses_reply.ortserve_extension(
             adm, None, _session_dict(run, None), parsed.resolved))
     pieces: list = []
     try:
@@ -288,7 +289,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
                 yield _sse(out)
             if kind == "finished":
                 fin = event.finished
-                status, _ = openai_responses.status_of(fin)
+                status, _ = openai_responses_reply.status_of(fin)
                 for out in items.close(status):
                     yield _sse(out)
                 body = _final(meta, parsed, run, items.items, fin, reader)
@@ -302,7 +303,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
         failure = openai_responses.renamed(from_grpc(error, "messages", "responses"))
         yield _sse(items.event("error", code=failure.code, message=failure.message,
                                param=failure.param))
-        yield _sse(items.event("response.failed", response=openai_responses.response_object(
+        yield _sse(items.event("response.failed", response=openai_responses_reply.response_object(
             meta, "failed", items.items, error={"code": failure.code,
                                                 "message": failure.message})))
     except StreamBroken as error:

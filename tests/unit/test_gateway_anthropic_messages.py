@@ -1,4 +1,4 @@
-"""The Messages API's translation and shapes (gateway/anthropic_messages.py): pure."""
+"""The Messages API's translation and shapes (gateway/anthropic_messages.py, gateway/anthropic_reply.py): pure."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gateway import anthropic_messages as am
+from gateway import anthropic_reply as ar
 from gateway.errors import HttpError
 from gateway.output_parts import CallArguments, CallStart, Reasoning, Text
 from gateway.param_error import ParamError
@@ -113,23 +114,23 @@ def test_error_body_is_anthropics_shape_naming_the_field():
 
 def test_stop_reasons_and_the_cap():
     fin = types_pb2.Finished
-    assert am.stop_reason(fin(finish_reason=types_pb2.EOS), False) == ("end_turn", None)
-    assert am.stop_reason(fin(finish_reason=types_pb2.EOS), True) == ("tool_use", None)
-    assert am.stop_reason(fin(finish_reason=types_pb2.STOP_SEQUENCE, stop_sequence="X"),
+    assert ar.stop_reason(fin(finish_reason=types_pb2.EOS), False) == ("end_turn", None)
+    assert ar.stop_reason(fin(finish_reason=types_pb2.EOS), True) == ("tool_use", None)
+    assert ar.stop_reason(fin(finish_reason=types_pb2.STOP_SEQUENCE, stop_sequence="X"),
                           False) == ("stop_sequence", "X")
     # A cut call is no call: the limit is what ended it (the cap's, when capped).
-    assert am.stop_reason(fin(finish_reason=types_pb2.LENGTH), True) == ("max_tokens", None)
+    assert ar.stop_reason(fin(finish_reason=types_pb2.LENGTH), True) == ("max_tokens", None)
 
 
 def test_usage_counts_cache_reads_apart_from_input():
-    usage = am.usage_dict(types_pb2.Usage(prompt_tokens=50, generated_tokens=4,
+    usage = ar.usage_dict(types_pb2.Usage(prompt_tokens=50, generated_tokens=4,
                                           cached_tokens=16))
     assert usage == {"input_tokens": 34, "output_tokens": 4, "cache_creation_input_tokens": 0,
                      "cache_read_input_tokens": 16}
 
 
 def test_blocks_stream_their_events_and_end_as_the_whole_content():
-    blocks = am.ContentBlocks()
+    blocks = ar.ContentBlocks()
     events = blocks.add([Reasoning("hmm"), Text("Hi"), CallStart(0, "toolu_1", "f"),
                          CallArguments(0, '{"a":'), CallArguments(0, " 1}")])
     events += blocks.close()

@@ -1,4 +1,5 @@
-"""The Responses API's translation (gateway/openai_responses.py), the output pipeline
+"""The Responses API's translation (gateway/openai_responses.py, its reply in
+gateway/openai_responses_reply.py), the output pipeline
 (gateway/output_parts.py) and the stored responses (gateway/response_store.py): pure, no
 processes."""
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from gateway import openai_responses as orr
+from gateway import openai_responses_reply as orr_reply
 from gateway.output_parts import CallArguments, CallStart, OutputParser, Reasoning, Text
 from gateway.param_error import ParamError
 from gateway.response_store import ResponseStore, Stored
@@ -97,7 +99,7 @@ def test_chat_params_in_responses_words():
 
 
 def test_items_stream_the_events_and_end_as_the_whole_output():
-    items = orr.OutputItems()
+    items = orr_reply.OutputItems()
     events = items.add([Reasoning("hmm"), Text("Hel"), Text("lo"),
                         CallStart(0, "call_x", "get_weather"), CallArguments(0, '{"city"'),
                         CallArguments(0, ': "Paris"}')])
@@ -125,17 +127,17 @@ def test_items_stream_the_events_and_end_as_the_whole_output():
 
 
 def test_an_empty_output_is_one_empty_message_and_a_cut_one_is_incomplete():
-    items = orr.OutputItems()
+    items = orr_reply.OutputItems()
     items.close("incomplete")
     assert [(i["type"], i["status"], i["content"][0]["text"]) for i in items.items] == [
         ("message", "incomplete", "")]
     fin = types_pb2.Finished(finish_reason=types_pb2.LENGTH)
-    assert orr.status_of(fin) == ("incomplete", {"reason": "max_output_tokens"})
-    assert orr.status_of(types_pb2.Finished(finish_reason=types_pb2.EOS)) == ("completed", None)
+    assert orr_reply.status_of(fin) == ("incomplete", {"reason": "max_output_tokens"})
+    assert orr_reply.status_of(types_pb2.Finished(finish_reason=types_pb2.EOS)) == ("completed", None)
 
 
 def test_usage_counts_session_and_prefix_cache_reuse_as_cached():
-    usage = orr.usage_dict(types_pb2.Usage(prompt_tokens=100, generated_tokens=5,
+    usage = orr_reply.usage_dict(types_pb2.Usage(prompt_tokens=100, generated_tokens=5,
                                            reused_prompt_tokens=60, cached_tokens=16), 2)
     assert usage == {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 76},
                      "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 2},
