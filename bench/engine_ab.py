@@ -25,8 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.dataplane import process_cpu_s
-from bench.run import GenaiPeer, InProcessEngine
+from bench.engine_peers import GenaiPeer, InProcessEngine
+from bench.measure import process_cpu_s
 from devtools.cluster import model_cache
 from ortserve.logs import configure_logging
 

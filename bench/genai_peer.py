@@ -51,7 +51,7 @@ def decode_once(model, ids: np.ndarray, batch: int, new_tokens: int) -> tuple[fl
     # NOTE: the first generate_next_token only samples from the prefill's logits (no model
     # run: 0.05 ms measured, against 8 ms for the next ones at batch 1). Timing it with the
     # rest counted new_tokens tokens over new_tokens - 1 runs (+3 % at 32 tokens). The
-    # window opens at the first token, as the engine's (bench.run.window_rate): every
+    # window opens at the first token, as the engine's (bench.measure.window_rate): every
     # timed step is one run and one token per row.
     generator.generate_next_token()
     start = time.perf_counter()

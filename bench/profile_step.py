@@ -17,7 +17,7 @@ import json
 import statistics
 import time
 
-from bench.run import InProcessEngine
+from bench.engine_peers import InProcessEngine
 from devtools.cluster import model_cache
 from ortserve.logs import configure_logging
 

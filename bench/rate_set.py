@@ -35,22 +35,19 @@ import re
 import urllib.request
 from pathlib import Path
 
-from bench.dataplane import (
-    _served_model,
+from bench.measure import PROMPT, process_cpu_s, progress, summary
+from bench.stream_load import (
     grpc_streams,
     metrics_address,
-    process_cpu_s,
-    progress,
+    served_model,
     sse_streams,
     start_gateway,
-    summary,
 )
 from devtools.cluster import LocalCluster, stop_service
 
 RATE_TOKENS_PER_S = 200.0
 PATHS = ("gateway_default", "gateway_relay", "gateway_direct", "client_default", "client_relay",
          "client_direct")
-PROMPT = "Write a long story about a dragon who learns to paint."
 _PATH = re.compile(r"^(gateway_default|gateway_relay|gateway_direct|client_default|client_relay|"
                    r"client_direct)(?:@(\d+))?(?:x(\d+))?$")
 
@@ -132,7 +129,7 @@ def rate_set_run(model_dir: Path, stream_counts: tuple[int, ...], new_tokens: in
                         [*modes[base], "--processes", str(processes), *gateway_args,
                          *(["--stream-interval-ms", str(interval)] if interval is not None
                            else [])])
-            model = _served_model(next(iter(gateways.values())).address) if gateways else ""
+            model = served_model(next(iter(gateways.values())).address) if gateways else ""
             with Client(cluster.address, timeout_s=900, direct=False) as relayed, \
                     Client(cluster.address, timeout_s=900, direct=True) as direct, \
                     Client(cluster.address, timeout_s=900) as default:

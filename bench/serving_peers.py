@@ -90,7 +90,7 @@ def burst(url: str, bodies: list[dict]) -> dict:
 def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_dir: Path,
             worker_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = ()) -> dict:
     """The comparison, or {"skipped": why} where llama.cpp cannot be built here."""
-    from bench.dataplane import _served_model, start_gateway
+    from bench.stream_load import served_model, start_gateway
     from devtools.cluster import LocalCluster, model_cache, stop_service
 
     found, why = llama_peer.build()
@@ -107,7 +107,7 @@ def compare(threads: int, clients: list[int], rounds: int, new_tokens: int, log_
                           kv_capacities=["2GiB"], worker_args=list(worker_args)) as cluster:
             gw = start_gateway(cluster.address, log_dir, list(gateway_args))
             try:
-                return _rounds(llama.url, f"http://{gw.address}", _served_model(gw.address),
+                return _rounds(llama.url, f"http://{gw.address}", served_model(gw.address),
                                clients, rounds, new_tokens, threads, gguf)
             finally:
                 stop_service(gw)

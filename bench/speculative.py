@@ -9,7 +9,7 @@ both alike. Workloads:
 - copy: the three COPY_PROMPTS below (a 300-600 token passage the answer must
   quote or edit), greedy, each stream one of them in turn, until EOS or
   --copy-tokens;
-- free: the bench's free-text prompt (bench.run.PROMPT), greedy, exactly
+- free: the bench's free-text prompt (bench.measure.PROMPT), greedy, exactly
   --free-tokens tokens (min_new_tokens, as bench.run does).
 Per run: decode tokens/s in the window after every stream's first token (every
 token of a multi-token event counted). Printed per workload and stream count:
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.run import PROMPT, window_rate
+from bench.measure import PROMPT, window_rate
 from devtools.cluster import model_cache
 from ortserve.logs import configure_logging
 
