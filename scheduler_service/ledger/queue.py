@@ -34,19 +34,25 @@ The policy, in order:
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from ortserve.errors import DomainError, ErrorReason
-from ortserve.units import human_bytes, tokens
 from scheduler_service.ledger import placement, sentences
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.rate import RateLimits
+from scheduler_service.ledger.tickets import (  # noqa: F401 - re-exported: the queue's public face
+    Bound,
+    Mode,
+    Place,
+    QueueStats,
+    TenantQueueStats,
+    Ticket,
+    queue_deadline_exceeded,
+)
 from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, Decision, Rejection
 
 # Ledger causes that mean "could start later": the request keeps waiting.
@@ -56,90 +62,6 @@ _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
 def _can_wait(rejection: Rejection) -> bool:
     """A newcomer's refusal that the queue can cure: the pool busy, or the tenant's room."""
     return rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
-
-
-class Mode(enum.Enum):
-    """What a waiting request waits for (from its cap policy)."""
-
-    ALLOW = "allow"  # its floor; then ADMITTED or CAPPED to what fits
-    STRICT = "strict"  # its whole reservation; never capped
-    WAIT_FULL = "wait_full"  # its whole reservation; capped only when the wait runs out
-
-
-class Bound(enum.Enum):
-    """Which limit ends a request's wait."""
-
-    SERVER = "server"  # --max-queue-wait-s
-    CALLER = "caller"  # the caller's own max_queue_wait_ms
-    DEADLINE = "deadline"  # the call's gRPC deadline
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One waiting request. `outcome` is set once it leaves the queue decided."""
-
-    seq: int
-    request: AdmissionRequest
-    mode: Mode
-    needed_bytes: int  # what it waits for: its floor, or its whole reservation
-    enqueued_at: float
-    deadline: float
-    bound: Bound
-    outcome: Admission | None = None
-    deadline_exceeded: bool = False  # the call's own deadline ended the wait
-    # A session turn's: the lease it grows on its own worker (Ledger.resize), not a new one.
-    lease_id: str = ""
-
-    @property
-    def done(self) -> bool:
-        return self.outcome is not None or self.deadline_exceeded
-
-    @property
-    def max_wait_s(self) -> float:
-        return self.deadline - self.enqueued_at
-
-
-def queue_deadline_exceeded(ticket: Ticket) -> DomainError:
-    """The call's own deadline ended the wait (`ticket.deadline_exceeded`): nothing is held."""
-    waited = ticket.max_wait_s
-    return DomainError(
-        ErrorReason.DEADLINE_EXCEEDED,
-        f"the call's deadline passed after {waited:.1f} s in the admission queue: "
-        f"{human_bytes(ticket.needed_bytes)} of KV (prompt {tokens(ticket.request.prompt_tokens)}) "
-        "did not free up in time; nothing is held; retry with a later deadline, or allow a cap "
-        "(cap policy ALLOW), or add workers",
-        metadata={"waited_ms": round(waited * 1e3, 1), "needed_bytes": ticket.needed_bytes,
-                  "prompt_tokens": ticket.request.prompt_tokens})
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a ticket stands, for the Queued event."""
-
-    position: int  # 1-based
-    requests_ahead: int
-    bytes_ahead: int
-    needed_bytes: int
-    waited_s: float
-    max_wait_s: float
-    queue_length: int
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    length: int
-    oldest_wait_s: float
-    waiting_bytes: int
-    max_length: int
-    max_wait_s: float
-
-
-@dataclass(frozen=True)
-class TenantQueueStats:
-    """One tenant's waiting requests for one model."""
-
-    length: int = 0
-    waiting_bytes: int = 0
 
 
 class AdmissionQueue:
