@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from ortserve.v1 import types_pb2
 
 from .messages import set_chat
-from .translate import UINT32_MAX, ParamError, _is_int, _set_prompt
+from .param_values import is_int
+from .translate import UINT32_MAX, ParamError, _set_prompt
 
 _NO_OP_VALUES = {"add_generation_prompt": True, "return_token_strs": False}
 
@@ -70,7 +71,7 @@ def tokenize_response(answer: types_pb2.PromptTokens) -> dict:
 def detokenize_request(body: object) -> types_pb2.DetokenizeRequest:
     params = _params(body, {"model", "tokens"})
     tokens = params.get("tokens")
-    if not isinstance(tokens, list) or not all(_is_int(t) and 0 <= t <= UINT32_MAX
+    if not isinstance(tokens, list) or not all(is_int(t) and 0 <= t <= UINT32_MAX
                                                for t in tokens):
         raise ParamError("tokens", "required: a list of token ids from 0 to 4,294,967,295")
     return types_pb2.DetokenizeRequest(model=params.get("model", ""), token_ids=tokens)

@@ -26,6 +26,8 @@ from ortserve.v1 import types_pb2
 from . import tools, vllm_keys
 from .messages import set_chat
 from .param_error import ParamError
+from .param_values import bool_param, int_param, is_int, number_param
+from .response_format import set_response_format
 
 __all__ = ["Kind", "ParamError", "ParsedRequest", "parse_request"]
 
@@ -138,12 +140,12 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     _set_sampling(req, params)
     _set_logprobs(kind, req, params)
     resolved = _drop_greedy_no_ops(req, params)
-    n = _int(params, "n", 1, MAX_CHOICES)
+    n = int_param(params, "n", 1, MAX_CHOICES)
     n = 1 if n is None else n
     if kind == "completion":
         _best_of(params, n)
     req.stop.extend(_stop_list(params.get("stop")))
-    _set_response_format(req, params.get("response_format"))
+    set_response_format(req, params.get("response_format"))
     calls = kind == "chat" and tools.set_tools(req, params)
     include_stop = vllm_keys.apply(req, params)  # after response_format and tools: one constraint
     policy = params.get("cap_policy", "allow")
@@ -152,13 +154,13 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
                          f"{policy!r}")
     req.cap_policy = _CAP_POLICIES[policy]
     # vLLM's extension: the admission queue's order, lower sooner; never preempts here.
-    priority = _int(params, "priority", -(2**31), 2**31 - 1)
+    priority = int_param(params, "priority", -(2**31), 2**31 - 1)
     if priority is not None:
         req.priority = priority
-    stream = _bool(params, "stream", False)
+    stream = bool_param(params, "stream", False)
     include_usage, continuous = _usage_options(params, stream)
     return ParsedRequest(kind, model, stream, include_usage, req, n, resolved or None, calls,
-                         _int(params, "stream_interval_ms", 0, MAX_STREAM_INTERVAL_MS),
+                         int_param(params, "stream_interval_ms", 0, MAX_STREAM_INTERVAL_MS),
                          include_stop, continuous)
 
 
@@ -219,7 +221,7 @@ def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:
     if isinstance(prompt, str):
         req.text = prompt
         return
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         if any(t < 0 or t > UINT32_MAX for t in prompt):
             raise ParamError("prompt", "token ids must be from 0 to 4,294,967,295")
         req.token_ids.ids.extend(prompt)
@@ -229,9 +231,9 @@ def _set_prompt(req: types_pb2.GenerateRequest, prompt: object) -> None:
 
 
 def _set_limits(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
-    max_tokens = _int(params, "max_tokens", 1, UINT32_MAX)
+    max_tokens = int_param(params, "max_tokens", 1, UINT32_MAX)
     if kind == "chat":
-        newer = _int(params, "max_completion_tokens", 1, UINT32_MAX)
+        newer = int_param(params, "max_completion_tokens", 1, UINT32_MAX)
         if max_tokens is not None and newer is not None and max_tokens != newer:
             raise ParamError("max_completion_tokens", f"{newer:,} differs from max_tokens "
                              f"{max_tokens:,}: send one of them")
@@ -240,35 +242,35 @@ def _set_limits(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[str,
     # window and, if the budget is short, caps it and says so.
     if max_tokens is not None:
         req.max_new_tokens = max_tokens
-    min_tokens = _int(params, "min_tokens", 0, UINT32_MAX)
+    min_tokens = int_param(params, "min_tokens", 0, UINT32_MAX)
     if min_tokens is not None:
         req.min_new_tokens = min_tokens
-    queue_wait_ms = _int(params, "max_queue_wait_ms", 0, UINT32_MAX)
+    queue_wait_ms = int_param(params, "max_queue_wait_ms", 0, UINT32_MAX)
     if queue_wait_ms is not None:
         req.max_queue_wait_ms = queue_wait_ms
 
 
 def _set_sampling(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
-    temperature = _number(params, "temperature", OPENAI_DEFAULT_TEMPERATURE)
+    temperature = number_param(params, "temperature", OPENAI_DEFAULT_TEMPERATURE)
     if temperature < 0:
         raise ParamError("temperature", f"{temperature:g} is below 0 (0 is greedy decoding)")
     req.sampling.temperature = temperature
-    top_p = _number(params, "top_p", None)
+    top_p = number_param(params, "top_p", None)
     # top_p == 1 keeps every token: it is the same request as leaving it unset.
     if top_p is not None and top_p != 1:
         req.sampling.top_p = top_p
-    seed = _int(params, "seed", 0, UINT64_MAX)
+    seed = int_param(params, "seed", 0, UINT64_MAX)
     if seed is not None:
         req.sampling.seed = seed
-    top_k = _int(params, "top_k", 0, UINT32_MAX)
+    top_k = int_param(params, "top_k", 0, UINT32_MAX)
     if top_k is not None:
         req.sampling.top_k = top_k
-    penalty = _number(params, "repetition_penalty", None)
+    penalty = number_param(params, "repetition_penalty", None)
     if penalty is not None:
         req.sampling.repetition_penalty = penalty
     # The ranges are the scheduler's rule (request_rules.sampling): one source of truth.
     for key in ("presence_penalty", "frequency_penalty", "min_p"):
-        value = _number(params, key, None)
+        value = number_param(params, key, None)
         if value is not None:
             setattr(req.sampling, key, value)
     bias = params.get("logit_bias")
@@ -295,12 +297,12 @@ def _set_logprobs(kind: Kind, req: types_pb2.GenerateRequest, params: Mapping[st
     """Chat: logprobs (bool) + top_logprobs (int, needs logprobs). Completions: logprobs
     (int, the alternatives per token). The bound (20) is the scheduler's rule."""
     if kind == "completion":
-        top = _int(params, "logprobs", 0, UINT32_MAX)
+        top = int_param(params, "logprobs", 0, UINT32_MAX)
         if top is not None:
             req.logprobs.top_logprobs = top
         return
-    wanted = _bool(params, "logprobs", False)
-    top = _int(params, "top_logprobs", 0, UINT32_MAX)
+    wanted = bool_param(params, "logprobs", False)
+    top = int_param(params, "top_logprobs", 0, UINT32_MAX)
     if top is not None and not wanted:
         raise ParamError("top_logprobs", "needs logprobs: true (as in OpenAI's API)")
     if wanted:
@@ -321,52 +323,6 @@ def _drop_greedy_no_ops(req: types_pb2.GenerateRequest, params: Mapping[str, Any
                              "decoding, which always takes the most likely token")
             req.sampling.ClearField(key)
     return resolved
-
-
-def _set_response_format(req: types_pb2.GenerateRequest, fmt: object) -> None:
-    """OpenAI's response_format -> GenerateRequest.constraint. The scheduler compiles the
-    schema (one rule for both APIs): one it cannot compile is a 400 naming
-    `constraint.json_schema`, with the library's reason."""
-    if fmt is None:
-        return
-    if not isinstance(fmt, Mapping) or not isinstance(fmt.get("type"), str):
-        raise ParamError("response_format", "must be an object with a type: text, json_object "
-                         "or json_schema")
-    kind = fmt["type"]
-    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-    if kind not in allowed:
-        raise ParamError("response_format.type", f"{kind!r} is not supported: use text, "
-                         "json_object or json_schema", code="unsupported_parameter")
-    extra = set(fmt) - allowed[kind]
-    if extra:
-        raise ParamError(f"response_format.{sorted(extra)[0]}", f"is not part of a {kind!r} "
-                         "response_format; remove it", code="unsupported_parameter")
-    if kind == "json_object":
-        req.constraint.json_object = True
-    elif kind == "json_schema":
-        req.constraint.json_schema = _json_schema_text(fmt.get("json_schema"))
-
-
-def _json_schema_text(spec: object) -> str:
-    where = "response_format.json_schema"
-    if not isinstance(spec, Mapping):
-        raise ParamError(where, "must be an object with name and schema")
-    extra = set(spec) - {"name", "description", "schema", "strict"}
-    if extra:
-        raise ParamError(f"{where}.{sorted(extra)[0]}", "is not supported (only name, "
-                         "description, schema and strict)", code="unsupported_parameter")
-    name = spec.get("name")
-    if not isinstance(name, str) or not name:
-        raise ParamError(f"{where}.name", "required: a name for the schema")
-    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-        raise ParamError(f"{where}.strict", f"{spec['strict']!r} is not true or false")
-    # NOTE: strict or not, ortserve always enforces the schema (strict's promise, kept
-    # even when not asked): the output matches it unless it ends first (finish_reason
-    # "length", and ortserve.finished.constraint says so).
-    schema = spec.get("schema")
-    if not isinstance(schema, Mapping | bool):
-        raise ParamError(f"{where}.schema", "required: the JSON Schema, as a JSON object")
-    return json.dumps(schema)
 
 
 def _stop_list(stop: object) -> list[str]:
@@ -391,8 +347,8 @@ def _usage_options(params: Mapping[str, Any], stream: bool) -> tuple[bool, bool]
         raise ParamError("stream_options", "only {'include_usage': bool, "
                          "'continuous_usage_stats': bool} are supported",
                          code="unsupported_parameter")
-    include = _bool(options, "include_usage", False, where="stream_options.include_usage")
-    continuous = _bool(options, "continuous_usage_stats", False,
+    include = bool_param(options, "include_usage", False, where="stream_options.include_usage")
+    continuous = bool_param(options, "continuous_usage_stats", False,
                        where="stream_options.continuous_usage_stats")
     if continuous and not include:
         # vLLM sends the per-chunk usage only with include_usage: alone it changes nothing.
@@ -401,40 +357,11 @@ def _usage_options(params: Mapping[str, Any], stream: bool) -> tuple[bool, bool]
     return include, continuous
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not _is_int(value) or not low <= value <= high:
-        raise ParamError(key, f"{value!r} is not an integer from {low:,} to {high:,}")
-    return value
-
-
 def _best_of(params: Mapping[str, Any], n: int) -> None:
     """best_of equal to n is the same request; any other is refused, saying what is."""
-    best_of = _int(params, "best_of", 1, MAX_CHOICES)
+    best_of = int_param(params, "best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
         raise ParamError("best_of", f"best_of {best_of} with n {n} is not supported: ortserve "
                          f"returns every candidate it generates and ranks none by log "
                          f"probability, so only best_of equal to n ({n}) is taken; drop "
                          f"best_of, or ask for n {best_of} choices and pick one yourself")
-
-
-def _number(params: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    value = params.get(key, default)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ParamError(key, f"{value!r} is not a number")
-    return float(value)
-
-
-def _bool(params: Mapping[str, Any], key: str, default: bool, where: str = "") -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise ParamError(where or key, f"{value!r} is not true or false")
-    return value

@@ -29,6 +29,7 @@ from ortserve.request_rules import MAX_STOP_TOKEN_IDS
 from ortserve.v1 import types_pb2
 
 from .param_error import ParamError
+from .param_values import bool_param, is_int
 
 KEYS = {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
         "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens"}
@@ -54,22 +55,22 @@ def apply(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool:
     """Apply the keys to `req` (after response_format and tools set theirs); returns
     include_stop_str_in_output."""
     _set_structured(req, params)
-    ignore_eos = _bool(params, "ignore_eos", False)
+    ignore_eos = bool_param(params, "ignore_eos", False)
     if ignore_eos:
         req.ignore_eos = True
     ids = params.get("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < 2**32 for t in ids):
+        if not isinstance(ids, list) or not all(is_int(t) and 0 <= t < 2**32 for t in ids):
             raise ParamError("stop_token_ids", "must be a list of token ids (integers from 0)")
         if len(ids) > MAX_STOP_TOKEN_IDS:
             raise ParamError("stop_token_ids", f"has {len(ids):,} ids, more than the "
                              f"{MAX_STOP_TOKEN_IDS} allowed; send fewer")
         req.stop_token_ids.extend(ids)
-    if not _bool(params, "skip_special_tokens", True):
+    if not bool_param(params, "skip_special_tokens", True):
         raise ParamError("skip_special_tokens", "false is not supported: ortserve's text always "
                          "leaves special tokens out (vLLM's default); the ids are in logprobs "
                          "(logprobs: true) and /detokenize", code="unsupported_parameter")
-    return _bool(params, "include_stop_str_in_output", False)
+    return bool_param(params, "include_stop_str_in_output", False)
 
 
 def _set_structured(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
@@ -144,14 +145,3 @@ def _set_constraint(req: types_pb2.GenerateRequest, kind: str, value: object, wh
 def choice_grammar(choices: list[str]) -> str:
     """The output is exactly one of `choices` (a Lark grammar of string literals)."""
     return "start: " + " | ".join(json.dumps(c) for c in dict.fromkeys(choices)) + "\n"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _bool(params: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise ParamError(key, f"{value!r} is not true or false")
-    return value
