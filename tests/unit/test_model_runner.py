@@ -12,8 +12,9 @@ from worker_service.core.tokenizer import Tokenizer
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
 from worker_service.runtime.model import load_model_spec
-from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.model_runner import BatchedModelRunner
 from worker_service.runtime.runner import Runner
+from worker_service.runtime.static_model_runner import StaticModelRunner
 
 PROMPT = tuple(range(3, 15))
 
@@ -40,7 +41,7 @@ def state(seq: Sequence) -> tuple:
 def test_the_static_runner_reports_the_tokens_it_wrote_and_changes_no_sequence(parts):
     spec, session, tokenizer = parts
     pool = KVPool(StaticSharedKV(spec), 2**24)
-    runner: Runner = ModelRunner(session, spec, pool)
+    runner: Runner = StaticModelRunner(session, spec, pool)
     seq = sequence(spec, tokenizer, "s")
     seq.charged(pool.allocate(seq.req.max_tokens))
     before = state(seq)

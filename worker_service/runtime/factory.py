@@ -32,11 +32,12 @@ from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec
-from worker_service.runtime.model_runner import BatchedModelRunner, ModelRunner
+from worker_service.runtime.model_runner import BatchedModelRunner
 from worker_service.runtime.prefix_cache import PrefixCache
 from worker_service.runtime.rate_set_runner import RateSetRunner
 from worker_service.runtime.row_store import RowStore
 from worker_service.runtime.runner import Runner
+from worker_service.runtime.static_model_runner import StaticModelRunner
 
 log = structlog.get_logger(__name__)
 
@@ -138,7 +139,7 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
     if layout == "static":
         pool = KVPool(StaticSharedKV(spec, config.device, config.device_id),
                       config.kv_capacity_bytes, host)
-        return Runtime("static", config.device, pool, ModelRunner(session, spec, pool), None,
+        return Runtime("static", config.device, pool, StaticModelRunner(session, spec, pool), None,
                        Capabilities(batched=False, sessions=False, prefix_cache=False))
     if layout == "arena" and config.device != "cpu":
         raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with device "
