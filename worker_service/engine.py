@@ -27,6 +27,7 @@ import structlog
 
 from ortserve import request_rules
 from ortserve.units import tokens
+from worker_service import speculation
 from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.ngram import Drafter
@@ -37,7 +38,6 @@ from worker_service.core.sequence import (
     Completed,
     Event,
     Failed,
-    FinishReason,
     Sequence,
     SequenceRequest,
     TokenDelta,
@@ -51,7 +51,7 @@ from worker_service.runtime.factory import build_runtime
 from worker_service.runtime.lora import AdapterNotFound, AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
-from worker_service.runtime.runner import Runner, SequenceStep, StepOutput
+from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
 log = structlog.get_logger(__name__)
@@ -112,35 +112,9 @@ class Engine:
         if config.bench_rate_set_tokens_per_s:
             self.providers = ("BenchRateSet",)  # what Info reports: no execution provider runs
             self.provider = self.providers[0]
-        if config.speculative not in ("ngram", "off"):
-            raise InvalidRequest("speculative", f"speculative {config.speculative!r} is not one "
-                                 "of ngram, off")
-        if config.speculative_max_tokens < 1:
-            raise InvalidRequest("speculative_max_tokens", "speculative_max_tokens must be >= 1, "
-                                 f"got {config.speculative_max_tokens}")
-        # Speculation where the runner verifies drafts (the arena layout) as exactly as it
-        # decodes; "off" elsewhere, and Info reports what runs.
-        self.speculative = config.speculative if self.runner.verifies else "off"
-        self.verify_drift: float | None = None
-        self.speculative_note = "" if self.speculative == config.speculative else (
-            f"kv_layout {self.kv_layout} verifies no proposals")
-        if self.speculative != "off":
-            try:
-                self.verify_drift = self.runner.verify_drift()
-            except Exception as exc:  # e.g. a KV capacity with no room for the probe's row
-                self.speculative = "off"
-                self.speculative_note = f"the start-up verification probe failed ({exc})"
-            if self.verify_drift is not None and (
-                    self.verify_drift > config.speculative_max_logit_drift):
-                self.speculative = "off"
-                self.speculative_note = (
-                    f"a verification run's logits differ from single-token runs' by up to "
-                    f"{self.verify_drift:.3g} on this model (limit "
-                    f"{config.speculative_max_logit_drift:g}), enough to change greedy tokens: "
-                    "speculation is off; a model whose matmuls do not quantize activations "
-                    "(fp32, fp16) keeps it")
-        if self.speculative_note:
-            log.info("speculative_off", asked=config.speculative, why=self.speculative_note)
+        # Speculation where the runner verifies drafts exactly (speculation.resolve).
+        self.speculative, self.verify_drift, self.speculative_note = speculation.resolve(
+            config, self.runner, self.kv_layout)
         self._costs = VerifyCosts()
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)
@@ -386,7 +360,7 @@ class Engine:
         for chunk in plan.prefills:
             chunk.seq.mark_scheduled(now)
         if self.speculative != "off" and plan.decodes:
-            plan = self._with_drafts(plan)
+            plan = speculation.with_drafts(plan, self._costs, self.batch_rows)
         wait_for_masks = self._masks.start(step_constraints(plan))
         output = self.runner.run(plan)
         wait_for_masks()
@@ -395,32 +369,6 @@ class Engine:
         for seconds in output.verify_s:
             self._costs.record_verify(seconds)
         self._postprocess(plan, output)
-
-    def _with_drafts(self, plan: StepPlan) -> StepPlan:
-        """The plan with this step's proposals: each decoding row that allows speculation
-        proposes from its own tokens, within what its reservation may still write; the
-        rows whose verification pays (VerifyCosts, measured) keep theirs."""
-        proposals: list[tuple[float, Sequence, tuple[int, ...]]] = []
-        for seq in plan.decodes:
-            if seq.drafter is None:
-                continue
-            # The run writes positions up to len(token_ids) + len(draft) - 1: never past
-            # prompt + max_new_tokens, the reservation the ledger charged.
-            room = seq.req.max_tokens - len(seq.token_ids)
-            draft = seq.drafter.propose(seq.token_ids, room)
-            if draft and seq.constraint is not None:
-                draft = draft[:seq.constraint.valid_prefix(draft)]
-            if draft:
-                proposals.append((seq.drafter.size.expected_accepted, seq, tuple(draft)))
-        if not proposals:
-            return plan
-        proposals.sort(key=lambda p: -p[0])
-        rows = self.batch_rows or len(plan.decodes)
-        taken = self._costs.chosen(rows, [gain for gain, _, _ in proposals])
-        if not taken:
-            return plan
-        return dataclasses.replace(plan, drafts={seq.sequence_id: draft
-                                                 for _, seq, draft in proposals[:taken]})
 
     def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
         """The greedy rows' tokens (no constraint, penalty, bias or logprobs) from one argmax
@@ -445,7 +393,7 @@ class Engine:
                 continue
             if step.verify_logits is not None:
                 try:
-                    finish_reason = self._accept_verified(step)
+                    finish_reason = speculation.accept_verified(step, self.runner)
                 except Exception as exc:
                     self._fail(seq, exc)
                     continue
@@ -470,36 +418,6 @@ class Engine:
         for seq in self.runner.leaving_order(list(completed)):
             self._finish(seq, completed[seq])
         self._leave_cancelled()
-
-    def _accept_verified(self, step: SequenceStep) -> FinishReason | None:
-        """A verified proposal: the sampler takes each position's token in order, the draft
-        offered at each (greedy keeps the argmax; sampling the rejection rule), until a
-        token differs from the draft or the sequence ends; that token is the model's own.
-        Only the positions whose tokens were kept stay in the KV. One TokenDelta."""
-        seq, draft = step.seq, step.draft
-        assert step.verify_logits is not None and seq.drafter is not None
-        tokens: list[int] = []
-        texts: list[str] = []
-        logprobs = []
-        accepted, finish_reason = 0, None
-        for i, logits in enumerate(step.verify_logits):
-            offered = draft[i] if i < len(draft) else None
-            token, text, finish_reason, token_logprobs = seq.accept(logits, draft=offered)
-            tokens.append(token)
-            texts.append(text)
-            if token_logprobs is not None:
-                logprobs.append(token_logprobs)
-            if token != offered or finish_reason is not None:
-                accepted += token == offered
-                break
-            accepted += 1
-        seq.drafter.record(len(draft), accepted)
-        # The K/V of the last token and of the accepted proposals; the newest token is
-        # pending, as after any sample.
-        seq.computed(len(tokens))
-        self.runner.keep_computed(seq)
-        seq.emit(TokenDelta(seq.sequence_id, tuple(tokens), "".join(texts), tuple(logprobs)))
-        return finish_reason
 
     def _leave_cancelled(self) -> None:
         for seq in [*self.scheduler.waiting, *self.scheduler.running]:
