@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -24,8 +23,9 @@ from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
 from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceRequest, TokenDelta
 from worker_service.engine import Engine
-from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
+from worker_service.event_mailbox import EventMailbox, coalesced
 from worker_service.scheduler_link import SchedulerLink
+from worker_service.session_leases import SessionLeases
 
 log = structlog.get_logger("worker")
 
@@ -40,55 +40,6 @@ def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
                               req.max_new_tokens if max_new_was_set else 0,
                               lease.prompt_tokens, lease.max_new_tokens)
     return req if max_new_was_set else req.with_max_new_tokens(lease.max_new_tokens)
-
-
-class EventMailbox:
-    """The engine thread's events onto the event loop: ONE loop wake-up per batch, not per token.
-
-    A step emits a token for every running sequence; a call_soon_threadsafe per token
-    would cost a self-pipe write and a loop iteration each. Here the
-    engine thread appends to a deque (thread-safe) and schedules one delivery
-    only when none is pending, so a step's tokens arrive in one loop callback.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: deque[tuple[LeaseStream, Event]] = deque()
-        self._scheduled = False
-
-    def post(self, stream: LeaseStream, event: Event) -> None:
-        """Engine thread: queue `event` for `stream`; wake the loop unless a wake-up is pending."""
-        self._items.append((stream, event))
-        if not self._scheduled:
-            # NOTE: the order matters: the loop clears the flag BEFORE it drains, so an
-            # item appended after the drain's last pop sees the flag clear and wakes again.
-            self._scheduled = True
-            self.loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        self._scheduled = False
-        items = self._items
-        while items:
-            stream, event = items.popleft()
-            stream._arrived(event)
-
-
-def coalesced(events: list[Event]) -> list[Event]:
-    """Consecutive TokenDeltas as one (ids concatenated, texts joined); the rest as they are.
-
-    Only what is already queued is merged: a reader that keeps up gets every
-    token as it comes, one behind gets what piled up in one message.
-    """
-    out: list[Event] = []
-    for event in events:
-        if type(event) is TokenDelta and out and type(out[-1]) is TokenDelta:
-            last = out[-1]
-            # logprobs are one per token id, so they concatenate in step with the ids.
-            out[-1] = TokenDelta(last.sequence_id, last.token_ids + event.token_ids,
-                                 last.text + event.text, last.logprobs + event.logprobs)
-        else:
-            out.append(event)
-    return out
 
 
 def record_sequence_spans(req: SequenceRequest, done: Completed) -> None:
@@ -211,16 +162,8 @@ class LeaseStream:
                     await self._drain()
         finally:
             self._lifecycle._live.pop(self.lease.lease_id, None)
-            if self.session_id in self._lifecycle.orphaned:
-                self._lifecycle.orphaned.discard(self.session_id)
-                self._lifecycle.session_leases.pop(self.session_id, None)
-                self._lifecycle.engine.close_session(self.session_id)
-                # Freed first; then its lease, if the ledger still holds it (0 if not).
-                released = await self._lifecycle.link.release(self.lease.lease_id)
-                self.log.warning("session dropped after its turn: the scheduler did not keep it",
-                                 released_bytes=released)
-            elif self.session_id:
-                await self.shrink()
+            if self.session_id:
+                await self._lifecycle.sessions.end_turn(self)
             else:
                 freed = await self._lifecycle.link.release(self.lease.lease_id)
                 self.log.info("lease released", freed_bytes=freed)
@@ -231,13 +174,7 @@ class LeaseStream:
         if self._shrunk or not self._ended:
             return  # not ended: close() drains first, then shrinks
         self._shrunk = True
-        info = self._lifecycle.engine.session_info(self.session_id)
-        held = info.held_tokens if info.charged_bytes else 0
-        shrunk = await self._lifecycle.link.shrink(self.lease.lease_id, held)
-        if shrunk is not None and self.session_id in self._lifecycle.session_leases:
-            # What a re-registration reports: the bytes the ledger holds for it now.
-            self._lifecycle.session_leases[self.session_id] = shrunk
-        self.log.info("session lease shrunk", held_tokens=held, held_bytes=info.charged_bytes)
+        await self._lifecycle.sessions.shrink_to_held(self.session_id, self.lease.lease_id, self.log)
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + CANCEL_WAIT_S
@@ -258,9 +195,8 @@ class LeaseLifecycle:
         self.link = link
         self._live: dict[str, types_pb2.Lease] = {}  # claimed, sequence submitted
         self._busy: set[str] = set()  # lease ids being opened or served
-        # session id -> its lease: claimed at OpenSession, kept across turns (session_lifecycle).
-        self.session_leases: dict[str, types_pb2.Lease] = {}
-        self.orphaned: set[str] = set()  # sessions to drop when their running turn ends
+        # The open sessions' leases, kept across turns (session_leases.py).
+        self.sessions = SessionLeases(engine, link)
         self._mailbox: EventMailbox | None = None
 
     def mailbox(self) -> EventMailbox:
@@ -273,7 +209,7 @@ class LeaseLifecycle:
         """Leases this worker holds bytes for: running sequences and open sessions (the
         heartbeat reports them; a claimed lease it left out would be released)."""
         live = dict(self._live)
-        for lease in self.session_leases.values():
+        for lease in self.sessions.leases.values():
             live.setdefault(lease.lease_id, lease)
         return list(live.values())
 
@@ -289,14 +225,7 @@ class LeaseLifecycle:
         `stream_interval_ms`: the request's shortest time between token chunks.
         """
         if session_id:
-            session_lease = self.session_leases.get(session_id)
-            if session_lease is None:
-                raise SessionNotFound(session_id)
-            if session_lease.lease_id != lease_id:
-                raise LeaseMismatch("lease_id", f"lease {quoted(lease_id)} is not session "
-                                    f"{quoted(session_id)}'s lease", lease_id)
-            if lease_id in self._busy:
-                raise SessionBusy(session_id)
+            self.sessions.check_turn(session_id, lease_id, lease_id in self._busy)
         if lease_id in self._busy:
             raise LeaseInUse(lease_id)
         # The model's rules (vocabulary, context window), once, before the lease is
@@ -317,7 +246,7 @@ class LeaseLifecycle:
                 raise
             stream = LeaseStream(self, lease, req, session_id, stream_interval_ms / 1e3)
             if session_id:
-                self.session_leases[session_id] = lease
+                self.sessions.leases[session_id] = lease
             self._live[lease.lease_id] = lease
             try:
                 stream._submit(self.engine)

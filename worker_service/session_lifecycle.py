@@ -76,6 +76,7 @@ class WorkerSessions:
 
     def __init__(self, leases: LeaseLifecycle, address: str) -> None:
         self.leases = leases
+        self.sessions = leases.sessions  # the open sessions' leases (session_leases.py)
         self.address = address
         self._opened_at: dict[str, float] = {}
         self._conversations: dict[str, Conversation] = {}
@@ -83,7 +84,7 @@ class WorkerSessions:
     def _lease(self, session_id: str) -> types_pb2.Lease:
         if not session_id:
             raise InvalidRequest("session_id", "session_id is empty: use the id OpenSession gave")
-        lease = self.leases.session_leases.get(session_id)
+        lease = self.sessions.leases.get(session_id)
         if lease is None:
             raise SessionNotFound(session_id)
         return lease
@@ -112,7 +113,7 @@ class WorkerSessions:
         if not session_id or not lease_id:
             raise InvalidRequest("session_id" if not session_id else "lease_id",
                                  "OpenSession needs the session id and its lease id")
-        if session_id in self.leases.session_leases:
+        if session_id in self.sessions.leases:
             return self.info_pb(session_id)  # a retried open
         # The engine first (it refuses a layout without sessions): a claimed lease must
         # never be left behind by a failed open.
@@ -125,7 +126,7 @@ class WorkerSessions:
                 raise NoLiveLease(lease_id, self.leases.worker_id, error.details() or "") from error
             raise SchedulerUnreachable(f"worker {self.leases.worker_id} could not claim session "
                                        f"lease {quoted(lease_id)}: {error.details()}") from error
-        self.leases.session_leases[session_id] = lease
+        self.sessions.leases[session_id] = lease
         self._opened_at[session_id] = time.monotonic()
         log.info("session opened", session_id=session_id, lease_id=lease_id,
                  worker_id=self.leases.worker_id)
@@ -146,7 +147,7 @@ class WorkerSessions:
         freed = self.leases.engine.swap_out_session(session_id)
         shrunk = await self.leases.link.shrink(lease.lease_id, 0)
         if shrunk is not None:
-            self.leases.session_leases[session_id] = shrunk  # what a re-registration reports
+            self.sessions.leases[session_id] = shrunk  # what a re-registration reports
         info = self.leases.engine.session_info(session_id)
         log.info("session swapped out", session_id=session_id, lease_id=lease.lease_id,
                  freed_bytes=freed, state=info.state.value, swapped_bytes=info.swapped_bytes)
@@ -156,11 +157,11 @@ class WorkerSessions:
         """Every session held here, for a registration: the scheduler rebuilds its registry
         from them (their leases go in live_leases). A turn in flight is reported as of its
         last finished turn; its lease shrinks at its end, as always."""
-        for gone in [sid for sid in self._conversations if sid not in self.leases.session_leases]:
+        for gone in [sid for sid in self._conversations if sid not in self.sessions.leases]:
             del self._conversations[gone]  # dropped after its turn (LeaseStream.close)
         live = []
-        for session_id, lease in self.leases.session_leases.items():
-            if session_id in self.leases.orphaned:
+        for session_id, lease in self.sessions.leases.items():
+            if session_id in self.sessions.orphaned:
                 continue
             talk = self._conversations.get(session_id, Conversation())
             pb = scheduler_pb2.LiveSession(
@@ -180,14 +181,14 @@ class WorkerSessions:
         when its turn ends."""
         refused = set(refused_lease_ids)
         for session_id in session_ids:
-            lease = self.leases.session_leases.get(session_id)
+            lease = self.sessions.leases.get(session_id)
             if lease is None:
                 continue
             if lease.lease_id in self.leases._busy:
-                self.leases.orphaned.add(session_id)
+                self.sessions.orphaned.add(session_id)
                 continue
             freed = self.leases.engine.close_session(session_id)
-            del self.leases.session_leases[session_id]
+            del self.sessions.leases[session_id]
             self._opened_at.pop(session_id, None)
             self._conversations.pop(session_id, None)
             released = 0 if lease.lease_id in refused else await self.leases.link.release(
@@ -200,7 +201,7 @@ class WorkerSessions:
         lease = self._idle(session_id, "closing it")
         pb = self.info_pb(session_id)
         freed = self.leases.engine.close_session(session_id)
-        del self.leases.session_leases[session_id]
+        del self.sessions.leases[session_id]
         self._opened_at.pop(session_id, None)
         self._conversations.pop(session_id, None)
         released = await self.leases.link.release(lease.lease_id)

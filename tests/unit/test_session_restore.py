@@ -8,6 +8,7 @@ from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import Lease, Ledger, WorkerGeometry
 from scheduler_service.sessions.registry import Session, SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
+from worker_service.session_leases import SessionLeases
 from worker_service.session_lifecycle import Conversation, WorkerSessions
 
 
@@ -15,8 +16,8 @@ class LeaseLifecycleStub:
     """What WorkerSessions.live_sessions reads of the worker's leases."""
 
     def __init__(self) -> None:
-        self.session_leases = {"s1": types_pb2.Lease(lease_id="l1")}
-        self.orphaned: set[str] = set()
+        self.sessions = SessionLeases(engine=None, link=None)
+        self.sessions.leases["s1"] = types_pb2.Lease(lease_id="l1")
 
 GEOMETRY = WorkerGeometry(worker_id="w1", address="w1:1", model="m", context_length=4_096,
                           bytes_per_token=1_000, capacity_bytes=100_000)
