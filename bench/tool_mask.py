@@ -37,7 +37,7 @@ def measure(model_dir: Path) -> dict:
     import tokenizers
 
     from ortserve import tool_calls
-    from ortserve.constraint import ConstraintSpec, check
+    from ortserve.constraint_grammar import ConstraintSpec, check
     from ortserve.v1 import types_pb2
 
     text = (model_dir / "tokenizer.json").read_text()

@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ortserve import constraint
+from ortserve import constraint_grammar
 from ortserve.errors import InvalidField
 from ortserve.request_rules import MAX_STOP_TOKEN_IDS
 from ortserve.v1 import types_pb2
@@ -113,7 +113,7 @@ def _set_constraint(req: types_pb2.GenerateRequest, kind: str, value: object, wh
     if kind == "json_object":
         if value is not True:
             raise ParamError(where, f"{value!r} is not true")
-        spec = constraint.ConstraintSpec("json_object")
+        spec = constraint_grammar.ConstraintSpec("json_object")
     elif kind == "json":
         if isinstance(value, str):
             try:
@@ -122,7 +122,7 @@ def _set_constraint(req: types_pb2.GenerateRequest, kind: str, value: object, wh
                 raise ParamError(where, f"is not JSON ({exc}); send the JSON Schema") from None
         if not isinstance(value, Mapping | bool):
             raise ParamError(where, "must be a JSON Schema (an object, or its JSON text)")
-        spec = constraint.ConstraintSpec("json_schema", json.dumps(value))
+        spec = constraint_grammar.ConstraintSpec("json_schema", json.dumps(value))
     elif kind == "choice":
         if not isinstance(value, list) or not value or \
                 not all(isinstance(c, str) and c for c in value):
@@ -130,13 +130,13 @@ def _set_constraint(req: types_pb2.GenerateRequest, kind: str, value: object, wh
         if len(value) > MAX_CHOICES:
             raise ParamError(where, f"has {len(value):,} choices, more than the {MAX_CHOICES:,} "
                              "allowed")
-        spec = constraint.ConstraintSpec("grammar", choice_grammar(value))
+        spec = constraint_grammar.ConstraintSpec("grammar", choice_grammar(value))
     else:  # regex, grammar
         if not isinstance(value, str):
             raise ParamError(where, f"must be a string (the {kind})")
-        spec = constraint.ConstraintSpec(kind, value)
+        spec = constraint_grammar.ConstraintSpec(kind, value)
     try:
-        constraint.check(spec)
+        constraint_grammar.check(spec)
     except InvalidField as error:
         raise ParamError(where, str(error).split(": ", 1)[-1]) from None
     setattr(req.constraint, spec.kind, True if spec.kind == "json_object" else spec.text)

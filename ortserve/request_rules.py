@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from . import constraint as constraints
+from . import constraint_grammar as constraints
 from . import tool_calls, tool_formats
 from .chat import CHAT_ROLES
 from .errors import ContextWindowFull, InvalidField, LeaseMismatch, quoted

@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from . import constraint as constraints
+from . import constraint_grammar as constraints
 from .errors import InvalidField, quoted
 
 OPEN_TAG = "<tool_call>"

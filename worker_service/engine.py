@@ -28,7 +28,6 @@ import structlog
 from ortserve import request_rules
 from ortserve.units import tokens
 from worker_service import speculation
-from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.ngram import Drafter
 from worker_service.core.sampling import greedy_choice, greedy_tokens, plain_greedy
@@ -44,6 +43,7 @@ from worker_service.core.sequence import (
 )
 from worker_service.core.speculative import VerifyCosts
 from worker_service.core.step_scheduler import StepPlan, StepScheduler
+from worker_service.core.token_mask import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.tokenizer import Tokenizer
 from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices

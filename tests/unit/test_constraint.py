@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from ortserve import request_rules
-from ortserve.constraint import ConstraintSpec, check
+from ortserve.constraint_grammar import ConstraintSpec, check
 from ortserve.errors import InvalidField
 from ortserve.v1 import types_pb2
-from worker_service.core.constraint import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.sequence import FinishReason, Sequence, SequenceRequest
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan
+from worker_service.core.token_mask import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.tokenizer import Tokenizer
 
 EOS = 2

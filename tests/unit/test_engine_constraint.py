@@ -8,7 +8,7 @@ import threading
 import jsonschema
 import pytest
 
-from ortserve.constraint import ConstraintSpec
+from ortserve.constraint_grammar import ConstraintSpec
 from tests.models import prepared_model_dir
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, FinishReason, SequenceRequest

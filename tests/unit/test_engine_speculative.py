@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from ortserve.constraint import ConstraintSpec
+from ortserve.constraint_grammar import ConstraintSpec
 from tests.models import prepared_model_dir
 from worker_service.core import speculative
 from worker_service.core.sampling import SamplingConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ortserve.constraint import ConstraintSpec
+from ortserve.constraint_grammar import ConstraintSpec
 from ortserve.errors import InvalidField
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest

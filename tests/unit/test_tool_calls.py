@@ -14,7 +14,7 @@ from ortserve.tool_output import CallArguments, CallStart, TextEvent, ToolCallPa
 from ortserve.v1 import types_pb2
 from tests.unit.test_tokenizer import template_folder
 from worker_service import convert
-from worker_service.core.constraint import ConstraintCompiler
+from worker_service.core.token_mask import ConstraintCompiler
 from worker_service.core.tokenizer import Tokenizer
 
 EOS = 2

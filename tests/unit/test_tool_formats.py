@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ortserve import constraint, tool_formats
+from ortserve import constraint_grammar, tool_formats
 from ortserve.tool_output import CallArguments, CallStart, TextEvent
 from ortserve.v1 import types_pb2
 
@@ -36,7 +36,7 @@ def test_the_format_comes_from_the_template(source, fmt):
                                 {"allow_text": True, "parallel": True}])
 def test_every_grammar_compiles(fmt, kw):
     grammar = tool_formats.grammar(fmt, [WEATHER, NOW], **kw)
-    constraint.check(constraint.ConstraintSpec("grammar", grammar))
+    constraint_grammar.check(constraint_grammar.ConstraintSpec("grammar", grammar))
     if "function_name" in kw:
         assert "get_weather" not in grammar
 

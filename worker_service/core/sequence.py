@@ -19,12 +19,12 @@ import numpy as np
 import structlog
 
 from ortserve import request_rules
-from ortserve.constraint import ConstraintSpec
-from worker_service.core.constraint import Constraint
+from ortserve.constraint_grammar import ConstraintSpec
 from worker_service.core.errors import EngineError
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.ngram import Drafter
 from worker_service.core.sampling import Sampler, SamplingConfig
+from worker_service.core.token_mask import Constraint
 from worker_service.core.tokenizer import StopTextStream, Tokenizer
 
 log = structlog.get_logger(__name__)

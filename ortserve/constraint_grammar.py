@@ -2,7 +2,7 @@
 
 Vocabulary-independent, so both edges run the same check before anything is
 reserved: the scheduler (through `request_rules.constraint`) and the worker,
-whose `worker_service/core/constraint.py` adds the tokenizer. Pure: no grpc or
+whose `worker_service/core/token_mask.py` adds the tokenizer. Pure: no grpc or
 protobuf; llguidance is imported on first use, so a process that never sees a
 constraint never loads it.
 
