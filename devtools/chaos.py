@@ -96,7 +96,8 @@ class Tally:
 
 class Chaos:
     def __init__(self, model_dir: Path, log_dir: Path, workers: int, clients: int,
-                 duration_s: float, scheduler_restarts: int, seed: int) -> None:
+                 duration_s: float, scheduler_restarts: int, seed: int,
+                 worker_args: list[str] | None = None) -> None:
         self.rng = random.Random(seed)
         self.clients, self.duration_s = clients, duration_s
         self.scheduler_restarts = scheduler_restarts
@@ -106,6 +107,7 @@ class Chaos:
         self.cluster = LocalCluster(
             model_dir=model_dir, workers=workers, threads=1, log_dir=log_dir,
             scheduler_port=self.port, kv_capacities=["2MiB"] * workers,
+            worker_args=list(worker_args or []),
             scheduler_args=["--internal-port", str(self.internal_port),
                             "--heartbeat-interval-s", "0.5", "--lease-ttl-s", str(LEASE_TTL_S),
                             "--worker-keepalive-s", "1", "--max-queue-wait-s", "2"])
@@ -473,9 +475,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-dir", type=Path, default=Path("logs/chaos"))
     p.add_argument("--report", type=Path, help="write the JSON report here too")
     p.add_argument("--seed", type=int, default=40)
+    p.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                   help="given to every worker (repeatable), e.g. --worker-arg=--speculative "
+                        "--worker-arg=ngram")
     a = p.parse_args(argv)
     chaos = Chaos(a.model_dir, a.log_dir, a.workers, a.clients, a.duration_s,
-                  a.scheduler_restarts, a.seed)
+                  a.scheduler_restarts, a.seed, worker_args=a.worker_arg)
     try:
         chaos.start()
         report = chaos.run()
