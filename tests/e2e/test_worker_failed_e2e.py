@@ -74,8 +74,9 @@ def recover(cluster, how: str) -> None:
         time.sleep(0.1)
     assert worker_held_bytes(worker(cluster).address) == 0
     assert reserved_bytes(cluster.address) == 0
-    # Back means serving: a restarted worker registers before the scheduler's channel to
-    # its port is out of its reconnect backoff, and a request meanwhile is NO_WORKER.
+    # Back means serving: the scheduler replaces a channel backing off from the dead worker
+    # when the restarted one registers, but a caller's own channel (the direct path's) may
+    # still be in its reconnect backoff.
     deadline = time.monotonic() + 60
     with Client(cluster.address, timeout_s=10) as client:
         while True:
