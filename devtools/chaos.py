@@ -10,8 +10,11 @@ restarted on its ports (twice, by default), workers killed and restarted at rand
 worker SIGSTOPped past the lease TTL and resumed.
 
 Checked every second: reserved <= capacity, reserved = the sum of the live leases (one
-GetBudget), and each worker's held KV <= what the ledger charges it (the worker's Info
-between two GetBudgets: a charge comes before the KV, a release after it). At the end:
+GetBudget), and, per lease, a worker never holds more KV than the ledger charges it (the
+worker's Info.held_leases read between two GetBudgets: a charge comes before the KV, a
+release after it, so a lease the worker holds is in one of the two snapshots unless it
+was charged and released within that window; one the ledger had shown before and shows
+in neither is held after its release: a violation). At the end:
 every request ended with tokens or a clean status (no INTERNAL or UNKNOWN, no HTTP 500,
 none past its deadline), and once the load stops the ledger and every worker hold 0.
 The JSON report: counts by outcome, the invariant violations, the faults and how long
@@ -74,6 +77,8 @@ class Tally:
     violations: list[dict] = field(default_factory=list)
     faults: list[dict] = field(default_factory=list)
     checks: int = 0
+    # Held leases a check could not compare: charged and released between its two looks.
+    unverified_leases: int = 0
     bad_total: int = 0
     samples: dict = field(default_factory=dict)  # outcome -> its first details
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,7 +96,8 @@ class Tally:
 
 class Chaos:
     def __init__(self, model_dir: Path, log_dir: Path, workers: int, clients: int,
-                 duration_s: float, scheduler_restarts: int, seed: int) -> None:
+                 duration_s: float, scheduler_restarts: int, seed: int,
+                 worker_args: list[str] | None = None) -> None:
         self.rng = random.Random(seed)
         self.clients, self.duration_s = clients, duration_s
         self.scheduler_restarts = scheduler_restarts
@@ -101,6 +107,7 @@ class Chaos:
         self.cluster = LocalCluster(
             model_dir=model_dir, workers=workers, threads=1, log_dir=log_dir,
             scheduler_port=self.port, kv_capacities=["2MiB"] * workers,
+            worker_args=list(worker_args or []),
             scheduler_args=["--internal-port", str(self.internal_port),
                             "--heartbeat-interval-s", "0.5", "--lease-ttl-s", str(LEASE_TTL_S),
                             "--worker-keepalive-s", "1", "--max-queue-wait-s", "2"])
@@ -108,6 +115,7 @@ class Chaos:
         self.model = ""  # the served model's name, as the gateway lists it
         self.log_dir = log_dir
         self.faulting = threading.Lock()  # one fault at a time; the checker skips during one
+        self.seen_leases: set[str] = set()  # every lease id a check saw in the ledger
 
     # -- the cluster ----------------------------------------------------------------------
 
@@ -141,10 +149,12 @@ class Chaos:
                 scheduler_pb2.GetBudgetRequest(include_leases=True), timeout=timeout_s)
 
     @staticmethod
-    def held_bytes(address: str) -> int:
+    def worker_info(address: str) -> worker_pb2.WorkerInfo:
         with grpc.insecure_channel(address) as channel:
-            return worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(),
-                                                            timeout=2).held_bytes
+            return worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=2)
+
+    def held_bytes(self, address: str) -> int:
+        return self.worker_info(address).held_bytes
 
     # -- the clients ---------------------------------------------------------------------
 
@@ -256,10 +266,11 @@ class Chaos:
     def check_once(self) -> None:
         try:
             before = self.budget(2.0)
-            helds = {}
+            helds: dict[str, dict[str, int]] = {}  # worker id -> lease id -> bytes it holds
             for worker in before.workers:
                 with contextlib.suppress(grpc.RpcError):  # stopped or gone: nothing to read
-                    helds[worker.worker_id] = self.held_bytes(worker.address)
+                    info = self.worker_info(worker.address)
+                    helds[worker.worker_id] = {h.lease_id: h.held_bytes for h in info.held_leases}
             after = self.budget(2.0)
         except grpc.RpcError:
             return  # the scheduler is down (a fault): nothing to check
@@ -276,21 +287,46 @@ class Chaos:
                 if w.reserved_bytes != leases:
                     found.append({"check": "reserved = sum of leases", "worker": w.worker_id,
                                   "reserved": w.reserved_bytes, "leases": leases})
-        charged = collections.defaultdict(int)
-        present = collections.Counter()
-        for budget in (before, after):
-            for w in budget.workers:
-                charged[w.worker_id] = max(charged[w.worker_id], w.reserved_bytes)
-                present[w.worker_id] += 1
-        for worker_id, held in helds.items():
-            if present[worker_id] == 2 and held > charged[worker_id]:
-                found.append({"check": "held <= charged", "worker": worker_id, "held": held,
-                              "charged": charged[worker_id]})
+        found += self.held_within_charges(helds, before, after)
         with self.tally.lock:
             self.tally.checks += 1
             for violation in found:
                 violation["at_s"] = round(time.monotonic() - self.t0, 1)
                 self.tally.violations.append(violation)
+
+    def held_within_charges(self, helds: dict[str, dict[str, int]], before, after) -> list[dict]:
+        """Rule 8 per lease, on workers registered in both looks: each lease a worker holds
+        KV for is charged at least that much in one of the two snapshots; one in neither
+        that an earlier look had seen was released by the ledger while still held. (A sum
+        over the worker cannot be checked this way: a release and a charge between the two
+        looks make either snapshot's total smaller than what was held in between.)"""
+        charged: dict[str, dict[str, int]] = collections.defaultdict(dict)
+        present = collections.Counter()
+        for budget in (before, after):
+            for w in budget.workers:
+                present[w.worker_id] += 1
+                for lease in w.leases:
+                    leases = charged[w.worker_id]
+                    leases[lease.lease_id] = max(leases.get(lease.lease_id, 0), lease.reserved_bytes)
+        found, unverified = [], 0
+        for worker_id, held in helds.items():
+            if present[worker_id] != 2:
+                continue  # (re-)registering or gone in between: outside the ledger then
+            for lease_id, held_bytes in held.items():
+                charge = charged[worker_id].get(lease_id)
+                if charge is not None and held_bytes > charge:
+                    found.append({"check": "held <= charged, per lease", "worker": worker_id,
+                                  "lease_id": lease_id, "held": held_bytes, "charged": charge})
+                elif charge is None and lease_id in self.seen_leases:
+                    found.append({"check": "held lease is charged", "worker": worker_id,
+                                  "lease_id": lease_id, "held": held_bytes,
+                                  "detail": "the ledger released it and the worker still holds it"})
+                elif charge is None:
+                    unverified += 1
+        self.seen_leases.update(lease_id for leases in charged.values() for lease_id in leases)
+        with self.tally.lock:
+            self.tally.unverified_leases += unverified
+        return found
 
     def checker(self) -> None:
         while not self.stop.is_set():
@@ -414,6 +450,7 @@ class Chaos:
             "bad_request_samples": self.tally.bad,
             "outcome_samples": self.tally.samples,
             "invariant_checks": self.tally.checks,
+            "unverified_held_leases": self.tally.unverified_leases,
             "invariant_violations": self.tally.violations,
             "faults": self.tally.faults,
             "longest_recovery_s": max((r for r in recoveries if r is not None), default=None),
@@ -438,9 +475,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-dir", type=Path, default=Path("logs/chaos"))
     p.add_argument("--report", type=Path, help="write the JSON report here too")
     p.add_argument("--seed", type=int, default=40)
+    p.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                   help="given to every worker (repeatable), e.g. --worker-arg=--speculative "
+                        "--worker-arg=ngram")
     a = p.parse_args(argv)
     chaos = Chaos(a.model_dir, a.log_dir, a.workers, a.clients, a.duration_s,
-                  a.scheduler_restarts, a.seed)
+                  a.scheduler_restarts, a.seed, worker_args=a.worker_arg)
     try:
         chaos.start()
         report = chaos.run()

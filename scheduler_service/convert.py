@@ -148,6 +148,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         reserved_bytes=lease.reserved_bytes,
         claimed=lease.claimed,
         age_s=max(0.0, now - lease.created_at),
+        tenant=lease.tenant,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -167,8 +168,7 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         claimed=True,
         claimed_at=now,
         session=session,
-        # NOTE: a worker does not know tenants: a lease restored after a scheduler
-        # restart is charged to no tenant until it ends.
+        tenant=pb.tenant,  # the worker keeps the lease as claimed, tenant included
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from ortserve import keepalive
@@ -33,6 +35,7 @@ class WorkerClients:
         # A worker gone silent fails its streams in ~2x this, not at their deadlines.
         self._options = keepalive.channel_options(keepalive_s)
         self._stubs: dict[str, tuple[grpc.aio.Channel, RelayingWorkerStub]] = {}
+        self._closing: set[asyncio.Task] = set()
 
     def stub(self, address: str) -> RelayingWorkerStub:
         entry = self._stubs.get(address)
@@ -44,17 +47,33 @@ class WorkerClients:
 
     def registered(self, address: str) -> None:
         """A worker (re)registered at `address`: it may be a new version, one that serves
-        Relay where the one before did not, so the next request tries Relay again."""
+        Relay where the one before did not, so the next request tries Relay again.
+
+        A channel that failed to reach the worker before (TRANSIENT_FAILURE: a worker
+        restarted on the same port) would wait out its reconnect backoff, seconds in which
+        every request placed there fails NO_WORKER though the worker is up: it is replaced.
+        Nothing runs on a channel in that state, so closing it loses no call."""
         entry = self._stubs.get(address)
-        if entry is not None and entry[1].relay is not None:
+        if entry is None:
+            return
+        if entry[0].get_state(try_to_connect=False) is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            del self._stubs[address]
+            task = asyncio.get_running_loop().create_task(self._close(entry))
+            self._closing.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._closing.discard)
+        elif entry[1].relay is not None:
             entry[1].relay.unsupported = False
 
     async def forget(self, address: str) -> None:
         entry = self._stubs.pop(address, None)
         if entry is not None:
-            if entry[1].relay is not None:
-                await entry[1].relay.close()
-            await entry[0].close()
+            await self._close(entry)
+
+    @staticmethod
+    async def _close(entry: tuple[grpc.aio.Channel, RelayingWorkerStub]) -> None:
+        if entry[1].relay is not None:
+            await entry[1].relay.close()
+        await entry[0].close()
 
     async def close(self) -> None:
         for address in list(self._stubs):

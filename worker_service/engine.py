@@ -324,6 +324,27 @@ class Engine:
             seq.request_cancel()
             self._cond.notify()
 
+    def stop_sequence(self, sequence_id: str, error: Exception) -> bool:
+        """End a live sequence at its next step with `error` (its Failed event), its KV
+        freed as on any exit; False when no such sequence is live."""
+        with self._cond:
+            seq = self._live.get(sequence_id)
+            if seq is None or seq.done:
+                return False
+            seq.request_cancel(error)
+            self._cond.notify()
+            return True
+
+    def held_bytes_by_key(self) -> dict[str, int]:
+        """KV bytes charged now to each live sequence (by its sequence id, which is its
+        lease id) and to each idle session (by its session id), in one look."""
+        with self._cond:
+            held = {seq.sequence_id: seq.kv.nbytes for seq in self._live.values()
+                    if seq.kv is not None and not seq.kv.freed}
+            if self.sessions is not None:
+                held.update(self.sessions.charged_bytes_by_session())
+            return held
+
     # --- the engine thread ---------------------------------------------------
 
     def _loop(self) -> None:
@@ -422,7 +443,9 @@ class Engine:
     def _leave_cancelled(self) -> None:
         for seq in [*self.scheduler.waiting, *self.scheduler.running]:
             if seq.cancel_requested and not seq.done:
-                self._finish(seq, Cancelled(seq.sequence_id, seq.num_output_tokens))
+                self._finish(seq, Cancelled(seq.sequence_id, seq.num_output_tokens)
+                             if seq.cancel_error is None else
+                             Failed(seq.sequence_id, seq.cancel_error))
 
     def _fail(self, seq: Sequence, error: Exception) -> None:
         # One sequence's failure fails that sequence, never the engine.

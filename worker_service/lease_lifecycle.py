@@ -20,7 +20,13 @@ from ortserve import request_rules, tracing
 from ortserve.error_path import Relayed
 from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
-from worker_service.core.errors import LeaseInUse, LeaseMismatch, NoLiveLease, SchedulerUnreachable
+from worker_service.core.errors import (
+    LeaseInUse,
+    LeaseMismatch,
+    LeaseNotRestored,
+    NoLiveLease,
+    SchedulerUnreachable,
+)
 from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceRequest, TokenDelta
 from worker_service.engine import Engine
 from worker_service.event_mailbox import EventMailbox, coalesced
@@ -204,6 +210,17 @@ class LeaseLifecycle:
         if self._mailbox is None:
             self._mailbox = EventMailbox(asyncio.get_running_loop())
         return self._mailbox
+
+    def stop_unrestored(self, lease_ids: list[str]) -> list[str]:
+        """After a registration: stop the running sequences whose leases the ledger refused
+        to restore (their KV would be held uncharged); their streams end LEASE_NOT_FOUND and
+        free the KV. Sessions' leases go through WorkerSessions.drop. Returns those stopped."""
+        stopped = []
+        for lease_id in lease_ids:
+            if lease_id in self._live and self.engine.stop_sequence(
+                    lease_id, LeaseNotRestored(lease_id, self.worker_id)):
+                stopped.append(lease_id)
+        return stopped
 
     def live_leases(self) -> list[types_pb2.Lease]:
         """Leases this worker holds bytes for: running sequences and open sessions (the

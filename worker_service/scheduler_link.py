@@ -77,6 +77,9 @@ class SchedulerLink:
         # Runs after a registration with the sessions the scheduler did not restore and
         # the leases it refused: the worker frees those sessions.
         self.drop_sessions: Callable[[list[str], list[str]], Awaitable[None]] | None = None
+        # Runs after a registration with the leases the scheduler refused: the worker stops
+        # their running sequences (it may not hold KV the ledger does not charge).
+        self.stop_unrestored: Callable[[list[str]], Awaitable[None]] | None = None
         # (bytes the prefix cache holds, its summary's chain hashes), sent with every
         # heartbeat: the ledger shows the bytes, placement follows the hashes.
         self.prefix_cache: Callable[[], tuple[int, list[int]]] = lambda: (0, [])
@@ -97,6 +100,8 @@ class SchedulerLink:
         if reply.dropped_session_ids and self.drop_sessions is not None:
             await self.drop_sessions(list(reply.dropped_session_ids),
                                      list(reply.refused_lease_ids))
+        if reply.refused_lease_ids and self.stop_unrestored is not None:
+            await self.stop_unrestored(list(reply.refused_lease_ids))
         self.registered.set()
         log.info("registered with scheduler", scheduler=self.address, worker_id=self.worker_id,
                  restored_leases=len(request.live_leases) - len(reply.refused_lease_ids),

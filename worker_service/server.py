@@ -192,6 +192,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     link.live_sessions = servicer.live_sessions
     link.prefix_cache = engine.prefix_cache_report
     link.drop_sessions = servicer.drop_sessions
+    link.stop_unrestored = servicer.stop_unrestored
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
     try:

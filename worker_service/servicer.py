@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import structlog
+
 from ortserve import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from ortserve.version import package_version
@@ -19,6 +21,8 @@ from worker_service.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
+
+log = structlog.get_logger("worker")
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -54,6 +58,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """After a registration, those the scheduler did not restore (SchedulerLink)."""
         if self.leases is not None:
             await self._session_rpcs().drop(session_ids, refused_lease_ids)
+
+    async def stop_unrestored(self, refused_lease_ids: list[str]) -> None:
+        """After a registration, the running sequences whose leases the ledger refused."""
+        if self.leases is not None:
+            stopped = self.leases.stop_unrestored(refused_lease_ids)
+            if stopped:
+                log.warning("stopped sequences whose leases the scheduler did not restore",
+                            lease_ids=stopped)
 
     def _session_rpcs(self) -> WorkerSessions:
         leases = self._ready()
@@ -112,7 +124,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),
             nodes_off_device=engine.nodes_off_device,
             kv_allocated_bytes=engine.runtime.allocated_bytes,
+            held_leases=self._held_leases(engine),
         )
+
+    def _held_leases(self, engine: Engine) -> list[worker_pb2.HeldLease]:
+        """WorkerInfo.held_leases: the engine keys sequences by lease id and idle sessions
+        by session id; a session's lease id comes from the lease lifecycle."""
+        sessions = self.leases.session_leases if self.leases is not None else {}
+        held = []
+        for key, nbytes in sorted(engine.held_bytes_by_key().items()):
+            lease = sessions.get(key)
+            held.append(worker_pb2.HeldLease(lease_id=lease.lease_id, session_id=key,
+                                             held_bytes=nbytes) if lease is not None else
+                        worker_pb2.HeldLease(lease_id=key, held_bytes=nbytes))
+        return held
 
     async def Tokenize(self, request, context):
         engine = self._ready().engine

@@ -22,8 +22,10 @@ from scheduler_service.relay import QueueWaiter
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
+    not_found,
     worker_lost,
 )
+from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -45,6 +47,15 @@ class SessionBase:
 
     def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
         return self._workers.stub(session.address)
+
+    def _owned(self, session_id: str, context) -> None:
+        """A session answers only the tenant it is charged to (its lease's, which a
+        restored lease keeps); to another tenant it does not exist (SESSION_NOT_FOUND,
+        saying nothing of whose it is). Without tenants every caller is ""."""
+        session = self._registry.get(session_id)  # SESSION_NOT_FOUND when not open
+        lease = self._ledger.lease(session.lease_id)
+        if lease is not None and lease.tenant != caller_tenant(self._ledger.tenants, context):
+            raise not_found(session_id)
 
     def _alive(self, session: Session) -> None:
         """The session's lease lives only while its worker does: gone means the worker died."""

@@ -75,7 +75,8 @@ class Session:
 def not_found(session_id: str) -> DomainError:
     return DomainError(ErrorReason.SESSION_NOT_FOUND,
                        f"session {quoted(session_id)} is not open (closed, expired after the idle "
-                       "TTL, or never opened); open a new session and send the conversation again",
+                       "TTL, never opened, or opened by another tenant); open a new session and "
+                       "send the conversation again",
                        metadata={"session_id": session_id})
 
 

@@ -58,11 +58,13 @@ class SessionRPCs(SessionTurns):
         return self._info_pb(session, info)
 
     async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
+        self._owned(request.session_id, context)
         session = self._registry.get(request.session_id)
         self._alive(session)
         return self._info_pb(session, await self._call_worker(session, "GetSession", "GetSession"))
 
     async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
+        self._owned(request.session_id, context)
         session = self._registry.begin_turn(request.session_id)  # nothing else runs meanwhile
         try:
             self._alive(session)
@@ -76,6 +78,7 @@ class SessionRPCs(SessionTurns):
             # A retried close (its first reply lost), or one after the TTL or the worker's
             # death: the session holds nothing, which is what the caller asks for.
             return scheduler_pb2.CloseSessionResponse(freed_bytes=0, closed=False)
+        self._owned(request.session_id, context)
         session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY during a turn
         lease = self._ledger.lease(session.lease_id)
         try:

@@ -166,6 +166,7 @@ class SessionTurns(SessionReclaim):
     async def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
         arrived = time.perf_counter()
         with request_outcome("session_turn", context, self._metrics) as outcome:
+            self._owned(request.session_id, context)  # before the turn is marked in flight
             session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
             granted: Admission | None = None  # a grown lease no worker has been called for yet
             before_bytes = 0

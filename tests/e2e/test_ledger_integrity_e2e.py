@@ -60,6 +60,10 @@ def test_a_caller_cannot_release_a_running_lease_and_the_stream_runs_to_completi
     # The ledger still charges what the worker holds.
     assert reserved_bytes(roomy.address) == admission.reserved_bytes
     assert worker_held_bytes(roomy.worker_services[0].address) == admission.reserved_bytes
+    # Per lease too: what a fault checker compares with the ledger's leases.
+    info = worker_stub(roomy.worker_services[0].address).Info(worker_pb2.InfoRequest(), timeout=5)
+    assert [(h.lease_id, h.held_bytes) for h in info.held_leases] == [
+        (admission.lease_id, admission.reserved_bytes)]
     events = list(stream)
     assert events[-1].finished.usage.generated_tokens == 200
     _wait_zero(roomy)

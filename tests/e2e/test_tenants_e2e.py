@@ -364,6 +364,19 @@ def test_a_sessions_turns_count_against_the_tenant_that_opened_it(tenants):
         held = stub(tenants).GetSession(scheduler_pb2.SessionRequest(session_id=info.session_id),
                                         metadata=as_("small-admin"), timeout=30).reserved_bytes
         assert held > 0 and rows(tenants)["small"].reserved_bytes == held  # charged to small
+        # Another tenant's key (admin: charged to no tenant) cannot see, use or close it.
+        request = scheduler_pb2.SessionRequest(session_id=info.session_id)
+        for call in (lambda: stub(tenants).GetSession(request, metadata=as_("admin"), timeout=30),
+                     lambda: stub(tenants).CloseSession(request, metadata=as_("admin"), timeout=30),
+                     lambda: list(stub(tenants).SessionTurn(scheduler_pb2.SessionTurnRequest(
+                         session_id=info.session_id, request=turn), metadata=as_("admin"),
+                         timeout=30))):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND, refused.value.details()
+            assert "opened by another tenant" in refused.value.details()
+        assert stub(tenants).GetSession(request, metadata=as_("small-admin"),
+                                        timeout=30).reserved_bytes == held  # still small's
     finally:
         stub(tenants).CloseSession(scheduler_pb2.SessionRequest(session_id=info.session_id),
                                    metadata=as_("small-admin"), timeout=30)

@@ -62,14 +62,21 @@ def recover(cluster, how: str) -> None:
         port = service.address.rsplit(":", 1)[1]
         cluster.services.remove(service)
         wait_serving(cluster.start_worker(0, ["--port", port]), "ortserve.v1.Worker")
-    # A stopped worker re-registers its live leases when it resumes; the one whose caller
-    # is gone ends when the worker's pings find that caller gone (~20 s, keepalive.py).
+    # A resumed worker still runs the sequence whose caller is gone, until its pings find
+    # that caller gone (~20 s, keepalive.py); the ledger dropped the lease when the worker
+    # went silent and takes it back when the worker re-registers. So: wait for the worker
+    # to hold nothing (it frees before it releases), then for the ledger to charge nothing.
+    # The ledger alone can read 0 in the moment before the re-registration restores it.
     deadline = time.monotonic() + 90
-    while reserved_bytes(cluster.address) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if worker_held_bytes(worker(cluster).address) == 0 and reserved_bytes(cluster.address) == 0:
+            break
         time.sleep(0.1)
+    assert worker_held_bytes(worker(cluster).address) == 0
     assert reserved_bytes(cluster.address) == 0
-    # Back means serving: a restarted worker registers before the scheduler's channel to
-    # its port is out of its reconnect backoff, and a request meanwhile is NO_WORKER.
+    # Back means serving: the scheduler replaces a channel backing off from the dead worker
+    # when the restarted one registers, but a caller's own channel (the direct path's) may
+    # still be in its reconnect backoff.
     deadline = time.monotonic() + 60
     with Client(cluster.address, timeout_s=10) as client:
         while True:

@@ -16,6 +16,7 @@ from worker_service.core.errors import (
     ContextWindowFull,
     DeviceUnavailable,
     EngineError,
+    LeaseNotRestored,
 )
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.sequence import (
@@ -163,6 +164,27 @@ def test_cancel_frees_the_buffer_within_a_step_and_sends_one_cancelled(engine, p
     assert isinstance(terminal, Cancelled) and 3 <= terminal.generated_tokens < 1800
     assert isinstance(rec.events[0], TokenDelta) and rec.events[-1] is terminal
     assert engine.active_sequences() == 0
+
+
+def test_held_bytes_by_key_names_each_live_sequence_and_stopping_one_fails_it(engine, prompt):
+    """The worker's Info lists what each lease holds, and a lease the ledger did not take
+    back stops its sequence (Failed with the worker's error, not Cancelled) and frees it."""
+    running, other = Recorder(), Recorder()
+    engine.submit(SequenceRequest("lease-a", prompt, 1800), running)
+    engine.submit(SequenceRequest("lease-b", prompt, 40), other)
+    assert running.tokens.acquire(timeout=5)
+    held = engine.held_bytes_by_key()
+    assert set(held) == {"lease-a", "lease-b"} or set(held) == {"lease-a"}  # b may be done
+    assert held["lease-a"] == engine.kv.bytes_for(len(prompt) + 1800)
+    error = LeaseNotRestored("lease-a", "worker-0")
+    assert engine.stop_sequence("lease-a", error)
+    assert wait_for(lambda: running.done.is_set(), 5.0)
+    [terminal] = running.terminal()
+    assert isinstance(terminal, Failed) and terminal.error is error
+    assert other.done.wait(5) and isinstance(other.terminal()[0], Completed)
+    assert wait_for(lambda: engine.held_bytes() == 0)
+    assert engine.held_bytes_by_key() == {}
+    assert not engine.stop_sequence("lease-a", error)  # ended: nothing to stop
 
 
 def test_cancelling_a_finished_sequence_is_a_no_op(engine, prompt):

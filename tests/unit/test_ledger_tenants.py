@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from scheduler_service import convert
 from scheduler_service.ledger import tenants
 from scheduler_service.ledger.ledger import (
     AdmissionRequest,
@@ -258,3 +259,21 @@ def test_a_tenant_past_its_request_rate_is_rejected_tenant_rate_and_holds_nothin
     assert queue.submit(req("c", "large")).decision is Decision.ADMITTED  # not another's limit
     clock.now += 1.0
     assert queue.submit(req("d", "small")).decision is Decision.ADMITTED
+
+
+def test_a_lease_restored_after_a_scheduler_restart_counts_against_its_tenant_again():
+    """The lease travels to the worker with its tenant (types.Lease.tenant) and comes back
+    with the worker's registration: a new ledger charges the same tenant's quota."""
+    ledger, _, clock = setup()
+    admission = ledger.admit(req("a", "small", prompt=100, max_new=100))
+    [lease] = [lease for w in ledger.snapshot() for lease in w.leases]
+    wire = convert.lease_to_pb(lease, clock())
+    assert wire.tenant == "small"
+    restarted, _, _ = setup()
+    restarted.register(WorkerGeometry(worker_id="w1", address="w1:1", model="m",
+                                      context_length=4_096, bytes_per_token=BPT,
+                                      capacity_bytes=CAPACITY_TOKENS * BPT),
+                       [convert.lease_from_pb(wire, clock())])
+    assert held(restarted, "small") == admission.reserved_bytes == 2_000
+    capped = restarted.admit(req("b", "small", prompt=50, max_new=200))
+    assert capped.decision is Decision.CAPPED and capped.budget_cap.tenant_reserved_bytes == 2_000

@@ -1,11 +1,15 @@
-"""The worker's retry line names a likely cause for the transport errors measured against a
-real scheduler (grpcio 1.85). The strings are grpc's own, copied from runs."""
+"""The worker's link to the scheduler: its retry line names a likely cause for the
+transport errors measured against a real scheduler (grpcio 1.85; the strings are grpc's
+own, copied from runs), and a registration's refused leases stop their sequences."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from worker_service.scheduler_link import likely_cause
+from ortserve.v1 import scheduler_pb2, types_pb2
+from worker_service.scheduler_link import SchedulerLink, likely_cause
 
 A = "127.0.0.1:50061"
 LAST = "failed to connect to all addresses; last error: "
@@ -39,3 +43,28 @@ def test_each_measured_failure_gets_its_cause_and_next_step(case):
 
 def test_an_unrecognised_failure_claims_no_cause():
     assert likely_cause("Deadline Exceeded", False, A) == ""
+
+
+def test_a_lease_the_scheduler_refused_to_restore_stops_its_sequence():
+    """Rule 8 at a re-registration: a live lease the ledger would not take back (it would
+    exceed the registered capacity) must not keep KV the ledger does not charge."""
+    class Stub:
+        async def RegisterWorker(self, request, timeout):
+            return scheduler_pb2.RegisterWorkerResponse(refused_lease_ids=["lease-b"])
+
+    stopped: list[list[str]] = []
+
+    async def stop_unrestored(lease_ids):
+        stopped.append(lease_ids)
+
+    async def run():
+        live = [types_pb2.Lease(lease_id=i, reserved_bytes=1024) for i in ("lease-a", "lease-b")]
+        link = SchedulerLink(A, scheduler_pb2.RegisterWorkerRequest(worker_id="worker-0"),
+                             lambda: live)
+        link._stub = Stub()
+        link.stop_unrestored = stop_unrestored
+        await link.register()
+        await link._channel.close()
+
+    asyncio.run(run())
+    assert stopped == [["lease-b"]]

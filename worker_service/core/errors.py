@@ -94,6 +94,21 @@ class NoLiveLease(EngineError):
                          lease_id=lease_id, worker_id=worker_id)
 
 
+class LeaseNotRestored(EngineError):
+    """The scheduler did not take this running sequence's lease back when the worker
+    re-registered, so the worker stops it rather than hold KV the ledger does not charge
+    (NOT_FOUND, reason LEASE_NOT_FOUND)."""
+
+    reason = ErrorReason.LEASE_NOT_FOUND
+
+    def __init__(self, lease_id: str, worker_id: str) -> None:
+        super().__init__(f"worker {worker_id} re-registered with the scheduler and the ledger did "
+                         f"not take back lease {quoted(lease_id)} (it would exceed the worker's "
+                         "registered capacity), so the worker stopped this sequence to hold no "
+                         "KV the ledger does not charge; retry the request",
+                         lease_id=lease_id, worker_id=worker_id)
+
+
 class SchedulerUnreachable(EngineError):
     """The scheduler could not be asked about the lease (UNAVAILABLE: retry)."""
 

@@ -193,6 +193,7 @@ class Sequence:
         self.constraint: Constraint | None = None
         self.cached_tokens = 0  # prompt tokens a prefix cache hit supplies (start_from_cache)
         self.cancel_requested = False  # set under the engine's lock, read by the engine thread
+        self.cancel_error: Exception | None = None  # set with it: end Failed with this, not Cancelled
         # Speculative decoding's per-sequence state: set at submit when speculation runs
         # for this sequence (the worker's mode and the request allow it), else None.
         self.drafter: Drafter | None = None
@@ -256,9 +257,12 @@ class Sequence:
         resume, self.resume = self.resume, None
         return resume
 
-    def request_cancel(self) -> None:
-        """Ask the engine to end this sequence at its next step (under the engine's lock)."""
+    def request_cancel(self, error: Exception | None = None) -> None:
+        """Ask the engine to end this sequence at its next step (under the engine's lock):
+        Cancelled, or Failed with `error` when given (the worker ends it, not the caller)."""
         self.cancel_requested = True
+        if error is not None and self.cancel_error is None:
+            self.cancel_error = error
 
     def end(self) -> bool:
         """Mark the sequence ended; False when it already was, so every exit ends it once."""

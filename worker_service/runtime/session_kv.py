@@ -148,6 +148,12 @@ class SessionTable:
         return s.held is not None and (s.state is SessionState.SWAPPED or (
             s.state is SessionState.RESIDENT and self.pool.parks_on_host))
 
+    def charged_bytes_by_session(self) -> dict[str, int]:
+        """The pool bytes each idle session is charged now (a busy one's charge is its
+        turn's sequence's)."""
+        return {s.session_id: s.kv.nbytes for s in self._sessions.values()
+                if s.kv is not None and not s.kv.freed}
+
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
