@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from worker_service.core.sequence import Event, TokenDelta
-
-if TYPE_CHECKING:
-    from worker_service.lease_lifecycle import LeaseStream
 
 
 class EventMailbox:
@@ -28,12 +25,13 @@ class EventMailbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: deque[tuple[LeaseStream, Event]] = deque()
+        self._items: deque[tuple[Callable[[Event], None], Event]] = deque()
         self._scheduled = False
 
-    def post(self, stream: LeaseStream, event: Event) -> None:
-        """Engine thread: queue `event` for `stream`; wake the loop unless a wake-up is pending."""
-        self._items.append((stream, event))
+    def post(self, deliver: Callable[[Event], None], event: Event) -> None:
+        """Engine thread: queue `event` for `deliver` (a stream's, called on the loop); wake the
+        loop unless a wake-up is pending."""
+        self._items.append((deliver, event))
         if not self._scheduled:
             # NOTE: the order matters: the loop clears the flag BEFORE it drains, so an
             # item appended after the drain's last pop sees the flag clear and wakes again.
@@ -44,8 +42,8 @@ class EventMailbox:
         self._scheduled = False
         items = self._items
         while items:
-            stream, event = items.popleft()
-            stream._arrived(event)
+            deliver, event = items.popleft()
+            deliver(event)
 
 
 def coalesced(events: list[Event]) -> list[Event]:

@@ -94,8 +94,8 @@ class LeaseStream:
                             request_id=req.request_id)
 
     def _submit(self, engine: Engine) -> None:
-        post = self._lifecycle.mailbox().post
-        self._handle = engine.submit(self.request, lambda event: post(self, event),
+        post, arrived = self._lifecycle.mailbox().post, self._arrived
+        self._handle = engine.submit(self.request, lambda event: post(arrived, event),
                                      session_id=self.session_id, checked=True)  # open checked it
 
     def _arrived(self, event: Event) -> None:

@@ -10,7 +10,7 @@ released.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ortserve.errors import quoted
 from ortserve.v1 import types_pb2
@@ -19,8 +19,15 @@ from worker_service.engine import Engine
 from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
 from worker_service.scheduler_link import SchedulerLink
 
-if TYPE_CHECKING:
-    from worker_service.lease_lifecycle import LeaseStream
+
+class TurnStream(Protocol):
+    """What a turn's end needs of its stream (lease_lifecycle.LeaseStream)."""
+
+    session_id: str
+    lease: types_pb2.Lease
+    log: Any  # the stream's bound logger
+
+    async def shrink(self) -> None: ...
 
 
 class SessionLeases:
@@ -45,7 +52,7 @@ class SessionLeases:
         if busy:
             raise SessionBusy(session_id)
 
-    async def end_turn(self, stream: LeaseStream) -> None:
+    async def end_turn(self, stream: TurnStream) -> None:
         """A turn's stream closed (its KV freed): drop the session if the scheduler did not
         keep it, else shrink its lease to what the session holds."""
         if stream.session_id in self.orphaned:
