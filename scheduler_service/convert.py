@@ -33,7 +33,8 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
                       model: str = "", prompt_ids: list[int] | None = None,
                       tenant: str = "",
-                      default_max_new_tokens: int | None = None) -> AdmissionRequest:
+                      default_max_new_tokens: int | None = None,
+                      two_step: bool = False) -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
@@ -52,6 +53,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         tenant=tenant,
         priority=request.priority,
         default_max_new_tokens=default_max_new_tokens,
+        two_step=two_step,
     )
 
 

@@ -22,6 +22,7 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger, PrefixCacheReport
+from scheduler_service.request_outcome import count_two_step
 from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
 from scheduler_service.worker_clients import WorkerClients
@@ -102,11 +103,16 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     async def ReleaseClaimed(self, request: scheduler_pb2.ReleaseRequest, context):
         request_rules.bounded("lease_id", request.lease_id, request_rules.MAX_LEASE_ID_CHARS)
         request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        lease = self._ledger.lease(request.lease_id)
         freed = self._ledger.release(request.lease_id, request.worker_id)
         log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
                  freed_bytes=freed)
         if freed:
             self._kick()
+        if freed and lease is not None and lease.two_step and self._metrics is not None:
+            # A relayed request is counted at its Generate's exit; a two-step one's only
+            # witness here is its worker, which says how it ended as it releases.
+            count_two_step(self._metrics, request)
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
@@ -118,3 +124,4 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
                               f"{clip(request.worker_id)}", metadata={"lease_id": request.lease_id})
         self._kick()  # the freed bytes may serve the admission queue's head
         return convert.lease_to_pb(lease, time.monotonic())
+

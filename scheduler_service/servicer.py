@@ -140,7 +140,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
-                     context=None) -> tuple[Admission | Ticket, list[int], dict]:
+                     context=None, two_step: bool = False,
+                     ) -> tuple[Admission | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
         prompt's ids; what the Admission passes on of the prompt (`_noted`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
@@ -169,7 +170,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return replace(admission, dry_run=dry_run), [], {}
         domain = convert.admission_request(request, len(prompt.token_ids), model,
                                            prompt_ids=prompt.token_ids, tenant=tenant,
-                                           default_max_new_tokens=default)
+                                           default_max_new_tokens=default, two_step=two_step)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
@@ -210,7 +211,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission, _, noted = await self._admit(inner, dry_run=request.dry_run,
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
-                                                    context=context)
+                                                    context=context, two_step=True)
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         admission = _noted(admission, noted)

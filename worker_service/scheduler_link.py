@@ -179,13 +179,16 @@ class SchedulerLink:
                 await asyncio.sleep(0.2 * (attempt + 1))
         return None
 
-    async def release(self, lease_id: str) -> int:
-        """Release once; retried on transport errors (heartbeats reconcile if all fail)."""
+    async def release(self, lease_id: str, outcome: str = "", cause: str = "",
+                      finished: types_pb2.Finished | None = None) -> int:
+        """Release once, saying how its sequence ended (`outcome`, `cause`, `finished`: the
+        scheduler's count of a two-step request); retried on transport errors (heartbeats
+        reconcile if all fail)."""
+        request = scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id,
+                                               outcome=outcome, cause=cause, finished=finished)
         for attempt in range(3):
             try:
-                reply = await self._stub.ReleaseClaimed(
-                    scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id),
-                    timeout=5.0)
+                reply = await self._stub.ReleaseClaimed(request, timeout=5.0)
                 return reply.freed_bytes
             except grpc.aio.AioRpcError as error:
                 log.warning("release failed", lease_id=lease_id, code=error.code().name,

@@ -7,6 +7,7 @@ events hop onto the event loop (lease_lifecycle).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -23,6 +24,8 @@ from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
 
 log = structlog.get_logger("worker")
+
+DEADLINE_SLACK_S = 0.05  # a call cancelled this close to its deadline ended at it
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -182,27 +185,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             lease = stream.lease
             yield types_pb2.GenerateEvent(
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))
-            async for event in stream.events():
-                if isinstance(event, TokenDelta):
-                    yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
-                                                                            engine.tokenizer))
-                elif isinstance(event, Completed):
-                    if self.metrics is not None:
-                        self.metrics.completed(event)
-                    stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
-                                    generated_tokens=event.generated_tokens,
-                                    decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
-                    finished = convert.finished_to_pb(event, stream.request.sampling, lease,
-                                                      self.worker_id, engine.provider)
-                    if session_id:
-                        # The ledger shrinks before the client hears the turn is over.
-                        await stream.shrink()
-                        self._session_rpcs().turn_ended(session_id, inner, req.prompt_ids,
-                                                        event.text, event.token_ids)
-                        finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
-                        finished.session.turn_in_flight = False
-                    yield types_pb2.GenerateEvent(finished=finished)
-                elif isinstance(event, Failed):
-                    raise event.error
-                elif isinstance(event, Cancelled):
-                    return
+            try:
+                async for event in stream.events():
+                    if isinstance(event, TokenDelta):
+                        yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
+                                                                                engine.tokenizer))
+                    elif isinstance(event, Completed):
+                        if self.metrics is not None:
+                            self.metrics.completed(event)
+                        stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
+                                        generated_tokens=event.generated_tokens,
+                                        decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
+                        finished = convert.finished_to_pb(event, stream.request.sampling, lease,
+                                                          self.worker_id, engine.provider)
+                        if session_id:
+                            # The ledger shrinks before the client hears the turn is over.
+                            await stream.shrink()
+                            self._session_rpcs().turn_ended(session_id, inner, req.prompt_ids,
+                                                            event.text, event.token_ids)
+                            finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
+                            finished.session.turn_in_flight = False
+                        stream.ended_as, stream.finished = ("finished", ""), finished
+                        yield types_pb2.GenerateEvent(finished=finished)
+                    elif isinstance(event, Failed):
+                        stream.ended_as = ("failed", event.error.reason.value.lower())
+                        raise event.error
+                    elif isinstance(event, Cancelled):
+                        return
+            except (asyncio.CancelledError, GeneratorExit):
+                remaining_s = context.time_remaining()
+                if remaining_s is not None and remaining_s <= DEADLINE_SLACK_S:
+                    stream.ended_as = ("deadline", "")  # else: cancelled, the caller left
+                raise

@@ -58,14 +58,20 @@ class AdmitRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id", "worker_id", "lease_secret")
+    __slots__ = ("lease_id", "worker_id", "lease_secret", "outcome", "cause", "finished")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
     lease_secret: str
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+    outcome: str
+    cause: str
+    finished: _types_pb2.Finished
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., lease_secret: _Optional[str] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., finished: _Optional[_Union[_types_pb2.Finished, _Mapping]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("freed_bytes", "released")

@@ -205,6 +205,7 @@ class Ledger:
                 budget_cap=decision.budget_cap,
                 created_at=self._clock(),
                 tenant=request.tenant,
+                two_step=request.two_step,
             )
             self._hold(worker, lease)
             _check_room(room, lease.reserved_bytes)

@@ -121,6 +121,9 @@ class AdmissionRequest:
     # The server's ceiling for a request that sets none (--default-max-new-tokens, resolved
     # for the model); None: such a request asks for the remaining context window.
     default_max_new_tokens: int | None = None
+    # Admitted by Scheduler.Admit for its caller to stream from the worker itself (the
+    # two-step path): the worker's release then reports how it ended, for the metrics.
+    two_step: bool = False
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +202,7 @@ class Lease:
     # batch rows (placement counts only the others as sequences that need a row).
     session: bool = False
     tenant: str = ""  # who it is charged to ("": no tenant)
+    two_step: bool = False  # Admit's: its caller streams from the worker (AdmissionRequest)
 
 
 @dataclass(frozen=True)
