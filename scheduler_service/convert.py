@@ -151,6 +151,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         claimed=lease.claimed,
         age_s=max(0.0, now - lease.created_at),
         tenant=lease.tenant,
+        two_step=lease.two_step,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -171,6 +172,7 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         claimed_at=now,
         session=session,
         tenant=pb.tenant,  # the worker keeps the lease as claimed, tenant included
+        two_step=pb.two_step,
     )
 
 
