@@ -8,6 +8,7 @@ idle it is NOT_FOUND; the ledger's capacity moves by its bytes both ways. The fo
 from __future__ import annotations
 
 import json
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -19,7 +20,7 @@ import pytest
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub
-from tests.e2e.test_gateway_e2e import start_gateway
+from tests.e2e.test_gateway_e2e import start_gateway, wait_reserved_zero
 from tests.models import prepared_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -163,6 +164,24 @@ def test_v1_models_lists_each_adapter_with_its_base_as_parent(gateway, loaded):
     for name in (*AT_START, LATE):
         assert listed[name].parent == "tiny-llama-lora-rows"
     assert listed["tiny-llama-lora-rows"].parent is None
+
+
+def test_the_responses_and_messages_apis_answer_under_the_adapter_named_as_model(cluster,
+                                                                                gateway):
+    client = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
+                           timeout=120, max_retries=0)
+    # store defaults to true: a session, opened on the adapter's base, runs its turn.
+    answer = client.responses.create(model="random0", input="Hello", max_output_tokens=4)
+    assert answer.model == "random0" and answer.status in ("completed", "incomplete")
+    client.responses.delete(answer.id)  # its session's K/V goes with it (closed after)
+    assert wait_reserved_zero(cluster.address, timeout_s=60) == 0
+    request = urllib.request.Request(
+        f"http://{gateway.address}/v1/messages", method="POST",
+        headers={"content-type": "application/json"},
+        data=json.dumps({"model": "random1", "max_tokens": 4,
+                         "messages": [{"role": "user", "content": "Hello"}]}).encode())
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert json.loads(reply.read())["model"] == "random1"
 
 
 def test_an_idle_adapter_unloads_its_bytes_come_back_and_it_is_then_not_found(
