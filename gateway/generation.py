@@ -71,9 +71,10 @@ async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> S
     return await target.upstream.open(request, target.metadata)
 
 
-async def open_session(target: Target, model: str, request_id: str) -> types_pb2.SessionInfo:
+async def open_session(target: Target, model: str, request_id: str,
+                       adapter: str = "") -> types_pb2.SessionInfo:
     return await target.upstream.stub.OpenSession(
-        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model),
+        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model, adapter=adapter),
         timeout=target.upstream.timeout_s, metadata=target.metadata)
 
 

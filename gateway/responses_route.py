@@ -197,7 +197,7 @@ def _continues(prior: Stored, rr: ResponsesRequest, parsed: ParsedRequest) -> bo
 async def _open_new_session(target: Target, request: types_pb2.GenerateRequest, model: str,
                             request_id: str) -> Run:
     try:
-        info = await generation.open_session(target, model, request_id)
+        info = await generation.open_session(target, model, request_id, request.adapter)
     except grpc.RpcError as error:
         if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
             raise

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("request_id", "model")
+    __slots__ = ("request_id", "model", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SessionTurnRequest(_message.Message):
     __slots__ = ("session_id", "request")

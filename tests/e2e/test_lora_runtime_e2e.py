@@ -1,7 +1,7 @@
 """LoRA adapters at runtime through real processes (scheduler, worker, gateway) on the
 per-row tiny base: an adapter loaded through Scheduler.LoadAdapter serves beside two
-loaded at start and the base, 12 concurrent clients (gRPC and the openai client, whose
-`model` names the adapter) each get their own adapter's greedy output; unloaded while
+loaded at start and the base, 12 concurrent clients (ortserve's gRPC client with
+`adapter`, and the openai client whose `model` names the adapter) each get their own adapter's greedy output; unloaded while
 idle it is NOT_FOUND; the ledger's capacity moves by its bytes both ways. The folder is
 `make lora-demo`'s (the test skips without it)."""
 
@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
+from ortserve_client import Client
 
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
@@ -146,8 +147,10 @@ def test_three_adapters_and_the_base_interleaved_by_12_clients_each_get_their_ow
 
     def run(job):
         kind, name, i = job
-        if kind == "grpc":
-            return grpc_generate(cluster.address, prompts[i], new, name)[0]
+        if kind == "grpc":  # the project's Python client
+            with Client(cluster.address, timeout_s=120) as client:
+                return list(client.generate(prompts[i], adapter=name, max_new_tokens=new,
+                                            min_new_tokens=new).token_ids)
         return openai_text(gateway, model[name], prompts[i], new)
 
     with ThreadPoolExecutor(len(jobs)) as pool:

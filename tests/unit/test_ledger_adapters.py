@@ -100,3 +100,10 @@ def test_the_budget_lists_each_workers_adapters_and_each_models():
     budget = convert.budget_to_pb(ledger.snapshot(), False, 0.0)
     assert [(a.name, a.held_bytes) for a in budget.workers[0].adapters] == [("de", 9), ("fr", 7)]
     assert list(budget.models[0].adapters) == ["de", "es", "fr"]
+
+
+def test_a_session_naming_an_adapter_opens_on_a_worker_that_has_it():
+    ledger = ledger_with(geometry("a", 200, [("fr", 5_000)]), geometry("b", 2_000))
+    assert ledger.open_session_lease("s", BASE, adapter="fr").worker_id == "a"
+    assert ledger.open_session_lease("t", BASE).worker_id == "b"  # the base: most free bytes
+    assert ledger.open_session_lease("u", BASE, adapter="es") is None

@@ -42,7 +42,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what the shell reports for `cat` i
 def _request_kwargs(a: argparse.Namespace) -> dict:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
     kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict,
-              wait_full=a.wait_full, model=a.model)
+              wait_full=a.wait_full, model=a.model, adapter=a.adapter)
     if a.chat:
         turns = ([("system", a.system)] if a.system else []) + [("user", prompt)]
         kw["chat"] = turns
@@ -152,7 +152,9 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
                          "execution_provider": w.execution_provider,
                          "capacity_bytes": w.capacity_bytes, "context_length": w.context_length,
                          "block_tokens": w.block_tokens, "draining": w.draining,
-                         "nodes_off_device": list(w.nodes_off_device)}
+                         "nodes_off_device": list(w.nodes_off_device),
+                         "adapters": [{"name": x.name, "held_bytes": x.held_bytes}
+                                      for x in w.adapters]}
                         for w in budget.workers]}))
         return EXIT_OK
     print(f"client     ortserve {package_version()}")
@@ -165,6 +167,9 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
         if w.nodes_off_device:
             print(f"           {len(w.nodes_off_device)} shape node(s) off the device, allowed: "
                   f"{'; '.join(w.nodes_off_device)}")
+        if w.adapters:
+            print(f"           {len(w.adapters)} LoRA adapter(s): " + ", ".join(
+                f"{x.name} ({human_bytes(x.held_bytes)})" for x in w.adapters))
     for m in budget.models:
         print(f"model      {m.model}  {m.workers} worker(s)  capacity "
               f"{human_bytes(m.capacity_bytes)}  available {human_bytes(m.available_bytes)}  "
@@ -194,6 +199,9 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")
+    p.add_argument("--adapter", default="",
+                   help="a LoRA adapter of the model to run under (`ortserve info` lists them); "
+                        "unset: the base model")
     # One constraint at most (docs/structured-output.md); the server compiles it.
     constraint = p.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", type=flags.json_schema, metavar="FILE|JSON",
