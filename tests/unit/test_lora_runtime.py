@@ -116,3 +116,13 @@ def test_the_pool_gives_an_adapter_only_bytes_no_sequence_holds(engine):
         assert engine.capacity_bytes == capacity
     finally:
         engine.kv.free(allocation)
+
+
+def test_an_adapter_reloaded_under_the_same_name_runs_its_new_weights(engine, lora_dir, expected):
+    prompt, new = tuple(expected["prompts"][0]), expected["new_tokens"]
+    assert run(engine, SequenceRequest("a", prompt, new, adapter="random0")) == expected["random0"][0]
+    engine.remove_adapter("random0")
+    # Another file under the same name: no binding may keep the old one's values.
+    engine.add_adapter(engine.adapters.read("random0", str(lora_dir / "adapters" /
+                                                           "random1.onnx_adapter")))
+    assert run(engine, SequenceRequest("b", prompt, new, adapter="random0")) == expected["random1"][0]

@@ -131,7 +131,7 @@ class AdapterSet:
         self.adapters: dict[str, Adapter] = {}
         self._base = {name: self._ortvalue(np.zeros(self._base_shape(shape), np.float32))
                       for name, shape in self.inputs.items()}
-        self.version = 0  # bumped when the stacked values change (bindings re-bind)
+        self.version = 0  # bumped when an adapter comes or goes (bindings re-bind)
         self._slots: dict[str, int] = {BASE: 0}
         self._stacked: dict[str, ort.OrtValue] = {}
         if self.per_row:
@@ -205,6 +205,8 @@ class AdapterSet:
         self.adapters[adapter.name] = adapter
         if self.per_row:
             self._restack()
+        else:
+            self.version += 1
         return adapter
 
     def unload(self, name: str) -> Adapter:
@@ -213,6 +215,8 @@ class AdapterSet:
         adapter = self.adapters.pop(name)
         if self.per_row:
             self._restack()
+        else:
+            self.version += 1
         return adapter
 
     def slot(self, name: str) -> int:
