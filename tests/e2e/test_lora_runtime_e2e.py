@@ -2,12 +2,14 @@
 per-row tiny base: an adapter loaded through Scheduler.LoadAdapter serves beside two
 loaded at start and the base, 12 concurrent clients (ortserve's gRPC client with
 `adapter`, and the openai client whose `model` names the adapter) each get their own adapter's greedy output; unloaded while
-idle it is NOT_FOUND; the ledger's capacity moves by its bytes both ways. The folder is
+idle (ortserve unload-adapter) it is NOT_FOUND; the ledger's capacity moves by its bytes
+both ways. The folder is
 `make lora-demo`'s (the test skips without it)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +22,7 @@ from ortserve_client import Client
 
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import reserved_bytes, scheduler_stub
+from tests.e2e.conftest import BIN, reserved_bytes, scheduler_stub
 from tests.e2e.test_gateway_e2e import start_gateway, wait_reserved_zero
 from tests.models import prepared_model_dir
 
@@ -110,9 +112,8 @@ def openai_text(gateway, model: str, prompt: list[int], new: int) -> str:
 def loaded(cluster, late_adapter):
     """The late adapter loaded through the scheduler; the capacity before and after."""
     before = budget(cluster.address)
-    change = scheduler_stub(cluster.address).LoadAdapter(
-        types_pb2.LoadAdapterRequest(worker_id=before.worker_id, name=LATE, path=late_adapter),
-        timeout=60)
+    with Client(cluster.address, timeout_s=60) as client:
+        change = client.load_adapter(LATE, late_adapter, worker_id=before.worker_id)
     return before, change
 
 
@@ -190,11 +191,13 @@ def test_the_responses_and_messages_apis_answer_under_the_adapter_named_as_model
 def test_an_idle_adapter_unloads_its_bytes_come_back_and_it_is_then_not_found(
         cluster, gateway, loaded):
     before, _ = loaded
-    change = scheduler_stub(cluster.address).UnloadAdapter(
-        types_pb2.UnloadAdapterRequest(worker_id=before.worker_id, name=LATE), timeout=60)
-    assert change.adapter.name == LATE
+    cli = subprocess.run([str(BIN / "ortserve"), "--address", cluster.address, "unload-adapter",
+                          LATE, "--json"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    change = json.loads(cli.stdout)
+    assert change["unloaded"] == LATE and change["adapters"] == sorted(AT_START)
     after = budget(cluster.address)
-    assert after.capacity_bytes == before.capacity_bytes == change.capacity_bytes
+    assert after.capacity_bytes == before.capacity_bytes == change["capacity_bytes"]
     assert sorted(a.name for a in after.adapters) == sorted(AT_START)
     with pytest.raises(grpc.RpcError) as error:
         grpc_generate(cluster.address, [1, 2, 3], 4, LATE)

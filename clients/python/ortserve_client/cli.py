@@ -224,6 +224,27 @@ def _direct_from_env(value: str) -> bool | None:
     return None
 
 
+def _adapter_change(change, verb: str, a: argparse.Namespace) -> int:
+    if a.json:
+        print(json.dumps({"worker_id": change.worker_id, verb: change.adapter.name,
+                          "held_bytes": change.adapter.held_bytes,
+                          "capacity_bytes": change.capacity_bytes,
+                          "adapters": [x.name for x in change.adapters]}))
+        return EXIT_OK
+    print(f"{verb} {change.adapter.name} ({human_bytes(change.adapter.held_bytes)}) on worker "
+          f"{change.worker_id}: KV capacity now {human_bytes(change.capacity_bytes)}; adapters: "
+          f"{', '.join(x.name for x in change.adapters) or 'none'}")
+    return EXIT_OK
+
+
+def cmd_load_adapter(client: Client, a: argparse.Namespace) -> int:
+    return _adapter_change(client.load_adapter(a.name, a.path, a.worker), "loaded", a)
+
+
+def cmd_unload_adapter(client: Client, a: argparse.Namespace) -> int:
+    return _adapter_change(client.unload_adapter(a.name, a.worker), "unloaded", a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ortserve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -294,6 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="what the cluster runs: versions, models, devices, capacity")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
+    ld = sub.add_parser("load-adapter", help="load a LoRA adapter on a worker (an admin key)")
+    ld.add_argument("name", help="the name requests will give it (--adapter NAME)")
+    ld.add_argument("path", help="its .onnx_adapter file, as a path on the worker")
+    ld.add_argument("--worker", default="", help="the worker's id (unset: the one registered)")
+    ld.add_argument("--json", action="store_true")
+    ld.set_defaults(func=cmd_load_adapter)
+    ul = sub.add_parser("unload-adapter", help="unload an idle LoRA adapter (an admin key)")
+    ul.add_argument("name")
+    ul.add_argument("--worker", default="", help="the worker's id (unset: the one registered)")
+    ul.add_argument("--json", action="store_true")
+    ul.set_defaults(func=cmd_unload_adapter)
     chat.add_parser(sub)
     return p
 
