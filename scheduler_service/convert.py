@@ -54,6 +54,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         priority=request.priority,
         default_max_new_tokens=default_max_new_tokens,
         two_step=two_step,
+        adapter=request.adapter,
     )
 
 
@@ -198,7 +199,16 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         device=pb.device,
         max_batch_rows=pb.max_batch_rows,
         nodes_off_device=tuple(pb.nodes_off_device),
+        adapters=tuple(sorted((a.name, a.held_bytes) for a in pb.adapters)),
     )
+
+
+def adapter_change_to_pb(geometry: WorkerGeometry,
+                         adapter: types_pb2.LoraAdapter) -> types_pb2.AdapterChange:
+    """A worker's adapters and capacity after a load or unload, as the ledger holds them."""
+    return types_pb2.AdapterChange(
+        worker_id=geometry.worker_id, adapter=adapter, capacity_bytes=geometry.capacity_bytes,
+        adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in geometry.adapters])
 
 
 def queue_mode(request: types_pb2.GenerateRequest) -> Mode:
@@ -261,6 +271,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             cached_bytes=w.prefix.cached_bytes,
             cached_blocks=len(w.prefix.hashes),
             nodes_off_device=list(g.nodes_off_device),
+            adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in g.adapters],
         ))
     return scheduler_pb2.Budget(
         workers=workers,
@@ -288,6 +299,7 @@ def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.Mod
         m.reserved_bytes += w.reserved_bytes
         m.available_bytes += w.available_bytes
         m.context_length = max(m.context_length, w.context_length)
+        m.adapters[:] = sorted(set(m.adapters) | {a.name for a in w.adapters})
     return [models[name] for name in sorted(models)]
 
 

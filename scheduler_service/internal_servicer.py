@@ -16,7 +16,7 @@ import structlog
 
 from ortserve import request_rules
 from ortserve.errors import DomainError, ErrorReason, clip
-from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
+from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
@@ -125,3 +125,21 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         self._kick()  # the freed bytes may serve the admission queue's head
         return convert.lease_to_pb(lease, time.monotonic())
 
+    async def ResizeForAdapter(self, request: internal_pb2.ResizeForAdapterRequest, context):
+        """A worker loads or unloads a LoRA adapter: its capacity moves by the adapter's
+        bytes here first (a load the leases leave no room for is refused, ADAPTER_NO_ROOM)."""
+        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        adapter = request.adapter
+        geometry = self._ledger.resize_for_adapter(request.worker_id, adapter.name,
+                                                   adapter.held_bytes, request.loaded)
+        if geometry is None:
+            raise DomainError(ErrorReason.NO_WORKER,
+                              f"worker {clip(request.worker_id)} is not registered here; it "
+                              "registers again with its next heartbeat, then retry",
+                              metadata={"worker_id": request.worker_id})
+        log.info("adapter loaded" if request.loaded else "adapter unloaded",
+                 worker_id=request.worker_id, adapter=adapter.name,
+                 adapter_bytes=adapter.held_bytes, capacity_bytes=geometry.capacity_bytes)
+        if not request.loaded:
+            self._kick()  # the returned bytes may serve the admission queue's head
+        return convert.adapter_change_to_pb(geometry, adapter)

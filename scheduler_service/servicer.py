@@ -24,6 +24,7 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
+from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -89,6 +90,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._waiter = waiter
         self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
+        self._adapters = AdapterAdmin(ledger, workers)
 
     # -- admission -------------------------------------------------------------
 
@@ -120,7 +122,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return "no worker registered"
         last_error = "none"
         # NOTE: any worker of the model will do: one model, one tokenizer.
-        for worker in sorted(snapshot, key=lambda w: (w.unreachable, len(w.leases))):
+        # A worker serving the request's adapter: Tokenize checks the request as Generate would.
+        for worker in sorted(snapshot, key=lambda w: (not w.geometry.serves_adapter(request.adapter),
+                                                      w.unreachable, len(w.leases))):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
@@ -149,6 +153,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_rules.generate_request(request)
         tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
+        # An adapter no worker of the model serves: NOT_FOUND, before anything is reserved.
+        placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         default = self._config.default_max_new_tokens.for_model(model)
         prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
@@ -398,3 +404,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
         return await self._sessions.CloseSession(request, context)
+
+    # -- LoRA adapters at runtime (adapter_admin.py: admin role, relayed to the worker) --
+
+    async def LoadAdapter(self, request: types_pb2.LoadAdapterRequest, context):
+        return await self._adapters.load(request)
+
+    async def UnloadAdapter(self, request: types_pb2.UnloadAdapterRequest, context):
+        return await self._adapters.unload(request)

@@ -15,8 +15,8 @@ import structlog
 from ortserve import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from ortserve.version import package_version
-from worker_service import convert
-from worker_service.core.errors import NotReady
+from worker_service import adapter_admin, convert
+from worker_service.core.errors import InvalidRequest, NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
 from worker_service.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
@@ -128,6 +128,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             nodes_off_device=engine.nodes_off_device,
             kv_allocated_bytes=engine.runtime.allocated_bytes,
             held_leases=self._held_leases(engine),
+            adapters=adapter_admin.adapters_pb(engine),
         )
 
     def _held_leases(self, engine: Engine) -> list[worker_pb2.HeldLease]:
@@ -141,6 +142,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                              held_bytes=nbytes) if lease is not None else
                         worker_pb2.HeldLease(lease_id=key, held_bytes=nbytes))
         return held
+
+    async def LoadAdapter(self, request: types_pb2.LoadAdapterRequest, context):
+        leases = self._ready()
+        request_rules.bounded("name", request.name, request_rules.MAX_WORKER_ID_CHARS)
+        if not request.name or not request.path:
+            raise InvalidRequest("name" if not request.name else "path",
+                                 "required: the adapter's name and its .onnx_adapter file's path")
+        return await adapter_admin.load(leases.engine, leases.link, request.name, request.path)
+
+    async def UnloadAdapter(self, request: types_pb2.UnloadAdapterRequest, context):
+        leases = self._ready()
+        return await adapter_admin.unload(leases.engine, leases.link, request.name)
 
     async def Tokenize(self, request, context):
         engine = self._ready().engine

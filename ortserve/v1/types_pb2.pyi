@@ -607,3 +607,43 @@ class DetokenizeResponse(_message.Message):
     text: str
     model: str
     def __init__(self, text: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "held_bytes", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    held_bytes: int
+    path: str
+    def __init__(self, name: _Optional[str] = ..., held_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("worker_id", "name", "path")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    name: str
+    path: str
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("worker_id", "name")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    name: str
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class AdapterChange(_message.Message):
+    __slots__ = ("worker_id", "adapter", "capacity_bytes", "adapters")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    adapter: LoraAdapter
+    capacity_bytes: int
+    adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
+    def __init__(self, worker_id: _Optional[str] = ..., adapter: _Optional[_Union[LoraAdapter, _Mapping]] = ..., capacity_bytes: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ...) -> None: ...

@@ -167,6 +167,39 @@ class Ledger:
             worker.unreachable = True
             return True
 
+    def resize_for_adapter(self, worker_id: str, adapter: str, adapter_bytes: int,
+                           loaded: bool) -> WorkerGeometry | None:
+        """A worker loaded (or unloaded) a LoRA adapter: its capacity shrinks (grows) by the
+        adapter's bytes and it lists (stops listing) the adapter, in one lock hold. A load
+        that would leave its leases holding more than the smaller capacity raises
+        ADAPTER_NO_ROOM and changes nothing. None: no such worker (it must register)."""
+        if adapter_bytes < 0:
+            raise ValueError(f"adapter_bytes must be >= 0, got {adapter_bytes}")
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return None
+            g = worker.geometry
+            held = dict(g.adapters)
+            if loaded:
+                if adapter in held:  # the same load told twice: already counted
+                    return g
+                # What stays must hold the leases, and one block (a worker below it never serves).
+                if g.capacity_bytes - adapter_bytes < max(worker.reserved_bytes, g.block_bytes):
+                    raise errors.adapter_no_room(worker_id, adapter, adapter_bytes,
+                                                 g.capacity_bytes, worker.reserved_bytes,
+                                                 "the ledger's leases on it")
+                held[adapter] = adapter_bytes
+                capacity = g.capacity_bytes - adapter_bytes
+            else:
+                if adapter not in held:
+                    return g
+                capacity = g.capacity_bytes + held.pop(adapter)
+            worker.geometry = replace(g, capacity_bytes=capacity,
+                                      adapters=tuple(sorted(held.items())))
+            _check(worker)
+            return worker.geometry
+
     def geometry(self, worker_id: str) -> WorkerGeometry | None:
         with self._lock:
             worker = self._workers.get(worker_id)
@@ -425,12 +458,15 @@ class Ledger:
 
     # -- sessions (one lease per session, resized per turn; sessions/registry.py drives these) --
 
-    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "") -> Lease | None:
-        """A 0-byte lease for a new session on the worker of `model` ("": any) with the most
-        free bytes; None when none is registered. Its worker claims it when it opens the session."""
+    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "",
+                           adapter: str = "") -> Lease | None:
+        """A 0-byte lease for a new session on the worker of `model` ("": any) serving LoRA
+        `adapter` ("": the base) with the most free bytes; None when none is registered. Its
+        worker claims it when it opens the session."""
         with self._lock:
             self._expire_locked(self._clock())
-            candidates = placement.serving(self._workers.values(), model)
+            candidates = [w for w in placement.serving(self._workers.values(), model)
+                          if w.geometry.serves_adapter(adapter)]
             if not candidates:
                 return None
             worker = max(candidates, key=lambda w: (w.available_bytes, -len(w.leases),
