@@ -141,8 +141,9 @@ hf-model: tools-setup
 	@test -n "$(HF_DIR)" || { echo "hf-model: set HF_DIR to a Hugging Face model folder (config.json, *.safetensors, tokenizer.json), e.g. make hf-model HF_DIR=~/models/TinyLlama-1.1B-Chat MODEL_NAME=tinyllama PRECISION=int4" >&2; exit 2; }
 	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --from-hf "$(HF_DIR)" $(if $(MODEL_NAME),--name "$(MODEL_NAME)") --precision "$(PRECISION)" >/dev/null
 
-## test: every test, the slow ones on the real model included
-test: setup model tiny-model
+## test: every test, the slow ones on the real model included (lora-demo: the LoRA tests'
+## folders, built once from the tiny model, about 30 s of CPU, then kept)
+test: setup model tiny-model lora-demo
 	$(BIN)/pytest -q
 
 ## test-fast: unit and service tests only

@@ -119,6 +119,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def tokenize_route(request: Request):
         # vLLM's shape; counted by a worker of the model, as Generate would count it.
         parsed = _parsed(tokenize.tokenize_request, await _json_body(request))
+        await _call(upstream.resolve_adapter(parsed, _passed_through(request)))
         answer = await _call(upstream.tokenize(parsed, _passed_through(request)),
                              "messages" if parsed.WhichOneof("prompt") == "chat" else "prompt")
         return tokenize.tokenize_response(answer)
@@ -133,12 +134,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def models(request: Request):
         # Every model the scheduler's workers serve: the names a request's `model` takes.
         served = await _call(upstream.models(_passed_through(request)))
+        # Each LoRA adapter too, its base as `parent` (as vLLM lists --lora-modules).
         return {"object": "list", "data": [
-            {"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
-             "ortserve": {"workers": m.workers, "context_length": m.context_length,
-                          "capacity_bytes": m.capacity_bytes,
-                          "available_bytes": m.available_bytes}}
-            for m in served]}
+            *({"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
+               "root": m.model, "parent": None,
+               "ortserve": {"workers": m.workers, "context_length": m.context_length,
+                            "capacity_bytes": m.capacity_bytes,
+                            "available_bytes": m.available_bytes}}
+              for m in served),
+            *({"id": name, "object": "model", "created": 0, "owned_by": "ortserve",
+               "root": name, "parent": m.model,
+               "ortserve": {"adapter_of": m.model, "context_length": m.context_length}}
+              for m in served for name in m.adapters)]}
 
     @app.get("/health")
     async def health():
@@ -205,6 +212,11 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
+    try:  # `model` naming a LoRA adapter: its base, with that adapter
+        for r in requests:
+            await upstream.resolve_adapter(r, metadata)
+    except grpc.RpcError as error:
+        raise from_grpc(error, PROMPT_PARAM[kind], kind) from None
     for r in requests:  # the request's own, else the gateway's --stream-interval-ms
         r.stream_interval_ms = (parsed.stream_interval_ms if parsed.stream_interval_ms is not None
                                 else stream_interval_ms)
@@ -223,7 +235,8 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     admissions = [s.admission for s in streams]
     adm = admissions[0]
-    meta = replace(meta, model=adm.model or meta.model)  # the model that answers, as resolved
+    # The model that answers, as resolved; under an adapter its name, as vLLM answers.
+    meta = replace(meta, model=requests[0].adapter or adm.model or meta.model)
     headers = {**responses.choices_headers(admissions), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, decision=headers[responses.DECISION_HEADER],

@@ -63,6 +63,7 @@ async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> S
     Two-step where the worker is reachable, else relayed (as the chat routes open theirs)."""
     if not request.stream_interval_ms:
         request.stream_interval_ms = target.stream_interval_ms
+    await target.upstream.resolve_adapter(request, target.metadata)
     if target.workers is not None:
         return await open_direct(target.upstream.stub, target.workers, request,
                                  target.upstream.timeout_s, target.metadata,
@@ -70,9 +71,10 @@ async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> S
     return await target.upstream.open(request, target.metadata)
 
 
-async def open_session(target: Target, model: str, request_id: str) -> types_pb2.SessionInfo:
+async def open_session(target: Target, model: str, request_id: str,
+                       adapter: str = "") -> types_pb2.SessionInfo:
     return await target.upstream.stub.OpenSession(
-        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model),
+        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model, adapter=adapter),
         timeout=target.upstream.timeout_s, metadata=target.metadata)
 
 
@@ -81,6 +83,7 @@ async def open_turn(target: Target, session_id: str,
     """A session turn, admitted (its Queued events waited out, as Upstream.open does)."""
     if not request.stream_interval_ms:
         request.stream_interval_ms = target.stream_interval_ms
+    await target.upstream.resolve_adapter(request, target.metadata)
     call = target.upstream.stub.SessionTurn(
         scheduler_pb2.SessionTurnRequest(session_id=session_id, request=request),
         timeout=target.upstream.timeout_s, metadata=target.metadata)

@@ -102,10 +102,14 @@ async def create(request: Request, target: Target, store: ResponseStore,
     except ParamError as error:
         raise from_param_error(error) from None
     meta = ResponseMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
+    try:  # `model` naming a LoRA adapter: its base with it (a session opens on the base)
+        await target.upstream.resolve_adapter(parsed.generate, target.metadata)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     run = await _open(target, store, rr, parsed, prior, meta.id)
     run.request, run.history, run.tools_key = rr, history, tools_key(parsed)
     adm = run.stream.admission
-    meta.model = adm.model or meta.model
+    meta.model = parsed.generate.adapter or adm.model or meta.model  # an adapter: its name
     headers = {**admission_headers(adm), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, api="responses", session_id=run.session_id,
@@ -172,7 +176,7 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                     raise
             else:
                 return Run(stream, session, False, prior.turns + 1)
-        return await _open_new_session(target, request, rr.model, request_id)
+        return await _open_new_session(target, request, request.model, request_id)
     except grpc.RpcError as error:
         raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     except StreamBroken as error:
@@ -194,7 +198,7 @@ def _continues(prior: Stored, rr: ResponsesRequest, parsed: ParsedRequest) -> bo
 async def _open_new_session(target: Target, request: types_pb2.GenerateRequest, model: str,
                             request_id: str) -> Run:
     try:
-        info = await generation.open_session(target, model, request_id)
+        info = await generation.open_session(target, model, request_id, request.adapter)
     except grpc.RpcError as error:
         if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
             raise

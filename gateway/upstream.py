@@ -130,18 +130,36 @@ class Upstream:
                                          timeout=timeout_s)
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    async def models(self, metadata: Sequence[tuple[str, str]] = ()
+    async def models(self, metadata: Sequence[tuple[str, str]] = (), fresh: bool = False
                      ) -> list[scheduler_pb2.ModelBudget]:
         """The served models (Budget.models, sorted by name), from GetBudget with the
-        caller's key (cached briefly, per key)."""
+        caller's key (cached briefly, per key; `fresh`: asked again now)."""
         now_s = time.monotonic()
         key = tuple(metadata)
         cached = self._budgets.get(key)
-        if cached is None or now_s - cached[0] > self._models_cache_s:
+        if fresh or cached is None or now_s - cached[0] > self._models_cache_s:
             if len(self._budgets) > 1024:  # many keys: forget them all rather than grow
                 self._budgets.clear()
             cached = self._budgets[key] = (now_s, await self.budget(metadata=metadata))
         return list(cached[1].models)
+
+    async def resolve_adapter(self, request: types_pb2.GenerateRequest,
+                              metadata: Sequence[tuple[str, str]] = ()) -> None:
+        """`model` naming a LoRA adapter (as vLLM takes it): the request becomes its base
+        model with that adapter. A served model's own name, or an unknown one, is left for
+        the scheduler to resolve (an unknown name is its NOT_FOUND)."""
+        if not request.model or request.adapter:
+            return
+        for fresh in (False, True):  # an adapter loaded since the cached listing
+            served = await self.models(metadata, fresh=fresh)
+            if any(m.model == request.model for m in served):
+                return
+            bases = [m.model for m in served if request.model in m.adapters]
+            if bases:
+                # NOTE: two bases serving adapters of one name: the first by name; a caller
+                # that must choose sets model to the base and `adapter` (gRPC) instead.
+                request.adapter, request.model = request.model, bases[0]
+                return
 
     async def close(self) -> None:
         await self._channel.close()

@@ -54,6 +54,9 @@ METHOD_ROLES: dict[str, Role] = {
     "/ortserve.v1.Scheduler/GetSession": Role.GENERATE,
     "/ortserve.v1.Scheduler/SwapOutSession": Role.GENERATE,
     "/ortserve.v1.Scheduler/CloseSession": Role.GENERATE,
+    # Loading and unloading LoRA adapters moves a worker's capacity: an operator's call.
+    "/ortserve.v1.Scheduler/LoadAdapter": Role.ADMIN,
+    "/ortserve.v1.Scheduler/UnloadAdapter": Role.ADMIN,
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")

@@ -56,6 +56,8 @@ class ErrorReason(enum.StrEnum):
     MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # no registered worker serves the request's model
     TENANT_QUOTA = "TENANT_QUOTA"  # the caller's tenant holds its KV quota; retry (or fewer tokens)
     TENANT_RATE = "TENANT_RATE"  # the caller's tenant started its requests_per_s; retry
+    ADAPTER_NO_ROOM = "ADAPTER_NO_ROOM"  # a LoRA adapter's bytes do not fit the free KV now
+    ADAPTER_BUSY = "ADAPTER_BUSY"  # sequences run under the adapter being unloaded
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

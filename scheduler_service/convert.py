@@ -33,7 +33,8 @@ _CAUSE = {cause: types_pb2.RejectionCause.Value(cause.name) for cause in Cause}
 def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
                       model: str = "", prompt_ids: list[int] | None = None,
                       tenant: str = "",
-                      default_max_new_tokens: int | None = None) -> AdmissionRequest:
+                      default_max_new_tokens: int | None = None,
+                      two_step: bool = False) -> AdmissionRequest:
     """The ledger's view of a request; raises InvalidField naming the proto field.
 
     `model`: the request's model as resolved (placement.resolve_model), not as sent.
@@ -52,6 +53,8 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         tenant=tenant,
         priority=request.priority,
         default_max_new_tokens=default_max_new_tokens,
+        two_step=two_step,
+        adapter=request.adapter,
     )
 
 
@@ -149,6 +152,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         claimed=lease.claimed,
         age_s=max(0.0, now - lease.created_at),
         tenant=lease.tenant,
+        two_step=lease.two_step,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -169,6 +173,7 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         claimed_at=now,
         session=session,
         tenant=pb.tenant,  # the worker keeps the lease as claimed, tenant included
+        two_step=pb.two_step,
     )
 
 
@@ -194,7 +199,16 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         device=pb.device,
         max_batch_rows=pb.max_batch_rows,
         nodes_off_device=tuple(pb.nodes_off_device),
+        adapters=tuple(sorted((a.name, a.held_bytes) for a in pb.adapters)),
     )
+
+
+def adapter_change_to_pb(geometry: WorkerGeometry,
+                         adapter: types_pb2.LoraAdapter) -> types_pb2.AdapterChange:
+    """A worker's adapters and capacity after a load or unload, as the ledger holds them."""
+    return types_pb2.AdapterChange(
+        worker_id=geometry.worker_id, adapter=adapter, capacity_bytes=geometry.capacity_bytes,
+        adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in geometry.adapters])
 
 
 def queue_mode(request: types_pb2.GenerateRequest) -> Mode:
@@ -257,6 +271,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             cached_bytes=w.prefix.cached_bytes,
             cached_blocks=len(w.prefix.hashes),
             nodes_off_device=list(g.nodes_off_device),
+            adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in g.adapters],
         ))
     return scheduler_pb2.Budget(
         workers=workers,
@@ -284,6 +299,7 @@ def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.Mod
         m.reserved_bytes += w.reserved_bytes
         m.available_bytes += w.available_bytes
         m.context_length = max(m.context_length, w.context_length)
+        m.adapters[:] = sorted(set(m.adapters) | {a.name for a in w.adapters})
     return [models[name] for name in sorted(models)]
 
 

@@ -16,12 +16,13 @@ import structlog
 
 from ortserve import request_rules
 from ortserve.errors import DomainError, ErrorReason, clip
-from ortserve.v1 import internal_pb2_grpc, scheduler_pb2
+from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger, PrefixCacheReport
+from scheduler_service.request_outcome import count_two_step
 from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
 from scheduler_service.worker_clients import WorkerClients
@@ -102,11 +103,16 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
     async def ReleaseClaimed(self, request: scheduler_pb2.ReleaseRequest, context):
         request_rules.bounded("lease_id", request.lease_id, request_rules.MAX_LEASE_ID_CHARS)
         request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        lease = self._ledger.lease(request.lease_id)
         freed = self._ledger.release(request.lease_id, request.worker_id)
         log.info("release", lease_id=request.lease_id, worker_id=request.worker_id or None,
                  freed_bytes=freed)
         if freed:
             self._kick()
+        if freed and lease is not None and lease.two_step and self._metrics is not None:
+            # A relayed request is counted at its Generate's exit; a two-step one's only
+            # witness here is its worker, which says how it ended as it releases.
+            count_two_step(self._metrics, request)
         return scheduler_pb2.ReleaseResponse(freed_bytes=freed, released=freed > 0)
 
     async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
@@ -118,3 +124,22 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
                               f"{clip(request.worker_id)}", metadata={"lease_id": request.lease_id})
         self._kick()  # the freed bytes may serve the admission queue's head
         return convert.lease_to_pb(lease, time.monotonic())
+
+    async def ResizeForAdapter(self, request: internal_pb2.ResizeForAdapterRequest, context):
+        """A worker loads or unloads a LoRA adapter: its capacity moves by the adapter's
+        bytes here first (a load the leases leave no room for is refused, ADAPTER_NO_ROOM)."""
+        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        adapter = request.adapter
+        geometry = self._ledger.resize_for_adapter(request.worker_id, adapter.name,
+                                                   adapter.held_bytes, request.loaded)
+        if geometry is None:
+            raise DomainError(ErrorReason.NO_WORKER,
+                              f"worker {clip(request.worker_id)} is not registered here; it "
+                              "registers again with its next heartbeat, then retry",
+                              metadata={"worker_id": request.worker_id})
+        log.info("adapter loaded" if request.loaded else "adapter unloaded",
+                 worker_id=request.worker_id, adapter=adapter.name,
+                 adapter_bytes=adapter.held_bytes, capacity_bytes=geometry.capacity_bytes)
+        if not request.loaded:
+            self._kick()  # the returned bytes may serve the admission queue's head
+        return convert.adapter_change_to_pb(geometry, adapter)

@@ -18,6 +18,11 @@ deadline, the worker's failure) passes through its __exit__ exactly once, and
                  ended_without_finished
   error          anything else (a bug: the error path logs its traceback); cause:
                  the exception's type
+
+A two-step request (Scheduler.Admit, then the worker's own Generate) has no handler
+here: its worker says how it ended when it releases the lease, and count_two_step
+counts it once under rpc "direct" with the same outcomes (a failure's cause is the
+worker's error reason, lowercase).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from google.rpc import error_details_pb2, status_pb2
 from ortserve import tracing
 from ortserve.error_path import Relayed
 from ortserve.errors import DomainError, ErrorReason
-from ortserve.v1 import types_pb2
+from ortserve.v1 import scheduler_pb2, types_pb2
 
 OUTCOMES = ("finished", "rejected", "cancelled", "deadline", "worker_failed", "error")
 # A cancel this close to the caller's deadline is the deadline (grpc cancels the
@@ -133,3 +138,16 @@ def request_outcome(rpc: str, context, metrics=None) -> RequestOutcome:
     """A RequestOutcome counting into `metrics` (SchedulerMetrics; None: counting nothing)."""
     count = metrics.request if metrics is not None else (lambda *outcome: None)
     return RequestOutcome(rpc, context.time_remaining, count)
+
+def count_two_step(metrics, request: scheduler_pb2.ReleaseRequest) -> None:
+    """A two-step request's one count (rpc "direct"), from its worker's release: outcome and
+    cause as RequestOutcome's (docs/operations.md); a finished one's tokens and timings too."""
+    finished = request.finished if request.HasField("finished") else None
+    if request.outcome == "finished" and finished is not None:
+        metrics.request("direct", "finished", finish_reason_label(finished.finish_reason),
+                        finished)
+    elif request.outcome == "failed":
+        metrics.request("direct", "worker_failed", request.cause or "unknown", None)
+    elif request.outcome in ("cancelled", "deadline"):
+        metrics.request("direct", request.outcome, "running", None)
+

@@ -24,6 +24,7 @@ from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
+from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -89,6 +90,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._waiter = waiter
         self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
+        self._adapters = AdapterAdmin(ledger, workers)
 
     # -- admission -------------------------------------------------------------
 
@@ -120,7 +122,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return "no worker registered"
         last_error = "none"
         # NOTE: any worker of the model will do: one model, one tokenizer.
-        for worker in sorted(snapshot, key=lambda w: (w.unreachable, len(w.leases))):
+        # A worker serving the request's adapter: Tokenize checks the request as Generate would.
+        for worker in sorted(snapshot, key=lambda w: (not w.geometry.serves_adapter(request.adapter),
+                                                      w.unreachable, len(w.leases))):
             try:
                 answer = await self._workers.stub(worker.geometry.address).Tokenize(
                     worker_pb2.TokenizeRequest(request=request), timeout=10.0)
@@ -140,7 +144,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
-                     context=None) -> tuple[Admission | Ticket, list[int], dict]:
+                     context=None, two_step: bool = False,
+                     ) -> tuple[Admission | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
         prompt's ids; what the Admission passes on of the prompt (`_noted`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
@@ -148,6 +153,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_rules.generate_request(request)
         tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
+        # An adapter no worker of the model serves: NOT_FOUND, before anything is reserved.
+        placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         default = self._config.default_max_new_tokens.for_model(model)
         prompt = await self._prompt(request, model)
         if isinstance(prompt, str):
@@ -169,7 +176,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return replace(admission, dry_run=dry_run), [], {}
         domain = convert.admission_request(request, len(prompt.token_ids), model,
                                            prompt_ids=prompt.token_ids, tenant=tenant,
-                                           default_max_new_tokens=default)
+                                           default_max_new_tokens=default, two_step=two_step)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
@@ -210,7 +217,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission, _, noted = await self._admit(inner, dry_run=request.dry_run,
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
-                                                    context=context)
+                                                    context=context, two_step=True)
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         admission = _noted(admission, noted)
@@ -397,3 +404,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
         return await self._sessions.CloseSession(request, context)
+
+    # -- LoRA adapters at runtime (adapter_admin.py: admin role, relayed to the worker) --
+
+    async def LoadAdapter(self, request: types_pb2.LoadAdapterRequest, context):
+        return await self._adapters.load(request)
+
+    async def UnloadAdapter(self, request: types_pb2.UnloadAdapterRequest, context):
+        return await self._adapters.unload(request)

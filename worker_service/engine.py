@@ -48,7 +48,7 @@ from worker_service.core.tokenizer import Tokenizer
 from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices
 from worker_service.runtime.factory import build_runtime
-from worker_service.runtime.lora import AdapterNotFound, AdapterSet
+from worker_service.runtime.lora import Adapter, AdapterBusy, AdapterNotFound, AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
@@ -124,6 +124,9 @@ class Engine:
         self._masks = MaskBatch(self.spec.vocab_size, threads=min(self.intra_op_threads, 4),
                                 overlap=config.constraint_mask_overlap)
 
+        # Held around each step: a LoRA adapter changes only between steps (its values
+        # are bound into the runs, and a per-row graph restacks them all).
+        self._step_lock = threading.Lock()
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
         self._live: dict[str, Sequence] = {}  # guarded by _cond
@@ -182,9 +185,38 @@ class Engine:
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
                                      self.spec.context_length, req.min_new_tokens)
         if req.adapter:
-            if self.adapters is None:
-                raise AdapterNotFound(req.adapter, [])
-            self.adapters.check(req.adapter)
+            self.check_adapter(req.adapter)
+
+    def check_adapter(self, name: str) -> None:
+        """Raise AdapterNotFound unless this worker serves adapter `name`."""
+        if self.adapters is None:
+            raise AdapterNotFound(name, [])
+        self.adapters.check(name)
+
+    def add_adapter(self, adapter: Adapter) -> None:
+        """Serve an adapter its set read (AdapterSet.read), between two engine steps."""
+        if self.adapters is None:
+            raise AdapterNotFound(adapter.name, [])
+        with self._step_lock, self._cond:
+            self.adapters.add(adapter)
+
+    def remove_adapter(self, name: str) -> Adapter:
+        """Stop serving adapter `name`, between two engine steps; AdapterBusy while sequences
+        run under it or open sessions hold K/V computed under it. Its prefix-cache blocks go
+        with it (the cache is cleared: a later adapter of that name must not find them)."""
+        if self.adapters is None:
+            raise AdapterNotFound(name, [])
+        with self._step_lock, self._cond:
+            self.adapters.check(name)
+            running = sorted(seq.req.sequence_id for seq in self._live.values()
+                             if seq.req.adapter == name)
+            sessions = sorted(sid for sid, held in self._session_adapters.items() if held == name)
+            if running or sessions:
+                raise AdapterBusy(name, running, sessions)
+            adapter = self.adapters.unload(name)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        return adapter
 
     @property
     def adapter_bytes(self) -> int:
@@ -220,6 +252,8 @@ class Engine:
             if req.sequence_id in self._live:
                 raise LeaseInUse(req.sequence_id)
             # Pinned before the charge is made, so the eviction the charge may need leaves it.
+            if req.adapter:  # again under the lock: an unload may have run since check()
+                self.check_adapter(req.adapter)
             hit = (self.prefix_cache.lookup(req.prompt_ids, req.adapter)
                    if self.prefix_cache is not None else None)
             try:
@@ -357,8 +391,9 @@ class Engine:
                 for seq in self._inbox:
                     self.scheduler.add(seq)
                 self._inbox.clear()
-            self._leave_cancelled()
-            self.step()
+            with self._step_lock:
+                self._leave_cancelled()
+                self.step()
         closing = EngineError("the worker's engine closed while the sequence was in flight; "
                               "resubmit it")
         with self._cond:

@@ -90,6 +90,10 @@ class LeaseStream:
         # ... or has arrived (its KV is freed before it is sent): a reader cancelled while
         # it held a taken batch never reads the terminal event that batch carried.
         self._engine_done = False
+        # How it ended, for the release (ReleaseRequest.outcome, cause, finished): the
+        # servicer sets it as the events go out; a stream closed before that was left.
+        self.ended_as: tuple[str, str] = ("cancelled", "")
+        self.finished: types_pb2.Finished | None = None
         self.log = log.bind(lease_id=lease.lease_id, worker_id=lifecycle.worker_id,
                             request_id=req.request_id)
 
@@ -171,7 +175,9 @@ class LeaseStream:
             if self.session_id:
                 await self._lifecycle.sessions.end_turn(self)
             else:
-                freed = await self._lifecycle.link.release(self.lease.lease_id)
+                outcome, cause = self.ended_as
+                freed = await self._lifecycle.link.release(self.lease.lease_id, outcome, cause,
+                                                           self.finished)
                 self.log.info("lease released", freed_bytes=freed)
 
     async def shrink(self) -> None:

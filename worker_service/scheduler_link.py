@@ -13,7 +13,7 @@ import grpc
 import structlog
 
 from ortserve.tls import secure_or_insecure_channel
-from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, types_pb2
+from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2, types_pb2
 
 log = structlog.get_logger("worker")
 
@@ -157,6 +157,21 @@ class SchedulerLink:
             log.warning("could not tell the scheduler this worker is draining",
                         code=error.code().name, details=error.details())
 
+    def serving(self, capacity_bytes: int, adapters: list[types_pb2.LoraAdapter]) -> None:
+        """The worker's capacity and adapters changed (an adapter loaded or unloaded): what
+        every later registration announces."""
+        self._registration.capacity_bytes = capacity_bytes
+        del self._registration.adapters[:]
+        self._registration.adapters.extend(adapters)
+
+    async def resize_for_adapter(self, adapter: types_pb2.LoraAdapter,
+                                 loaded: bool) -> types_pb2.AdapterChange:
+        """Have the ledger move this worker's capacity by the adapter's bytes (and list it
+        or not); raises the ledger's refusal (ADAPTER_NO_ROOM) as the scheduler sent it."""
+        return await self._stub.ResizeForAdapter(
+            internal_pb2.ResizeForAdapterRequest(worker_id=self.worker_id, adapter=adapter,
+                                                 loaded=loaded), timeout=10.0)
+
     async def claim(self, lease_id: str, prompt_tokens: int = 0,
                     max_new_tokens: int = 0) -> types_pb2.Lease:
         return await self._stub.ClaimLease(
@@ -179,13 +194,16 @@ class SchedulerLink:
                 await asyncio.sleep(0.2 * (attempt + 1))
         return None
 
-    async def release(self, lease_id: str) -> int:
-        """Release once; retried on transport errors (heartbeats reconcile if all fail)."""
+    async def release(self, lease_id: str, outcome: str = "", cause: str = "",
+                      finished: types_pb2.Finished | None = None) -> int:
+        """Release once, saying how its sequence ended (`outcome`, `cause`, `finished`: the
+        scheduler's count of a two-step request); retried on transport errors (heartbeats
+        reconcile if all fail)."""
+        request = scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id,
+                                               outcome=outcome, cause=cause, finished=finished)
         for attempt in range(3):
             try:
-                reply = await self._stub.ReleaseClaimed(
-                    scheduler_pb2.ReleaseRequest(lease_id=lease_id, worker_id=self.worker_id),
-                    timeout=5.0)
+                reply = await self._stub.ReleaseClaimed(request, timeout=5.0)
                 return reply.freed_bytes
             except grpc.aio.AioRpcError as error:
                 log.warning("release failed", lease_id=lease_id, code=error.code().name,

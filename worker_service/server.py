@@ -19,6 +19,7 @@ from ortserve.serving import add_health_and_reflection, new_server, set_serving
 from ortserve.units import human_bytes, human_bytes_at_least
 from ortserve.v1 import scheduler_pb2, worker_pb2
 from ortserve.version import package_version
+from worker_service import adapter_admin
 from worker_service.config import WorkerConfig
 from worker_service.core.errors import ConfigError, DeviceUnavailable
 from worker_service.engine import Engine, EngineConfig
@@ -175,6 +176,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
         # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
         max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
         nodes_off_device=engine.nodes_off_device,
+        adapters=adapter_admin.adapters_pb(engine),
     )
     if config.metrics_port is not None:
         registry = new_registry()

@@ -7,6 +7,7 @@ events hop onto the event loop (lease_lifecycle).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -14,8 +15,8 @@ import structlog
 from ortserve import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from ortserve.version import package_version
-from worker_service import convert
-from worker_service.core.errors import NotReady
+from worker_service import adapter_admin, convert
+from worker_service.core.errors import InvalidRequest, NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
 from worker_service.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
@@ -23,6 +24,8 @@ from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
 
 log = structlog.get_logger("worker")
+
+DEADLINE_SLACK_S = 0.05  # a call cancelled this close to its deadline ended at it
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -125,6 +128,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             nodes_off_device=engine.nodes_off_device,
             kv_allocated_bytes=engine.runtime.allocated_bytes,
             held_leases=self._held_leases(engine),
+            adapters=adapter_admin.adapters_pb(engine),
         )
 
     def _held_leases(self, engine: Engine) -> list[worker_pb2.HeldLease]:
@@ -138,6 +142,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                              held_bytes=nbytes) if lease is not None else
                         worker_pb2.HeldLease(lease_id=key, held_bytes=nbytes))
         return held
+
+    async def LoadAdapter(self, request: types_pb2.LoadAdapterRequest, context):
+        leases = self._ready()
+        request_rules.bounded("name", request.name, request_rules.MAX_WORKER_ID_CHARS)
+        if not request.name or not request.path:
+            raise InvalidRequest("name" if not request.name else "path",
+                                 "required: the adapter's name and its .onnx_adapter file's path")
+        return await adapter_admin.load(leases.engine, leases.link, request.name, request.path)
+
+    async def UnloadAdapter(self, request: types_pb2.UnloadAdapterRequest, context):
+        leases = self._ready()
+        return await adapter_admin.unload(leases.engine, leases.link, request.name)
 
     async def Tokenize(self, request, context):
         engine = self._ready().engine
@@ -182,27 +198,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             lease = stream.lease
             yield types_pb2.GenerateEvent(
                 admission=convert.admission_from_lease(lease, self.worker_id, self.address))
-            async for event in stream.events():
-                if isinstance(event, TokenDelta):
-                    yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
-                                                                            engine.tokenizer))
-                elif isinstance(event, Completed):
-                    if self.metrics is not None:
-                        self.metrics.completed(event)
-                    stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
-                                    generated_tokens=event.generated_tokens,
-                                    decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
-                    finished = convert.finished_to_pb(event, stream.request.sampling, lease,
-                                                      self.worker_id, engine.provider)
-                    if session_id:
-                        # The ledger shrinks before the client hears the turn is over.
-                        await stream.shrink()
-                        self._session_rpcs().turn_ended(session_id, inner, req.prompt_ids,
-                                                        event.text, event.token_ids)
-                        finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
-                        finished.session.turn_in_flight = False
-                    yield types_pb2.GenerateEvent(finished=finished)
-                elif isinstance(event, Failed):
-                    raise event.error
-                elif isinstance(event, Cancelled):
-                    return
+            try:
+                async for event in stream.events():
+                    if isinstance(event, TokenDelta):
+                        yield types_pb2.GenerateEvent(chunk=convert.chunk_to_pb(event,
+                                                                                engine.tokenizer))
+                    elif isinstance(event, Completed):
+                        if self.metrics is not None:
+                            self.metrics.completed(event)
+                        stream.log.info("sequence finished", finish_reason=event.finish_reason.value,
+                                        generated_tokens=event.generated_tokens,
+                                        decode_tokens_per_s=round(event.decode_tokens_per_s, 1))
+                        finished = convert.finished_to_pb(event, stream.request.sampling, lease,
+                                                          self.worker_id, engine.provider)
+                        if session_id:
+                            # The ledger shrinks before the client hears the turn is over.
+                            await stream.shrink()
+                            self._session_rpcs().turn_ended(session_id, inner, req.prompt_ids,
+                                                            event.text, event.token_ids)
+                            finished.session.CopyFrom(self._session_rpcs().info_pb(session_id))
+                            finished.session.turn_in_flight = False
+                        stream.ended_as, stream.finished = ("finished", ""), finished
+                        yield types_pb2.GenerateEvent(finished=finished)
+                    elif isinstance(event, Failed):
+                        stream.ended_as = ("failed", event.error.reason.value.lower())
+                        raise event.error
+                    elif isinstance(event, Cancelled):
+                        return
+            except (asyncio.CancelledError, GeneratorExit):
+                remaining_s = context.time_remaining()
+                if remaining_s is not None and remaining_s <= DEADLINE_SLACK_S:
+                    stream.ended_as = ("deadline", "")  # else: cancelled, the caller left
+                raise

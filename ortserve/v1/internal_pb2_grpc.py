@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from ortserve.v1 import internal_pb2 as ortserve_dot_v1_dot_internal__pb2
 from ortserve.v1 import scheduler_pb2 as ortserve_dot_v1_dot_scheduler__pb2
 from ortserve.v1 import types_pb2 as ortserve_dot_v1_dot_types__pb2
 
@@ -61,6 +62,11 @@ class SchedulerInternalStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.Lease.FromString,
                 _registered_method=True)
+        self.ResizeForAdapter = channel.unary_unary(
+                '/ortserve.v1.SchedulerInternal/ResizeForAdapter',
+                request_serializer=ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+                _registered_method=True)
 
 
 class SchedulerInternalServicer:
@@ -109,6 +115,17 @@ class SchedulerInternalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResizeForAdapter(self, request, context):
+        """A worker loads or unloads a LoRA adapter: the ledger moves the worker's
+        capacity by the adapter's bytes and lists the adapter (or stops listing
+        it), in one step. A load is refused RESOURCE_EXHAUSTED (reason
+        ADAPTER_NO_ROOM, the numbers in the message) when the worker's leases
+        hold more than the smaller capacity; the worker then does not load it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerInternalServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +153,11 @@ def add_SchedulerInternalServicer_to_server(servicer, server):
                     servicer.ShrinkLease,
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.Lease.SerializeToString,
+            ),
+            'ResizeForAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeForAdapter,
+                    request_deserializer=ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +296,33 @@ class SchedulerInternal:
             '/ortserve.v1.SchedulerInternal/ShrinkLease',
             ortserve_dot_v1_dot_scheduler__pb2.ShrinkLeaseRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.Lease.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResizeForAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.SchedulerInternal/ResizeForAdapter',
+            ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
             options,
             channel_credentials,
             insecure,

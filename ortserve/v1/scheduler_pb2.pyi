@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("request_id", "model")
+    __slots__ = ("request_id", "model", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SessionTurnRequest(_message.Message):
     __slots__ = ("session_id", "request")
@@ -58,14 +60,20 @@ class AdmitRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id", "worker_id", "lease_secret")
+    __slots__ = ("lease_id", "worker_id", "lease_secret", "outcome", "cause", "finished")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECRET_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
     lease_secret: str
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., lease_secret: _Optional[str] = ...) -> None: ...
+    outcome: str
+    cause: str
+    finished: _types_pb2.Finished
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., lease_secret: _Optional[str] = ..., outcome: _Optional[str] = ..., cause: _Optional[str] = ..., finished: _Optional[_Union[_types_pb2.Finished, _Mapping]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("freed_bytes", "released")
@@ -82,7 +90,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +113,7 @@ class WorkerBudget(_message.Message):
     CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NODES_OFF_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -127,7 +136,8 @@ class WorkerBudget(_message.Message):
     cached_bytes: int
     cached_blocks: int
     nodes_off_device: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s")
@@ -184,23 +194,25 @@ class TenantBudget(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_waiting_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
-    __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length")
+    __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length", "adapters")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     workers: int
     capacity_bytes: int
     reserved_bytes: int
     available_bytes: int
     context_length: int
-    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows", "nodes_off_device")
+    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows", "nodes_off_device", "adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +228,7 @@ class RegisterWorkerRequest(_message.Message):
     LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     NODES_OFF_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -231,7 +244,8 @@ class RegisterWorkerRequest(_message.Message):
     live_sessions: _containers.RepeatedCompositeFieldContainer[LiveSession]
     max_batch_rows: int
     nodes_off_device: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ..., max_batch_rows: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ..., max_batch_rows: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ...) -> None: ...
 
 class LiveSession(_message.Message):
     __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens", "tools")

@@ -92,6 +92,16 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/ortserve.v1.Scheduler/LoadAdapter',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/ortserve.v1.Scheduler/UnloadAdapter',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -224,6 +234,29 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Load a LoRA adapter on a worker at runtime (an operator's call: an admin
+        key when API keys are configured, else PERMISSION_DENIED). Relayed to
+        Worker.LoadAdapter, which takes the adapter's bytes out of its KV capacity
+        and this ledger's at once: RESOURCE_EXHAUSTED (reason ADAPTER_NO_ROOM,
+        the numbers in the message) when the KV in use leaves no room;
+        INVALID_ARGUMENT naming worker_id when it names no registered worker (or
+        is empty while several are).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unload a LoRA adapter from a worker (admin, as LoadAdapter): its bytes
+        return to the worker's KV capacity and the ledger's. FAILED_PRECONDITION
+        (reason ADAPTER_BUSY, naming the sequences) while sequences run under it:
+        retry once they finish. Requests naming it are then NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +314,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -582,6 +625,60 @@ class Scheduler:
             '/ortserve.v1.Scheduler/CloseSession',
             ortserve_dot_v1_dot_scheduler__pb2.SessionRequest.SerializeToString,
             ortserve_dot_v1_dot_scheduler__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/LoadAdapter',
+            ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/UnloadAdapter',
+            ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
             options,
             channel_credentials,
             insecure,

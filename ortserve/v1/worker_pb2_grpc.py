@@ -81,6 +81,16 @@ class WorkerStub:
                 request_serializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/ortserve.v1.Worker/LoadAdapter',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/ortserve.v1.Worker/UnloadAdapter',
+                request_serializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -176,6 +186,27 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Load a LoRA adapter from a file on this worker (Scheduler.LoadAdapter
+        relays here). Its bytes come out of the KV capacity, on the worker and in
+        the scheduler's ledger at once (SchedulerInternal.ResizeForAdapter):
+        RESOURCE_EXHAUSTED (reason ADAPTER_NO_ROOM, the numbers in the message)
+        when the KV in use leaves no room for them; INVALID_ARGUMENT naming `path`
+        or `name` when the file does not fit this base or the name is taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unload an adapter and return its bytes to the KV capacity (here and in the
+        ledger). FAILED_PRECONDITION (reason ADAPTER_BUSY, naming the sequences)
+        while sequences run under it; NOT_FOUND when it is not served here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +254,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.SessionInfo.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -469,6 +510,60 @@ class Worker:
             '/ortserve.v1.Worker/CloseSession',
             ortserve_dot_v1_dot_worker__pb2.WorkerSessionRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/LoadAdapter',
+            ortserve_dot_v1_dot_types__pb2.LoadAdapterRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Worker/UnloadAdapter',
+            ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
+            ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,36 @@ def model_not_found(requested: str, served: list[str]) -> DomainError:
                   "served_model_count": len(served)})
 
 
+def adapter_not_found(adapter: str, model: str, served: dict[str, list[str]]) -> DomainError:
+    """The request names a LoRA adapter no registered worker of its model serves (NOT_FOUND,
+    as an unserved model: to the caller an adapter is a model name)."""
+    listed = "; ".join(f"{quoted(m)}: {_names(names) if names else 'none'}"
+                       for m, names in sorted(served.items()))
+    return DomainError(
+        ErrorReason.MODEL_NOT_FOUND,
+        f"adapter {quoted(adapter)} of model {quoted(model)} is not served here: the adapters "
+        f"the registered workers serve, per model, are {listed}; name one of them (GetBudget's "
+        "models[].adapters, the gateway's /v1/models), leave adapter empty for the base, or "
+        "load it (Scheduler.LoadAdapter, or the worker's --lora NAME=PATH)",
+        field="adapter",
+        metadata={"adapter": adapter, "model": model,
+                  "served_adapters": ",".join(served.get(model, []))})
+
+
+def adapter_no_room(worker_id: str, adapter: str, adapter_bytes: int, capacity_bytes: int,
+                    reserved_bytes: int, what: str) -> DomainError:
+    """Loading an adapter would shrink a worker's capacity below what its KV holds now."""
+    return DomainError(
+        ErrorReason.ADAPTER_NO_ROOM,
+        f"adapter {quoted(adapter)} needs {human_bytes(adapter_bytes)} ({adapter_bytes:,} bytes) "
+        f"of worker {quoted(worker_id)}'s {human_bytes(capacity_bytes)} capacity, but "
+        f"{what} holds {human_bytes(reserved_bytes)} ({reserved_bytes:,} bytes): only "
+        f"{human_bytes(max(capacity_bytes - reserved_bytes, 0))} is free; retry when requests "
+        "finish, unload another adapter, or raise the worker's --kv-capacity",
+        metadata={"worker_id": worker_id, "adapter": adapter, "adapter_bytes": adapter_bytes,
+                  "capacity_bytes": capacity_bytes, "reserved_bytes": reserved_bytes})
+
+
 def model_unnamed(served: list[str]) -> InvalidField:
     """The request names no model and the workers serve several (INVALID_ARGUMENT, `model`)."""
     return InvalidField(

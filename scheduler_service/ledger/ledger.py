@@ -145,6 +145,39 @@ class Ledger(SessionLeases):
             worker.unreachable = True
             return True
 
+    def resize_for_adapter(self, worker_id: str, adapter: str, adapter_bytes: int,
+                           loaded: bool) -> WorkerGeometry | None:
+        """A worker loaded (or unloaded) a LoRA adapter: its capacity shrinks (grows) by the
+        adapter's bytes and it lists (stops listing) the adapter, in one lock hold. A load
+        that would leave its leases holding more than the smaller capacity raises
+        ADAPTER_NO_ROOM and changes nothing. None: no such worker (it must register)."""
+        if adapter_bytes < 0:
+            raise ValueError(f"adapter_bytes must be >= 0, got {adapter_bytes}")
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None:
+                return None
+            g = worker.geometry
+            held = dict(g.adapters)
+            if loaded:
+                if adapter in held:  # the same load told twice: already counted
+                    return g
+                # What stays must hold the leases, and one block (a worker below it never serves).
+                if g.capacity_bytes - adapter_bytes < max(worker.reserved_bytes, g.block_bytes):
+                    raise errors.adapter_no_room(worker_id, adapter, adapter_bytes,
+                                                 g.capacity_bytes, worker.reserved_bytes,
+                                                 "the ledger's leases on it")
+                held[adapter] = adapter_bytes
+                capacity = g.capacity_bytes - adapter_bytes
+            else:
+                if adapter not in held:
+                    return g
+                capacity = g.capacity_bytes + held.pop(adapter)
+            worker.geometry = replace(g, capacity_bytes=capacity,
+                                      adapters=tuple(sorted(held.items())))
+            check_held(worker)
+            return worker.geometry
+
     def geometry(self, worker_id: str) -> WorkerGeometry | None:
         with self._lock:
             worker = self._workers.get(worker_id)
@@ -183,6 +216,7 @@ class Ledger(SessionLeases):
                 budget_cap=decision.budget_cap,
                 created_at=self._clock(),
                 tenant=request.tenant,
+                two_step=request.two_step,
             )
             self._hold(worker, lease)
             tenant_holdings.check_room(room, lease.reserved_bytes)

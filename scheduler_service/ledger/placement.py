@@ -64,6 +64,20 @@ def resolve_model(requested: str, served: Collection[str]) -> str:
     raise errors.model_unnamed(names)
 
 
+def resolve_adapter(adapter: str, model: str, workers: Iterable) -> None:
+    """Raise MODEL_NOT_FOUND when no registered worker of `model` serves LoRA adapter
+    `adapter` ("": the base, always served), naming the adapters each model's workers
+    serve. Draining workers count: one may still be the adapter's only home."""
+    if not adapter:
+        return
+    served: dict[str, set[str]] = {}
+    for w in workers:
+        served.setdefault(w.geometry.model, set()).update(
+            name for name, _ in w.geometry.adapters)
+    if adapter not in served.get(model, set()) and served:
+        raise errors.adapter_not_found(adapter, model, {m: sorted(a) for m, a in served.items()})
+
+
 def serving(workers: Iterable, model: str) -> list:
     """The workers (ledger state or snapshots) serving `model`; every worker when it is empty."""
     return [w for w in workers if not model or w.geometry.model == model]
@@ -75,7 +89,9 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     NOTE: only the request's model's workers: another model's free bytes would
     serve it with the wrong weights.
     """
-    workers = serving(workers, req.model)
+    # NOTE: a LoRA adapter's weights live only where it is loaded: another worker of
+    # the base would answer NOT_FOUND (or worse, the base's output).
+    workers = [w for w in serving(workers, req.model) if w.geometry.serves_adapter(req.adapter)]
     if not workers:
         return reject(req, Cause.NO_WORKER, retry_after_s=retry_after_s)
     floor = req.floor_new_tokens

@@ -40,12 +40,15 @@ class SessionLeases:
         def _room(self, tenant: str, model: str, own: Lease | None = None) -> TenantRoom | None: ...
 
 
-    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "") -> Lease | None:
-        """A 0-byte lease for a new session on the worker of `model` ("": any) with the most
-        free bytes; None when none is registered. Its worker claims it when it opens the session."""
+    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "",
+                           adapter: str = "") -> Lease | None:
+        """A 0-byte lease for a new session on the worker of `model` ("": any) serving LoRA
+        `adapter` ("": the base) with the most free bytes; None when none is registered. Its
+        worker claims it when it opens the session."""
         with self._lock:
             self._expire_locked(self._clock())
-            candidates = placement.serving(self._workers.values(), model)
+            candidates = [w for w in placement.serving(self._workers.values(), model)
+                          if w.geometry.serves_adapter(adapter)]
             if not candidates:
                 return None
             worker = max(candidates, key=lambda w: (w.available_bytes, -len(w.leases),

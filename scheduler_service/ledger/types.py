@@ -70,6 +70,9 @@ class WorkerGeometry:
     max_batch_rows: int = 0
     # Graph nodes ORT runs off its device (allowed shape nodes), reported, not acted on.
     nodes_off_device: tuple[str, ...] = ()
+    # The LoRA adapters it serves, (name, bytes held) each, sorted by name: their bytes
+    # are already out of capacity_bytes. Loading or unloading one moves both at once.
+    adapters: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -89,6 +92,10 @@ class WorkerGeometry:
     @property
     def block_bytes(self) -> int:
         return self.block_tokens * self.bytes_per_token
+
+    def serves_adapter(self, name: str) -> bool:
+        """Whether a request naming adapter `name` ("": the base) can run here."""
+        return not name or any(held == name for held, _ in self.adapters)
 
     def bytes_for(self, n_tokens: int) -> int:
         """Bytes a sequence of `n_tokens` holds: whole blocks, rounded up."""
@@ -121,6 +128,11 @@ class AdmissionRequest:
     # The server's ceiling for a request that sets none (--default-max-new-tokens, resolved
     # for the model); None: such a request asks for the remaining context window.
     default_max_new_tokens: int | None = None
+    # Admitted by Scheduler.Admit for its caller to stream from the worker itself (the
+    # two-step path): the worker's release then reports how it ended, for the metrics.
+    two_step: bool = False
+    # The LoRA adapter it runs under ("": the base): placed only on a worker serving it.
+    adapter: str = ""
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +211,7 @@ class Lease:
     # batch rows (placement counts only the others as sequences that need a row).
     session: bool = False
     tenant: str = ""  # who it is charged to ("": no tenant)
+    two_step: bool = False  # Admit's: its caller streams from the worker (AdmissionRequest)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,10 @@ class SessionRPCs(SessionTurns):
         # The session is bound to its model here: it opens on a worker serving it.
         model = placement.resolve_model(request.model,
                                         {w.geometry.model for w in self._ledger.snapshot()})
+        placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model,
-                                                tenant=caller_tenant(self._ledger.tenants, context))
+                                                tenant=caller_tenant(self._ledger.tenants, context),
+                                                adapter=request.adapter)
         if lease is None:
             of = f" serving model {quoted(model)}" if model else ""
             raise DomainError(ErrorReason.NO_WORKER, f"no worker{of} is registered to hold a "

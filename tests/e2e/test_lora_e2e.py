@@ -64,8 +64,8 @@ def test_an_unknown_adapter_is_not_found_naming_the_served(cluster):
     with pytest.raises(grpc.RpcError) as error:
         generate(cluster.address, [1, 2, 3], 4, "nope")
     assert error.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "random0, random1" in error.value.details()
-    assert reserved_bytes(cluster.address) == 0  # the admission it got is released
+    assert "'random0', 'random1'" in error.value.details()
+    assert reserved_bytes(cluster.address) == 0  # refused before anything was reserved
 
 
 def test_the_ledger_capacity_is_the_kv_capacity_less_the_adapters(cluster, lora_dir):

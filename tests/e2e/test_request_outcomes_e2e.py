@@ -118,6 +118,30 @@ def test_finished_requests_count_their_prompt_tokens_as_the_clients_saw_them(clu
     assert worker[("ortserve_worker_kv_usage_ratio", (("model", MODEL),))] == 0.0
 
 
+def test_a_two_step_request_counts_once_from_its_workers_release(cluster):
+    """Admit, then the worker's own stream (the gateway's and the client's default path):
+    no scheduler handler sees its end, its worker says how it ended as it releases."""
+    cluster, _, (port, _) = cluster
+    before = outcomes(port)
+    tokens_before = samples(f"http://127.0.0.1:{port}/metrics").get(
+        ("ortserve_scheduler_generated_tokens_total", ()), 0.0)
+    with Client(cluster.address, timeout_s=120, direct=True) as client:
+        result = client.generate(chat=[("user", "Name three colours.")], max_new_tokens=6,
+                                 min_new_tokens=6)
+    assert moved(port, before) == {("direct", "finished", "length"): 1}
+    assert result.usage.generated_tokens == 6
+    assert samples(f"http://127.0.0.1:{port}/metrics")[
+        ("ortserve_scheduler_generated_tokens_total", ())] - tokens_before == 6
+    # A two-step stream its caller cancels counts once as cancelled.
+    before = outcomes(port)
+    with Client(cluster.address, timeout_s=120, direct=True) as client:
+        stream = client.stream(list(long_request().token_ids.ids), max_new_tokens=LONG,
+                               min_new_tokens=LONG, stream_interval_ms=0)
+        next(iter(stream))
+        stream.cancel()
+    assert moved(port, before) == {("direct", "cancelled", "running"): 1}
+
+
 def test_a_session_turn_counts_once_with_its_prompt_tokens(cluster):
     cluster, _, (port, _) = cluster
     stub = scheduler_stub(cluster.address)

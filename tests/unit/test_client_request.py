@@ -142,3 +142,11 @@ def test_without_logprobs_or_a_constraint_the_results_keep_their_old_shape():
     assert result.logprobs == () and result.constraint is None
     assert result.to_dict()["logprobs"] == [] and result.to_dict()["constraint"] is None
     assert not any("constraint" in line or "logprob" in line for line in stats_lines(result))
+
+
+def test_an_adapter_is_the_requests_adapter():
+    from ortserve_client.request import build_request
+
+    req = build_request([1, 2], model="base", adapter="fr")
+    assert (req.model, req.adapter) == ("base", "fr")
+    assert build_request([1, 2]).adapter == ""

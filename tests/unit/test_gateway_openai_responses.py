@@ -259,6 +259,9 @@ class _Upstream:
         self.stub.calls.append(f"Generate {len(request.chat.messages)}")
         return types_pb2.Admission(lease_id="g1")
 
+    async def resolve_adapter(self, request, metadata=()):
+        pass  # no LoRA adapters here: the model is the base
+
 
 def _rpc_error(code, reason: str = "", details: str = "no"):
     import grpc

@@ -269,6 +269,8 @@ def test_a_lease_restored_after_a_scheduler_restart_counts_against_its_tenant_ag
     [lease] = [lease for w in ledger.snapshot() for lease in w.leases]
     wire = convert.lease_to_pb(lease, clock())
     assert wire.tenant == "small"
+    two_step = convert.lease_to_pb(replace(lease, two_step=True), clock())
+    assert convert.lease_from_pb(two_step, clock()).two_step  # Admit's mark travels too
     restarted, _, _ = setup()
     restarted.register(WorkerGeometry(worker_id="w1", address="w1:1", model="m",
                                       context_length=4_096, bytes_per_token=BPT,

@@ -153,7 +153,7 @@ def test_a_reader_cancelled_holding_the_end_closes_at_once_and_releases_once():
 
     released: list[str] = []
 
-    async def release(lease_id: str) -> int:
+    async def release(lease_id: str, *ended) -> int:  # ended: how it ended
         released.append(lease_id)
         return 0
 

@@ -112,9 +112,12 @@ class BatchRunner:
                 self.lora.bind_stacked(binding)
                 self._bound_adapter[id(binding)] = key
             return
-        if self._bound_adapter.get(id(binding)) != adapter:
+        # The set's version too: an adapter unloaded and loaded again under its name has
+        # other values.
+        key = f"{adapter}#{self.lora.version}"
+        if self._bound_adapter.get(id(binding)) != key:
             self.lora.bind(binding, adapter)
-            self._bound_adapter[id(binding)] = adapter
+            self._bound_adapter[id(binding)] = key
 
     def prefill(self, row: int, past_tokens: int, ids: Sequence[int],
                 adapter: str = BASE) -> np.ndarray:

@@ -275,6 +275,22 @@ class KVPool:
             allocation.nbytes = needed
             allocation.max_tokens = max_tokens
 
+    def take_capacity(self, nbytes: int) -> int | None:
+        """Lower the capacity by `nbytes` (a LoRA adapter now holds them), evicting cached
+        blocks first; returns None when done, else the bytes in use that leave no room
+        (nothing changes)."""
+        with self._lock:
+            in_use = self._room_locked(nbytes)
+            if in_use + nbytes > self.capacity_bytes:
+                return in_use
+            self.capacity_bytes -= nbytes
+            return None
+
+    def give_capacity(self, nbytes: int) -> None:
+        """Raise the capacity by `nbytes` (an unloaded adapter's bytes come back)."""
+        with self._lock:
+            self.capacity_bytes += nbytes
+
     def free(self, allocation: KVAllocation) -> None:
         """Free the buffer and return the charge. Idempotent."""
         with self._lock:

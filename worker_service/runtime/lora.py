@@ -54,6 +54,38 @@ class AdapterNotFound(EngineError):
         self.name, self.served = name, served
 
 
+class AdapterBusy(EngineError):
+    """An unload while sequences (or idle sessions, whose K/V was computed under it) use
+    the adapter (FAILED_PRECONDITION): retry once they finish or close."""
+
+    reason = ErrorReason.ADAPTER_BUSY
+
+    def __init__(self, name: str, sequences: list[str], sessions: list[str]) -> None:
+        users = ([f"{len(sequences)} running sequence(s) ({', '.join(sequences[:8])})"]
+                 if sequences else []) + (
+                [f"{len(sessions)} open session(s) ({', '.join(sessions[:8])})"] if sessions else [])
+        super().__init__(f"adapter {name!r} is in use by {' and '.join(users)}; it unloads only "
+                         "when idle: retry once they finish (sessions: close them)",
+                         adapter=name, sequences=",".join(sequences[:32]),
+                         sessions=",".join(sessions[:32]))
+
+
+class AdapterNoRoom(EngineError):
+    """Loading an adapter would take bytes the KV in use holds (RESOURCE_EXHAUSTED)."""
+
+    reason = ErrorReason.ADAPTER_NO_ROOM
+
+    def __init__(self, name: str, adapter_bytes: int, capacity_bytes: int,
+                 in_use_bytes: int) -> None:
+        free = max(capacity_bytes - in_use_bytes, 0)
+        super().__init__(f"adapter {name!r} needs {adapter_bytes:,} bytes of this worker's "
+                         f"{capacity_bytes:,}-byte KV capacity, but its sequences hold "
+                         f"{in_use_bytes:,} bytes: {free:,} are free; retry when requests "
+                         "finish, unload another adapter, or raise --kv-capacity",
+                         adapter=name, adapter_bytes=adapter_bytes,
+                         capacity_bytes=capacity_bytes, in_use_bytes=in_use_bytes)
+
+
 @dataclass
 class Adapter:
     name: str
@@ -99,7 +131,7 @@ class AdapterSet:
         self.adapters: dict[str, Adapter] = {}
         self._base = {name: self._ortvalue(np.zeros(self._base_shape(shape), np.float32))
                       for name, shape in self.inputs.items()}
-        self.version = 0  # bumped when the stacked values change (bindings re-bind)
+        self.version = 0  # bumped when an adapter comes or goes (bindings re-bind)
         self._slots: dict[str, int] = {BASE: 0}
         self._stacked: dict[str, ort.OrtValue] = {}
         if self.per_row:
@@ -118,13 +150,18 @@ class AdapterSet:
 
     def load(self, name: str, path: str | Path) -> Adapter:
         """Load a .onnx_adapter file as `name`; raise InvalidRequest naming what does not fit."""
+        return self.add(self.read(name, path))
+
+    def read(self, name: str, path: str | Path, field: str = "--lora") -> Adapter:
+        """Read and check a .onnx_adapter file as `name` without serving it yet (`add`
+        does); raise InvalidRequest on `field` naming what does not fit."""
         if not self.enabled:
             raise InvalidRequest(
-                "--lora", f"adapter {name!r}: this base model has no LoRA inputs (no graph input named "
+                field, f"adapter {name!r}: this base model has no LoRA inputs (no graph input named "
                 f"*.lora_A.* / *.lora_B.*), so it cannot serve adapters; build a base with "
                 f"`python -m model_tools.lora` or start without --lora")
         if not name or name in self.adapters:
-            raise InvalidRequest("--lora", f"adapter name {name!r} is empty or already loaded "
+            raise InvalidRequest(field, f"adapter name {name!r} is empty or already loaded "
                                  f"(loaded: {', '.join(self.names()) or 'none'})")
         path = Path(path)
         try:
@@ -132,13 +169,13 @@ class AdapterSet:
             adapter_file = ort.AdapterFormat.read_adapter(str(path))
             params = adapter_file.get_parameters()
         except Exception as error:  # ORT raises its own types for an unreadable file
-            raise InvalidRequest("--lora", f"adapter {name!r}: {path} is not a readable .onnx_adapter "
+            raise InvalidRequest(field, f"adapter {name!r}: {path} is not a readable .onnx_adapter "
                                  f"file ({error})") from error
         missing = sorted(set(self.inputs) - set(params))
         extra = sorted(set(params) - set(self.inputs))
         if missing or extra:
             raise InvalidRequest(
-                "--lora", f"adapter {name!r} ({path}) does not fit this base: {len(missing)} LoRA inputs "
+                field, f"adapter {name!r} ({path}) does not fit this base: {len(missing)} LoRA inputs "
                 f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}); "
                 f"build the adapter against this base folder")
         values, host, ranks, nbytes = {}, {}, set(), 0
@@ -147,7 +184,7 @@ class AdapterSet:
             fixed = [(axis, dim) for axis, dim in enumerate(shape) if isinstance(dim, int)]
             if array.ndim != 2 or array.dtype != np.float32 or any(
                     array.shape[axis] != dim for axis, dim in fixed):
-                raise InvalidRequest("--lora", f"adapter {name!r}: {key} is {array.dtype} "
+                raise InvalidRequest(field, f"adapter {name!r}: {key} is {array.dtype} "
                                      f"{list(array.shape)}, the graph wants float32 {shape}")
             ranks.add(array.shape[1] if ".lora_A." in key else array.shape[0])
             host[key] = np.ascontiguousarray(array)
@@ -156,12 +193,20 @@ class AdapterSet:
             nbytes += array.nbytes
         del params, adapter_file
         if len(ranks) != 1:
-            raise InvalidRequest("--lora", f"adapter {name!r}: its weights disagree on the rank "
+            raise InvalidRequest(field, f"adapter {name!r}: its weights disagree on the rank "
                                  f"({sorted(ranks)})")
-        adapter = Adapter(name, str(path), ranks.pop(), nbytes, values, host)
-        self.adapters[name] = adapter
+        return Adapter(name, str(path), ranks.pop(), nbytes, values, host)
+
+    def add(self, adapter: Adapter) -> Adapter:
+        """Serve an adapter `read` made (between engine steps: a per-row graph restacks)."""
+        if adapter.name in self.adapters:
+            raise InvalidRequest("name", f"adapter {adapter.name!r} is already loaded "
+                                 f"(loaded: {', '.join(self.names())})")
+        self.adapters[adapter.name] = adapter
         if self.per_row:
             self._restack()
+        else:
+            self.version += 1
         return adapter
 
     def unload(self, name: str) -> Adapter:
@@ -170,6 +215,8 @@ class AdapterSet:
         adapter = self.adapters.pop(name)
         if self.per_row:
             self._restack()
+        else:
+            self.version += 1
         return adapter
 
     def slot(self, name: str) -> int:

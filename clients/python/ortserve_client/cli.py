@@ -42,7 +42,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what the shell reports for `cat` i
 def _request_kwargs(a: argparse.Namespace) -> dict:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
     kw = dict(max_new_tokens=a.max_new_tokens, min_new_tokens=a.min_new_tokens, strict=a.strict,
-              wait_full=a.wait_full, model=a.model)
+              wait_full=a.wait_full, model=a.model, adapter=a.adapter)
     if a.chat:
         turns = ([("system", a.system)] if a.system else []) + [("user", prompt)]
         kw["chat"] = turns
@@ -152,7 +152,9 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
                          "execution_provider": w.execution_provider,
                          "capacity_bytes": w.capacity_bytes, "context_length": w.context_length,
                          "block_tokens": w.block_tokens, "draining": w.draining,
-                         "nodes_off_device": list(w.nodes_off_device)}
+                         "nodes_off_device": list(w.nodes_off_device),
+                         "adapters": [{"name": x.name, "held_bytes": x.held_bytes}
+                                      for x in w.adapters]}
                         for w in budget.workers]}))
         return EXIT_OK
     print(f"client     ortserve {package_version()}")
@@ -165,6 +167,9 @@ def cmd_info(client: Client, a: argparse.Namespace) -> int:
         if w.nodes_off_device:
             print(f"           {len(w.nodes_off_device)} shape node(s) off the device, allowed: "
                   f"{'; '.join(w.nodes_off_device)}")
+        if w.adapters:
+            print(f"           {len(w.adapters)} LoRA adapter(s): " + ", ".join(
+                f"{x.name} ({human_bytes(x.held_bytes)})" for x in w.adapters))
     for m in budget.models:
         print(f"model      {m.model}  {m.workers} worker(s)  capacity "
               f"{human_bytes(m.capacity_bytes)}  available {human_bytes(m.available_bytes)}  "
@@ -194,6 +199,9 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")
+    p.add_argument("--adapter", default="",
+                   help="a LoRA adapter of the model to run under (`ortserve info` lists them); "
+                        "unset: the base model")
     # One constraint at most (docs/structured-output.md); the server compiles it.
     constraint = p.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", type=flags.json_schema, metavar="FILE|JSON",
@@ -214,6 +222,27 @@ def _direct_from_env(value: str) -> bool | None:
     if value in ("0", "false", "no", "off"):
         return False
     return None
+
+
+def _adapter_change(change, verb: str, a: argparse.Namespace) -> int:
+    if a.json:
+        print(json.dumps({"worker_id": change.worker_id, verb: change.adapter.name,
+                          "held_bytes": change.adapter.held_bytes,
+                          "capacity_bytes": change.capacity_bytes,
+                          "adapters": [x.name for x in change.adapters]}))
+        return EXIT_OK
+    print(f"{verb} {change.adapter.name} ({human_bytes(change.adapter.held_bytes)}) on worker "
+          f"{change.worker_id}: KV capacity now {human_bytes(change.capacity_bytes)}; adapters: "
+          f"{', '.join(x.name for x in change.adapters) or 'none'}")
+    return EXIT_OK
+
+
+def cmd_load_adapter(client: Client, a: argparse.Namespace) -> int:
+    return _adapter_change(client.load_adapter(a.name, a.path, a.worker), "loaded", a)
+
+
+def cmd_unload_adapter(client: Client, a: argparse.Namespace) -> int:
+    return _adapter_change(client.unload_adapter(a.name, a.worker), "unloaded", a)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,6 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="what the cluster runs: versions, models, devices, capacity")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_info)
+    ld = sub.add_parser("load-adapter", help="load a LoRA adapter on a worker (an admin key)")
+    ld.add_argument("name", help="the name requests will give it (--adapter NAME)")
+    ld.add_argument("path", help="its .onnx_adapter file, as a path on the worker")
+    ld.add_argument("--worker", default="", help="the worker's id (unset: the one registered)")
+    ld.add_argument("--json", action="store_true")
+    ld.set_defaults(func=cmd_load_adapter)
+    ul = sub.add_parser("unload-adapter", help="unload an idle LoRA adapter (an admin key)")
+    ul.add_argument("name")
+    ul.add_argument("--worker", default="", help="the worker's id (unset: the one registered)")
+    ul.add_argument("--json", action="store_true")
+    ul.set_defaults(func=cmd_unload_adapter)
     chat.add_parser(sub)
     return p
 

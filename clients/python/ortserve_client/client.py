@@ -307,6 +307,24 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
+    def load_adapter(self, name: str, path: str, worker_id: str = "") -> types_pb2.AdapterChange:
+        """Load a LoRA adapter (an .onnx_adapter file on the worker) as `name` on worker
+        `worker_id` ("": the one registered worker); an admin key's call (docs/lora.md).
+        Its bytes come out of the worker's KV capacity: AdapterChange.capacity_bytes."""
+        return self._admin(self._stub.LoadAdapter, types_pb2.LoadAdapterRequest(
+            worker_id=worker_id, name=name, path=path))
+
+    def unload_adapter(self, name: str, worker_id: str = "") -> types_pb2.AdapterChange:
+        """Unload an idle LoRA adapter; its bytes return to the worker's KV capacity."""
+        return self._admin(self._stub.UnloadAdapter, types_pb2.UnloadAdapterRequest(
+            worker_id=worker_id, name=name))
+
+    def _admin(self, call, request):
+        try:
+            return call(request, timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
     def budget(self, include_leases: bool = False) -> scheduler_pb2.Budget:
         try:
             return self._stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=include_leases),

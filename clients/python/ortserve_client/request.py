@@ -38,6 +38,7 @@ def build_request(
     max_queue_wait_ms: int | None = None,
     request_id: str = "",
     model: str = "",
+    adapter: str = "",
     stream_interval_ms: int = 0,
     priority: int | None = None,
     speculative: bool = True,
@@ -46,6 +47,8 @@ def build_request(
 
     `model`: the served model to answer with (`Client.budget().models` lists them); empty:
     the cluster's one model (refused, listing them, while its workers serve several).
+    `adapter`: a LoRA adapter of that model to run under (`Client.budget().models[].adapters`
+    lists them; docs/lora.md); empty: the base.
     `stream_interval_ms`: the shortest time between two chunks (the tokens meanwhile come
     as one chunk: fewer messages; the first token is never held); 0: each as it comes.
     `presence_penalty`, `frequency_penalty`, `min_p`, `logit_bias` (token id -> bias): the
@@ -59,7 +62,7 @@ def build_request(
     True: the worker's --speculative decides (GenerateResult.speculation says what ran).
     """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
-                                    stop=list(stop), model=model,
+                                    stop=list(stop), model=model, adapter=adapter,
                                     stream_interval_ms=stream_interval_ms,
                                     disable_speculation=not speculative)
     if chat is not None:
