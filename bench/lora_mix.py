@@ -1,13 +1,18 @@
 """Decode cost of mixing LoRA adapters in one batch: N streams on one adapter against the
-same N streams spread over every served adapter and the base, on one engine.
+same N streams spread over A adapters, on one engine.
 
-  .venv/bin/python -m bench.lora_mix --model-dir DIR [--streams 8] [--new-tokens 64] [--rounds 2]
+  .venv/bin/python -m bench.lora_mix --model-dir DIR [--adapters 4] [--streams 8]
+      [--new-tokens 64] [--rounds 2]
 
-DIR is a `make lora-demo` folder (adapters/*.onnx_adapter). The LoRA weights are
-batch-shared graph inputs, so a step runs once per adapter group: the mixed batch
-costs G runs of N/G rows where the single-adapter batch costs one run of N rows.
-Prints one JSON object on stdout: decode tokens/s and runs per step for each arm,
-per round, and their ratio.
+DIR is a `make lora-demo` folder (adapters/*.onnx_adapter). The worker serves A
+adapters under A names; with fewer files than A, the files serve more than one name
+(what a step costs does not depend on the weights' values: the shared layout runs
+once per adapter group, the per-row layout gathers each row's slot, whatever they
+hold). In the shared layout the LoRA weights are batch-shared graph inputs, so the
+mixed batch costs A runs of N/A rows where the single-adapter batch costs one run of
+N rows; the per-row layout (`-rows` folders) decodes any mix in one run. Prints one
+JSON object on stdout: decode tokens/s and runs per step for each arm, per round,
+and their ratio.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.lora_mix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--adapters", type=int, default=4, help="adapter names served and mixed")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
@@ -62,20 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted((a.model_dir / "adapters").glob("*.onnx_adapter"))
     if not files:
         p.error(f"{a.model_dir}/adapters has no .onnx_adapter files: run `make lora-demo`")
-    names = [f.name.removesuffix(".onnx_adapter") for f in files]
+    if a.adapters < 1:
+        p.error("--adapters: at least 1")
+    served = [(f"adapter{i}", files[i % len(files)]) for i in range(a.adapters)]
+    names = [name for name, _ in served]
     config = EngineConfig(model_dir=a.model_dir, intra_op_threads=a.threads,
                           kv_capacity_bytes=256 * 2**20, prefix_cache_bytes=0,
-                          lora_adapters=tuple((n, str(f)) for n, f in zip(names, files, strict=True)))
+                          lora_adapters=tuple((n, str(f)) for n, f in served))
     rounds = []
     with Engine(config) as engine:
         run_arm(engine, [names[0]], a.streams, 8)  # warm-up
         for _ in range(a.rounds):
             one = run_arm(engine, [names[0]], a.streams, a.new_tokens)
-            mixed = run_arm(engine, ["", *names], a.streams, a.new_tokens)
+            mixed = run_arm(engine, names, a.streams, a.new_tokens)
             rounds.append({"one_adapter": one, "mixed": mixed,
                            "ratio": round(mixed["tokens_per_s"] / one["tokens_per_s"], 2)})
-    json.dump({"model": a.model_dir.name, "streams": a.streams, "new_tokens": a.new_tokens,
-               "threads": a.threads, "rounds": rounds}, sys.stdout, indent=1)
+    json.dump({"model": a.model_dir.name, "adapters": a.adapters,
+               "adapter_files": sorted({f.name for _, f in served}), "streams": a.streams,
+               "new_tokens": a.new_tokens, "threads": a.threads, "rounds": rounds,
+               "ratio_median": sorted(r["ratio"] for r in rounds)[len(rounds) // 2]},
+              sys.stdout, indent=1)
     print()
     return 0
 

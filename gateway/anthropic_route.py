@@ -83,14 +83,14 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
                                 "come as text")
     message_id = ar.new_id()
     try:
-        request = parsed.choice_request(0, message_id)
-        opened = await generation.open_generate(target, request)
+        asked = parsed.choice_request(0, message_id)
+        opened = await generation.open_generate(target, asked)
     except grpc.RpcError as error:
         raise am.renamed(from_grpc(error, "messages", "messages")) from None
     except StreamBroken as error:
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     adm = opened.admission
-    model = request.adapter or adm.model or parsed.model  # an adapter answers by its name
+    model = asked.adapter or adm.model or parsed.model  # an adapter answers by its name
     parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
     if thinking == "enabled" and not parser.splits_reasoning:
         opened.cancel()  # nothing was generated for the client: the lease is freed now
