@@ -39,7 +39,7 @@ def measure(model_dir: Path, rows: int = 8) -> dict:
     import llguidance.numpy as llg_np
     import tokenizers
 
-    from ortserve.constraint_grammar import ConstraintSpec, check
+    from ortserve.output.constraint_grammar import ConstraintSpec, check
 
     text = (model_dir / "tokenizer.json").read_text()
     vocab = tokenizers.Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.engine_peers import GenaiPeer, InProcessEngine
 from bench.measure import process_cpu_s
 from devtools.cluster import model_cache
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 
 
 def _with_context(model_dir: Path, context: int) -> Path:

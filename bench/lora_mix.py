@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 from worker_service.core.sequence import TERMINAL, SequenceRequest
 from worker_service.engine import Engine, EngineConfig
 

@@ -19,7 +19,7 @@ import time
 
 from bench.engine_peers import InProcessEngine
 from devtools.cluster import model_cache
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from bench.prefix_ttft import prefix_section
 from bench.roofline import l3_bytes, read_bandwidth
 from bench.serving import serving_run
 from devtools.cluster import model_cache
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 
 SCHEMA_VERSION = 2
 

@@ -179,7 +179,7 @@ def main() -> None:
                    help="an extra ortserve-gateway argument (repeat), e.g. "
                         "--gateway-arg=--direct-to-workers")
     a = p.parse_args()
-    from ortserve.logs import configure_logging
+    from ortserve.process.logs import configure_logging
 
     configure_logging("warning")
     section = compare(a.threads, a.clients, a.rounds, a.new_tokens, ROOT / "logs" / "bench-peers",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.measure import PROMPT, window_rate
 from devtools.cluster import model_cache
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 
 # Three passages written for this bench (no outside text), 300-600 tokens each with
 # their instructions, and an answer that must copy most of the passage.

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from devtools.cluster import model_cache
-from ortserve.constraint_grammar import ConstraintSpec
+from ortserve.output.constraint_grammar import ConstraintSpec
 from worker_service.core.sequence import TERMINAL, SequenceRequest, TokenDelta
 from worker_service.engine import Engine, EngineConfig
 

@@ -2,7 +2,7 @@
 
   .venv/bin/python -m bench.tool_mask [--model-dir DIR]
 
-Builds the grammars ortserve sends for two tools (ortserve/tool_calls.py) and
+Builds the grammars ortserve sends for two tools (ortserve/output/tool_calls.py) and
 walks each over the tokens of an output it allows, timing the next-token mask
 before each token (one row): `required` over a call, `auto` over a call and
 over a plain-text answer (the free-text branch is the costly one); prints JSON.
@@ -36,8 +36,8 @@ def measure(model_dir: Path) -> dict:
     import llguidance.numpy as llg_np
     import tokenizers
 
-    from ortserve import tool_calls
-    from ortserve.constraint_grammar import ConstraintSpec, check
+    from ortserve.output import tool_calls
+    from ortserve.output.constraint_grammar import ConstraintSpec, check
     from ortserve.v1 import types_pb2
 
     text = (model_dir / "tokenizer.json").read_text()

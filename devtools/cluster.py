@@ -23,8 +23,8 @@ from typing import TextIO
 from ortserve_client import Client, cap_notice, notice, print_stats
 from ortserve_client.flags import int_range
 
-from ortserve.banner import parse as parse_banner
-from ortserve.probe import check
+from ortserve.process.banner import parse as parse_banner
+from ortserve.rpc.probe import check
 
 __all__ = ["DEFAULT_MODEL", "ClusterError", "LocalCluster", "Service", "default_model_dir",
            "model_cache", "start_service", "stop_service", "usable_cores", "wait_serving"]
@@ -70,7 +70,7 @@ def _bin(name: str) -> str:
 
 def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
                   timeout_s: float = 60.0) -> Service:
-    """Start a process that prints its banner first on stdout (ortserve.banner: plain or
+    """Start a process that prints its banner first on stdout (ortserve.process.banner: plain or
     JSON); return once it has."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -147,7 +147,7 @@ class LocalCluster:
         """TLS channel credentials for this cluster (client_cert: the scheduler's, for mutual TLS)."""
         if self.tls_dir is None:
             return None
-        from ortserve.tls import channel_credentials
+        from ortserve.rpc.tls import channel_credentials
 
         d = self.tls_dir
         if client_cert:
@@ -203,7 +203,7 @@ class LocalCluster:
         return service
 
     def wait_registered(self, n_workers: int, timeout_s: float = 60.0) -> None:
-        from ortserve.tls import secure_or_insecure_channel
+        from ortserve.rpc.tls import secure_or_insecure_channel
         from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
         deadline = time.monotonic() + timeout_s

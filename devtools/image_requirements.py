@@ -31,7 +31,7 @@ NEEDED_BY: dict[str, frozenset[str]] = {
         # output constraints: the scheduler compiles them to refuse a bad one before
         # admission; the worker masks tokens with them
         "llguidance",
-        # tracing (ortserve/tracing.py), off unless asked for
+        # tracing (ortserve/process/tracing.py), off unless asked for
         "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
         "opentelemetry-instrumentation-grpc")},
     # the OpenAI-compatible gateway ships in the scheduler image

@@ -17,14 +17,13 @@ import ssl
 
 import uvicorn
 
-from ortserve import banner, ports, tracing
-from ortserve.env_defaults import Checked, boolean, from_env, in_range
-from ortserve.logs import add_level_argument, configure_logging
-from ortserve.request_rules import MAX_STREAM_INTERVAL_MS
-from ortserve.version import package_version
-
-from .app import build_app
-from .config import GatewayConfig
+from gateway.app import build_app
+from gateway.config import GatewayConfig
+from ortserve.process import banner, ports, tracing
+from ortserve.process.env_defaults import Checked, boolean, from_env, in_range
+from ortserve.process.logs import add_level_argument, configure_logging
+from ortserve.process.version import package_version
+from ortserve.rules.request_rules import MAX_STREAM_INTERVAL_MS
 
 _ENV = "ORTSERVE_GATEWAY_"
 

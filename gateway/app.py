@@ -15,21 +15,23 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortserve import tracing
-from ortserve.metrics import new_registry
-from ortserve.request_rules import TENANT_METADATA
-from ortserve.tls import channel_credentials
-
-from . import anthropic_route, choices, errors, responses, responses_route, tokenize
-from .choice_stream import PROMPT_PARAM, collect_unless_disconnected, sse
-from .config import GatewayConfig
-from .direct import Workers, open_direct
-from .errors import HttpError, from_grpc, from_param_error
-from .generation import Target
-from .metrics import HttpMetrics, MetricsMiddleware
-from .response_store import ResponseStore
-from .translate import Kind, ParamError, ParsedRequest, parse_request
-from .upstream import StreamBroken, Upstream
+from gateway import choices
+from gateway.apis import anthropic_route, responses_route
+from gateway.apis.response_store import ResponseStore
+from gateway.choice_stream import PROMPT_PARAM, collect_unless_disconnected, sse
+from gateway.config import GatewayConfig
+from gateway.direct import Workers, open_direct
+from gateway.generation import Target
+from gateway.metrics import HttpMetrics, MetricsMiddleware
+from gateway.reply import errors, responses
+from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.request import tokenize
+from gateway.request.translate import Kind, ParamError, ParsedRequest, parse_request
+from gateway.upstream import StreamBroken, Upstream
+from ortserve.process import tracing
+from ortserve.process.metrics import new_registry
+from ortserve.rpc.tls import channel_credentials
+from ortserve.rules.request_rules import TENANT_METADATA
 
 log = structlog.get_logger("ortserve.gateway")
 

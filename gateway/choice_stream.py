@@ -12,15 +12,16 @@ import grpc
 import structlog
 from fastapi import Request
 
+from gateway import choices
+from gateway.direct import DirectStream
+from gateway.reply import responses
+from gateway.reply.errors import HttpError, from_grpc
+from gateway.reply.logprobs_json import ChoiceLogprobs
+from gateway.reply.reasoning_split import ChoiceReasoning
+from gateway.request import tools
+from gateway.request.translate import ParsedRequest
+from gateway.upstream import OpenStream, StreamBroken
 from ortserve.v1 import types_pb2
-
-from . import choices, responses, tools
-from .direct import DirectStream
-from .errors import HttpError, from_grpc
-from .logprobs_json import ChoiceLogprobs
-from .reasoning_split import ChoiceReasoning
-from .translate import ParsedRequest
-from .upstream import OpenStream, StreamBroken
 
 log = structlog.get_logger("ortserve.gateway")
 PROMPT_PARAM = {"chat": "messages", "completion": "prompt"}

@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from gateway.upstream import OpenStream
 from ortserve.v1 import types_pb2
-
-from .upstream import OpenStream
 
 
 async def open_all(opener: Callable[[types_pb2.GenerateRequest], Awaitable[OpenStream]],

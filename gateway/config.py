@@ -42,7 +42,7 @@ class GatewayConfig:
     # scheduler as the call's tenant (ortserve-tenant metadata); "": none sent.
     tenant_header: str = ""
     # Chat outputs of a model whose template writes reasoning (<think>...</think>): "auto"
-    # splits them into reasoning_content and content (gateway/reasoning_split.py); "none"
+    # splits them into reasoning_content and content (gateway/reply/reasoning_split.py); "none"
     # leaves the tags in content.
     reasoning_parser: str = "auto"
     worker_tls_ca: str = ""

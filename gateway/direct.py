@@ -2,10 +2,10 @@
 
 The scheduler admits (lease, cap, queue) and relays no token; the gateway reads
 the worker's stream itself, on the one Worker.Relay call it keeps per worker
-(ortserve/relay_client.py: one message per engine step for all its streams
+(ortserve/rpc/relay_client.py: one message per engine step for all its streams
 there; a worker without Relay gets a Generate call each). Errors are the relayed path's (a REJECTED Admit
 becomes the status Scheduler.Generate ends with; a worker's failure is worded as
-the scheduler's relay words it: ortserve/worker_leg.py), so the HTTP mapping
+the scheduler's relay words it: ortserve/rpc/worker_leg.py), so the HTTP mapping
 (errors.from_grpc) is one. The worker's own Admission is awaited before the
 HTTP status goes out: from then on the worker holds the lease and releases it
 on every exit (a cancel included); before it, a lease no worker claimed is
@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import grpc
 import structlog
 
-from ortserve import keepalive
-from ortserve.error_path import not_reached
-from ortserve.relay_client import RelayClient
-from ortserve.tls import secure_or_insecure_channel
-from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
-from ortserve.worker_leg import (
+from gateway.upstream import OpenStream, StreamBroken
+from ortserve.rpc import keepalive
+from ortserve.rpc.error_path import not_reached
+from ortserve.rpc.relay_client import RelayClient
+from ortserve.rpc.tls import secure_or_insecure_channel
+from ortserve.rpc.worker_leg import (
     SERVER_BOUND_MS,
     compose_timings,
     rejection_status,
@@ -35,8 +35,7 @@ from ortserve.worker_leg import (
     worker_failure,
     worker_request,
 )
-
-from .upstream import OpenStream, StreamBroken
+from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 
 log = structlog.get_logger("ortserve.gateway")
 CONNECT_WAIT_S = 2.0  # how long a worker's first connection may take before relaying instead

@@ -20,13 +20,12 @@ import structlog
 from fastapi import Request
 from ortserve_client.errors import from_rpc_error
 
+from gateway.direct import DirectStream, Workers, open_direct
+from gateway.reply.errors import HttpError
+from gateway.reply.output_parts import OutputParser, Piece
+from gateway.upstream import OpenStream, StreamBroken, Upstream
+from ortserve.rpc.worker_leg import relabelled
 from ortserve.v1 import scheduler_pb2, types_pb2
-from ortserve.worker_leg import relabelled
-
-from .direct import DirectStream, Workers, open_direct
-from .errors import HttpError
-from .output_parts import OutputParser, Piece
-from .upstream import OpenStream, StreamBroken, Upstream
 
 log = structlog.get_logger("ortserve.gateway")
 # How often a non-streaming handler checks that its client is still there.

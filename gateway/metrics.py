@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ortserve.metrics import REQUEST_SECONDS_BUCKETS
+from ortserve.process.metrics import REQUEST_SECONDS_BUCKETS
 
 UNMATCHED = "unmatched"
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ortserve import keepalive, tracing
-from ortserve.tls import secure_or_insecure_channel
+from ortserve.process import tracing
+from ortserve.rpc import keepalive
+from ortserve.rpc.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name

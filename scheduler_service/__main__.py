@@ -11,13 +11,14 @@ import asyncio
 import os
 import signal
 
-from ortserve import banner, keepalive, ports, tracing
-from ortserve.auth import load_keys
-from ortserve.env_defaults import Checked, boolean, from_env
-from ortserve.logs import add_level_argument, configure_logging
-from ortserve.tls import TlsFiles
-from ortserve.tls import add_arguments as add_tls_arguments
-from ortserve.version import package_version
+from ortserve.process import banner, ports, tracing
+from ortserve.process.env_defaults import Checked, boolean, from_env
+from ortserve.process.logs import add_level_argument, configure_logging
+from ortserve.process.version import package_version
+from ortserve.rpc import keepalive
+from ortserve.rpc.auth import load_keys
+from ortserve.rpc.tls import TlsFiles
+from ortserve.rpc.tls import add_arguments as add_tls_arguments
 from scheduler_service import default_tokens, tenant_of
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.ledger import tenants
@@ -148,7 +149,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
 async def _serve(config: SchedulerConfig) -> None:
     running = await build_server(config)
     # The chosen ports on stdout, one line (JSON with JSON logs), for scripts that
-    # started us with --port 0: ortserve.banner.parse reads it.
+    # started us with --port 0: ortserve.process.banner.parse reads it.
     banner.announce(banner.Banner(f"{config.host}:{running.port}",
                                   f"{config.host}:{running.internal_port}"), "scheduler")
     stop = asyncio.Event()
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     tracing.setup_or_exit("ortserve-scheduler", config.otlp_traces_endpoint)
     try:
         # Before anything starts: a taken port is one line and exit 2, never a second
-        # ledger sharing the port (see ortserve/ports.py).
+        # ledger sharing the port (see ortserve/process/ports.py).
         ports.check_all_free(config.host, [("--port", config.port),
                                            ("--internal-port", config.internal_port),
                                            ("--metrics-port", config.metrics_port)])

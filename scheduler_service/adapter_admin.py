@@ -14,9 +14,9 @@ from __future__ import annotations
 import grpc
 import structlog
 
-from ortserve import request_rules
-from ortserve.error_path import Relayed
-from ortserve.errors import InvalidField, quoted
+from ortserve.rpc.error_path import Relayed
+from ortserve.rules import request_rules
+from ortserve.status.errors import InvalidField, quoted
 from ortserve.v1 import types_pb2
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.worker_clients import WorkerClients

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ortserve import keepalive
-from ortserve.auth import ApiKeys
-from ortserve.tls import TlsFiles
+from ortserve.rpc import keepalive
+from ortserve.rpc.auth import ApiKeys
+from ortserve.rpc.tls import TlsFiles
 from scheduler_service.default_tokens import DefaultMaxNewTokens
 from scheduler_service.ledger.tenants import TenantTable
 
@@ -26,7 +26,7 @@ class SchedulerConfig:
     # How relayed requests reach a worker: "shared", one Worker.Relay call per worker
     # carrying them all (one message per step); "per-request", a Worker.Generate call each.
     relay_calls: str = "shared"
-    # gRPC keepalive pings on the channels to workers (ortserve/keepalive.py): a worker
+    # gRPC keepalive pings on the channels to workers (ortserve/rpc/keepalive.py): a worker
     # that stops answering fails its streams after about twice this; 0: off.
     worker_keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ortserve.process.version import package_version
 from ortserve.v1 import scheduler_pb2, types_pb2
-from ortserve.version import package_version
 from scheduler_service.ledger.ledger import (
     Admission,
     AdmissionRequest,

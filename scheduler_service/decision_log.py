@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import structlog
 
-from ortserve.errors import clip
+from ortserve.status.errors import clip
 from scheduler_service.ledger.queue import Ticket
 from scheduler_service.ledger.types import Expired
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import structlog
 
-from ortserve import request_rules
-from ortserve.errors import DomainError, ErrorReason, clip
+from ortserve.rules import request_rules
+from ortserve.status.errors import DomainError, ErrorReason, clip
 from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import secrets
 
-from ortserve.errors import DomainError, ErrorReason, quoted
+from ortserve.status.errors import DomainError, ErrorReason, quoted
 
 
 class LeaseSecrets:

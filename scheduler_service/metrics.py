@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ortserve.metrics import (
+from ortserve.process.metrics import (
     REQUEST_SECONDS_BUCKETS,
     PerWorkerGauges,
     RequestLatency,

@@ -1,6 +1,6 @@
 """A REJECTED admission as the error a stream ends with (Generate, SessionTurn).
 
-Its status code comes from the one table (ortserve.status_table), like every
+Its status code comes from the one table (ortserve.status.status_table), like every
 other domain error's.
 """
 
@@ -9,15 +9,16 @@ from __future__ import annotations
 import grpc
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status, worker_leg
-from ortserve.errors import DomainError, ErrorReason
+from ortserve.rpc import worker_leg
+from ortserve.status import rich_status
+from ortserve.status.errors import DomainError, ErrorReason
 from scheduler_service.convert import rejection_to_pb
 from scheduler_service.ledger.ledger import Rejection
 
 
 def rejection_error(rejection: Rejection) -> DomainError:
     """A REJECTED admission as the error Scheduler.Generate ends with (the one rule for
-    every path: ortserve.worker_leg.rejection_error, from the Rejection callers receive)."""
+    every path: ortserve.rpc.worker_leg.rejection_error, from the Rejection callers receive)."""
     return worker_leg.rejection_error(rejection_to_pb(rejection))
 
 

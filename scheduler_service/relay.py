@@ -19,11 +19,17 @@ from typing import Any
 
 import grpc
 
-from ortserve.error_path import Relayed, is_worker_failure, not_reached, reason_of, worker_failure
-from ortserve.errors import ErrorReason, clip
-from ortserve.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
+from ortserve.rpc.error_path import (
+    Relayed,
+    is_worker_failure,
+    not_reached,
+    reason_of,
+    worker_failure,
+)
+from ortserve.rpc.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
+from ortserve.rpc.worker_leg import compose_timings, failure_message, worker_failed_message
+from ortserve.status.errors import ErrorReason, clip
 from ortserve.v1 import types_pb2, worker_pb2
-from ortserve.worker_leg import compose_timings, failure_message, worker_failed_message
 from scheduler_service import convert
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import Admission

@@ -33,9 +33,9 @@ from collections.abc import Callable
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from ortserve import tracing
-from ortserve.error_path import Relayed
-from ortserve.errors import DomainError, ErrorReason
+from ortserve.process import tracing
+from ortserve.rpc.error_path import Relayed
+from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.v1 import scheduler_pb2, types_pb2
 
 OUTCOMES = ("finished", "rejected", "cancelled", "deadline", "worker_failed", "error")

@@ -11,12 +11,13 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2
 
-from ortserve import ports, tls
-from ortserve.auth import ApiKeyInterceptor
-from ortserve.error_path import register_service
-from ortserve.metrics import new_registry
-from ortserve.metrics import serve as serve_metrics
-from ortserve.serving import add_health_and_reflection, new_server, set_serving
+from ortserve.process import ports
+from ortserve.process.metrics import new_registry
+from ortserve.process.metrics import serve as serve_metrics
+from ortserve.rpc import tls
+from ortserve.rpc.auth import ApiKeyInterceptor
+from ortserve.rpc.error_path import register_service
+from ortserve.rpc.serving import add_health_and_reflection, new_server, set_serving
 from ortserve.v1 import internal_pb2, scheduler_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_decided, log_expired

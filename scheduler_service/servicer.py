@@ -2,8 +2,8 @@
 
 The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
 the session RPCs are sessions/rpcs.py's, composed in and delegated to.
-Handlers raise (DomainError, Relayed); ortserve.error_path maps every failure
-through the one table (ortserve.status_table) in one place.
+Handlers raise (DomainError, Relayed); ortserve.rpc.error_path maps every failure
+through the one table (ortserve.status.status_table) in one place.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
-from ortserve import request_rules
-from ortserve.auth import Role, caller_has, require_role
-from ortserve.error_path import Relayed
-from ortserve.errors import DomainError, ErrorReason, InvalidField, clip
+from ortserve.rpc.auth import Role, caller_has, require_role
+from ortserve.rpc.error_path import Relayed
+from ortserve.rpc.worker_leg import worker_request
+from ortserve.rules import request_rules
+from ortserve.status.errors import DomainError, ErrorReason, InvalidField, clip
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.config import SchedulerConfig

@@ -1,5 +1,5 @@
 """The scheduler's part of a request's trace: its admission, its queue wait, and the
-decision, cap and cause as attributes (ortserve.tracing; nothing at all when off).
+decision, cap and cause as attributes (ortserve.process.tracing; nothing at all when off).
 
 The spans are recorded with explicit times once the decision is known: the
 handlers are async generators, and a span made current across their yields could
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ortserve import tracing
+from ortserve.process import tracing
 from scheduler_service.ledger.types import Admission
 
 

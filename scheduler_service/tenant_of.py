@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import structlog
 
-from ortserve.auth import caller_key_digest
+from ortserve.rpc.auth import caller_key_digest
 from scheduler_service.ledger import tenants
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.tenants import METADATA_KEY, TenantTable

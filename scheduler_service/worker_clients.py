@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 
-from ortserve import keepalive
-from ortserve.relay_client import RelayClient, generate_call
-from ortserve.tls import secure_or_insecure_channel
+from ortserve.rpc import keepalive
+from ortserve.rpc.relay_client import RelayClient, generate_call
+from ortserve.rpc.tls import secure_or_insecure_channel
 from ortserve.v1 import worker_pb2_grpc
 
 
@@ -17,7 +17,7 @@ class RelayingWorkerStub(worker_pb2_grpc.WorkerStub):
     reads the first byte (which event) and parses only the Finished (relay.py).
 
     With a shared relay, Generate starts the request on the worker's one Relay call
-    (ortserve/relay_client.py) and answers the same bytes and failures as a call of its own.
+    (ortserve/rpc/relay_client.py) and answers the same bytes and failures as a call of its own.
     """
 
     def __init__(self, channel: grpc.aio.Channel, address: str, shared_relay: bool) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trustme
 
-from ortserve.tls import TlsFiles
+from ortserve.rpc.tls import TlsFiles
 
 HOSTS = ("localhost", "127.0.0.1")
 

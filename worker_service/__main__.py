@@ -15,13 +15,13 @@ from pathlib import Path
 
 import structlog
 
-from ortserve import banner, ports, tracing
-from ortserve.env_defaults import boolean, from_env, in_range
-from ortserve.logs import add_level_argument, configure_logging, json_enabled
-from ortserve.tls import TlsFiles
-from ortserve.tls import add_arguments as add_tls_arguments
-from ortserve.units import parse_bytes
-from ortserve.version import package_version
+from ortserve.process import banner, ports, tracing
+from ortserve.process.env_defaults import boolean, from_env, in_range
+from ortserve.process.logs import add_level_argument, configure_logging, json_enabled
+from ortserve.process.version import package_version
+from ortserve.rpc.tls import TlsFiles
+from ortserve.rpc.tls import add_arguments as add_tls_arguments
+from ortserve.status.units import parse_bytes
 from worker_service.config import WorkerConfig
 from worker_service.core.errors import EngineError, InvalidRequest
 from worker_service.runtime import lora

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortserve.tls import TlsFiles
+from ortserve.rpc.tls import TlsFiles
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from ortserve import request_rules, tool_calls
+from ortserve.output import tool_calls
+from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sampling import SamplingConfig
@@ -117,7 +118,7 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
             context_length: int = 0) -> SequenceRequest:
     """Validate every field once and build the engine's request (field names are proto paths).
 
-    The rules are the scheduler's (ortserve.request_rules): the shape here, the rest
+    The rules are the scheduler's (ortserve.rules.request_rules): the shape here, the rest
     (stop list, new tokens, sampling) in SequenceRequest, the model's in Engine.check.
     Without max_new_tokens the ceiling is provisionally the remaining context
     window; the lease check sets the admitted one.

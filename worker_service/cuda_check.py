@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ortserve.logs import configure_logging
+from ortserve.process.logs import configure_logging
 from worker_service.core.errors import EngineError
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta

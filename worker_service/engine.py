@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import structlog
 
-from ortserve import request_rules
-from ortserve.units import tokens
+from ortserve.rules import request_rules
+from ortserve.status.units import tokens
 from worker_service import speculation
 from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.ngram import Drafter
@@ -177,7 +177,7 @@ class Engine:
 
     def check(self, req: SequenceRequest) -> None:
         """Raise InvalidField or ContextWindowFull when this model cannot serve `req` as asked
-        (the request rules that need the model: ortserve.request_rules)."""
+        (the request rules that need the model: ortserve.rules.request_rules)."""
         request_rules.token_ids_in_vocab(req.prompt_ids, self.spec.vocab_size)
         request_rules.logit_bias_in_vocab((t for t, _ in req.sampling.logit_bias),
                                           self.spec.vocab_size)

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from ortserve import request_rules, tracing
-from ortserve.error_path import Relayed
-from ortserve.errors import quoted
+from ortserve.process import tracing
+from ortserve.rpc.error_path import Relayed
+from ortserve.rules import request_rules
+from ortserve.status.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import (
     LeaseInUse,
@@ -41,7 +42,7 @@ CANCEL_WAIT_S = 30.0  # a cancelled sequence leaves within one step; this bounds
 def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
                         lease: types_pb2.Lease) -> SequenceRequest:
     """The request with the lease's ceiling; raises LeaseMismatch when it is not the one
-    admitted (the rule the scheduler's ClaimLease applies too: ortserve.request_rules)."""
+    admitted (the rule the scheduler's ClaimLease applies too: ortserve.rules.request_rules)."""
     request_rules.lease_match(lease.lease_id, req.prompt_tokens,
                               req.max_new_tokens if max_new_was_set else 0,
                               lease.prompt_tokens, lease.max_new_tokens)

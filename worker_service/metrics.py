@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ortserve.metrics import RequestLatency, callback_gauge
+from ortserve.process.metrics import RequestLatency, callback_gauge
 from worker_service.core.sequence import Completed
 from worker_service.engine import Engine
 from worker_service.relay_call import SENT

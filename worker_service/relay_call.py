@@ -3,7 +3,7 @@
 A Worker.Generate call per request costs a gRPC message per token and request,
 paid in Python on both ends (~100 us each on the worker's event loop and the
 caller's). On one Relay call a caller (the scheduler's relay, the
-gateway's two-step path: ortserve/relay_client.py) starts and cancels all of
+gateway's two-step path: ortserve/rpc/relay_client.py) starts and cancels all of
 its requests to this worker, and every event that is ready when the
 call's writer runs (an engine step's tokens for all of them) leaves as one
 RelayFrames message.
@@ -24,9 +24,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ortserve import tracing
-from ortserve.error_path import parse_request, status_bytes
-from ortserve.errors import DomainError, ErrorReason
+from ortserve.process import tracing
+from ortserve.rpc.error_path import parse_request, status_bytes
+from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2, worker_pb2
 
 METHOD = "/ortserve.v1.Worker/Relay"

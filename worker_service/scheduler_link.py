@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
-from ortserve.tls import secure_or_insecure_channel
+from ortserve.rpc.tls import secure_or_insecure_channel
 from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2, types_pb2
 
 log = structlog.get_logger("worker")

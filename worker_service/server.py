@@ -11,14 +11,15 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
-from ortserve import ports, tls
-from ortserve.error_path import register_service
-from ortserve.metrics import new_registry
-from ortserve.metrics import serve as serve_metrics
-from ortserve.serving import add_health_and_reflection, new_server, set_serving
-from ortserve.units import human_bytes, human_bytes_at_least
+from ortserve.process import ports
+from ortserve.process.metrics import new_registry
+from ortserve.process.metrics import serve as serve_metrics
+from ortserve.process.version import package_version
+from ortserve.rpc import tls
+from ortserve.rpc.error_path import register_service
+from ortserve.rpc.serving import add_health_and_reflection, new_server, set_serving
+from ortserve.status.units import human_bytes, human_bytes_at_least
 from ortserve.v1 import scheduler_pb2, worker_pb2
-from ortserve.version import package_version
 from worker_service import adapter_admin
 from worker_service.config import WorkerConfig
 from worker_service.core.errors import ConfigError, DeviceUnavailable

@@ -1,5 +1,5 @@
 """WorkerServicer: protobuf in, domain calls, protobuf out. Handlers raise; the one
-status table (ortserve.status_table) turns what they raise into a status, in one place.
+status table (ortserve.status.status_table) turns what they raise into a status, in one place.
 
 Async handlers never block on ORT: the engine runs on its own thread and its
 events hop onto the event loop (lease_lifecycle).
@@ -12,9 +12,9 @@ import time
 
 import structlog
 
-from ortserve import request_rules
+from ortserve.process.version import package_version
+from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
-from ortserve.version import package_version
 from worker_service import adapter_admin, convert
 from worker_service.core.errors import InvalidRequest, NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
@@ -85,7 +85,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # -- RPCs ------------------------------------------------------------------
 
     async def Relay(self, requests, context):
-        # Headers at once: the scheduler writes nothing before them (ortserve/relay_client.py).
+        # Headers at once: the scheduler writes nothing before them (ortserve/rpc/relay_client.py).
         await context.send_initial_metadata(())
         call = RelayCall(lambda request: self.Generate(request, context))
         if self.draining:
@@ -163,7 +163,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         answer = worker_pb2.TokenizeResponse(token_ids=req.prompt_ids,
                                              context_length=engine.spec.context_length)
         if request.request.WhichOneof("prompt") == "chat":
-            # The gateway splits a reasoning model's output by these (ortserve/reasoning.py).
+            # The gateway splits a reasoning model's output by these (ortserve/output/reasoning.py).
             answer.reasoning_format = engine.tokenizer.reasoning_format
             answer.prompt_opens_reasoning = engine.tokenizer.opens_reasoning(req.prompt_ids)
             answer.tool_call_format = engine.tokenizer.tool_call_format

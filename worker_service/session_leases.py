@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ortserve.errors import quoted
+from ortserve.status.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseMismatch
 from worker_service.engine import Engine

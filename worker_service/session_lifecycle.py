@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from ortserve import chat_history
-from ortserve.chat_history import Message, ToolSpec
-from ortserve.errors import quoted
+from ortserve.output import chat_history
+from ortserve.output.chat_history import Message, ToolSpec
+from ortserve.status.errors import quoted
 from ortserve.v1 import scheduler_pb2, types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
 from worker_service.lease_lifecycle import LeaseLifecycle

@@ -9,8 +9,8 @@ its Ticket in queue.py.
 
 from __future__ import annotations
 
-from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
-from ortserve.units import human_bytes
+from ortserve.status.errors import DomainError, ErrorReason, InvalidField, quoted
+from ortserve.status.units import human_bytes
 
 
 def lease_claimed(lease_id: str, worker_id: str, reserved_bytes: int) -> DomainError:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ortserve.units import human_bytes
+from ortserve.status.units import human_bytes
 from scheduler_service.ledger import errors, sentences
 from scheduler_service.ledger.types import (
     Admission,

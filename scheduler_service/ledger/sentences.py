@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ortserve.errors import ContextWindowFull, quoted
-from ortserve.units import human_bytes, human_bytes_at_least, tokens
+from ortserve.status.errors import ContextWindowFull, quoted
+from ortserve.status.units import human_bytes, human_bytes_at_least, tokens
 from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, NewTokensSource, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "

@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ortserve.errors import DomainError, ErrorReason, clip, quoted
-from ortserve.request_rules import TENANT_METADATA
-from ortserve.units import human_bytes, parse_bytes
+from ortserve.rules.request_rules import TENANT_METADATA
+from ortserve.status.errors import DomainError, ErrorReason, clip, quoted
+from ortserve.status.units import human_bytes, parse_bytes
 
 METADATA_KEY = TENANT_METADATA  # the gRPC metadata a trusted gateway sets
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

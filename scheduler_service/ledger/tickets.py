@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ortserve.errors import DomainError, ErrorReason
-from ortserve.units import human_bytes, tokens
+from ortserve.status.errors import DomainError, ErrorReason
+from ortserve.status.units import human_bytes, tokens
 from scheduler_service.ledger.types import Admission, AdmissionRequest
 
 

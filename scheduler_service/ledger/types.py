@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ortserve import kv_math, prefix_hash, request_rules
-from ortserve.errors import InvalidField
-from ortserve.units import human_bytes, human_bytes_at_least
+from ortserve.rules import kv_math, prefix_hash, request_rules
+from ortserve.status.errors import InvalidField
+from ortserve.status.units import human_bytes, human_bytes_at_least
 
 
 class Decision(enum.Enum):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 import structlog
 
-from ortserve.error_path import Relayed
-from ortserve.errors import DomainError, clip
+from ortserve.rpc.error_path import Relayed
+from ortserve.status.errors import DomainError, clip
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig

@@ -7,7 +7,7 @@ import asyncio
 
 import structlog
 
-from ortserve.errors import DomainError
+from ortserve.status.errors import DomainError
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ortserve import chat_history
-from ortserve.chat_history import Message, ToolSpec
-from ortserve.errors import DomainError, ErrorReason, quoted
-from ortserve.units import tokens
+from ortserve.output import chat_history
+from ortserve.output.chat_history import Message, ToolSpec
+from ortserve.status.errors import DomainError, ErrorReason, quoted
+from ortserve.status.units import tokens
 from scheduler_service.ledger.types import BudgetCap
 
 LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import structlog
 
-from ortserve import chat_history
+from ortserve.output import chat_history
 from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.sessions.registry import Session, SessionRegistry

@@ -17,8 +17,8 @@ import uuid
 
 import structlog
 
-from ortserve import request_rules
-from ortserve.errors import DomainError, ErrorReason, quoted
+from ortserve.rules import request_rules
+from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger import placement
 from scheduler_service.sessions.registry import Session

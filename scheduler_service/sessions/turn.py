@@ -14,11 +14,13 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 
-from ortserve import chat_history, request_rules, rich_status
-from ortserve.error_path import Relayed
-from ortserve.errors import ErrorReason, InvalidField, clip, quoted
+from ortserve.output import chat_history
+from ortserve.rpc.error_path import Relayed
+from ortserve.rpc.worker_leg import worker_request
+from ortserve.rules import request_rules
+from ortserve.status import rich_status
+from ortserve.status.errors import ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
-from ortserve.worker_leg import worker_request
 from scheduler_service import convert, spans
 from scheduler_service.ledger.ledger import (
     Admission,

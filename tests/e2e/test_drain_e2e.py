@@ -8,7 +8,7 @@ import time
 
 from ortserve_client import Client
 
-from ortserve.probe import check
+from ortserve.rpc.probe import check
 from ortserve.v1 import scheduler_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub, start_cluster
 

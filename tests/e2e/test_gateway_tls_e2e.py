@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from devtools.cluster import LocalCluster, start_service, stop_service
-from ortserve.probe import check_http
+from ortserve.rpc.probe import check_http
 from tests.certs import make_certs
 from tests.e2e.conftest import BIN
 from tests.models import prepared_model_dir

@@ -15,8 +15,8 @@ import urllib.request
 import grpc
 import pytest
 
-from ortserve import banner
-from ortserve.tls import channel_credentials
+from ortserve.process import banner
+from ortserve.rpc.tls import channel_credentials
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.certs import make_certs
 from tests.e2e.conftest import BIN

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from devtools.cluster import LocalCluster, model_cache
-from ortserve import keepalive
+from ortserve.rpc import keepalive
 from tests.e2e.conftest import reserved_bytes, worker_held_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from tests.e2e.conftest import (
     reserved_bytes,

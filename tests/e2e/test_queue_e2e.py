@@ -13,7 +13,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import kv_math, rich_status
+from ortserve.rules import kv_math
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import require_model, scheduler_stub, start_cluster
 

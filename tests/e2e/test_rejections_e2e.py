@@ -17,7 +17,8 @@ from google.rpc import error_details_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.cluster import LocalCluster
-from ortserve import kv_math, rich_status
+from ortserve.rules import kv_math
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import grpcurl, scheduler_stub
 from tests.models import prepared_model_dir

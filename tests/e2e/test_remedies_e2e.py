@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from devtools.cluster import stop_service, wait_serving
-from ortserve import rich_status
-from ortserve.units import parse_bytes
+from ortserve.status import rich_status
+from ortserve.status.units import parse_bytes
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import scheduler_stub, start_cluster
 from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway

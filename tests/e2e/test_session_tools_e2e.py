@@ -14,7 +14,7 @@ import socket
 import grpc
 import pytest
 
-from ortserve import tool_output
+from ortserve.output import tool_output
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import kill_and_restart_scheduler, scheduler_stub, start_cluster
 

@@ -23,7 +23,7 @@ from google.rpc import error_details_pb2
 from ortserve_client import Client
 
 from devtools.cluster import LocalCluster, model_cache, stop_service
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.ledger.tenants import key_digest
 from tests.e2e.conftest import BIN
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 KEYS = {"small": "small-key-" + "s" * 20, "large": "large-key-" + "l" * 20,
         "admin": "admin-key-" + "a" * 20,
-        # The session RPCs need the admin role (ortserve.auth.METHOD_ROLES lists them not).
+        # The session RPCs need the admin role (ortserve.rpc.auth.METHOD_ROLES lists them not).
         "small-admin": "small-admin-" + "x" * 20}
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]  # token ids inside any vocabulary
 CLIENTS = 6  # per tenant (the 24 is too many for a 2-core shared machine)

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from devtools.cluster import stop_service
-from ortserve import tool_output
+from ortserve.output import tool_output
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub
 from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway, wait_reserved_zero

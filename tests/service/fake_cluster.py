@@ -6,8 +6,8 @@ import asyncio
 
 import grpc
 
-from ortserve import request_rules
-from ortserve.error_path import register_service
+from ortserve.rpc.error_path import register_service
+from ortserve.rules import request_rules
 from ortserve.v1 import (
     internal_pb2_grpc,
     scheduler_pb2,

@@ -1,4 +1,4 @@
-"""ortserve.error_path through a real channel: every failure becomes a precise, bounded status."""
+"""ortserve.rpc.error_path through a real channel: every failure becomes a precise, bounded status."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import error_path, rich_status
-from ortserve.errors import DomainError, ErrorReason, InvalidField, quoted
+from ortserve.rpc import error_path
+from ortserve.status import rich_status
+from ortserve.status.errors import DomainError, ErrorReason, InvalidField, quoted
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from tests.aio_thread import LoopThread
 

@@ -1,4 +1,4 @@
-"""ortserve/ports.py with real sockets and real grpc servers: a port is held by one process."""
+"""ortserve/process/ports.py with real sockets and real grpc servers: a port is held by one process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 import grpc
 import pytest
 
-from ortserve import ports
+from ortserve.process import ports
 
 
 def reuseport_socket(port: int) -> socket.socket:

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
-from ortserve.errors import DomainError, ErrorReason
+from ortserve.status import rich_status
+from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2, worker_pb2_grpc
 from tests.service.fake_cluster import Cluster, StandInWorker
 

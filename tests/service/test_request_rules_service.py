@@ -1,4 +1,4 @@
-"""The request rules at the scheduler's edge (ortserve.request_rules), through a real channel:
+"""The request rules at the scheduler's edge (ortserve.rules.request_rules), through a real channel:
 a request that breaks one is refused before a worker is asked or a byte is reserved."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.service.fake_cluster import Cluster
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
-from ortserve.auth import parse_keys
+from ortserve.rpc.auth import parse_keys
+from ortserve.status import rich_status
 from ortserve.v1 import internal_pb2, internal_pb2_grpc, scheduler_pb2, types_pb2, worker_pb2
 from tests.service.fake_cluster import BPT, CTX, Cluster, StandInWorker
 

@@ -9,7 +9,7 @@ import pytest
 from google.rpc import error_details_pb2
 from ortserve_client.errors import NoWorker, from_rpc_error
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.service.fake_cluster import BPT, Cluster
 

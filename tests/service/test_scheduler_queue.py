@@ -9,8 +9,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
-from ortserve.error_path import register_service
+from ortserve.rpc.error_path import register_service
+from ortserve.status import rich_status
 from ortserve.v1 import (
     internal_pb2_grpc,
     scheduler_pb2,

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import (
     internal_pb2_grpc,
     scheduler_pb2,

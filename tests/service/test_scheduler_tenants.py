@@ -7,8 +7,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
-from ortserve.auth import parse_keys
+from ortserve.rpc.auth import parse_keys
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger import tenants
 from tests.service.fake_cluster import BPT

@@ -11,9 +11,9 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ortserve import rich_status
-from ortserve.auth import parse_keys
-from ortserve.tls import channel_credentials
+from ortserve.rpc.auth import parse_keys
+from ortserve.rpc.tls import channel_credentials
+from ortserve.status import rich_status
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server

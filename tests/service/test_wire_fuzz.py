@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.service.fake_cluster import Cluster
 

@@ -93,7 +93,8 @@ def test_each_tested_block_is_on_the_page_its_test_reads(marker, page):
 
 
 def test_the_echo_limits_the_errors_page_states_are_the_codes():
-    from ortserve import errors, request_rules
+    from ortserve.rules import request_rules
+    from ortserve.status import errors
     text = " ".join((ROOT / "docs" / "errors.md").read_text(encoding="utf-8").split())
     assert f"to {errors.ECHO_LIMIT} characters in a message" in text
     assert f"to {errors.METADATA_ECHO_LIMIT} in ErrorInfo metadata" in text

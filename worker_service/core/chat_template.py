@@ -23,7 +23,7 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ortserve import reasoning, tool_calls, tool_formats
+from ortserve.output import reasoning, tool_calls, tool_formats
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
 # The named special tokens transformers passes to every chat template (its
@@ -65,11 +65,11 @@ class ChatTemplate:
         self.variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
         # A template that reads `tools` renders tools, tool calls and tool turns itself.
         self.supports_tools = "tools" in self.variables
-        # The format the template asks tool calls in (ortserve/tool_formats.py); a template
+        # The format the template asks tool calls in (ortserve/output/tool_formats.py); a template
         # that reads no tools gets the fallback, which asks for Hermes'.
         self.tool_call_format = (tool_formats.format_of_template(source) if self.supports_tools
                                  else "hermes")
-        # The reasoning tags the template writes, if any (ortserve/reasoning.py).
+        # The reasoning tags the template writes, if any (ortserve/output/reasoning.py).
         self.reasoning_format = reasoning.family_of_template(source)
 
     @classmethod

@@ -1,13 +1,13 @@
-"""Domain errors of the worker: each a reason (ortserve.errors.ErrorReason), a message
+"""Domain errors of the worker: each a reason (ortserve.status.errors.ErrorReason), a message
 naming the cause, the numbers and a next step, and the numbers for programs.
 
 Pure (no grpc): the engine raises these; the one error path maps the reasons
-to status codes through the one table (ortserve.status_table).
+to status codes through the one table (ortserve.status.status_table).
 """
 
 from __future__ import annotations
 
-from ortserve.errors import (  # noqa: F401 - ContextWindowFull, LeaseMismatch: the rules' own
+from ortserve.status.errors import (  # noqa: F401 - ContextWindowFull, LeaseMismatch: the rules' own
     ContextWindowFull,
     DomainError,
     ErrorReason,
@@ -15,7 +15,7 @@ from ortserve.errors import (  # noqa: F401 - ContextWindowFull, LeaseMismatch: 
     LeaseMismatch,
     quoted,
 )
-from ortserve.units import human_bytes
+from ortserve.status.units import human_bytes
 
 
 class EngineError(DomainError):
@@ -30,7 +30,7 @@ class EngineError(DomainError):
 class InvalidRequest(EngineError, InvalidField):
     """A worker-only field is malformed (INVALID_ARGUMENT): the chat template, a session
     on a layout without sessions. An InvalidField like every request rule's error
-    (ortserve.request_rules), and an EngineError like the worker's other errors."""
+    (ortserve.rules.request_rules), and an EngineError like the worker's other errors."""
 
     reason = ErrorReason.INVALID_REQUEST
 

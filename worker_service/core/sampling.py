@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortserve import request_rules
+from ortserve.rules import request_rules
 from worker_service.core import speculative
 from worker_service.core.logprobs import TokenLogprobs, token_logprobs
 
@@ -38,7 +38,7 @@ class SamplingConfig:
 
     def validate(self) -> None:
         """Raise InvalidField(field="sampling.<name>") for a value that would be ignored or is
-        bad: the one rule (ortserve.request_rules.sampling), which the scheduler also applies."""
+        bad: the one rule (ortserve.rules.request_rules.sampling), which the scheduler also applies."""
         request_rules.sampling(self.temperature, self.top_k, self.top_p, self.seed,
                                self.repetition_penalty, self.presence_penalty,
                                self.frequency_penalty, self.min_p, dict(self.logit_bias))

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from ortserve import request_rules
-from ortserve.constraint_grammar import ConstraintSpec
+from ortserve.output.constraint_grammar import ConstraintSpec
+from ortserve.rules import request_rules
 from worker_service.core.errors import EngineError
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.ngram import Drafter
@@ -76,7 +76,7 @@ class SequenceRequest:
     arrived_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
-        # The request rules (ortserve.request_rules), the scheduler's too, with one wording.
+        # The request rules (ortserve.rules.request_rules), the scheduler's too, with one wording.
         request_rules.prompt_tokens(len(self.prompt_ids))
         request_rules.new_tokens(self.max_new_tokens, self.min_new_tokens)
         request_rules.stop_sequences(self.stop)

@@ -24,8 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from ortserve import constraint_grammar as constraints
-from ortserve.constraint_grammar import ConstraintSpec
+from ortserve.output import constraint_grammar as constraints
+from ortserve.output.constraint_grammar import ConstraintSpec
 from worker_service.core.errors import EngineError, InvalidRequest
 
 MATCHER_CACHE_ENTRIES = 64

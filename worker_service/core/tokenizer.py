@@ -14,7 +14,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers.decoders import DecodeStream
 
-from ortserve import reasoning
+from ortserve.output import reasoning
 from worker_service.core.chat_template import ChatTemplate, Turn, read_special_tokens
 from worker_service.core.errors import InvalidRequest, ModelLoadError
 
@@ -82,7 +82,7 @@ class Tokenizer:
 
     @property
     def tool_call_format(self) -> str:
-        """The format the chat template asks tool calls in (ortserve/tool_formats.py)."""
+        """The format the chat template asks tool calls in (ortserve/output/tool_formats.py)."""
         return self.chat_template.tool_call_format if self.chat_template is not None else "hermes"
 
     @property

@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from ortserve import kv_math
+from ortserve.rules import kv_math
 from worker_service.runtime.kv_arena import block_tokens_for
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowTable, RowTableMixin

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import onnxruntime as ort
 import structlog
 
-from ortserve.units import human_bytes, tokens
+from ortserve.status.units import human_bytes, tokens
 from worker_service.core.errors import DeviceUnavailable, InvalidRequest
 from worker_service.engine_config import EngineConfig
 from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity

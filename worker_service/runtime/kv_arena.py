@@ -33,7 +33,7 @@ import mmap
 import numpy as np
 import onnxruntime as ort
 
-from ortserve import kv_math
+from ortserve.rules import kv_math
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowTable, RowTableMixin
 

@@ -2,7 +2,7 @@
 
 `KVPool` is the worker's side of the ledger: it charges each sequence
 `bytes_for(prompt + max_new_tokens)` (the scheduler's own formula, from
-ortserve.kv_math) against `capacity_bytes` under one lock, so the worker
+ortserve.rules.kv_math) against `capacity_bytes` under one lock, so the worker
 never holds more than it reported. That is the DEVICE budget: the memory the
 running rows live in (the host arena on CPU, the device rows on CUDA). The
 HOST budget (`HostBudget`) bounds the K/V kept in host memory outside it:
@@ -18,7 +18,7 @@ from typing import Protocol
 
 import onnxruntime as ort
 
-from ortserve import kv_math
+from ortserve.rules import kv_math
 from worker_service.core.errors import CapacityExceeded
 from worker_service.runtime.model import ModelSpec
 

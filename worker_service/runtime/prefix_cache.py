@@ -1,7 +1,7 @@
 """The automatic prefix cache: whole KV blocks of finished prompts, in host memory, inside
 the worker's KV capacity (docs/prefix-cache.md). Pure bookkeeping over numpy arrays.
 
-Keys are chain hashes over `block_tokens`-sized token runs (ortserve.prefix_hash,
+Keys are chain hashes over `block_tokens`-sized token runs (ortserve.rules.prefix_hash,
 the scheduler computes the same ones), so a later prompt that starts with the
 same tokens finds its longest cached block prefix. Arena rows cannot share
 physical pages, so a hit is a COPY of the cached blocks into the new row
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortserve import prefix_hash
-from ortserve.prefix_hash import SUMMARY_DEPTH_BLOCKS, SUMMARY_MAX_HASHES
+from ortserve.rules import prefix_hash
+from ortserve.rules.prefix_hash import SUMMARY_DEPTH_BLOCKS, SUMMARY_MAX_HASHES
 from worker_service.runtime.kv_pool import KVPool
 
 # Prompt tokens a hit leaves to prefill: two, so the run after the copied blocks is the run

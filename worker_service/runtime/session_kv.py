@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortserve.errors import ErrorReason, quoted
+from ortserve.status.errors import ErrorReason, quoted
 from worker_service.core.errors import EngineError
 from worker_service.runtime.kv_pool import HostBudget, KVAllocation, KVPool
 

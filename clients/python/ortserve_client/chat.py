@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from ortserve.units import human_bytes
+from ortserve.status.units import human_bytes
 from ortserve.v1 import scheduler_pb2, types_pb2
 
 from . import flags

@@ -26,8 +26,8 @@ import sys
 
 from google.protobuf import json_format
 
-from ortserve.units import human_bytes
-from ortserve.version import package_version
+from ortserve.process.version import package_version
+from ortserve.status.units import human_bytes
 
 from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry

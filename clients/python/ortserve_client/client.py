@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ortserve import keepalive
+from ortserve.rpc import keepalive
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
 
 from .direct import DirectCall
@@ -173,7 +173,7 @@ class Client:
     `worker_tls=(ca, cert, key)`: PEM files of the cluster's CA and a certificate it signed.
     `keepalive_s`: while a call runs, ping the connection this often; a peer that does not
     answer within as long (a host gone, a process stopped) fails the call UNAVAILABLE
-    instead of leaving it to its deadline (ortserve/keepalive.py); 0: off, else >= 1.
+    instead of leaving it to its deadline (ortserve/rpc/keepalive.py); 0: off, else >= 1.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout_s: float | None = None,

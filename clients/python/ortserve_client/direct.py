@@ -31,8 +31,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2_grpc
-from ortserve.worker_leg import (
+from ortserve.rpc.worker_leg import (
     SERVER_BOUND_MS,
     StatusError,
     compose_timings,
@@ -41,6 +40,7 @@ from ortserve.worker_leg import (
     worker_failure,
     worker_request,
 )
+from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2_grpc
 
 _ADMIT_PREFIX = "request."  # Admit names fields under AdmitRequest.request; Generate does not
 

@@ -6,7 +6,7 @@ import grpc
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
-from ortserve import rich_status
+from ortserve.status import rich_status
 from ortserve.v1 import types_pb2
 
 

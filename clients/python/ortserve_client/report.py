@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TextIO
 
-from ortserve.units import human_bytes
+from ortserve.status.units import human_bytes
 
 from .types import BudgetCap, ConstraintResult, GenerateResult, Queued, TokenLogprob
 

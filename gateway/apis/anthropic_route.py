@@ -1,0 +1,173 @@
+"""POST /v1/messages (Anthropic's Messages API): the handler.
+
+Runs as a chat request does (a plain Generate: the Messages API is
+stateless), and answers in Anthropic's shapes: the message, its streamed
+events (each with its `event:` line, as Anthropic's SDKs read them) and its
+errors ({"type": "error", "error": {"type", "message"}}, the message naming
+the field), before the stream and in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc
+import structlog
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from gateway import generation
+from gateway.apis import anthropic_messages as am
+from gateway.apis import anthropic_reply as ar
+from gateway.generation import Reader, Stream, Target
+from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.reply.output_parts import OutputParser
+from gateway.reply.responses import admission_headers
+from gateway.request.param_error import ParamError
+from gateway.request.translate import ParsedRequest
+from gateway.upstream import StreamBroken
+
+log = structlog.get_logger("ortserve.gateway")
+
+
+def passed_through(request: Request) -> tuple[tuple[str, str], ...]:
+    """The caller's key for the scheduler: Anthropic's SDKs send it as x-api-key."""
+    auth = request.headers.get("authorization")
+    key = request.headers.get("x-api-key")
+    if not auth and key:
+        auth = f"Bearer {key}"
+    return (("authorization", auth),) if auth else ()
+
+
+async def create(request: Request, target: Target, reasoning_mode: str = "auto"):
+    """`reasoning_mode`: the gateway's --reasoning-parser (thinking blocks split as chat's
+    reasoning_content is, when the Admission names the model's reasoning format)."""
+    try:
+        return await _create(request, target, reasoning_mode)
+    except HttpError as error:
+        return error_response(error)
+
+
+async def count_tokens(request: Request, target: Target):
+    """POST /v1/messages/count_tokens: the prompt's tokens as the model's worker counts them
+    (Scheduler.Tokenize: its chat template, tools included); nothing is reserved."""
+    try:
+        try:
+            parsed, _, _ = am.parse(await generation.json_body(request), counting=True)
+        except ParamError as error:
+            raise from_param_error(error) from None
+        try:
+            answer = await target.upstream.tokenize(parsed.generate, target.metadata)
+        except grpc.RpcError as error:
+            raise am.renamed(from_grpc(error, "messages", "messages")) from None
+    except HttpError as error:
+        return error_response(error)
+    return {"input_tokens": len(answer.token_ids)}
+
+
+def error_response(error: HttpError) -> JSONResponse:
+    return JSONResponse(am.error_body(error), status_code=error.status, headers=error.headers())
+
+
+async def _create(request: Request, target: Target, reasoning_mode: str):
+    try:
+        parsed, stream, thinking = am.parse(await generation.json_body(request))
+    except ParamError as error:
+        raise from_param_error(error) from None
+    parsed = replace(parsed, reasoning_mode=reasoning_mode)
+    if thinking == "enabled" and reasoning_mode == "none":
+        raise _thinking_refused("the gateway runs --reasoning-parser none, so thinking would "
+                                "come as text")
+    message_id = ar.new_id()
+    try:
+        asked = parsed.choice_request(0, message_id)
+        opened = await generation.open_generate(target, asked)
+    except grpc.RpcError as error:
+        raise am.renamed(from_grpc(error, "messages", "messages")) from None
+    except StreamBroken as error:
+        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    adm = opened.admission
+    model = asked.adapter or adm.model or parsed.model  # an adapter answers by its name
+    parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
+    if thinking == "enabled" and not parser.splits_reasoning:
+        opened.cancel()  # nothing was generated for the client: the lease is freed now
+        raise _thinking_refused(f"model {model!r}'s chat template writes no reasoning, so it "
+                                "does not think")
+    headers = {**admission_headers(adm), "x-request-id": message_id}
+    log.info("admitted", request_id=message_id, lease_id=adm.lease_id, worker_id=adm.worker_id,
+             model=model, api="messages", stream=stream)
+    if stream:
+        return EventSourceResponse(_events(message_id, model, parsed, opened, Reader(parser)),
+                                   headers=headers, sep="\n", ping=15)
+    try:
+        pieces, fin = await generation.unless_disconnected(
+            request, generation.read_all(opened, Reader(parser)), opened.cancel, message_id)
+    except grpc.RpcError as error:
+        raise am.renamed(from_grpc(error, "messages", "messages")) from None
+    except StreamBroken as error:
+        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    blocks = ar.ContentBlocks()
+    blocks.add(pieces)
+    blocks.close()
+    body = ar.message_object(message_id, model, blocks.blocks, ar.stop_reason(fin, parser.called),
+                             ar.usage_dict(fin.usage),
+                             ar.ortserve_extension(adm, fin, parsed.resolved))
+    return JSONResponse(body, headers=headers)
+
+
+async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: Stream,
+                  reader: Reader) -> AsyncIterator[dict]:
+    adm = opened.admission
+    blocks = ar.ContentBlocks()
+    finished = False
+    try:
+        usage = {"input_tokens": adm.prompt_tokens, "output_tokens": 0,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        yield _sse(*ar.sse_event("message_start", message=ar.message_object(
+            message_id, model, [], (None, None), usage,
+            ar.ortserve_extension(adm, None, parsed.resolved))))
+        async for event in opened.events():
+            kind = event.WhichOneof("event")
+            if kind == "chunk":
+                for out in blocks.add(reader.chunk(event.chunk)):
+                    yield _sse(*out)
+            elif kind == "finished":
+                finished = True
+                fin = event.finished
+                for out in blocks.add(reader.end()) + blocks.close():
+                    yield _sse(*out)
+                stop, sequence = ar.stop_reason(fin, reader.parser.called)
+                yield _sse(*ar.sse_event("message_delta",
+                                      delta={"stop_reason": stop, "stop_sequence": sequence},
+                                      usage=ar.usage_dict(fin.usage),
+                                      ortserve={"finished": ar.ortserve_extension(
+                                          adm, fin)["finished"]}))
+                yield _sse(*ar.sse_event("message_stop"))
+                return
+        raise StreamBroken("the stream ended without a Finished event")
+    except grpc.RpcError as error:
+        # The headers are gone already: a failure mid-way is an `error` event, which
+        # Anthropic's SDKs raise.
+        yield _sse("error", am.error_body(am.renamed(from_grpc(error, "messages", "messages"))))
+    except StreamBroken as error:
+        yield _sse("error", am.error_body(HttpError(502, str(error), "server_error",
+                                                    "bad_upstream_stream")))
+    finally:
+        if not finished:
+            # The client went away (sse-starlette cancels us) or the call failed: the gRPC
+            # call ends now, so the lease is freed now, not at max_tokens.
+            log.info("stream ended early", request_id=message_id, lease_id=adm.lease_id)
+            opened.cancel()
+
+
+def _thinking_refused(why: str) -> HttpError:
+    return HttpError(400, f"{{\"type\": \"enabled\"}} cannot be honoured: {why}; leave "
+                     "`thinking` out or send {\"type\": \"disabled\"}",
+                     "invalid_request_error", "unsupported_parameter", "thinking")
+
+
+def _sse(kind: str, data: dict) -> dict:
+    return {"event": kind, "data": json.dumps(data, separators=(",", ":"))}

@@ -1,0 +1,290 @@
+"""ortserve.v1 events -> OpenAI response JSON and headers (pure: no HTTP, no grpc).
+
+The admission is the first event of every Generate stream, so the gateway knows
+ADMITTED or CAPPED before the first byte it sends: the decision and the cap go
+in the response headers, and the full BudgetCap in an `ortserve` object in the
+body (non-streaming) or the first chunk (streaming), never only in logs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from ortserve_client.types import BudgetCap, sampling_dict
+
+from gateway.reply.errors import in_route_words
+from gateway.request.translate import Kind
+from ortserve.v1 import types_pb2
+
+# ortserve's finish reasons in OpenAI's words: a cap ends as "length", like
+# any other max_tokens, and the `ortserve` object says it was a cap.
+FINISH_REASON = {
+    types_pb2.LENGTH: "length",
+    types_pb2.EOS: "stop",
+    types_pb2.STOP_SEQUENCE: "stop",
+    types_pb2.STOP_TOKEN: "stop",  # one of stop_token_ids (ortserve.finished.stop_token_id)
+    # response_format's output is complete: the end OpenAI calls "stop".
+    types_pb2.CONSTRAINT_COMPLETE: "stop",
+}
+DECISION_HEADER = "X-Ortserve-Decision"
+# An RFC 8941 dictionary: requested_max_tokens=N, admitted_max_tokens=N,
+# requested_bytes=N, admitted_bytes=N.
+CAP_HEADER = "X-Ortserve-Budget-Cap"
+# Which ceiling applied, as an RFC 8941 dictionary: max_tokens=N, source=request |
+# server_default | context_window (max_tokens: the admitted ceiling, after any cap).
+MAX_TOKENS_HEADER = "X-Ortserve-Max-Tokens"
+# Admission.max_new_tokens_source in the body's and the header's words.
+MAX_TOKENS_SOURCE = {
+    types_pb2.MAX_NEW_TOKENS_FROM_REQUEST: "request",
+    types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: "server_default",
+    types_pb2.MAX_NEW_TOKENS_FROM_CONTEXT_WINDOW: "context_window",
+}
+_OBJECT = {"chat": "chat.completion", "completion": "text_completion"}
+_CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completion": "text_completion"}
+_ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """What every response and chunk of one request repeats."""
+
+    kind: Kind
+    id: str
+    model: str
+    created_s: int
+
+    @classmethod
+    def new(cls, kind: Kind, model: str) -> ResponseMeta:
+        return cls(kind, _ID_PREFIX[kind] + uuid.uuid4().hex, model, int(time.time()))
+
+
+def budget_cap_dict(pb: types_pb2.BudgetCap, route: str = "chat") -> dict:
+    """The cap for the `ortserve` object, its reason in `route`'s parameter names."""
+    cap = asdict(BudgetCap.from_pb(pb))
+    cap["reason"] = in_route_words(cap["reason"], route)
+    return cap
+
+
+def admission_extension(adm: types_pb2.Admission, route: str = "chat") -> dict:
+    """The `ortserve` object of the body / first chunk: the decision and the full cap
+    (its text in `route`'s parameter names: errors.ROUTE_FIELDS)."""
+    return {
+        "decision": types_pb2.Decision.Name(adm.decision),
+        "request_id": adm.request_id,
+        "worker_id": adm.worker_id,
+        "model": adm.model,  # the model that answers, as the scheduler resolved it
+        "prompt_tokens": adm.prompt_tokens,
+        "max_new_tokens": adm.max_new_tokens,
+        # Where the ceiling came from: the request's max_tokens, the server's default
+        # (--default-max-new-tokens) or the remaining context window.
+        "max_new_tokens_source": MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source),
+        # Chat: the formats the model's template writes, as the worker read them (the
+        # parsers this answer went through): tool calls and reasoning (null: none).
+        "tool_call_format": adm.tool_call_format or None,
+        "reasoning_format": adm.reasoning_format or None,
+        "reserved_bytes": adm.reserved_bytes,
+        "budget_cap": (budget_cap_dict(adm.budget_cap, route) if adm.HasField("budget_cap")
+                       else None),
+    }
+
+
+def finished_extension(fin: types_pb2.Finished, route: str = "chat") -> dict:
+    """The `ortserve` object of the last chunk: what ran, where, and how fast."""
+    t = fin.timings
+    return {
+        "finish_reason": types_pb2.FinishReason.Name(fin.finish_reason),
+        "stop_sequence": fin.stop_sequence,
+        "stop_token_id": fin.stop_token_id if fin.finish_reason == types_pb2.STOP_TOKEN else None,
+        "budget_cap": (budget_cap_dict(fin.budget_cap, route) if fin.HasField("budget_cap")
+                       else None),
+        "sampling": sampling_dict(fin.sampling),
+        "worker_id": fin.worker_id,
+        "execution_provider": fin.execution_provider,
+        # response_format only: whether the output is a whole match of the schema, and why not.
+        "constraint": ({"satisfied": fin.constraint.satisfied, "reason": fin.constraint.reason}
+                       if fin.HasField("constraint") else None),
+        "timings": {"queue_ms": t.queue_ms, "prefill_ms": t.prefill_ms, "ttft_ms": t.ttft_ms,
+                    "decode_ms": t.decode_ms, "decode_tokens_per_s": t.decode_tokens_per_s,
+                    "total_ms": t.total_ms},
+    }
+
+
+def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
+    headers = {DECISION_HEADER: types_pb2.Decision.Name(adm.decision)}
+    source = MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source)
+    if source:
+        headers[MAX_TOKENS_HEADER] = f"max_tokens={adm.max_new_tokens}, source={source}"
+    if adm.HasField("budget_cap"):
+        cap = adm.budget_cap
+        headers[CAP_HEADER] = (f"requested_max_tokens={cap.requested_max_new_tokens}, "
+                               f"admitted_max_tokens={cap.admitted_max_new_tokens}, "
+                               f"requested_bytes={cap.requested_bytes}, "
+                               f"admitted_bytes={cap.admitted_bytes}")
+        if cap.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA:
+            headers[CAP_HEADER] += (f', limit="tenant_quota", tenant="{cap.tenant}", '
+                                    f"tenant_quota_bytes={cap.tenant_quota_bytes}, "
+                                    f"tenant_reserved_bytes={cap.tenant_reserved_bytes}")
+    return headers
+
+
+def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]:
+    """n choices, each admitted on its own: the decisions in choice order
+    ("ADMITTED, CAPPED, ADMITTED"), and the first capped choice's cap with its index.
+    One choice: exactly `admission_headers`."""
+    if len(admissions) == 1:
+        return admission_headers(admissions[0])
+    headers = {DECISION_HEADER: ", ".join(types_pb2.Decision.Name(a.decision)
+                                          for a in admissions)}
+    if MAX_TOKENS_HEADER in (first := admission_headers(admissions[0])):
+        headers[MAX_TOKENS_HEADER] = first[MAX_TOKENS_HEADER]  # choice 0's (the same rule for all)
+    for index, adm in enumerate(admissions):
+        if adm.HasField("budget_cap"):
+            headers[CAP_HEADER] = f"choice={index}, " + admission_headers(adm)[CAP_HEADER]
+            break
+    return headers
+
+
+def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage],
+               reasoning_tokens: int | None = None) -> dict:
+    """One choice's usage, or n choices': the prompt once (as OpenAI counts it), the
+    completions summed; `reasoning_tokens` (a reasoning model's chat: how many of the
+    completion tokens were reasoning) as OpenAI's completion_tokens_details."""
+    usages = [usage] if isinstance(usage, types_pb2.Usage) else list(usage)
+    prompt = usages[0].prompt_tokens
+    completion = sum(u.generated_tokens for u in usages)
+    # prompt_tokens_details.cached_tokens: OpenAI's name for prompt tokens served from a
+    # prefix cache (here the worker's, docs/prefix-cache.md), always present as theirs is;
+    # with n choices, the first choice's (the prompt is counted once).
+    body = {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": usages[0].cached_tokens}}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a non-streaming answer."""
+
+    text: str
+    admission: types_pb2.Admission
+    finished: types_pb2.Finished
+    logprobs: dict | None = None
+    # Tools: the message with its tool_calls (gateway/request/tools.py), in place of the text alone.
+    message: dict | None = None
+    # A reasoning model's chat: the reasoning split from the answer, and its tokens.
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
+
+
+def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
+                  fin: types_pb2.Finished, logprobs: dict | None = None,
+                  resolved: Mapping[str, str] | None = None) -> dict:
+    """A non-streaming chat.completion or text_completion of one choice."""
+    return choices_response(meta, [Choice(text, adm, fin, logprobs)], resolved)
+
+
+def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
+                     resolved: Mapping[str, str] | None = None) -> dict:
+    """A non-streaming answer of n choices (index i: choice i). The `ortserve` object is
+    choice 0's admission and Finished; with n > 1 its `choices` has every choice's."""
+    bodies = []
+    for index, c in enumerate(choices):
+        finish_reason = FINISH_REASON[c.finished.finish_reason]
+        if meta.kind == "chat":
+            message = c.message or {"role": "assistant", "content": c.text}
+            if c.reasoning is not None:
+                message = {**message, "reasoning_content": c.reasoning or None}
+            if message.get("tool_calls") and finish_reason == "stop":
+                finish_reason = "tool_calls"  # OpenAI's end for an answer of whole calls
+            bodies.append({"index": index, "message": message,
+                           "logprobs": c.logprobs, "finish_reason": finish_reason})
+        else:
+            bodies.append({"index": index, "text": c.text, "logprobs": c.logprobs,
+                           "finish_reason": finish_reason})
+    extension = {**admission_extension(choices[0].admission),
+                 "finished": finished_extension(choices[0].finished)}
+    if len(choices) > 1:
+        extension["choices"] = [{**admission_extension(c.admission),
+                                 "finished": finished_extension(c.finished)} for c in choices]
+    if resolved:
+        extension["resolved"] = dict(resolved)
+    counted = [c.reasoning_tokens for c in choices if c.reasoning_tokens is not None]
+    return {**_head(meta, _OBJECT), "choices": bodies,
+            "usage": usage_dict([c.finished.usage for c in choices],
+                                sum(counted) if counted else None),
+            "ortserve": extension}
+
+
+def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool,
+                index: int = 0, resolved: Mapping[str, str] | None = None) -> dict:
+    """A choice's first streamed chunk: the assistant role, no text yet, its admission."""
+    delta = {"role": "assistant", "content": ""}
+    extension = admission_extension(adm)
+    if resolved:
+        extension["resolved"] = dict(resolved)
+    return {**_chunk(meta, delta, None, include_usage, index), "ortserve": extension}
+
+
+def text_chunk(meta: ResponseMeta, text: str, include_usage: bool, index: int = 0,
+               logprobs: dict | None = None) -> dict:
+    return _chunk(meta, {"content": text}, None, include_usage, index, logprobs)
+
+
+def delta_chunk(meta: ResponseMeta, delta: dict, include_usage: bool, index: int = 0,
+                logprobs: dict | None = None) -> dict:
+    """A chat chunk of any delta (tool-call deltas: gateway/request/tools.py)."""
+    return _chunk(meta, delta, None, include_usage, index, logprobs)
+
+
+def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
+                       index: int = 0) -> Callable[[str], str]:
+    """text -> the JSON of text_chunk(meta, text, include_usage, index), as json.dumps with
+    compact separators writes it: per token only the text is encoded (the rest is one template)."""
+    marker = "\x00ortserve-text\x00"  # cannot occur in a JSON-encoded id or model name
+    template = json.dumps(text_chunk(meta, marker, include_usage, index), separators=(",", ":"))
+    head, tail = template.split(json.dumps(marker))
+    return lambda text: head + json.dumps(text) + tail
+
+
+def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool,
+                index: int = 0, logprobs: dict | None = None, called: bool = False) -> dict:
+    """The last chunk of a choice; `called`: its output made whole tool calls (finish_reason
+    "tool_calls" where it would be "stop")."""
+    reason = FINISH_REASON[fin.finish_reason]
+    chunk = _chunk(meta, {}, "tool_calls" if called and reason == "stop" else reason,
+                   include_usage, index, logprobs)
+    return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
+
+
+def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished],
+                reasoning_tokens: int | None = None) -> dict:
+    """stream_options.include_usage: one last chunk with no choices and the usage."""
+    fins = [fin] if isinstance(fin, types_pb2.Finished) else list(fin)
+    return {**_head(meta, _CHUNK_OBJECT), "choices": [],
+            "usage": usage_dict([f.usage for f in fins], reasoning_tokens)}
+
+
+def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool,
+           index: int = 0, logprobs: dict | None = None) -> dict:
+    if meta.kind == "chat":
+        choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish_reason}
+    else:
+        choice = {"index": index, "text": delta.get("content", ""), "logprobs": logprobs,
+                  "finish_reason": finish_reason}
+    chunk = {**_head(meta, _CHUNK_OBJECT), "choices": [choice]}
+    # OpenAI sends usage: null on every chunk but the last when usage was asked for.
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def _head(meta: ResponseMeta, objects: dict[str, str]) -> dict:
+    return {"id": meta.id, "object": objects[meta.kind], "created": meta.created_s,
+            "model": meta.model}
