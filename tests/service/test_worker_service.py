@@ -30,6 +30,7 @@ class FakeLink:
         self.engine = engine
         self.leases: dict[str, types_pb2.Lease] = {}
         self.released: list[tuple[str, int]] = []  # (lease id, engine held bytes at release)
+        self.ended: dict[str, tuple] = {}  # lease id -> (outcome, cause, Finished) it released with
 
     def grant(self, lease_id: str, prompt_tokens: int, max_new_tokens: int) -> None:
         self.leases[lease_id] = types_pb2.Lease(
@@ -43,8 +44,10 @@ class FakeLink:
                                        grpc.aio.Metadata(), details=f"lease {lease_id} not live")
         return lease
 
-    async def release(self, lease_id: str) -> int:
+    async def release(self, lease_id: str, outcome: str = "", cause: str = "",
+                      finished=None) -> int:
         self.released.append((lease_id, self.engine.held_bytes()))
+        self.ended[lease_id] = (outcome, cause, finished)
         self.leases.pop(lease_id, None)
         return 1
 
@@ -96,6 +99,9 @@ def test_generate_streams_admission_tokens_finished_and_releases_after_the_buffe
     assert kinds[0] == "admission" and kinds[-1] == "finished"
     assert events[-1].finished.usage.generated_tokens == 6  # the lease's ceiling, max_new unset
     assert ("L-ok", 0) in link.released
+    # The release says how it ended: the scheduler counts a two-step request from it.
+    outcome, cause, finished = link.ended["L-ok"]
+    assert (outcome, cause) == ("finished", "") and finished == events[-1].finished
 
 
 def test_no_live_lease_is_not_found_as_on_the_scheduler_and_holds_nothing(worker):
@@ -206,6 +212,7 @@ def test_cancel_frees_the_buffer_before_the_lease_is_released(worker):
         time.sleep(0.01)
     assert ("L-cancel", 0) in link.released  # released only once the KV was freed
     assert [lid for lid, _ in link.released].count("L-cancel") == 1
+    assert link.ended["L-cancel"] == ("cancelled", "", None)
 
 
 def test_a_second_stream_on_a_running_lease_is_refused_and_the_first_goes_on(worker):
