@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import grpc
@@ -10,10 +11,13 @@ import grpc
 from scheduler_service.worker_clients import WorkerClients
 
 
-def closed_port() -> str:
+@contextlib.contextmanager
+def refusing_port():
+    """An address that refuses connections: bound (so no other process takes the port
+    meanwhile) and never listening."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once it is closed
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 async def failed_channel(clients: WorkerClients, address: str) -> grpc.aio.Channel:
@@ -30,8 +34,8 @@ def test_a_registration_replaces_a_channel_waiting_out_its_reconnect_backoff():
     """A worker restarted on its port registers while the scheduler's channel to that port
     still backs off from the failed attempts: requests placed there meanwhile would fail
     NO_WORKER for seconds. The registration gives the next request a fresh channel."""
-    async def run():
-        clients, address = WorkerClients(), closed_port()
+    async def run(address: str):
+        clients = WorkerClients()
         old_stub = clients.stub(address)
         await failed_channel(clients, address)
         clients.registered(address)
@@ -39,15 +43,17 @@ def test_a_registration_replaces_a_channel_waiting_out_its_reconnect_backoff():
         await asyncio.sleep(0)  # the old channel's close runs
         await clients.close()
 
-    asyncio.run(run())
+    with refusing_port() as address:
+        asyncio.run(run(address))
 
 
 def test_a_registration_keeps_a_working_or_idle_channel():
-    async def run():
-        clients, address = WorkerClients(), closed_port()
+    async def run(address: str):
+        clients = WorkerClients()
         stub = clients.stub(address)  # IDLE: never tried, nothing to wait out
         clients.registered(address)
         assert clients.stub(address) is stub
         await clients.close()
 
-    asyncio.run(run())
+    with refusing_port() as address:
+        asyncio.run(run(address))
