@@ -1,7 +1,7 @@
 """make bench: ortserve measured side by side with a peer, in the same run, as JSON.
 
   .venv/bin/python -m bench.run [--quick] [--out bench/results/results.json] [--skip-serving]
-      [--skip-structured] [--skip-dataplane] [--skip-prefix]
+      [--skip-structured] [--skip-dataplane] [--skip-prefix] [--skip-lora]
 
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
@@ -64,6 +64,29 @@ def cuda_section(models_root: Path, quick: bool) -> dict:
         return {"exit": out.returncode, "stderr_tail": out.stderr[-2000:]}
 
 
+def lora_section(models_root: Path, quick: bool, threads: int) -> dict:
+    """8 streams over 4 LoRA adapters vs 8 on one (bench/lora_mix.py), per layout, on the
+    folders `python -m model_tools.lora` builds (the tiny ones: `make lora-demo`)."""
+    base = "tiny-llama" if quick else "smollm2-135m-instruct"
+    doc: dict = {}
+    for layout, suffix in (("per_row", "-lora-rows"), ("shared", "-lora")):
+        folder = models_root / f"{base}{suffix}"
+        if not (folder / "adapters").is_dir():
+            doc[layout] = {"skipped": f"{folder} is not built: run `.venv-tools/bin/python -m "
+                                      f"model_tools.lora --base {base} --per-row`"}
+            continue
+        out = subprocess.run([sys.executable, "-m", "bench.lora_mix", "--model-dir", str(folder),
+                              "--adapters", "4", "--streams", "8", "--threads", str(threads),
+                              "--new-tokens", "16" if quick else "64",
+                              "--rounds", "1" if quick else "3"],
+                             capture_output=True, text=True, timeout=1800)
+        try:
+            doc[layout] = json.loads(out.stdout)
+        except ValueError:
+            doc[layout] = {"exit": out.returncode, "stderr_tail": out.stderr[-2000:]}
+    return doc
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="no token-path CPU run (python -m bench.dataplane runs only that)")
     p.add_argument("--skip-prefix", action="store_true",
                    help="no prefix-cache TTFT run (python -m bench.prefix_ttft runs only that)")
+    p.add_argument("--skip-lora", action="store_true",
+                   help="no LoRA mix run (python -m bench.lora_mix runs only that)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -191,6 +216,17 @@ def main(argv: list[str] | None = None) -> None:
         paired["prefix_cold_over_hit_ttft"] = {first: {
             "median": statistics.median(per_pair), "min": min(per_pair), "max": max(per_pair),
             "pairs": len(per_pair), "quiet_pairs": len(per_pair)}}
+    lora_doc: dict = {"skipped": "--skip-lora"}
+    if not a.skip_lora:
+        progress("lora: 8 streams over 4 adapters vs 8 on one, per-row and shared layouts")
+        lora_doc = lora_section(models_root, a.quick, a.threads)
+        for layout, run in lora_doc.items():
+            if "rounds" in run:  # the issue's figure: mixed / one adapter, median of the rounds
+                ratios[f"lora_4adapters_vs_1_8stream_{layout}"] = {run["model"]: run["ratio_median"]}
+                values = [r["ratio"] for r in run["rounds"]]
+                paired[f"lora_4adapters_vs_1_8stream_{layout}"] = {run["model"]: {
+                    "median": run["ratio_median"], "min": min(values), "max": max(values),
+                    "pairs": len(values), "quiet_pairs": len(values)}}
     progress("cuda: cuda_check's decode speed beside onnxruntime-genai (on a GPU only)")
     cuda_doc = cuda_section(models_root, a.quick)
     doc = {
@@ -219,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         "structured": structured_doc,
         "dataplane": dataplane_doc,
         "prefix_cache": prefix_doc,
+        "lora": lora_doc,
         "cuda": cuda_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
