@@ -42,6 +42,7 @@ from pathlib import Path
 
 import grpc
 
+from devtools.chaos_checks import HeldLeaseCheck, budget_violations
 from devtools.cluster import (
     LocalCluster,
     Service,
@@ -115,7 +116,7 @@ class Chaos:
         self.model = ""  # the served model's name, as the gateway lists it
         self.log_dir = log_dir
         self.faulting = threading.Lock()  # one fault at a time; the checker skips during one
-        self.seen_leases: set[str] = set()  # every lease id a check saw in the ledger
+        self.held_check = HeldLeaseCheck()  # rule 8 per lease, across the checks
 
     # -- the cluster ----------------------------------------------------------------------
 
@@ -274,59 +275,13 @@ class Chaos:
             after = self.budget(2.0)
         except grpc.RpcError:
             return  # the scheduler is down (a fault): nothing to check
-        found = []
-        for budget in (before, after):
-            if budget.total_reserved_bytes > budget.total_capacity_bytes:
-                found.append({"check": "reserved <= capacity", "reserved": budget.total_reserved_bytes,
-                              "capacity": budget.total_capacity_bytes})
-            for w in budget.workers:
-                leases = sum(lease.reserved_bytes for lease in w.leases)
-                if w.reserved_bytes > w.capacity_bytes:
-                    found.append({"check": "worker reserved <= capacity", "worker": w.worker_id,
-                                  "reserved": w.reserved_bytes, "capacity": w.capacity_bytes})
-                if w.reserved_bytes != leases:
-                    found.append({"check": "reserved = sum of leases", "worker": w.worker_id,
-                                  "reserved": w.reserved_bytes, "leases": leases})
-        found += self.held_within_charges(helds, before, after)
+        found = budget_violations(before, after) + self.held_check.check(helds, before, after)
         with self.tally.lock:
             self.tally.checks += 1
+            self.tally.unverified_leases = self.held_check.unverified
             for violation in found:
                 violation["at_s"] = round(time.monotonic() - self.t0, 1)
                 self.tally.violations.append(violation)
-
-    def held_within_charges(self, helds: dict[str, dict[str, int]], before, after) -> list[dict]:
-        """Rule 8 per lease, on workers registered in both looks: each lease a worker holds
-        KV for is charged at least that much in one of the two snapshots; one in neither
-        that an earlier look had seen was released by the ledger while still held. (A sum
-        over the worker cannot be checked this way: a release and a charge between the two
-        looks make either snapshot's total smaller than what was held in between.)"""
-        charged: dict[str, dict[str, int]] = collections.defaultdict(dict)
-        present = collections.Counter()
-        for budget in (before, after):
-            for w in budget.workers:
-                present[w.worker_id] += 1
-                for lease in w.leases:
-                    leases = charged[w.worker_id]
-                    leases[lease.lease_id] = max(leases.get(lease.lease_id, 0), lease.reserved_bytes)
-        found, unverified = [], 0
-        for worker_id, held in helds.items():
-            if present[worker_id] != 2:
-                continue  # (re-)registering or gone in between: outside the ledger then
-            for lease_id, held_bytes in held.items():
-                charge = charged[worker_id].get(lease_id)
-                if charge is not None and held_bytes > charge:
-                    found.append({"check": "held <= charged, per lease", "worker": worker_id,
-                                  "lease_id": lease_id, "held": held_bytes, "charged": charge})
-                elif charge is None and lease_id in self.seen_leases:
-                    found.append({"check": "held lease is charged", "worker": worker_id,
-                                  "lease_id": lease_id, "held": held_bytes,
-                                  "detail": "the ledger released it and the worker still holds it"})
-                elif charge is None:
-                    unverified += 1
-        self.seen_leases.update(lease_id for leases in charged.values() for lease_id in leases)
-        with self.tally.lock:
-            self.tally.unverified_leases += unverified
-        return found
 
     def checker(self) -> None:
         while not self.stop.is_set():
