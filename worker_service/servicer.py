@@ -134,7 +134,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _held_leases(self, engine: Engine) -> list[worker_pb2.HeldLease]:
         """WorkerInfo.held_leases: the engine keys sequences by lease id and idle sessions
         by session id; a session's lease id comes from the lease lifecycle."""
-        sessions = self.leases.session_leases if self.leases is not None else {}
+        sessions = self.leases.sessions.leases if self.leases is not None else {}
         held = []
         for key, nbytes in sorted(engine.held_bytes_by_key().items()):
             lease = sessions.get(key)

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from ortserve.v1 import scheduler_pb2, types_pb2
+from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from tests.e2e.conftest import (
     BIN,
     ROOT,
@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     scheduler_stub,
     start_cluster,
     worker_held_bytes,
+    worker_stub,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -92,6 +93,10 @@ def test_turn_two_reuses_the_kept_kv_and_equals_a_fresh_run(roomy):
     # The lease shrank to what is held before Finished went out: the ledger and the worker agree.
     assert f1.session.state == types_pb2.SESSION_RESIDENT
     assert f1.session.reserved_bytes == f1.session.held_bytes == reserved_bytes(roomy.address)
+    # The worker's Info lists what the idle session holds, under its lease (rule 8 per lease).
+    info = worker_stub(roomy.worker_services[0].address).Info(worker_pb2.InfoRequest(), timeout=5)
+    assert [(h.lease_id, h.session_id, h.held_bytes) for h in info.held_leases] == [
+        (f1.session.lease_id, opened.session_id, f1.session.held_bytes)]
     _, f2, ids2, _ = session_turn(stub, opened.session_id, Q2, max_new_tokens=48)
     # Turn 2 prefilled only what it added: everything up to the reply's end was reused.
     assert f2.usage.reused_prompt_tokens >= f1.usage.prompt_tokens
