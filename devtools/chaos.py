@@ -19,7 +19,7 @@ every request ended with tokens or a clean status (no INTERNAL or UNKNOWN, no HT
 none past its deadline), and once the load stops the ledger and every worker hold 0.
 The JSON report: counts by outcome, the invariant violations, the faults and how long
 the cluster took to serve again after each (the longest recovery). Exit 1 when a check
-failed. The short form runs in CI (tests/e2e/test_chaos_e2e.py).
+failed. The short form runs in CI (tests/e2e/operations/test_chaos_e2e.py).
 """
 
 from __future__ import annotations

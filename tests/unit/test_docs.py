@@ -78,9 +78,9 @@ def test_the_readme_stays_a_newcomers_page():
 
 # Each block that a test runs verbatim, and the page that test reads it from.
 TESTED_BLOCKS = {
-    "grpcurl-examples": "README.md",  # tests/e2e/test_interop_e2e.py
-    "grpcurl-secure-examples": "docs/security.md",  # tests/e2e/test_security_e2e.py
-    "session-grpcurl-examples": "docs/sessions.md",  # tests/e2e/test_sessions_e2e.py
+    "grpcurl-examples": "README.md",  # tests/e2e/paths/test_interop_e2e.py
+    "grpcurl-secure-examples": "docs/security.md",  # tests/e2e/operations/test_security_e2e.py
+    "session-grpcurl-examples": "docs/sessions.md",  # tests/e2e/ledger/test_sessions_e2e.py
     **DOCUMENTED_IN,  # the compose blocks: devtools/compose_test.py, tests/unit/test_images.py
 }
 

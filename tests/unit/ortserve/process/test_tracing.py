@@ -1,6 +1,6 @@
 """ortserve.process.tracing: off unless asked for, asked for the standard ways, a no-op when off.
 
-The trace itself, through real processes, is tests/e2e/test_tracing_e2e.py.
+The trace itself, through real processes, is tests/e2e/operations/test_tracing_e2e.py.
 """
 
 from __future__ import annotations

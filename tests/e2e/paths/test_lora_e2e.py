@@ -14,7 +14,7 @@ import pytest
 from devtools.cluster import LocalCluster
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import scheduler_stub
-from tests.e2e.test_gateway_e2e import wait_reserved_zero
+from tests.e2e.gateway.test_gateway_e2e import wait_reserved_zero
 from tests.models import prepared_model_dir
 
 CAPACITY_BYTES = 8 * 2**20

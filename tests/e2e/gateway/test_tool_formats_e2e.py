@@ -17,7 +17,7 @@ import pytest
 from devtools.cluster import LocalCluster, model_cache, stop_service
 from ortserve.v1 import types_pb2
 from tests.e2e.conftest import scheduler_stub
-from tests.e2e.test_gateway_e2e import openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

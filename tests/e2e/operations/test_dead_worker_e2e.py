@@ -16,7 +16,7 @@ from ortserve_client import Client
 
 from devtools.cluster import stop_service
 from tests.e2e.conftest import reserved_bytes, start_cluster
-from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import MODEL, openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 
 from devtools.cluster import stop_service
-from tests.e2e.test_gateway_e2e import FRANCE, MODEL, start_gateway, wait_reserved_zero
-from tests.e2e.test_gateway_sampling_e2e import _post
-from tests.e2e.test_tools_e2e import WEATHER
+from tests.e2e.gateway.test_gateway_e2e import FRANCE, MODEL, start_gateway, wait_reserved_zero
+from tests.e2e.gateway.test_gateway_sampling_e2e import _post
+from tests.e2e.gateway.test_tools_e2e import WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -139,7 +139,7 @@ def test_bad_input_is_a_400_in_anthropics_shape_naming_the_field(gateway, body, 
 
 def test_closing_the_stream_mid_way_frees_the_lease(roomy, gateway):
     from tests.e2e.conftest import reserved_bytes
-    from tests.e2e.test_gateway_e2e import ESSAY
+    from tests.e2e.gateway.test_gateway_e2e import ESSAY
 
     stream = client(gateway).messages.create(
         model=MODEL, max_tokens=2000, stream=True, messages=[{"role": "user", "content": ESSAY}],

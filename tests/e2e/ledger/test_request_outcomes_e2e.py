@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools.cluster import Service, stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import scheduler_stub, start_cluster
-from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import MODEL, openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -12,7 +12,7 @@ import pytest
 from ortserve_client import Client
 
 from devtools.cluster import LocalCluster, model_cache, stop_service
-from tests.e2e.test_gateway_e2e import openai_client, start_gateway, wait_reserved_zero
+from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway, wait_reserved_zero
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -17,7 +17,7 @@ from ortserve_client.errors import InvalidRequest, OrtserveError
 
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import types_pb2
-from tests.e2e.test_gateway_e2e import openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway
 from tests.models import prepared_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from devtools.cluster import stop_service
 from tests.e2e.conftest import start_cluster
-from tests.e2e.test_gateway_e2e import BPT, MODEL, openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import BPT, MODEL, openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

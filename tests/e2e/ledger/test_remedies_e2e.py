@@ -22,7 +22,7 @@ from ortserve.status import rich_status
 from ortserve.status.units import parse_bytes
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import scheduler_stub, start_cluster
-from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import MODEL, openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -20,8 +20,8 @@ from ortserve_client import Client, GenerationFailed
 
 from devtools.cluster import LocalCluster, model_cache, stop_service
 from tests.e2e.conftest import reserved_bytes, worker_held_bytes
-from tests.e2e.test_gateway_e2e import start_gateway
-from tests.e2e.test_request_outcomes_e2e import metrics_port, samples
+from tests.e2e.gateway.test_gateway_e2e import start_gateway
+from tests.e2e.ledger.test_request_outcomes_e2e import metrics_port, samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -22,7 +22,7 @@ from ortserve_client import Client, GenerationFailed, InvalidRequest, Rejected
 
 from devtools.cluster import LocalCluster, model_cache, stop_service
 from tests.e2e.conftest import BIN, reserved_bytes, worker_held_bytes
-from tests.e2e.test_gateway_e2e import start_gateway
+from tests.e2e.gateway.test_gateway_e2e import start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

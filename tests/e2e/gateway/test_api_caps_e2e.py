@@ -9,7 +9,7 @@ import pytest
 
 from devtools.cluster import stop_service
 from tests.e2e.conftest import start_cluster
-from tests.e2e.test_gateway_e2e import (
+from tests.e2e.gateway.test_gateway_e2e import (
     BPT,
     ESSAY,
     MODEL,

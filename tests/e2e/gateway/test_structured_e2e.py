@@ -15,7 +15,12 @@ import pytest
 from devtools.cluster import stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import grpcurl, reserved_bytes, scheduler_stub
-from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway, wait_reserved_zero
+from tests.e2e.gateway.test_gateway_e2e import (
+    MODEL,
+    openai_client,
+    start_gateway,
+    wait_reserved_zero,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

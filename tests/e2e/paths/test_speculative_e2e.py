@@ -12,7 +12,7 @@ from ortserve_client import Client
 from devtools.cluster import stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub, start_cluster
-from tests.e2e.test_gateway_e2e import openai_client, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

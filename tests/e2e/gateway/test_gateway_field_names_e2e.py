@@ -13,7 +13,7 @@ import pytest
 
 from devtools.cluster import stop_service
 from tests.e2e.conftest import start_cluster
-from tests.e2e.test_gateway_e2e import BPT, ESSAY, MODEL, TIGHT_BUDGET_TOKENS, start_gateway
+from tests.e2e.gateway.test_gateway_e2e import BPT, ESSAY, MODEL, TIGHT_BUDGET_TOKENS, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

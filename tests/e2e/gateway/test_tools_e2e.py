@@ -14,8 +14,13 @@ from devtools.cluster import stop_service
 from ortserve.output import tool_output
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub
-from tests.e2e.test_gateway_e2e import MODEL, openai_client, start_gateway, wait_reserved_zero
-from tests.e2e.test_gateway_sampling_e2e import _post
+from tests.e2e.gateway.test_gateway_e2e import (
+    MODEL,
+    openai_client,
+    start_gateway,
+    wait_reserved_zero,
+)
+from tests.e2e.gateway.test_gateway_sampling_e2e import _post
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -13,15 +13,15 @@ import pytest
 from devtools.cluster import stop_service
 from ortserve.v1 import scheduler_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub
-from tests.e2e.test_gateway_e2e import (
+from tests.e2e.gateway.test_gateway_e2e import (
     FRANCE,
     MODEL,
     openai_client,
     start_gateway,
     wait_reserved_zero,
 )
-from tests.e2e.test_gateway_sampling_e2e import _post
-from tests.e2e.test_tools_e2e import WEATHER
+from tests.e2e.gateway.test_gateway_sampling_e2e import _post
+from tests.e2e.gateway.test_tools_e2e import WEATHER
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -177,7 +177,7 @@ def test_refusals_are_400s_naming_the_responses_field_and_reserve_nothing(roomy,
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_a_stored_response_frees_its_session(roomy, gateway, stream):
-    from tests.e2e.test_gateway_e2e import ESSAY
+    from tests.e2e.gateway.test_gateway_e2e import ESSAY
 
     long = dict(model=MODEL, input=ESSAY, max_output_tokens=2000, temperature=0,
                 extra_body={"min_tokens": 2000})

@@ -23,7 +23,7 @@ from ortserve_client import Client
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import BIN, reserved_bytes, scheduler_stub
-from tests.e2e.test_gateway_e2e import start_gateway, wait_reserved_zero
+from tests.e2e.gateway.test_gateway_e2e import start_gateway, wait_reserved_zero
 from tests.models import prepared_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

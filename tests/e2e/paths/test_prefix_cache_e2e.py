@@ -210,7 +210,7 @@ def test_a_follow_up_lands_on_the_worker_holding_its_prefix(tmp_path_factory):
 
 def test_the_gateway_reports_cached_tokens_on_a_resent_conversation(cached, tmp_path_factory):
     from devtools.cluster import stop_service
-    from tests.e2e.test_gateway_e2e import openai_client, start_gateway
+    from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway
 
     gateway = start_gateway(tmp_path_factory, cached.address)
     try:

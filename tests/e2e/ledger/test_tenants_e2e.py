@@ -27,7 +27,7 @@ from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.ledger.tenants import key_digest
 from tests.e2e.conftest import BIN
-from tests.e2e.test_gateway_e2e import start_gateway
+from tests.e2e.gateway.test_gateway_e2e import start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
