@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import grpc
 import structlog
@@ -21,7 +21,7 @@ from ortserve.rpc.auth import Role, caller_has, require_role
 from ortserve.rpc.error_path import Relayed
 from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
-from ortserve.status.errors import DomainError, ErrorReason, InvalidField, clip
+from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
@@ -37,7 +37,8 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Place, Ticket
-from scheduler_service.rejections import rejection_error, window_refused_prompt_tokens
+from scheduler_service.prompt_count import count_prompt, noted_by_worker
+from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.rpcs import SessionRPCs
@@ -56,27 +57,6 @@ def _under(prefix: str) -> Iterator[None]:
         numbers = {k: v for k, v in error.metadata.items() if k != "field"}
         raise InvalidField(prefix + error.field, error.message.split(": ", 1)[-1],
                            **numbers) from None
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    token_ids: list[int]  # empty when no worker could count it
-    known: bool
-    # A worker's Tokenize refused it for the context window (token_ids then empty): the
-    # refusal, and the prompt's length it counted, for the ledger to decide on.
-    window_refusal: grpc.aio.AioRpcError | None = None
-    window_refused_tokens: int = 0
-    # What the counting worker said of a chat prompt's reasoning (passed on in the Admission).
-    reasoning_format: str = ""
-    opens_reasoning: bool = False
-    tool_call_format: str = ""
-
-
-def _noted(admission: Admission, noted: dict) -> Admission:
-    """The admission with what the counting worker said of the prompt (not REJECTED)."""
-    if admission.decision is Decision.REJECTED or not noted:
-        return admission
-    return replace(admission, **noted)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -99,55 +79,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         MODEL_NOT_FOUND, or INVALID_REQUEST on `model`: placement.resolve_model)."""
         return placement.resolve_model(requested, {w.geometry.model for w in self._ledger.snapshot()})
 
-    async def _prompt(self, request: types_pb2.GenerateRequest, model: str) -> _Prompt | str:
-        """The prompt's token ids, or why no worker of `model` could count them (-> NO_WORKER).
-
-        A token-id prompt is checked against the model's registered vocabulary
-        here, with no round trip; text and chat go through Tokenize on a worker
-        of the model (its tokenizer, its template), which also validates the
-        request as Generate would.
-        """
-        snapshot = placement.serving(self._ledger.snapshot(), model)
-        if request.WhichOneof("prompt") == "token_ids":
-            ids = list(request.token_ids.ids)
-            vocab = max((w.geometry.vocab_size for w in snapshot), default=0)
-            if vocab or not snapshot:
-                if vocab:
-                    request_rules.token_ids_in_vocab(ids, vocab)
-                    # The worker's Tokenize would check it; this path skips that call.
-                    request_rules.logit_bias_in_vocab(request.sampling.logit_bias, vocab)
-                    request_rules.stop_token_ids_in_vocab(request.stop_token_ids, vocab)
-                return _Prompt(ids, known=True)
-        if not snapshot:
-            return "no worker registered"
-        last_error = "none"
-        # NOTE: any worker of the model will do: one model, one tokenizer.
-        # A worker serving the request's adapter: Tokenize checks the request as Generate would.
-        for worker in sorted(snapshot, key=lambda w: (not w.geometry.serves_adapter(request.adapter),
-                                                      w.unreachable, len(w.leases))):
-            try:
-                answer = await self._workers.stub(worker.geometry.address).Tokenize(
-                    worker_pb2.TokenizeRequest(request=request), timeout=10.0)
-                return _Prompt(list(answer.token_ids), known=True,
-                               reasoning_format=answer.reasoning_format,
-                               opens_reasoning=answer.prompt_opens_reasoning,
-                               tool_call_format=answer.tool_call_format)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
-                    counted = window_refused_prompt_tokens(error)
-                    if counted is not None:
-                        return _Prompt([], known=True, window_refusal=error,
-                                       window_refused_tokens=counted)
-                    raise Relayed(error) from None  # the worker judged the request: pass it on
-                last_error = f"{worker.geometry.worker_id}: {clip(error.details(), 120)}"
-        return last_error
-
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
                      context=None, two_step: bool = False,
                      ) -> tuple[Admission | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
-        prompt's ids; what the Admission passes on of the prompt (`_noted`)."""
+        prompt's ids; what the Admission passes on of the prompt (`noted_by_worker`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
         # worker is asked to count it and before any byte is reserved.
         request_rules.generate_request(request)
@@ -156,7 +93,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # An adapter no worker of the model serves: NOT_FOUND, before anything is reserved.
         placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         default = self._config.default_max_new_tokens.for_model(model)
-        prompt = await self._prompt(request, model)
+        prompt = await count_prompt(request, model, self._ledger, self._workers)
         if isinstance(prompt, str):
             n_known = len(request.token_ids.ids) if request.WhichOneof("prompt") == "token_ids" else 0
             domain = convert.admission_request(request, max(n_known, 1))  # validates the numbers
@@ -220,7 +157,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                     context=context, two_step=True)
         if isinstance(admission, Ticket):
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
-        admission = _noted(admission, noted)
+        admission = noted_by_worker(admission, noted)
         self._count(admission)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
@@ -325,7 +262,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             if admission.decision is Decision.REJECTED:
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)
-            admission = _noted(admission, noted)
+            admission = noted_by_worker(admission, noted)
             leg = self._generate_leg(admission, inner, prompt_ids, bound, outcome)
             outcome.relaying = True
             async with aclosing(relay(admission, leg, arrived, context.time_remaining,
@@ -350,7 +287,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         domain = convert.admission_request(
             asked, len(prompt_ids), model, prompt_ids=prompt_ids, tenant=first.tenant,
             default_max_new_tokens=self._config.default_max_new_tokens.for_model(model))
-        admission = _noted(self._ledger.admit(domain), noted)
+        admission = noted_by_worker(self._ledger.admit(domain), noted)
         log_expired(self._ledger.take_expired(), self._metrics)
         if admission.decision is Decision.REJECTED:
             bound.info("no other worker takes it", cause=admission.rejection.cause.value)
