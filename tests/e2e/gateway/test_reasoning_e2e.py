@@ -34,8 +34,12 @@ TEMPLATE = (
     "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}"
 )
 MESSAGES = [{"role": "user", "content": "Think, then answer."}]
-# The forced output: reasoning, the closing tag (several tokens), the answer.
-SPLIT = {"structured_outputs": {"regex": "[a-z]{6,14}</think>\n\n[a-z]{4,10}"}}
+# The forced output: reasoning, the closing tag (several tokens), the answer. The reasoning
+# is long enough to outlast the start of a stream: the tokens the tiny model makes before
+# the gateway first reads leave together (a reader behind gets what piled up in one chunk,
+# types.proto's stream_interval_ms), and only after that does each token leave alone.
+SPLIT = {"structured_outputs": {"regex": "[a-z]{40,60}</think>\n\n[a-z]{4,10}"}}
+SPLIT_MAX_TOKENS = 120  # room for all of it
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,7 @@ def create(gateway, **kw):
 def raw_split(raw_gateway) -> tuple[str, int]:
     """The unsplit text of the forced output (from a --reasoning-parser none gateway) and
     its tokens up to the one that completes the closing tag (one token per chunk here)."""
-    raw = create(raw_gateway, max_tokens=40, logprobs=True, extra_body=SPLIT)
+    raw = create(raw_gateway, max_tokens=SPLIT_MAX_TOKENS, logprobs=True, extra_body=SPLIT)
     raw_text = raw.choices[0].message.content
     assert "</think>" in raw_text and raw.model_extra["ortserve"]["finished"]["constraint"][
         "satisfied"]
@@ -96,9 +100,9 @@ def raw_split(raw_gateway) -> tuple[str, int]:
 
 
 def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, think):
-    raw = create(raw_gateway, max_tokens=40, extra_body=SPLIT)
+    raw = create(raw_gateway, max_tokens=SPLIT_MAX_TOKENS, extra_body=SPLIT)
     raw_text, closing = raw_split(raw_gateway)
-    answer = create(gateway, max_tokens=40, extra_body=SPLIT)
+    answer = create(gateway, max_tokens=SPLIT_MAX_TOKENS, extra_body=SPLIT)
     message = answer.choices[0].message
     reasoning = message.model_extra["reasoning_content"]
     assert reasoning and message.content and "think>" not in reasoning + message.content
@@ -111,8 +115,8 @@ def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, th
 
 
 def test_streamed_reasoning_comes_apart_and_first(gateway):
-    whole = create(gateway, max_tokens=40, extra_body=SPLIT).choices[0].message
-    chunks = list(create(gateway, max_tokens=40, stream=True, extra_body=SPLIT,
+    whole = create(gateway, max_tokens=SPLIT_MAX_TOKENS, extra_body=SPLIT).choices[0].message
+    chunks = list(create(gateway, max_tokens=SPLIT_MAX_TOKENS, stream=True, extra_body=SPLIT,
                          stream_options={"include_usage": True}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     thoughts = [d.model_extra.get("reasoning_content") for d in deltas]
@@ -164,7 +168,7 @@ def test_a_template_variable_the_template_does_not_read_is_refused(gateway):
 
 def respond(gateway, **kw):
     return openai_client(gateway).responses.create(
-        model=MODEL, input=MESSAGES[0]["content"], temperature=0, max_output_tokens=40,
+        model=MODEL, input=MESSAGES[0]["content"], temperature=0, max_output_tokens=SPLIT_MAX_TOKENS,
         extra_body=SPLIT, **kw)
 
 
@@ -208,7 +212,7 @@ def test_a_streamed_response_streams_reasoning_first_then_text(gateway, raw_gate
 
 def message(gateway, **kw):
     kw["extra_body"] = {"temperature": 0, **kw.get("extra_body", SPLIT)}
-    kw.setdefault("max_tokens", 40)
+    kw.setdefault("max_tokens", SPLIT_MAX_TOKENS)
     return anthropic.Anthropic(base_url=f"http://{gateway.address}", api_key="unused",
                                timeout=120).messages.create(model=MODEL, messages=MESSAGES, **kw)
 
@@ -245,7 +249,7 @@ def test_thinking_disabled_reaches_the_template_and_enabled_says_what_the_budget
     on = message(gateway, thinking={"type": "enabled", "budget_tokens": 30})
     assert [b.type for b in on.content] == ["thinking", "text"]
     note = on.model_extra["ortserve"]["resolved"]["thinking.budget_tokens"]
-    assert "not a separate limit" in note and "max_tokens (40)" in note
+    assert "not a separate limit" in note and f"max_tokens ({SPLIT_MAX_TOKENS})" in note
 
 
 def test_thinking_enabled_is_refused_where_it_cannot_be_honoured(raw_gateway, think):
