@@ -47,26 +47,20 @@ class AdapterAdmin:
                            "(GetBudget's workers): name one", registered_workers=len(ids))
 
     async def load(self, request: types_pb2.LoadAdapterRequest) -> types_pb2.AdapterChange:
-        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
-        address = self._address(request.worker_id)
-        try:
-            change = await self._workers.stub(address).LoadAdapter(request,
-                                                                   timeout=_CALL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            raise Relayed(error) from None  # the worker's refusal, its numbers included
-        log.info("adapter load relayed", worker_id=change.worker_id, adapter=change.adapter.name,
-                 adapter_bytes=change.adapter.held_bytes, capacity_bytes=change.capacity_bytes)
-        return change
+        return await self._relay("LoadAdapter", request, "adapter load relayed")
 
     async def unload(self, request: types_pb2.UnloadAdapterRequest) -> types_pb2.AdapterChange:
+        return await self._relay("UnloadAdapter", request, "adapter unload relayed")
+
+    async def _relay(self, method: str, request, event: str) -> types_pb2.AdapterChange:
+        """`method` on the named worker; its refusal passes on as it is (its numbers included)."""
         request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
         address = self._address(request.worker_id)
         try:
-            change = await self._workers.stub(address).UnloadAdapter(request,
-                                                                     timeout=_CALL_TIMEOUT_S)
+            change = await getattr(self._workers.stub(address), method)(
+                request, timeout=_CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             raise Relayed(error) from None
-        log.info("adapter unload relayed", worker_id=change.worker_id,
-                 adapter=change.adapter.name, adapter_bytes=change.adapter.held_bytes,
-                 capacity_bytes=change.capacity_bytes)
+        log.info(event, worker_id=change.worker_id, adapter=change.adapter.name,
+                 adapter_bytes=change.adapter.held_bytes, capacity_bytes=change.capacity_bytes)
         return change

@@ -34,14 +34,11 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ortserve.process import tracing
-from ortserve.rpc.error_path import Relayed
+from ortserve.rpc.error_path import Relayed, at_deadline
 from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.v1 import scheduler_pb2, types_pb2
 
 OUTCOMES = ("finished", "rejected", "cancelled", "deadline", "worker_failed", "error")
-# A cancel this close to the caller's deadline is the deadline (grpc cancels the
-# handler when it passes; time_remaining() then reads about 0).
-DEADLINE_SLACK_S = 0.1
 
 
 def finish_reason_label(finish_reason: int) -> str:
@@ -72,7 +69,7 @@ def classify(error: BaseException | None, relaying: bool, finish_reason: str | N
     if error is None:
         return ("worker_failed", "ended_without_finished") if relaying else ("error", "no_answer")
     if isinstance(error, asyncio.CancelledError | GeneratorExit):
-        if time_remaining_s is not None and time_remaining_s <= DEADLINE_SLACK_S:
+        if at_deadline(time_remaining_s):
             return "deadline", stage
         return "cancelled", stage
     if isinstance(error, DomainError):

@@ -13,6 +13,7 @@ import time
 import structlog
 
 from ortserve.process.version import package_version
+from ortserve.rpc.error_path import at_deadline
 from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from worker_service import adapter_admin, convert
@@ -24,8 +25,6 @@ from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
 
 log = structlog.get_logger("worker")
-
-DEADLINE_SLACK_S = 0.05  # a call cancelled this close to its deadline ended at it
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -226,7 +225,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     elif isinstance(event, Cancelled):
                         return
             except (asyncio.CancelledError, GeneratorExit):
-                remaining_s = context.time_remaining()
-                if remaining_s is not None and remaining_s <= DEADLINE_SLACK_S:
+                if at_deadline(context.time_remaining()):
                     stream.ended_as = ("deadline", "")  # else: cancelled, the caller left
                 raise

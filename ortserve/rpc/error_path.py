@@ -325,3 +325,14 @@ def _streaming(impl, request_class, full):
 def bad_request_of(error: grpc.RpcError) -> error_details_pb2.BadRequest | None:
     """The BadRequest detail of a failed call, for tests and clients."""
     return rich_status.unpack(rich_status.details_of(error), error_details_pb2.BadRequest)
+
+
+# A cancel this close to the caller's deadline is the deadline (grpc cancels the
+# handler when it passes; time_remaining() then reads about 0).
+DEADLINE_SLACK_S = 0.1
+
+
+def at_deadline(time_remaining_s: float | None) -> bool:
+    """Whether a call cancelled with `time_remaining_s` left ended at its deadline (a call
+    without one never does): the scheduler's outcome count and the worker's release."""
+    return time_remaining_s is not None and time_remaining_s <= DEADLINE_SLACK_S
