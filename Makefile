@@ -183,8 +183,8 @@ bench-quick: setup tools-setup tiny-model model
 ## llama-server once from the llama-cpp-python sdist, ~10 min on 2 cores; skipped with a notice
 ## where it cannot be built); ratios into bench/results/results.json
 bench-peers: setup tools-setup model
-	$(call step,bench-peers,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.llama_peer --build || echo "bench-peers: llama.cpp could not be built here (the line above says why); the comparison is skipped")
-	$(BIN)/python -m bench.serving_peers
+	$(call step,bench-peers,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.peers.llama_peer --build || echo "bench-peers: llama.cpp could not be built here (the line above says why); the comparison is skipped")
+	$(BIN)/python -m bench.peers.serving_peers
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) .tools .pytest_cache .ruff_cache .hypothesis

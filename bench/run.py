@@ -28,15 +28,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import structured
-from bench.dataplane import dataplane_section, print_section
-from bench.e2e_decode import e2e_vs_inprocess
-from bench.engine_peers import ROOT, engine_vs_genai
-from bench.machine import cpu_model, versions, weight_bytes
-from bench.measure import PROMPT, QUIET_CORES, progress, quiet_paired_ratio, ratio, summary
-from bench.prefix_ttft import prefix_section
-from bench.roofline import l3_bytes, read_bandwidth
-from bench.serving import serving_run
+from bench.common.machine import cpu_model, versions, weight_bytes
+from bench.common.measure import PROMPT, QUIET_CORES, progress, quiet_paired_ratio, ratio, summary
+from bench.common.roofline import l3_bytes, read_bandwidth
+from bench.features import structured
+from bench.features.prefix_ttft import prefix_section
+from bench.peers.e2e_decode import e2e_vs_inprocess
+from bench.peers.engine_peers import ROOT, engine_vs_genai
+from bench.served.dataplane import dataplane_section, print_section
+from bench.served.serving import serving_run
 from devtools.cluster import model_cache
 from ortserve.process.logs import configure_logging
 
@@ -65,7 +65,7 @@ def cuda_section(models_root: Path, quick: bool) -> dict:
 
 
 def lora_section(models_root: Path, quick: bool, threads: int) -> dict:
-    """8 streams over 4 LoRA adapters vs 8 on one (bench/lora_mix.py), per layout, on the
+    """8 streams over 4 LoRA adapters vs 8 on one (bench/features/lora_mix.py), per layout, on the
     folders `python -m model_tools.lora` builds (the tiny ones: `make lora-demo`)."""
     base = "tiny-llama" if quick else "smollm2-135m-instruct"
     doc: dict = {}
@@ -75,7 +75,7 @@ def lora_section(models_root: Path, quick: bool, threads: int) -> dict:
             doc[layout] = {"skipped": f"{folder} is not built: run `.venv-tools/bin/python -m "
                                       f"model_tools.lora --base {base} --per-row`"}
             continue
-        out = subprocess.run([sys.executable, "-m", "bench.lora_mix", "--model-dir", str(folder),
+        out = subprocess.run([sys.executable, "-m", "bench.features.lora_mix", "--model-dir", str(folder),
                               "--adapters", "4", "--streams", "8", "--threads", str(threads),
                               "--new-tokens", "16" if quick else "64",
                               "--rounds", "1" if quick else "3"],
@@ -95,13 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--skip-serving", action="store_true", help="no Poisson serving run")
     p.add_argument("--skip-structured", action="store_true",
-                   help="no constrained-vs-free decode run (bench/structured.py)")
+                   help="no constrained-vs-free decode run (bench/features/structured.py)")
     p.add_argument("--skip-dataplane", action="store_true",
-                   help="no token-path CPU run (python -m bench.dataplane runs only that)")
+                   help="no token-path CPU run (python -m bench.served.dataplane runs only that)")
     p.add_argument("--skip-prefix", action="store_true",
-                   help="no prefix-cache TTFT run (python -m bench.prefix_ttft runs only that)")
+                   help="no prefix-cache TTFT run (python -m bench.features.prefix_ttft runs only that)")
     p.add_argument("--skip-lora", action="store_true",
-                   help="no LoRA mix run (python -m bench.lora_mix runs only that)")
+                   help="no LoRA mix run (python -m bench.features.lora_mix runs only that)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     if not a.skip_prefix:
         progress("prefix cache: TTFT of a prompt whose prefix is cached vs not, interleaved")
         prefix_doc = prefix_section(models[first], a.quick)
-        # The headline is bench.prefix_ttft's own (cold median / hit median); the pairs' spread
+        # The headline is bench.features.prefix_ttft's own (cold median / hit median); the pairs' spread
         # is per repeat (each repeat's cold and hit run back to back on a fresh prefix).
         ratios["prefix_cold_over_hit_ttft"] = {first: prefix_doc["ratio_cold_over_hit"]}
         per_pair = [c / h for c, h in zip(prefix_doc["cold_ttft_ms"], prefix_doc["hit_ttft_ms"],

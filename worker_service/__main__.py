@@ -137,7 +137,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     if a.bench_rate_set_tokens_per_s:
         if os.environ.get(BENCH_ENV) != "1":
             p.error(f"--bench-rate-set-tokens-per-s is for benchmarks only: it runs no model and "
-                    f"ignores sampling; set {BENCH_ENV}=1 to take it (bench.dataplane does)")
+                    f"ignores sampling; set {BENCH_ENV}=1 to take it (bench.served.dataplane does)")
         if not 0 < a.bench_rate_set_tokens_per_s <= 100_000:
             p.error(f"--bench-rate-set-tokens-per-s {a.bench_rate_set_tokens_per_s:g}: give more "
                     "than 0 and at most 100000 tokens a second per stream")

@@ -60,7 +60,7 @@ class EngineConfig:
     # stays the non-speculative output; beyond it the engine runs "off" and says why.
     speculative_max_logit_drift: float = 1e-3
     # Extra ORT session config entries ((key, value), ...), e.g.
-    # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/engine_ab.py).
+    # ("session.intra_op.allow_spinning", "0"): for A/B runs (bench/experiments/engine_ab.py).
     ort_session_config: tuple[tuple[str, str], ...] = ()
     # Bench only (runtime/rate_set_runner.py): no model runs, every running sequence gets a
     # token this many times a second; 0: the model runs. The worker refuses it outside the

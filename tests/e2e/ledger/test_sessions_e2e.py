@@ -296,7 +296,7 @@ def test_a_cancelled_turn_keeps_what_it_computed_and_the_ledger_matches(roomy):
 
 
 def test_turn_two_ttft_with_reuse_beats_resending_a_1000_token_history(roomy):
-    from bench.session_ttft import measure
+    from bench.features.session_ttft import measure
 
     result = measure(roomy.address, history_tokens=1000, repeats=1)
     assert result["reused_prompt_tokens"][0] >= 950  # ~1,000 history tokens were not prefilled

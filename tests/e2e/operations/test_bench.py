@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.measure import window_rate
+from bench.common.measure import window_rate
 from tests.e2e.conftest import ROOT
 
 

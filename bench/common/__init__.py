@@ -1,0 +1,1 @@
+"""How the bench measures: summaries and ratios, the machine's record, the read bandwidth."""

@@ -1,0 +1,1 @@
+"""One-off A/B runs and profiles of the engine and plain ORT loops (outputs: bench/results/)."""

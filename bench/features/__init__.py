@@ -1,0 +1,1 @@
+"""One feature's cost or gain: prefix cache, sessions, constrained decode, LoRA, speculation."""

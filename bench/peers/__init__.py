@@ -1,0 +1,1 @@
+"""ortserve beside another: onnxruntime-genai, llama.cpp's llama-server, the engine in process."""
