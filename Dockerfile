@@ -9,7 +9,7 @@
 # BASE: any Debian-based image with Python >= 3.11, its venv module and useradd,
 # e.g. a mirror of python:3.11-slim-bookworm or a debootstrapped Debian 12
 # (`make compose-test` makes one: devtools/compose_test.sh). Pass
-# ORTSERVE_VERSION (pyproject's, checked by tests/unit/test_images.py) and
+# ORTSERVE_VERSION (pyproject's, checked by tests/unit/repo/test_dockerfile.py) and
 # ORTSERVE_REVISION (the commit) for the labels.
 
 ARG BASE=python:3.11-slim-bookworm
@@ -60,7 +60,7 @@ COPY --from=wheel /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels /opt/venv/bin/ortserve-worker
 USER ortserve
 EXPOSE 50051 50061
-# The same check as compose.yaml's scheduler (tests/unit/test_images.py compares them).
+# The same check as compose.yaml's scheduler (tests/unit/repo/test_dockerfile.py compares them).
 HEALTHCHECK --interval=5s --timeout=3s --retries=10 CMD ["ortserve-probe", "127.0.0.1:50051"]
 ARG ORTSERVE_VERSION
 ARG ORTSERVE_REVISION

@@ -22,8 +22,9 @@ import tomllib
 from pathlib import Path
 
 ROLES = ("scheduler", "worker-cpu", "worker-cuda")
-# Every runtime dependency -> the roles that install it. A dependency missing here
-# is an error (tests/unit/test_images.py), so a new one cannot silently skip an image.
+# Every runtime dependency -> the roles that install it. A dependency missing here is an
+# error (tests/unit/devtools/test_image_requirements.py), so a new one cannot silently skip
+# an image.
 NEEDED_BY: dict[str, frozenset[str]] = {
     **{name: frozenset(ROLES) for name in (
         "grpcio", "grpcio-status", "grpcio-health-checking", "grpcio-reflection",

