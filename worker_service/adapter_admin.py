@@ -31,9 +31,7 @@ log = structlog.get_logger("worker")
 
 def adapters_pb(engine: Engine) -> list[types_pb2.LoraAdapter]:
     """What this worker serves, for its registration, Info and the admin RPCs' answers."""
-    if engine.adapters is None:
-        return []
-    return [adapter_pb(engine.adapters.adapters[name]) for name in engine.adapters.names()]
+    return [adapter_pb(adapter) for adapter in engine.adapters.loaded()]
 
 
 def adapter_pb(adapter: Adapter) -> types_pb2.LoraAdapter:
@@ -41,7 +39,7 @@ def adapter_pb(adapter: Adapter) -> types_pb2.LoraAdapter:
 
 
 async def load(engine: Engine, link: SchedulerLink, name: str, path: str) -> types_pb2.AdapterChange:
-    if engine.adapters is None:
+    if engine.adapters.served is None:
         raise InvalidRequest("path", f"adapter {name!r}: this worker's model "
                              f"{engine.spec.name!r} takes no LoRA weights as inputs (or its KV "
                              "layout runs no adapters), so it serves none; load adapters on a "
@@ -51,11 +49,11 @@ async def load(engine: Engine, link: SchedulerLink, name: str, path: str) -> typ
     if in_use is not None:
         raise AdapterNoRoom(name, adapter.nbytes, engine.capacity_bytes, in_use)
     try:
-        await asyncio.to_thread(engine.add_adapter, adapter)
+        await asyncio.to_thread(engine.adapters.add, adapter)
         try:
             change = await link.resize_for_adapter(adapter_pb(adapter), loaded=True)
         except BaseException:
-            await asyncio.to_thread(engine.remove_adapter, name)
+            await asyncio.to_thread(engine.adapters.remove, name)
             raise
     except BaseException:
         engine.kv.give_capacity(adapter.nbytes)
@@ -67,7 +65,7 @@ async def load(engine: Engine, link: SchedulerLink, name: str, path: str) -> typ
 
 
 async def unload(engine: Engine, link: SchedulerLink, name: str) -> types_pb2.AdapterChange:
-    adapter = await asyncio.to_thread(engine.remove_adapter, name)
+    adapter = await asyncio.to_thread(engine.adapters.remove, name)
     engine.kv.give_capacity(adapter.nbytes)
     link.serving(engine.capacity_bytes, adapters_pb(engine))
     log.info("adapter unloaded", adapter=name, adapter_bytes=adapter.nbytes,

@@ -7,10 +7,10 @@ repeats one step, in the shape of nano-vllm's `LLMEngine.step`:
 
     plan = scheduler.schedule()      # which sequences, how many tokens each
     output = runner.run(plan)        # the ORT runs; what changed, per sequence
-    postprocess(plan, output)        # apply it: count, sample, stop, emit, free what finished
+    postprocess(output)              # apply it: count, sample, stop, emit, free what finished
 
-Runners change no sequence state (runtime/runner.py): the postprocess is the
-one place a step's results reach the sequences.
+Runners change no sequence state (runtime/runner.py): the postprocess
+(postprocess.py) is the one place a step's results reach the sequences.
 
 Every exit (finish, cancel, error, close) frees the KV once and sends one
 terminal event.
@@ -28,9 +28,8 @@ import structlog
 from ortserve.rules import request_rules
 from ortserve.status.units import tokens
 from worker_service import speculation
-from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.errors import EngineError, LeaseInUse
 from worker_service.core.ngram import Drafter
-from worker_service.core.sampling import greedy_choice, greedy_tokens, plain_greedy
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -39,20 +38,21 @@ from worker_service.core.sequence import (
     Failed,
     Sequence,
     SequenceRequest,
-    TokenDelta,
 )
 from worker_service.core.speculative import VerifyCosts
 from worker_service.core.step_scheduler import StepPlan, StepScheduler
 from worker_service.core.token_mask import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.tokenizer import Tokenizer
+from worker_service.engine_adapters import EngineAdapters
 from worker_service.engine_config import EngineConfig
-from worker_service.runtime import device as devices
-from worker_service.runtime.factory import build_runtime
-from worker_service.runtime.lora import Adapter, AdapterBusy, AdapterNotFound, AdapterSet
+from worker_service.postprocess import apply_step
+from worker_service.runtime.factory import build_runtime, open_device_session
+from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
+from worker_service.runtime.session_turns import SessionTurns
 
 log = structlog.get_logger(__name__)
 
@@ -79,20 +79,14 @@ class Engine:
         if 0 < config.max_context_tokens < self.spec.context_length:
             self.spec = dataclasses.replace(self.spec, context_length=config.max_context_tokens)
         self.tokenizer = Tokenizer(self.spec.model_dir)
-        self.intra_op_threads = config.intra_op_threads or devices.usable_cores()
-        session = devices.create_session(self.spec, config.device, config.device_id,
-                                         self.intra_op_threads, config.inter_op_threads,
-                                         (("session.intra_op.allow_spinning",
-                                           "1" if config.intra_op_spinning else "0"),
-                                          *config.ort_session_config),
-                                         last_position_logits=config.last_position_logits)
-        self.providers: tuple[str, ...] = tuple(session.get_providers())  # what ORT resolved
+        loaded = open_device_session(config, self.spec)
+        session = loaded.session
+        self.providers: tuple[str, ...] = loaded.providers  # what ORT resolved
         self.provider = self.providers[0]
-        self.nodes_by_provider = devices.node_placement(session)  # ORT's own placement
-        placed = devices.placement(session)
-        # The CPU-preferred shape nodes a CUDA session keeps on the host (allowed, reported).
-        self.nodes_off_device = placed.off_device_report() if placed is not None else []
-        self.device = "cpu" if config.device == "cpu" else f"cuda:{config.device_id}"
+        self.nodes_by_provider = loaded.nodes_by_provider
+        self.nodes_off_device = loaded.nodes_off_device
+        self.device = loaded.device
+        self.intra_op_threads = loaded.intra_op_threads
         chunk_tokens = max(config.prefill_chunk_tokens, 1)
         # The pool, the runner and the rows behind them, for this device (runtime/factory.py).
         self.runtime = build_runtime(config, self.spec, session, chunk_tokens)
@@ -102,16 +96,9 @@ class Engine:
         self.prefix_cache: PrefixCache | None = self.runtime.prefix_cache
         # LoRA adapters (runtime/lora.py): a graph with LoRA inputs has a set on a batched
         # runner; --lora on a base without them is refused with the reason.
-        self.adapters: AdapterSet | None = getattr(self.runner, "adapters", None)
+        served: AdapterSet | None = getattr(self.runner, "adapters", None)
         for name, path in config.lora_adapters:
-            (self.adapters or AdapterSet(session)).load(name, path)
-        # A session's K/V was computed under one adapter: its turns keep it.
-        self._session_adapters: dict[str, str] = {}
-        # Sessions keep K/V between turns as host copies of their rows (session_kv.py).
-        self.sessions = SessionTable(self.kv) if self.runtime.capabilities.sessions else None
-        if config.bench_rate_set_tokens_per_s:
-            self.providers = ("BenchRateSet",)  # what Info reports: no execution provider runs
-            self.provider = self.providers[0]
+            (served or AdapterSet(session)).load(name, path)
         # Speculation where the runner verifies drafts exactly (speculation.resolve).
         self.speculative, self.verify_drift, self.speculative_note = speculation.resolve(
             config, self.runner, self.kv_layout)
@@ -124,10 +111,14 @@ class Engine:
         self._masks = MaskBatch(self.spec.vocab_size, threads=min(self.intra_op_threads, 4),
                                 overlap=config.constraint_mask_overlap)
 
-        # Held around each step: a LoRA adapter changes only between steps (its values
-        # are bound into the runs, and a per-row graph restacks them all).
-        self._step_lock = threading.Lock()
+        self._step_lock = threading.Lock()  # held around each step (engine_adapters.py)
         self._cond = threading.Condition()
+        self.adapters = EngineAdapters(served, self._step_lock, self._cond, self._using_adapter,
+                                       self.prefix_cache)
+        # Sessions keep K/V between turns as host copies of their rows (session_turns.py).
+        self.session_turns = SessionTurns(
+            SessionTable(self.kv) if self.runtime.capabilities.sessions else None,
+            self.kv_layout, self._cond)
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
         self._live: dict[str, Sequence] = {}  # guarded by _cond
         self._closing = False
@@ -167,9 +158,9 @@ class Engine:
         return self.runtime.max_batch_rows
 
     @property
-    def _arena(self):
-        """The row store (None for the static layout): the tests' name for it."""
-        return self.runtime.rows
+    def sessions(self) -> SessionTable | None:
+        """What each session holds (None where the runtime parks no rows)."""
+        return self.session_turns.table
 
     def active_sequences(self) -> int:
         with self._cond:
@@ -185,43 +176,13 @@ class Engine:
         request_rules.context_window(req.prompt_tokens, req.max_new_tokens,
                                      self.spec.context_length, req.min_new_tokens)
         if req.adapter:
-            self.check_adapter(req.adapter)
+            self.adapters.check(req.adapter)
 
-    def check_adapter(self, name: str) -> None:
-        """Raise AdapterNotFound unless this worker serves adapter `name`."""
-        if self.adapters is None:
-            raise AdapterNotFound(name, [])
-        self.adapters.check(name)
-
-    def add_adapter(self, adapter: Adapter) -> None:
-        """Serve an adapter its set read (AdapterSet.read), between two engine steps."""
-        if self.adapters is None:
-            raise AdapterNotFound(adapter.name, [])
-        with self._step_lock, self._cond:
-            self.adapters.add(adapter)
-
-    def remove_adapter(self, name: str) -> Adapter:
-        """Stop serving adapter `name`, between two engine steps; AdapterBusy while sequences
-        run under it or open sessions hold K/V computed under it. Its prefix-cache blocks go
-        with it (the cache is cleared: a later adapter of that name must not find them)."""
-        if self.adapters is None:
-            raise AdapterNotFound(name, [])
-        with self._step_lock, self._cond:
-            self.adapters.check(name)
-            running = sorted(seq.req.sequence_id for seq in self._live.values()
-                             if seq.req.adapter == name)
-            sessions = sorted(sid for sid, held in self._session_adapters.items() if held == name)
-            if running or sessions:
-                raise AdapterBusy(name, running, sessions)
-            adapter = self.adapters.unload(name)
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
-        return adapter
-
-    @property
-    def adapter_bytes(self) -> int:
-        """Bytes the loaded LoRA adapters hold (on the session's device)."""
-        return self.adapters.total_bytes() if self.adapters is not None else 0
+    def _using_adapter(self, name: str) -> tuple[list[str], list[str]]:
+        """The live sequences and the sessions under adapter `name` (holding _cond)."""
+        running = sorted(seq.req.sequence_id for seq in self._live.values()
+                         if seq.req.adapter == name)
+        return running, self.session_turns.under(name)
 
     def submit(self, req: SequenceRequest, on_event: Callable[[Event], None],
                session_id: str = "", checked: bool = False) -> SequenceHandle:
@@ -253,23 +214,13 @@ class Engine:
                 raise LeaseInUse(req.sequence_id)
             # Pinned before the charge is made, so the eviction the charge may need leaves it.
             if req.adapter:  # again under the lock: an unload may have run since check()
-                self.check_adapter(req.adapter)
+                self.adapters.check(req.adapter)
             hit = (self.prefix_cache.lookup(req.prompt_ids, req.adapter)
                    if self.prefix_cache is not None else None)
             try:
                 if session_id:
-                    held = self._session_adapters.get(session_id, req.adapter)
-                    if held != req.adapter:
-                        raise InvalidRequest("adapter", f"session {session_id!r} runs under "
-                                             f"adapter {held or '(base)'!r}; a turn cannot "
-                                             f"switch to {req.adapter or '(base)'!r}: open "
-                                             "another session for it")
-                    start = self._sessions().begin_turn(session_id, req.prompt_ids,
-                                                        req.max_tokens, detail)
-                    seq.continue_session(session_id, start.allocation, start.reused_tokens,
-                                         start.resume)
-                    self._session_adapters[session_id] = req.adapter
-                    if start.reused_tokens and hit is not None:  # the session's own KV wins
+                    reused = self.session_turns.begin(seq, session_id, detail)
+                    if reused and hit is not None:  # the session's own KV wins
                         self._release_hit(hit)
                         hit = None
                 else:
@@ -305,35 +256,19 @@ class Engine:
             raise EngineError(f"sequence {req.sequence_id!r} was cancelled")
         return event
 
-    # --- sessions (any thread) -------------------------------------------------
-
-    def _sessions(self) -> SessionTable:
-        if self.sessions is None:
-            raise InvalidRequest("session", f"sessions keep K/V as rows of a row store; this "
-                                 f"worker runs kv_layout {self.kv_layout!r}: use kv_layout "
-                                 "auto to serve sessions")
-        return self.sessions
+    # --- sessions (any thread; session_turns.py) ------------------------------
 
     def open_session(self, session_id: str) -> SessionInfo:
-        """Open an empty session (idempotent); its first turn prefills everything."""
-        with self._cond:
-            return self._sessions().open(session_id)
+        return self.session_turns.open(session_id)
 
     def session_info(self, session_id: str) -> SessionInfo:
-        with self._cond:
-            return self._sessions().info(session_id)
+        return self.session_turns.info(session_id)
 
     def swap_out_session(self, session_id: str) -> int:
-        """Move an idle session's K/V out of the KV capacity; returns the pool bytes freed."""
-        with self._cond:
-            return self._sessions().swap_out(session_id)
+        return self.session_turns.swap_out(session_id)
 
     def close_session(self, session_id: str) -> int:
-        """Forget an idle session; returns the pool bytes freed (SessionBusy during a turn)."""
-        with self._cond:
-            freed = self._sessions().close(session_id)
-            self._session_adapters.pop(session_id, None)
-            return freed
+        return self.session_turns.close(session_id)
 
     def close(self) -> None:
         """Stop the engine thread; queued and running sequences end with Failed. Idempotent."""
@@ -375,8 +310,7 @@ class Engine:
         with self._cond:
             held = {seq.sequence_id: seq.kv.nbytes for seq in self._live.values()
                     if seq.kv is not None and not seq.kv.freed}
-            if self.sessions is not None:
-                held.update(self.sessions.charged_bytes_by_session())
+            held.update(self.session_turns.charged_bytes())
             return held
 
     # --- the engine thread ---------------------------------------------------
@@ -401,9 +335,7 @@ class Engine:
             self._inbox.clear()
         for seq in left:
             self._finish(seq, Failed(seq.sequence_id, closing))
-        if self.sessions is not None:
-            with self._cond:
-                self.sessions.drop_all()
+        self.session_turns.drop_all()
         self.runtime.close()
         self._masks.close()
 
@@ -412,6 +344,15 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.empty:
             return
+        try:
+            self._run_step(plan)
+        except Exception as exc:
+            # A step that failed whole (a sequence's own error comes back in its step
+            # output): its sequences fail and free their KV, the engine thread goes on.
+            for seq in plan.sequences:
+                self._fail(seq, exc)
+
+    def _run_step(self, plan: StepPlan) -> None:
         now = time.perf_counter()
         for chunk in plan.prefills:
             chunk.seq.mark_scheduled(now)
@@ -420,59 +361,16 @@ class Engine:
         wait_for_masks = self._masks.start(step_constraints(plan))
         output = self.runner.run(plan)
         wait_for_masks()
-        if output.decode_rows:
-            self._costs.record_decode(output.decode_rows, output.decode_s)
-        for seconds in output.verify_s:
-            self._costs.record_verify(seconds)
-        self._postprocess(plan, output)
+        self._costs.record(output.decode_rows, output.decode_s, output.verify_s)
+        self._postprocess(output)
 
-    def _greedy_choices(self, output: StepOutput) -> dict[str, int]:
-        """The greedy rows' tokens (no constraint, penalty, bias or logprobs) from one argmax
-        over the step's logits, not one per row: the same tokens. A row whose argmax is
-        suppressed (EOS before min_new_tokens) is left to its sampler."""
-        steps = [s for s in output.steps.values() if s.logits is not None and s.error is None
-                 and s.seq.constraint is None and s.seq.req.top_logprobs is None
-                 and plain_greedy(s.seq.sampler)]
-        chosen = greedy_tokens([s.logits for s in steps], self.spec.vocab_size) if steps else []
-        return {s.seq.sequence_id: c for s, t in zip(steps, chosen, strict=True)
-                if (c := greedy_choice(s.seq.sampler, t)) is not None}
-
-    def _postprocess(self, plan: StepPlan, output: StepOutput) -> None:
-        greedy = self._greedy_choices(output)
-        completed: dict[Sequence, Event] = {}  # finished after the loop, in the runner's order
-        for step in output.steps.values():
-            seq = step.seq
-            if step.prefix_restored:
-                seq.prefix_restored()
-            if step.error is not None:
-                self._fail(seq, step.error)
-                continue
-            if step.verify_logits is not None:
-                try:
-                    finish_reason = speculation.accept_verified(step, self.runner)
-                except Exception as exc:
-                    self._fail(seq, exc)
-                    continue
-                if finish_reason is not None:
-                    completed[seq] = seq.completed(finish_reason)
-                continue
-            seq.computed(step.computed_tokens)
-            chosen = step.token if step.token is not None else greedy.get(seq.sequence_id)
-            if step.logits is None and step.token is None:
-                continue  # more prompt to go
-            try:
-                token, text, finish_reason, logprobs = seq.accept(step.logits, chosen)
-            except Exception as exc:
-                self._fail(seq, exc)
-                continue
-            # Logprobs travel with their token (the same event), so a chunk's entries
-            # always match its token ids.
-            seq.emit(TokenDelta(seq.sequence_id, (token,), text,
-                                (logprobs,) if logprobs is not None else ()))
-            if finish_reason is not None:
-                completed[seq] = seq.completed(finish_reason)
-        for seq in self.runner.leaving_order(list(completed)):
-            self._finish(seq, completed[seq])
+    def _postprocess(self, output: StepOutput) -> None:
+        """Apply the step's output (postprocess.py), then free what failed or finished."""
+        applied = apply_step(output, self.runner, self.spec.vocab_size)
+        for seq, error in applied.failed:
+            self._fail(seq, error)
+        for seq in self.runner.leaving_order(list(applied.completed)):
+            self._finish(seq, applied.completed[seq])
         self._leave_cancelled()
 
     def _leave_cancelled(self) -> None:
@@ -499,17 +397,7 @@ class Engine:
         if isinstance(seq.resume, CachedPrefix):  # a cache hit no row took: unpin it
             self._release_hit(seq.take_unused_prefix())
         if seq.session_id:
-            # A failed turn's K/V may be partial: dropped. A finished or cancelled
-            # one holds exactly its computed tokens: kept for the next turn.
-            held = None
-            if not isinstance(event, Failed):
-                held = self.runner.park(seq)
-                if held is None:  # it never got a row: what it holds is the reused prefix
-                    held = seq.take_unused_prefix()
-            if held is None:
-                self.runner.forget(seq)
-            with self._cond:
-                self._sessions().end_turn(seq.session_id, seq.kv, held)
+            self.session_turns.end(seq, isinstance(event, Failed), self.runner)
         else:
             # Its whole blocks go to the prefix cache (a failed sequence's K/V may be partial),
             # pinned: its charge covers them until it is freed, then they count.

@@ -229,6 +229,11 @@ class LeaseLifecycle:
                 stopped.append(lease_id)
         return stopped
 
+    def busy(self, lease_id: str) -> bool:
+        """Whether a sequence is being opened or served under `lease_id` now (a session's
+        lease: a turn is opening, running or shrinking)."""
+        return lease_id in self._busy
+
     def live_leases(self) -> list[types_pb2.Lease]:
         """Leases this worker holds bytes for: running sequences and open sessions (the
         heartbeat reports them; a claimed lease it left out would be released)."""

@@ -91,7 +91,7 @@ class WorkerSessions:
 
     def _idle(self, session_id: str, doing: str) -> types_pb2.Lease:
         lease = self._lease(session_id)
-        if lease.lease_id in self.leases._busy:
+        if self.leases.busy(lease.lease_id):
             raise SessionBusy(session_id, doing)  # a turn is opening, running or shrinking
         return lease
 
@@ -102,7 +102,7 @@ class WorkerSessions:
             session_id=session_id, worker_id=self.leases.worker_id, worker_address=self.address,
             state=_STATE[info.state], held_tokens=info.held_tokens, held_bytes=info.charged_bytes,
             swapped_bytes=info.swapped_bytes, turns=info.turns, lease_id=lease.lease_id,
-            turn_in_flight=lease.lease_id in self.leases._busy,
+            turn_in_flight=self.leases.busy(lease.lease_id),
             idle_s=time.monotonic() - self._opened_at.get(session_id, time.monotonic()))
         if lease.HasField("budget_cap"):
             pb.last_budget_cap.CopyFrom(lease.budget_cap)
@@ -184,7 +184,7 @@ class WorkerSessions:
             lease = self.sessions.leases.get(session_id)
             if lease is None:
                 continue
-            if lease.lease_id in self.leases._busy:
+            if self.leases.busy(lease.lease_id):
                 self.sessions.orphaned.add(session_id)
                 continue
             freed = self.leases.engine.close_session(session_id)

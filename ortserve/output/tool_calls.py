@@ -125,7 +125,7 @@ def grammar(tools: Sequence[ToolLike], function_name: str = "", parallel: bool =
     one call (or several with `parallel`) of `function_name` or any tool; with
     `allow_text`, text that never opens a call, or text followed by calls."""
     chosen = [t for t in tools if not function_name or t.name == function_name]
-    lines = [f"fn_{i}: {_lark_string(_head(t.name))} %json {_schema_json(t)} \"}}\""
+    lines = [f"fn_{i}: {_lark_string(_head(t.name))} %json {schema_json(t)} \"}}\""
              for i, t in enumerate(chosen)]
     lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))))
     body = '"\\n" fn "\\n</tool_call>"'
@@ -146,7 +146,7 @@ def _head(name: str) -> str:
     return f'{{"name": {json.dumps(name)}, "arguments": '
 
 
-def _schema_json(tool: ToolLike) -> str:
+def schema_json(tool: ToolLike) -> str:
     """The parameters schema with compact JSON output (constraint.JSON_DEFAULTS), unless
     the schema sets llguidance's own options."""
     schema: Any = json.loads(parameters_schema(tool))

@@ -75,7 +75,7 @@ def grammar(fmt: str, tools: Sequence[tool_calls.ToolLike], function_name: str =
     spec = _FORMATS[fmt]
     chosen = [t for t in tools if not function_name or t.name == function_name]
     lines = [f"fn_{i}: {json.dumps(_head(t.name, spec))} %json "
-             f"{tool_calls._schema_json(t)} \"}}\"" for i, t in enumerate(chosen)]
+             f"{tool_calls.schema_json(t)} \"}}\"" for i, t in enumerate(chosen)]
     lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))))
     calls = "fn" + (f" ({json.dumps(spec.separator)} fn)*" if parallel else "")
     body = " ".join(part for part in (json.dumps(spec.open) if spec.open else "", calls,

@@ -19,7 +19,7 @@ Pure numpy: no ORT, no grpc.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -72,6 +72,12 @@ class VerifyCosts:
         self._declined = 0  # steps declined since the last verification
         self._decode_s: dict[int, float] = {}  # rows -> seconds per shared decode run
         self._verify_s: float | None = None  # seconds per verification run
+
+    def record(self, decode_rows: int, decode_s: float, verify_s: Iterable[float]) -> None:
+        """One step's measured runs: its plain decode (if any) and each verification."""
+        self.record_decode(decode_rows, decode_s)
+        for seconds in verify_s:
+            self.record_verify(seconds)
 
     def record_decode(self, rows: int, seconds: float) -> None:
         if rows > 0 and seconds > 0:

@@ -72,6 +72,11 @@ class StepPlan:
     def num_tokens(self) -> int:
         return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
 
+    @property
+    def sequences(self) -> list[Schedulable]:
+        """Every sequence the step runs, each once."""
+        return list(dict.fromkeys([*self.decodes, *(c.seq for c in self.prefills)]))
+
 
 class StepScheduler:
     """FIFO admission into `running`, chunked prefill, batched decode. Engine thread only."""

@@ -28,6 +28,7 @@ import structlog
 from ortserve.status.units import human_bytes, tokens
 from worker_service.core.errors import DeviceUnavailable, InvalidRequest
 from worker_service.engine_config import EngineConfig
+from worker_service.runtime import device as devices
 from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
@@ -89,6 +90,37 @@ class Runtime:
     def close(self) -> None:
         if self.rows is not None:
             self.rows.close()
+
+
+@dataclass(frozen=True)
+class DeviceSession:
+    """The engine's ORT session and what ORT resolved for it (what Info reports)."""
+
+    session: ort.InferenceSession
+    providers: tuple[str, ...]  # as ORT resolved them, the first one runs the graph
+    nodes_by_provider: dict[str, int]  # ORT's own placement, from its profile
+    nodes_off_device: list[str]  # the CPU-preferred shape nodes a CUDA session keeps (reported)
+    device: str  # "cpu" | "cuda:N"
+    intra_op_threads: int
+
+
+def open_device_session(config: EngineConfig, spec: ModelSpec) -> DeviceSession:
+    """The model's ORT session on the device `config` names, verified to run there
+    (device.create_session refuses what would silently run elsewhere)."""
+    threads = config.intra_op_threads or devices.usable_cores()
+    spinning = ("session.intra_op.allow_spinning", "1" if config.intra_op_spinning else "0")
+    session = devices.create_session(spec, config.device, config.device_id, threads,
+                                     config.inter_op_threads,
+                                     (spinning, *config.ort_session_config),
+                                     last_position_logits=config.last_position_logits)
+    placed = devices.placement(session)
+    # The served-path bench's set rate runs no model: Info says no execution provider ran.
+    providers = ("BenchRateSet",) if config.bench_rate_set_tokens_per_s else tuple(
+        session.get_providers())
+    return DeviceSession(
+        session, providers, devices.node_placement(session),
+        placed.off_device_report() if placed is not None else [],
+        "cpu" if config.device == "cpu" else f"cuda:{config.device_id}", threads)
 
 
 def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:

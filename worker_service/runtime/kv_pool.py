@@ -175,7 +175,7 @@ class EvictableCache(Protocol):
         """Bytes the cache holds that no charge covers (evictable)."""
         ...
 
-    def _evict_locked(self, nbytes: int, why: str = "admission") -> int:
+    def evict_locked(self, nbytes: int, why: str = "admission") -> int:
         """Evict at least `nbytes` when it can; returns the bytes freed."""
         ...
 
@@ -214,7 +214,7 @@ class KVPool:
             return self._held_bytes
         over = self._held_bytes + grow + self._cache.counted_bytes_locked() - self.capacity_bytes
         if over > 0:
-            self._cache._evict_locked(over)
+            self._cache.evict_locked(over)
         return self._held_bytes + self._cache.counted_bytes_locked()
 
     @property

@@ -17,7 +17,7 @@ row pages were returned as its blocks were copied out), so physical bytes
 (rows' pages + every block) never pass charges + counted. Pinned blocks are
 never evicted.
 
-Thread-safety: every method takes the pool's lock (the pool calls `_evict_locked`
+Thread-safety: every method takes the pool's lock (the pool calls `evict_locked`
 while holding it), so allocation and eviction are one decision.
 """
 
@@ -202,7 +202,7 @@ class PrefixCache:
 
     # --- eviction (under the pool's lock) -------------------------------------
 
-    def _evict_locked(self, nbytes: int, why: str = "admission") -> int:
+    def evict_locked(self, nbytes: int, why: str = "admission") -> int:
         """Evict unpinned blocks, least recently used first, until `nbytes` are freed (or
         none is left); returns the bytes freed. The pool calls it before a charge grows."""
         freed = 0
@@ -218,10 +218,10 @@ class PrefixCache:
         """Charges + counted <= capacity and counted + pinned <= limit, by evicting."""
         over_pool = self.pool.held_bytes_locked() + self._counted_bytes - self.pool.capacity_bytes
         if over_pool > 0:
-            self._evict_locked(over_pool, "admission")
+            self.evict_locked(over_pool, "admission")
         over_limit = self._counted_bytes + self._pinned_bytes - self.limit_bytes
         if over_limit > 0:
-            self._evict_locked(over_limit, "limit")
+            self.evict_locked(over_limit, "limit")
 
     def _pin_locked(self, block: CachedBlock) -> None:
         if block.pins == 0:

@@ -60,12 +60,12 @@ def test_load_then_unload_moves_the_pool_and_the_ledger_by_the_adapters_bytes(en
     link = StandInLink()
     capacity = engine.capacity_bytes
     asyncio.run(adapter_admin.load(engine, link, "fr", path_of(lora_dir, "random0")))
-    nbytes = engine.adapter_bytes
+    nbytes = engine.adapters.total_bytes()
     assert nbytes > 0 and engine.capacity_bytes == capacity - nbytes
     assert link.resized == [("fr", nbytes, True)]
     assert link.announced == (capacity - nbytes, ["fr"])  # what a re-registration says
     asyncio.run(adapter_admin.unload(engine, link, "fr"))
-    assert engine.capacity_bytes == capacity and engine.adapter_bytes == 0
+    assert engine.capacity_bytes == capacity and engine.adapters.total_bytes() == 0
     assert link.resized[-1] == ("fr", nbytes, False)
     assert link.announced == (capacity, [])
 

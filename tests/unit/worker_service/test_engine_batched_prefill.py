@@ -90,7 +90,7 @@ def _batched(model_dir, waves, new_tokens, cancel_at_step=None):
     def checked_step():
         step()  # the engine thread: nothing frees between the step and the reads below
         runs["steps"] += 1
-        arena = eng._arena
+        arena = eng.runtime.rows
         physical.append((arena.kernel_committed_bytes(), arena.committed_bytes(), eng.held_bytes()))
         if runs["steps"] in range(1, len(waves)):
             submit(runs["steps"])
@@ -106,7 +106,7 @@ def _batched(model_dir, waves, new_tokens, cancel_at_step=None):
         with eng._cond:  # the engine thread takes them together
             submit(0)
         assert done.wait(600), f"only {len(results)} of {total} sequences ended"
-        assert eng.held_bytes() == 0 and eng._arena.kernel_committed_bytes() == 0
+        assert eng.held_bytes() == 0 and eng.runtime.rows.kernel_committed_bytes() == 0
     finally:
         eng.close()
     assert physical and all(kernel <= held and counted <= held for kernel, counted, held in physical)

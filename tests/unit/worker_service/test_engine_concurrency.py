@@ -95,10 +95,35 @@ def test_a_failing_sequence_fails_alone(engine, prompt, monkeypatch):
     assert engine.generate(SequenceRequest("after", prompt, 2)).generated_tokens == 2
 
 
+def test_a_step_that_fails_whole_fails_its_sequences_and_the_engine_goes_on(tiny_dir, prompt):
+    with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as engine:
+        run = engine.runner.run
+        calls = []
+
+        def exploding_run(plan):
+            calls.append(plan)
+            if len(calls) == 3:  # a decode step with both sequences in it
+                raise RuntimeError("runner exploded")
+            return run(plan)
+
+        engine.runner.run = exploding_run
+        first, second = Recorder(), Recorder()
+        with engine._cond:  # the engine thread takes them together
+            engine.submit(SequenceRequest("a", prompt, 30), first)
+            engine.submit(SequenceRequest("b", prompt, 30), second)
+        assert first.done.wait(30) and second.done.wait(30)
+        for rec in (first, second):
+            [failed] = rec.terminal()
+            assert isinstance(failed, Failed) and "RuntimeError: runner exploded" in str(
+                failed.error)
+        assert engine.held_bytes() == 0 and engine.active_sequences() == 0
+        assert engine.generate(SequenceRequest("after", prompt, 2)).generated_tokens == 2
+
+
 def test_committed_kv_memory_never_exceeds_the_charge_in_a_concurrent_run(tiny_dir, prompt):
     with Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=2)) as eng:
         assert eng.kv_layout == "arena"
-        arena = eng._arena
+        arena = eng.runtime.rows
         samples: list[tuple[int, int]] = []
         step = eng.step
 

@@ -19,7 +19,7 @@ def _physical_within_charges(engine: Engine) -> None:
     with engine.kv.lock:
         charged = engine.kv.held_bytes_locked() + (cache.counted_bytes_locked() if cache is not None else 0)
     assert charged <= engine.capacity_bytes
-    physical = engine._arena.kernel_committed_bytes() + engine.cached_bytes()
+    physical = engine.runtime.rows.kernel_committed_bytes() + engine.cached_bytes()
     assert physical <= engine.held_bytes() + engine.cached_bytes() <= engine.capacity_bytes
 
 
@@ -41,7 +41,7 @@ def test_a_hit_equals_a_run_without_the_cache(tiny_dir):
         _physical_within_charges(on)
         assert first.cached_prompt_tokens == 0 and on.cached_bytes() > 0
         second = _run(on, other)
-        bt = on._arena.block_tokens  # 64 on the tiny model: 3 whole blocks of the shared 200
+        bt = on.runtime.rows.block_tokens  # 64 on the tiny model: 3 whole blocks of the shared 200
         assert second.cached_prompt_tokens == 200 // bt * bt
         assert [first.token_ids, second.token_ids] == want
         again = _run(on, prompt)  # the whole prompt is cached: its last block is prefilled
@@ -99,7 +99,7 @@ def test_physical_kv_stays_within_charges_after_every_step_with_hits(tiny_dir):
             with eng.kv.lock:
                 charged = eng.kv.held_bytes_locked() + cache.counted_bytes_locked()
                 pinned = [b for b in cache._blocks.values() if b.pins]
-            samples.append((eng._arena.kernel_committed_bytes() + eng.cached_bytes(), charged))
+            samples.append((eng.runtime.rows.kernel_committed_bytes() + eng.cached_bytes(), charged))
             assert all(b.key in cache._blocks for b in pinned)
 
         eng.step = checked_step
@@ -114,4 +114,4 @@ def test_physical_kv_stays_within_charges_after_every_step_with_hits(tiny_dir):
         assert eng.prefix_cache.stats.hit_tokens > 0
         assert samples and all(physical <= charged <= eng.capacity_bytes
                                for physical, charged in samples)
-        assert eng.held_bytes() == 0 and eng._arena.kernel_committed_bytes() == 0
+        assert eng.held_bytes() == 0 and eng.runtime.rows.kernel_committed_bytes() == 0

@@ -47,7 +47,7 @@ def checked(engine: Engine, limits: list[str]):
 
     def checked_step():
         step()
-        arena = engine._arena
+        arena = engine.runtime.rows
         assert arena.kernel_committed_bytes() <= engine.held_bytes()
         assert arena.committed_bytes() <= arena.charged_bytes()
         for row, seq in enumerate(engine.runner._by_row):
@@ -130,12 +130,8 @@ def test_rows_that_speculate_and_rows_that_do_not_share_steps(tiny_pair):
     assert not limits
 
 
-class VerifyAll:
-    def record_decode(self, rows, seconds):
-        pass
-
-    def record_verify(self, seconds):
-        pass
+class VerifyAll(speculative.VerifyCosts):
+    """Costs that verify every proposal (the measurements are kept, never consulted)."""
 
     def chosen(self, rows, gains):
         return len(gains)

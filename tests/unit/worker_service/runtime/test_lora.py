@@ -111,7 +111,7 @@ def test_rows_joining_together_decode_in_one_run_per_adapter(engine, expected):
     # and each decode step run once per adapter (3 x 12 runs), not once per row (6 x 12).
     # Per-row inputs: the first chunks still split by adapter (3), then one run a step.
     runs = engine.runner.batch.runs - runs_before
-    assert runs == (3 + (new - 1) if engine.adapters.per_row else 3 * new)
+    assert runs == (3 + (new - 1) if engine.adapters.served.per_row else 3 * new)
 
 
 def test_prefix_cache_never_serves_another_adapters_blocks(engine, expected):
@@ -135,7 +135,7 @@ def test_unknown_adapter_is_not_found_listing_the_served(engine):
 
 
 def test_adapter_bytes_are_counted(engine):
-    assert engine.adapter_bytes == 2 * 32768
+    assert engine.adapters.total_bytes() == 2 * 32768
 
 
 def test_a_base_without_lora_inputs_refuses_adapters(tiny_dir, lora_dir):

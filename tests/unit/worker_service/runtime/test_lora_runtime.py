@@ -53,8 +53,8 @@ def test_an_adapter_loaded_at_runtime_serves_its_own_output_beside_the_others(en
     prompt, new = tuple(expected["prompts"][0]), expected["new_tokens"]
     path = str(lora_dir / "adapters" / "random1.onnx_adapter")
     adapter = engine.adapters.read("late", path, "path")
-    engine.add_adapter(adapter)
-    assert engine.adapter_bytes == 2 * adapter.nbytes
+    engine.adapters.add(adapter)
+    assert engine.adapters.total_bytes() == 2 * adapter.nbytes
     assert run(engine, SequenceRequest("late", prompt, new, adapter="late")) == expected["random1"][0]
     assert run(engine, SequenceRequest("r0", prompt, new, adapter="random0")) == expected["random0"][0]
 
@@ -62,13 +62,13 @@ def test_an_adapter_loaded_at_runtime_serves_its_own_output_beside_the_others(en
 def test_an_idle_adapter_unloads_and_is_then_not_found(engine, expected):
     prompt, new = tuple(expected["prompts"][0]), expected["new_tokens"]
     run(engine, SequenceRequest("warm", prompt, new, adapter="random0"))
-    removed = engine.remove_adapter("random0")
-    assert removed.name == "random0" and engine.adapter_bytes == 0
+    removed = engine.adapters.remove("random0")
+    assert removed.name == "random0" and engine.adapters.total_bytes() == 0
     with pytest.raises(AdapterNotFound):
         engine.check(SequenceRequest("gone", prompt, new, adapter="random0"))
     assert run(engine, SequenceRequest("base", prompt, new)) == expected["base"][0]
     with pytest.raises(AdapterNotFound):
-        engine.remove_adapter("random0")
+        engine.adapters.remove("random0")
 
 
 def test_an_adapter_in_use_is_not_unloaded_and_the_refusal_names_the_sequence(engine):
@@ -78,13 +78,13 @@ def test_an_adapter_in_use_is_not_unloaded_and_the_refusal_names_the_sequence(en
                            lambda event: done.set() if isinstance(event, TERMINAL) else None)
     try:
         with pytest.raises(AdapterBusy, match="long") as error:
-            engine.remove_adapter("random0")
+            engine.adapters.remove("random0")
         assert error.value.reason.value == "ADAPTER_BUSY"
         assert engine.adapters.names() == ["random0"]
     finally:
         handle.cancel()
         assert done.wait(60)
-    engine.remove_adapter("random0")  # idle now
+    engine.adapters.remove("random0")  # idle now
 
 
 def test_an_open_session_under_an_adapter_keeps_it_loaded(engine, expected):
@@ -96,10 +96,10 @@ def test_an_open_session_under_an_adapter_keeps_it_loaded(engine, expected):
                       session_id="s")
         assert done.wait(60)
         with pytest.raises(AdapterBusy, match="session"):
-            engine.remove_adapter("random0")
+            engine.adapters.remove("random0")
     finally:
         engine.close_session("s")
-    engine.remove_adapter("random0")
+    engine.adapters.remove("random0")
 
 
 def test_the_pool_gives_an_adapter_only_bytes_no_sequence_holds(engine):
@@ -121,8 +121,8 @@ def test_the_pool_gives_an_adapter_only_bytes_no_sequence_holds(engine):
 def test_an_adapter_reloaded_under_the_same_name_runs_its_new_weights(engine, lora_dir, expected):
     prompt, new = tuple(expected["prompts"][0]), expected["new_tokens"]
     assert run(engine, SequenceRequest("a", prompt, new, adapter="random0")) == expected["random0"][0]
-    engine.remove_adapter("random0")
+    engine.adapters.remove("random0")
     # Another file under the same name: no binding may keep the old one's values.
-    engine.add_adapter(engine.adapters.read("random0", str(lora_dir / "adapters" /
+    engine.adapters.add(engine.adapters.read("random0", str(lora_dir / "adapters" /
                                                            "random1.onnx_adapter")))
     assert run(engine, SequenceRequest("b", prompt, new, adapter="random0")) == expected["random1"][0]
