@@ -163,13 +163,13 @@ cluster: setup $(if $(MODEL_NAME),,model)
 
 ## chaos: 64 clients over gRPC and the gateway for CHAOS_S seconds (600) while the scheduler is
 ## restarted twice and workers are killed, restarted and stopped; the ledger checked every
-## second; stdout and logs/chaos/report.json: the JSON report (docs/operations.md#chaos)
+## second; stdout and logs/chaos/report.json: the JSON report (docs/operations/operations.md#chaos)
 CHAOS_S ?= 600
 chaos: setup tiny-model
 	@$(BIN)/python -m devtools.chaos --duration-s $(CHAOS_S) --clients 64 --log-dir logs/chaos --report logs/chaos/report.json
 
 ## compose-test: compose.yaml in real containers (Docker, or podman here), checked from outside
-## (docs/compose.md; stdout: a JSON summary)
+## (docs/operations/compose.md; stdout: a JSON summary)
 compose-test: setup model
 	@$(BIN)/python -m devtools.compose_test
 

@@ -165,7 +165,7 @@ class _Renderer:
                   # half (how to call it, what each failure means) lives beside it in docs/.
                   "How to call it (CLI, Python, grpcurl, any language): [clients.md](clients.md); "
                   "what each failure code means and what to do: [errors.md](errors.md); "
-                  "sessions: [sessions.md](sessions.md); OpenAI-compatible HTTP: "
+                  "sessions: [sessions.md](features/sessions.md); OpenAI-compatible HTTP: "
                   "[gateway.md](gateway.md).", "")
         for f in self.files:
             self.emit(f"- [{f.name}](#{_anchor(f.name)})")

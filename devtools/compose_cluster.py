@@ -23,7 +23,7 @@ GRPCURL = Path(sys.executable).parent / "grpcurl"
 
 # Where each tested block is written: the README keeps the one compose example a
 # newcomer runs; the TLS variant lives with the rest of the compose reference.
-DOCUMENTED_IN = {"compose-commands": "README.md", "compose-tls-commands": "docs/compose.md"}
+DOCUMENTED_IN = {"compose-commands": "README.md", "compose-tls-commands": "docs/operations/compose.md"}
 
 
 def documented_commands(marker: str) -> list[list[str]]:

@@ -3,7 +3,7 @@
   .venv/bin/python -m devtools.compose_test   (make compose-test)
 
 Runs the documented compose commands (the README's compose-commands block and
-docs/compose.md's compose-tls-commands block; `docker` becomes this machine's engine, see
+docs/operations/compose.md's compose-tls-commands block; `docker` becomes this machine's engine, see
 devtools/container_engine.py) and checks the clusters only through their
 published ports:
 
@@ -180,7 +180,7 @@ def make_secrets(folder: Path) -> None:
     """compose.tls.yaml's files: a CA, the scheduler's certificate (the names it is dialed
     by: `scheduler`, and 127.0.0.1 for its health check and the published port), the
     worker's (`worker-cpu`, its advertised name, and 127.0.0.1), and keys.txt. Readable by
-    the images' user, as docs/compose.md asks of a real secrets folder."""
+    the images' user, as docs/operations/compose.md asks of a real secrets folder."""
     from tests.certs import make_certs  # trustme: a dev dependency, like this whole module
 
     make_certs(folder, scheduler_hosts=("scheduler", "127.0.0.1", "localhost"),

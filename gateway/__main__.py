@@ -99,7 +99,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     p.add_argument("--tenant-header", default=_env(p, "tenant_header", d.tenant_header),
                    help="pass this HTTP header's value to the scheduler as the request's tenant "
                         "(ortserve-tenant metadata; the scheduler's tenants file must trust it: "
-                        "docs/tenants.md); set only behind a proxy that sets the header itself; "
+                        "docs/features/tenants.md); set only behind a proxy that sets the header itself; "
                         f"unset: none (env {_ENV}TENANT_HEADER)")
     processes = in_range(int, 1, 64, what="gateway processes")
     p.add_argument("--processes", type=processes,

@@ -271,7 +271,7 @@ def _passed_through(request: Request) -> list[tuple[str, str]]:
     auth = request.headers.get("authorization")
     passed = [("authorization", auth)] if auth else []
     # --tenant-header: the proxy in front of the gateway says whose request this is; the
-    # scheduler honours it only when its tenants file trusts this metadata (docs/tenants.md).
+    # scheduler honours it only when its tenants file trusts this metadata (docs/features/tenants.md).
     header = getattr(request.app.state, "tenant_header", "")
     tenant = request.headers.get(header) if header else None
     if tenant:

@@ -4,7 +4,7 @@ One pure ASGI middleware counts every HTTP request by route, method and status,
 times it to its last byte (a streamed answer's whole stream) and keeps the
 in-flight gauge. The route is the path template (/v1/chat/completions), never
 the raw path, so a scan of random URLs adds one series ("unmatched"), not one
-per URL. The names the scheduler's metrics mirror are in docs/operations.md.
+per URL. The names the scheduler's metrics mirror are in docs/operations/operations.md.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                         "share, so a low priority never waits past it while it fits "
                         "(env ORTSERVE_SCHEDULER_QUEUE_AGING_S)")
     p.add_argument("--tenants-file", default=_env(p, "tenants_file", d.tenants_file),
-                   help="tenants, their KV quotas and weights (TOML, docs/tenants.md); read at "
+                   help="tenants, their KV quotas and weights (TOML, docs/features/tenants.md); read at "
                         "start and again on SIGHUP (a refused reload keeps the tenants in "
                         "force); none: no tenants (env ORTSERVE_SCHEDULER_TENANTS_FILE)")
     p.add_argument("--default-max-new-tokens", action="append", metavar="[MODEL=]N",

@@ -33,7 +33,7 @@ class SchedulerConfig:
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
     # A request waiting this long goes ahead of every priority and tenant share.
     queue_aging_s: float = 10.0
-    # The tenants file (docs/tenants.md), read at start and on SIGHUP; "": no tenants.
+    # The tenants file (docs/features/tenants.md), read at start and on SIGHUP; "": no tenants.
     tenants_file: str = ""
     tenants: TenantTable = field(default_factory=TenantTable)  # as read at start
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port

@@ -3,7 +3,7 @@
 Per-worker byte gauges are computed from the ledger at scrape time, so they
 equal GetBudget byte for byte; counters are fed where the decision is made.
 Every Generate and SessionTurn is counted once by outcome (request_outcome.py);
-the names vLLM users know are mapped in docs/operations.md.
+the names vLLM users know are mapped in docs/operations/operations.md.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class SchedulerMetrics:
             "ortserve_scheduler_requests", "Generate and SessionTurn calls by how they ended, "
             "each once: outcome finished|rejected|cancelled|deadline|worker_failed|error, "
             "cause the finish reason, the rejection's reason, queued|running, or the status "
-            "code (docs/operations.md)", ["rpc", "outcome", "cause"], registry=registry)
+            "code (docs/operations/operations.md)", ["rpc", "outcome", "cause"], registry=registry)
         self.latency = RequestLatency(registry, "ortserve_scheduler", "scheduler")
 
     def admission(self, admission: Admission) -> None:

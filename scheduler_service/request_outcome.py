@@ -138,7 +138,7 @@ def request_outcome(rpc: str, context, metrics=None) -> RequestOutcome:
 
 def count_two_step(metrics, request: scheduler_pb2.ReleaseRequest) -> None:
     """A two-step request's one count (rpc "direct"), from its worker's release: outcome and
-    cause as RequestOutcome's (docs/operations.md); a finished one's tokens and timings too."""
+    cause as RequestOutcome's (docs/operations/operations.md); a finished one's tokens and timings too."""
     finished = request.finished if request.HasField("finished") else None
     if request.outcome == "finished" and finished is not None:
         metrics.request("direct", "finished", finish_reason_label(finished.finish_reason),

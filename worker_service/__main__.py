@@ -83,7 +83,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="speculative decoding: ngram proposes tokens from the sequence's own "
                         "earlier text and verifies several in one model run (greedy output "
                         "unchanged, sampling's distribution kept); off: one run per token "
-                        "(docs/speculative-decoding.md; env ORTSERVE_WORKER_SPECULATIVE)")
+                        "(docs/features/speculative-decoding.md; env ORTSERVE_WORKER_SPECULATIVE)")
     rows = in_range(int, 1, 1024, what="sequences running at once")
     p.add_argument("--max-batch-rows", type=rows,
                    default=from_env(p, "ORTSERVE_WORKER_MAX_BATCH_ROWS", d.max_batch_rows, kind=rows),
@@ -125,7 +125,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--prefix-cache-bytes", default=from_env(p, "ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
-                        "(default: half the KV capacity; docs/prefix-cache.md)")
+                        "(default: half the KV capacity; docs/features/prefix-cache.md)")
     p.add_argument("--bench-rate-set-tokens-per-s", type=float, default=0.0,
                    help=f"benchmarks only, with {BENCH_ENV}=1 in the environment: run no model; "
                         "every stream gets this many tokens a second (the prompt's ids cycled, "

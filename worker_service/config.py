@@ -34,14 +34,14 @@ class WorkerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     # The prefix cache's bound inside the KV capacity (--prefix-cache-bytes); None: half
-    # of it; 0: off (docs/prefix-cache.md).
+    # of it; 0: off (docs/features/prefix-cache.md).
     prefix_cache_bytes: int | None = None
     # Bench only: no model runs, every stream gets this many tokens a second (EngineConfig's
     # bench_rate_set_tokens_per_s); 0: off. Taken only with ORTSERVE_BENCH=1.
     bench_rate_set_tokens_per_s: float = 0.0
     # Speculative decoding (--speculative): "ngram" (prompt lookup, verified in one run;
-    # docs/speculative-decoding.md) or "off". Off by default: on free text at 8-16 streams
-    # the bench measured it below 0.97x of off (docs/speculative-decoding.md).
+    # docs/features/speculative-decoding.md) or "off". Off by default: on free text at 8-16 streams
+    # the bench measured it below 0.97x of off (docs/features/speculative-decoding.md).
     speculative: str = "off"
     log_level: str = "info"
     log_json: bool | None = None

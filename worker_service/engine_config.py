@@ -40,7 +40,7 @@ class EngineConfig:
     # Constrained rows: compute the next tokens' masks beside the ORT run (both release
     # the GIL) instead of after it.
     constraint_mask_overlap: bool = True
-    # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/prefix-cache.md);
+    # The automatic prefix cache's bound, inside kv_capacity_bytes (docs/features/prefix-cache.md);
     # None: half of it; 0: off. Arena layout only.
     prefix_cache_bytes: int | None = None
     # Arena layout: the first chunks of prompts that join in one step share one run

@@ -84,7 +84,7 @@ class _RelaySent(Collector):
 
 
 class _PrefixCacheMetrics(Collector):
-    """The prefix cache's figures, read from its stats at scrape time (docs/prefix-cache.md)."""
+    """The prefix cache's figures, read from its stats at scrape time (docs/features/prefix-cache.md)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

@@ -2,7 +2,7 @@
 
   .venv/bin/python -m bench.experiments.prefill_exact_ab --before-tree DIR [--rounds 5]
 
-What exact prefix-cache hits cost (docs/prefix-cache.md, "A hit is exact"): no
+What exact prefix-cache hits cost (docs/features/prefix-cache.md, "A hit is exact"): no
 prompt token runs alone over a past any more, a hit leaves two prompt tokens to
 prefill, and generated tokens' K/V is not cached. DIR is a checkout of the code
 to compare with (`git archive REV | tar -x -C DIR`). Each round runs one pass in a

@@ -1,4 +1,4 @@
-"""llguidance's mask time per token on the default model's vocabulary (docs/structured-output.md).
+"""llguidance's mask time per token on the default model's vocabulary (docs/features/structured-output.md).
 
   .venv/bin/python -m bench.features.constraint_mask [--model-dir DIR] [--rows 8]
 

@@ -1,4 +1,4 @@
-"""llguidance's mask time per token for the tool-call grammars (docs/tools.md).
+"""llguidance's mask time per token for the tool-call grammars (docs/features/tools.md).
 
   .venv/bin/python -m bench.features.tool_mask [--model-dir DIR]
 

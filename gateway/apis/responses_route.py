@@ -2,7 +2,7 @@
 
 Where a response runs:
 - `store: false`: a plain Generate of the whole conversation, as chat's.
-- `store: true` (OpenAI's default): a session turn (docs/sessions.md). A first
+- `store: true` (OpenAI's default): a session turn (docs/features/sessions.md). A first
   response opens a session; a follow-up (`previous_response_id`) whose
   response is its session's latest, with the same model, instructions and
   tools, is the next turn of that session: only the new input is sent and

@@ -157,7 +157,7 @@ def usage_dict(usage: types_pb2.Usage | Sequence[types_pb2.Usage],
     prompt = usages[0].prompt_tokens
     completion = sum(u.generated_tokens for u in usages)
     # prompt_tokens_details.cached_tokens: OpenAI's name for prompt tokens served from a
-    # prefix cache (here the worker's, docs/prefix-cache.md), always present as theirs is;
+    # prefix cache (here the worker's, docs/features/prefix-cache.md), always present as theirs is;
     # with n choices, the first choice's (the prompt is counted once).
     body = {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,

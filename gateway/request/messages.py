@@ -2,7 +2,7 @@
 
 Roles system, developer (= system), user, assistant and tool; an assistant
 turn's `tool_calls` and a tool turn's `tool_call_id` travel in the proto so the
-chat template renders a tool-call round trip (docs/tools.md). `name` is a label
+chat template renders a tool-call round trip (docs/features/tools.md). `name` is a label
 (the template has no place for it); null means "not given", as everywhere.
 """
 

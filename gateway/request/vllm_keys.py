@@ -14,7 +14,7 @@ the ids, after their text, as vLLM does). Output: `include_stop_str_in_output` i
 gateway's (the Finished event names the stop sequence matched), as is
 `stream_options.continuous_usage_stats` (gateway/request/translate.py). `skip_special_tokens`:
 ortserve's text always skips them, so only true is accepted. `priority` is the admission
-queue's order (gateway/request/translate.py; docs/tenants.md), not handled here.
+queue's order (gateway/request/translate.py; docs/features/tenants.md), not handled here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ whose `worker_service/core/token_mask.py` adds the tokenizer. Pure: no grpc or
 protobuf; llguidance is imported on first use, so a process that never sees a
 constraint never loads it.
 
-Why llguidance (docs/structured-output.md has the figures): it installs alone
+Why llguidance (docs/features/structured-output.md has the figures): it installs alone
 (xgrammar needs torch, transformers and triton), builds its tokenizer from the
 tokenizer.json the worker already has, computes a mask in ~20-50 us per token on
 a 49k vocabulary and validates a grammar without any tokenizer.

@@ -43,7 +43,7 @@ def add_argument(parser: argparse.ArgumentParser, env_prefix: str) -> None:
         help="export OpenTelemetry traces over OTLP/gRPC to this collector, e.g. "
              "http://otel-collector:4317 (http: plaintext, https: TLS); also on with the "
              f"standard OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER (env "
-             f"{env_prefix}OTLP_TRACES_ENDPOINT); off when none is set (docs/operations.md)")
+             f"{env_prefix}OTLP_TRACES_ENDPOINT); off when none is set (docs/operations/operations.md)")
 
 
 def wanted(endpoint: str, environ: Mapping[str, str] = os.environ) -> bool:

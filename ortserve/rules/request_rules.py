@@ -25,7 +25,7 @@ from ortserve.status.errors import ContextWindowFull, InvalidField, LeaseMismatc
 from ortserve.status.units import tokens
 
 MAX_REQUEST_ID_CHARS = 256
-# The gRPC metadata a trusted gateway charges a call to a tenant with (docs/tenants.md).
+# The gRPC metadata a trusted gateway charges a call to a tenant with (docs/features/tenants.md).
 TENANT_METADATA = "ortserve-tenant"
 MAX_LEASE_ID_CHARS = 128
 MAX_WORKER_ID_CHARS = 128

@@ -102,7 +102,7 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     whole = [o for o in options if o.fits_whole]
     if whole:
         # NOTE: a free row first (where all are taken it waits a whole generation),
-        # then a cached prefix (seconds of prefill saved, docs/prefix-cache.md), then spread whole fits over workers (most free bytes first): decode speed
+        # then a cached prefix (seconds of prefill saved, docs/features/prefix-cache.md), then spread whole fits over workers (most free bytes first): decode speed
         # per worker is the bottleneck, so balance beats packing here.
         best = max(whole, key=lambda o: (
             has_free_row(o.worker),

@@ -4,7 +4,7 @@ The scheduler reads a TOML file (the standard library's tomllib: no new
 dependency, and TOML's tables read as the settings they are) at start and on
 SIGHUP; a file that does not parse, or says something this module does not
 accept, is refused naming its line, and a refused reload keeps the table in
-force. The format is documented in docs/tenants.md:
+force. The format is documented in docs/features/tenants.md:
 
     default_tenant = "batch"          # calls that name no tenant ("": the pool's only)
     trust_tenant_metadata = false     # honour the `ortserve-tenant` metadata a gateway sets
@@ -162,7 +162,7 @@ def parse(text: str, source: str) -> TenantTable:
     for key in data:
         if key not in _TOP_KEYS:
             raise refuse(_line_of(text, None, key), f"unknown setting {key!r}; the top level "
-                         f"takes {', '.join(_TOP_KEYS)} (docs/tenants.md)")
+                         f"takes {', '.join(_TOP_KEYS)} (docs/features/tenants.md)")
     raw_tenants = data.get("tenants", {})
     if not isinstance(raw_tenants, dict):
         raise refuse(_line_of(text, None, "tenants"), "tenants must be a table ([tenants.NAME])")

@@ -119,7 +119,7 @@ class AdmissionRequest:
     # name first: placement.resolve_model). Empty: any worker, as in a one-model pool.
     model: str = ""
     # The prompt's token ids when known: placement prefers the worker whose prefix cache
-    # holds its longest prefix (docs/prefix-cache.md). Empty: placement by bytes alone.
+    # holds its longest prefix (docs/features/prefix-cache.md). Empty: placement by bytes alone.
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)
     # Who it is charged to ("": no tenant, the pool's room only; tenants.TenantTable.resolve).
     tenant: str = ""

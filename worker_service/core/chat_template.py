@@ -34,7 +34,7 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 # ({"role", "content", "tool_calls": [{"id", "type", "function": {"name", "arguments"}}],
 # "tool_call_id"}, arguments a dict).
 Turn = tuple[str, str] | Mapping[str, Any]
-# The fallback for a template without tools support (docs/tools.md): a system-prompt
+# The fallback for a template without tools support (docs/features/tools.md): a system-prompt
 # section in the words of Hermes / Qwen templates, whose format ortserve enforces.
 FALLBACK_TOOLS_PROMPT = """# Tools
 

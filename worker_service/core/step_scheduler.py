@@ -17,7 +17,7 @@ A chunk over a past is never one token when the prompt has more to run
 kernels, whose floats differ from the same token's inside a longer run, while
 runs of two or more tokens give the same bits however a prompt is cut. So a
 prompt's K/V and logits do not depend on where its chunks, or a prefix cache
-hit, cut it (docs/prefix-cache.md, "A hit is exact").
+hit, cut it (docs/features/prefix-cache.md, "A hit is exact").
 """
 
 from __future__ import annotations

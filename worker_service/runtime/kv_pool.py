@@ -185,7 +185,7 @@ class KVPool:
 
     With a prefix cache attached the capacity is shared: charges + the cache's
     counted (evictable) bytes <= capacity_bytes, and a charge that would pass it
-    evicts cached blocks first (docs/prefix-cache.md).
+    evicts cached blocks first (docs/features/prefix-cache.md).
     """
 
     def __init__(self, layout: KVAccounting, capacity_bytes: int,

@@ -289,7 +289,7 @@ class BatchedModelRunner:
         row = self._by_row.index(seq)
         # Prompt tokens only: generated ones were computed one at a time over a past, whose
         # floats differ from a prefill's, and a later prompt that hit them would not get
-        # the K/V its miss computes (docs/prefix-cache.md, "A hit is exact").
+        # the K/V its miss computes (docs/features/prefix-cache.md, "A hit is exact").
         held = min(self.store.written_tokens(row), seq.num_computed_tokens, seq.req.prompt_tokens)
         new = []
         for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter):

@@ -1,5 +1,5 @@
 """The automatic prefix cache: whole KV blocks of finished prompts, in host memory, inside
-the worker's KV capacity (docs/prefix-cache.md). Pure bookkeeping over numpy arrays.
+the worker's KV capacity (docs/features/prefix-cache.md). Pure bookkeeping over numpy arrays.
 
 Keys are chain hashes over `block_tokens`-sized token runs (ortserve.rules.prefix_hash,
 the scheduler computes the same ones), so a later prompt that starts with the

@@ -66,7 +66,7 @@ class StaticModelRunner:
         return None
 
     def fill_prefix_cache(self, seq: Sequence) -> list[CachedBlock]:
-        """No prefix cache on this layout (docs/prefix-cache.md)."""
+        """No prefix cache on this layout (docs/features/prefix-cache.md)."""
         return []
 
     def forget(self, seq: Sequence) -> None:

@@ -202,7 +202,7 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", default="",
                    help="a LoRA adapter of the model to run under (`ortserve info` lists them); "
                         "unset: the base model")
-    # One constraint at most (docs/structured-output.md); the server compiles it.
+    # One constraint at most (docs/features/structured-output.md); the server compiles it.
     constraint = p.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", type=flags.json_schema, metavar="FILE|JSON",
                             help="the output is one JSON value valid against this JSON Schema "

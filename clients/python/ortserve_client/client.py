@@ -309,7 +309,7 @@ class Client:
 
     def load_adapter(self, name: str, path: str, worker_id: str = "") -> types_pb2.AdapterChange:
         """Load a LoRA adapter (an .onnx_adapter file on the worker) as `name` on worker
-        `worker_id` ("": the one registered worker); an admin key's call (docs/lora.md).
+        `worker_id` ("": the one registered worker); an admin key's call (docs/features/lora.md).
         Its bytes come out of the worker's KV capacity: AdapterChange.capacity_bytes."""
         return self._admin(self._stub.LoadAdapter, types_pb2.LoadAdapterRequest(
             worker_id=worker_id, name=name, path=path))

@@ -16,7 +16,7 @@ to release, once its KV is freed (the ledger frees a lease once, whoever asks).
 
 The caller must reach the workers' addresses (as they registered them); with
 TLS, a worker's port is mutual TLS, so the caller needs a certificate the
-cluster's CA signed (docs/security.md). Where it cannot (a worker's address not
+cluster's CA signed (docs/operations/security.md). Where it cannot (a worker's address not
 routable from the caller's network), the client's default (`Client(direct=None)`)
 gives the lease back and has the scheduler relay the request instead
 (`relay_if_unreachable`).

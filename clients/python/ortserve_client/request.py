@@ -48,16 +48,16 @@ def build_request(
     `model`: the served model to answer with (`Client.budget().models` lists them); empty:
     the cluster's one model (refused, listing them, while its workers serve several).
     `adapter`: a LoRA adapter of that model to run under (`Client.budget().models[].adapters`
-    lists them; docs/lora.md); empty: the base.
+    lists them; docs/features/lora.md); empty: the base.
     `stream_interval_ms`: the shortest time between two chunks (the tokens meanwhile come
     as one chunk: fewer messages; the first token is never held); 0: each as it comes.
     `presence_penalty`, `frequency_penalty`, `min_p`, `logit_bias` (token id -> bias): the
     SamplingParams fields of those names (docs/gateway.md#parameters).
-    At most one constraint (docs/structured-output.md): `json_schema` (a dict, or JSON
+    At most one constraint (docs/features/structured-output.md): `json_schema` (a dict, or JSON
     text sent as it is), `json_object=True`, `regex` or `grammar` (llguidance's Lark).
     `logprobs`: None, none asked; 0, each token's own log-probability; N, also the N most
     likely alternatives (0 to 20; TextChunk.logprobs, GenerateResult.logprobs).
-    `priority`: the admission queue's order, lower sooner (unset: 0; docs/tenants.md).
+    `priority`: the admission queue's order, lower sooner (unset: 0; docs/features/tenants.md).
     `speculative=False`: no speculative decoding for this request (disable_speculation);
     True: the worker's --speculative decides (GenerateResult.speculation says what ran).
     """

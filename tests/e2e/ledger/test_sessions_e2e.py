@@ -174,7 +174,7 @@ def test_ortserve_chat_scripted_reuses_the_history_and_reports_it(roomy, tmp_pat
 
 
 def test_the_docs_grpcurl_session_commands_work_through_reflection(roomy):
-    text = (ROOT / "docs" / "sessions.md").read_text()
+    text = (ROOT / "docs" / "features" / "sessions.md").read_text()
     block = re.search(r"<!-- session-grpcurl-examples -->\s*```bash\n(.*?)```", text, re.S)
     commands = [line for line in block.group(1).splitlines() if line.startswith("grpcurl ")]
     assert len(commands) == 5

@@ -1,6 +1,6 @@
 """A cluster with TLS on every channel and API keys, as processes: grpcurl, Python and Node generate.
 
-docs/security.md's grpcurl lines run as written (only the port
+docs/operations/security.md's grpcurl lines run as written (only the port
 is changed), in the folder that holds ca.pem, with ORTSERVE_API_KEY set.
 """
 
@@ -47,9 +47,9 @@ def secure(tmp_path_factory):
 
 
 def documented_secure_commands() -> list[str]:
-    text = (ROOT / "docs" / "security.md").read_text()
+    text = (ROOT / "docs" / "operations" / "security.md").read_text()
     block = re.search(r"<!-- grpcurl-secure-examples -->\s*```(?:bash|sh)?\n(.*?)```", text, re.S)
-    assert block, "docs/security.md lost its grpcurl-secure-examples block"
+    assert block, "docs/operations/security.md lost its grpcurl-secure-examples block"
     return [line for line in block.group(1).splitlines() if line.startswith("grpcurl ")]
 
 

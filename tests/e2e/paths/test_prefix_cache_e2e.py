@@ -1,4 +1,4 @@
-"""End to end: the automatic prefix cache through real processes (docs/prefix-cache.md).
+"""End to end: the automatic prefix cache through real processes (docs/features/prefix-cache.md).
 
 A second request sharing a 600-token prefix reports the cached tokens and
 produces the same greedy tokens as a worker with the cache off; on the int4

@@ -11,7 +11,7 @@ import pytest
 from devtools.compose_cluster import DOCUMENTED_IN
 
 ROOT = Path(__file__).resolve().parents[3]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 README_MAX_LINES = 400  # the two commands, the picture, the calls, the links
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -79,8 +79,8 @@ def test_the_readme_stays_a_newcomers_page():
 # Each block that a test runs verbatim, and the page that test reads it from.
 TESTED_BLOCKS = {
     "grpcurl-examples": "README.md",  # tests/e2e/paths/test_interop_e2e.py
-    "grpcurl-secure-examples": "docs/security.md",  # tests/e2e/operations/test_security_e2e.py
-    "session-grpcurl-examples": "docs/sessions.md",  # tests/e2e/ledger/test_sessions_e2e.py
+    "grpcurl-secure-examples": "docs/operations/security.md",  # tests/e2e/operations/test_security_e2e.py
+    "session-grpcurl-examples": "docs/features/sessions.md",  # tests/e2e/ledger/test_sessions_e2e.py
     **DOCUMENTED_IN,  # the compose blocks: devtools/compose_test.py, tests/unit/repo/test_dockerfile.py
 }
 

@@ -1,5 +1,5 @@
 """A prefix-cache hit computes the floats a miss computes, bit for bit, on the shipped
-precisions (docs/prefix-cache.md, "A hit is exact"): the same request sent twice to one
+precisions (docs/features/prefix-cache.md, "A hit is exact"): the same request sent twice to one
 engine (a miss, then a hit) gives the same tokens, text, sampled tokens and logprobs.
 
 The tiny model (fast), and the real SmolLM2 folders: int4 is where a single-token run over a past moved logits
