@@ -85,9 +85,10 @@ class Workers:
     one Relay call for every stream.
 
     `relay_if_unreachable` (the default path): a worker whose channel does not connect
-    within CONNECT_WAIT_S (its address not routable from here, a TLS handshake refused)
-    has its requests relayed by the scheduler instead, said once in a warning and
-    looked at again after RECHECK_S.
+    within CONNECT_WAIT_S (its address not routable from here, a TLS handshake refused,
+    the worker down) has its requests relayed by the scheduler instead, said once in a
+    warning; it is read directly again once its channel connects (a worker back up), and
+    waited for again after RECHECK_S.
     """
 
     def __init__(self, credentials: grpc.ChannelCredentials | None,
@@ -115,11 +116,17 @@ class Workers:
         if not self.relay_if_unreachable:
             return True
         found = self._unreachable.get(address)
+        channel = self._call(address)[0]
+        # Asked on every request, marked or not: a worker that was only down (restarted on
+        # the same port) is connected again within a second (keepalive.RECONNECT_OPTIONS),
+        # and read directly from then on rather than after RECHECK_S.
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            if self._unreachable.pop(address, None) is not None:
+                log.info("worker reachable from the gateway again: its streams are read "
+                         "directly", worker_address=address)
+            return True
         if found is not None and time.monotonic() - found < RECHECK_S:
             return False
-        channel = self._call(address)[0]
-        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
-            return True
         try:
             async with asyncio.timeout(CONNECT_WAIT_S):
                 await channel.channel_ready()

@@ -43,6 +43,14 @@ def channel_options(interval_s: float) -> tuple[tuple[str, int], ...]:
 # A channel at the default interval (the gateway's to the scheduler and to workers).
 CHANNEL_OPTIONS = channel_options(DEFAULT_INTERVAL_S)
 
+# How soon a lost peer is tried again. gRPC's reconnect backoff grows from 1 s to 120 s,
+# and while a channel waits it out every call on it fails at once (UNAVAILABLE): a worker
+# or scheduler restarted on the same port stays unusable, for up to two minutes, to every
+# caller that tried it while it was down. Every channel ortserve opens tries again within
+# a second instead (one TCP connect a second to a peer that is down).
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
+
 # For every grpc server ortserve starts (serving.new_server): it accepts pings every
 # MIN_INTERVAL_S, and pings its own callers as CHANNEL_OPTIONS do, so a caller gone silent
 # (a client host lost, a scheduler stopped) has its calls cancelled, and what they hold

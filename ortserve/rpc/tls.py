@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import structlog
 
+from ortserve.rpc import keepalive
+
 log = structlog.get_logger("tls")
 
 
@@ -99,8 +101,10 @@ def bind(server, address: str, files: TlsFiles, require_client_cert: bool, what:
 
 def secure_or_insecure_channel(address: str, credentials: grpc.ChannelCredentials | None,
                                aio: bool = True, options=None):
-    """grpc(.aio) channel to `address`: TLS when credentials are given."""
+    """grpc(.aio) channel to `address`: TLS when credentials are given; it reconnects to a
+    lost peer within a second (keepalive.RECONNECT_OPTIONS)."""
     module = grpc.aio if aio else grpc
+    options = (*(options or ()), *keepalive.RECONNECT_OPTIONS)
     if credentials is None:
         return module.insecure_channel(address, options=options)
     return module.secure_channel(address, credentials, options=options)

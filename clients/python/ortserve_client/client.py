@@ -183,7 +183,8 @@ class Client:
                  keepalive_s: float = keepalive.DEFAULT_INTERVAL_S,
                  worker_connect_s: float = WORKER_CONNECT_S) -> None:
         self.address = address
-        self._options = keepalive.channel_options(keepalive_s)  # raises on a bad interval
+        # Pings (raises on a bad interval), and a lost peer tried again within a second.
+        self._options = (*keepalive.channel_options(keepalive_s), *keepalive.RECONNECT_OPTIONS)
         self.timeout_s = timeout_s
         self.retry = retry
         if direct is None and (cacert or tls) and worker_tls is None:
