@@ -1,1 +1,1 @@
-"""One-off A/B runs and profiles of the engine and plain ORT loops (outputs: bench/results/)."""
+"""One-off A/B runs and profiles: the engine, plain ORT loops, gRPC channels (outputs: bench/results/)."""
