@@ -6,7 +6,9 @@ counted the prompt read its model's chat template and the rendered prompt's end)
 Reasoning tokens are counted per chunk: a chunk's tokens are reasoning when the output
 was inside the reasoning as it began or it opened or continued it (the chunk that closes
 the block counts as reasoning, tags included). At the default stream interval a chunk is
-one token; with --stream-interval-ms a boundary chunk is counted whole, as reasoning.
+one token unless the gateway read behind the worker and tokens came together; such a
+chunk, or one of --stream-interval-ms, that crosses the closing tag is counted whole, as
+reasoning (the exact count needs each token's text, which a chunk does not carry).
 """
 
 from __future__ import annotations
