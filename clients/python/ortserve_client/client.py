@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ortserve.rpc import keepalive
+from ortserve.rpc.tls import secure_or_insecure_channel
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2_grpc
 
 from .direct import DirectCall
@@ -183,8 +184,7 @@ class Client:
                  keepalive_s: float = keepalive.DEFAULT_INTERVAL_S,
                  worker_connect_s: float = WORKER_CONNECT_S) -> None:
         self.address = address
-        # Pings (raises on a bad interval), and a lost peer tried again within a second.
-        self._options = (*keepalive.channel_options(keepalive_s), *keepalive.RECONNECT_OPTIONS)
+        self._options = keepalive.channel_options(keepalive_s)  # raises on a bad interval
         self.timeout_s = timeout_s
         self.retry = retry
         if direct is None and (cacert or tls) and worker_tls is None:
@@ -195,12 +195,10 @@ class Client:
         self._unreachable: dict[str, float] = {}  # address -> monotonic time found so
         self._reached: set[str] = set()  # addresses this client has connected to
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
-        if cacert or tls:
-            roots = Path(cacert).read_bytes() if cacert else None
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(roots),
-                                                options=self._options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=self._options)
+        roots = Path(cacert).read_bytes() if cacert else None
+        self._channel = secure_or_insecure_channel(
+            address, grpc.ssl_channel_credentials(roots) if cacert or tls else None,
+            aio=False, options=self._options)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._worker_credentials = None
         if worker_tls is not None:
@@ -216,9 +214,8 @@ class Client:
 
     def _worker_stub_locked(self, address: str) -> worker_pb2_grpc.WorkerStub:
         if address not in self._workers:
-            channel = (grpc.secure_channel(address, self._worker_credentials, options=self._options)
-                       if self._worker_credentials is not None
-                       else grpc.insecure_channel(address, options=self._options))
+            channel = secure_or_insecure_channel(address, self._worker_credentials, aio=False,
+                                                 options=self._options)
             self._workers[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
         return self._workers[address][1]
 
