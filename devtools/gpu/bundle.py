@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build(find_tokenizer(args.tokenizer_dir), set(args.keep_sm))
     except parts.BundleTooLarge as error:
-        say(f"REFUSED: {error}")
+        for folder in (STAGE_FOLDER, RUN_FOLDER):  # a half bundle must not be carried
+            shutil.rmtree(ROOT / folder, ignore_errors=True)
+        say(f"REFUSED: {error}; {STAGE_FOLDER} and {RUN_FOLDER} removed")
         return 2
     return 0
 
