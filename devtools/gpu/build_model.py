@@ -60,18 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp16")
     parser.add_argument("--execution-provider", default="cuda")
     args = parser.parse_args(argv)
-    work = args.work or args.out.with_name(args.out.name + ".work")
+    work = (args.work or args.out.with_name(args.out.name + ".work")).resolve()
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(args.out, ignore_errors=True)
     t0 = time.monotonic()
     n_params = random_hf_folder(args.shape, args.tokenizer_dir, work / "hf")
     print(f"build_model: random {args.shape.name}: {n_params:,} parameters in "
           f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
-    # GIT_DIR=/dev/null: the builder asks git for a commit id, which a copy of a tree has not.
+    # GIT_DIR=/dev/null and the scratch folder as cwd: the builder asks git for a commit id
+    # (a copy of a tree has no repository) and leaves its own files where it runs.
     builder = subprocess.run(
         [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(work / "hf"),
-         "-o", str(args.out), "-p", args.precision, "-e", args.execution_provider,
-         "-c", str(work / "cache")], env={**os.environ, "GIT_DIR": "/dev/null"})
+         "-o", str(args.out.resolve()), "-p", args.precision, "-e", args.execution_provider,
+         "-c", str(work / "cache")], env={**os.environ, "GIT_DIR": "/dev/null"}, cwd=work)
     if builder.returncode != 0:
         print(f"build_model: the genai builder failed (exit {builder.returncode})",
               file=sys.stderr)

@@ -10,7 +10,8 @@ submitted at once, greedy, exactly new_tokens each; tokens/s over the whole wall
 over the window after every request's first token. The Engine is tried with paged dynamic
 batching (genai_config's engine.dynamic_batching, max_batch_size = the largest load) and,
 where that is refused, as the static Engine (its batch bound is then in the JSON).
-Imports only numpy and onnxruntime_genai: it runs in whatever Python has the peer. Results are
+Imports only numpy and onnxruntime_genai (and, on CUDA, onnxruntime to preload the CUDA
+libraries): it runs in whatever Python has the peer. Results are
 written to F after every load (a run cut short keeps what it has). --cpu: the CPU provider.
 """
 
@@ -108,8 +109,23 @@ def engine_rate(og, np, engine, ids, load: int, new_tokens: int) -> dict:
             "finished": finished, "failed": failed[:5]}
 
 
+def preload_cuda_libraries() -> None:
+    """onnxruntime-gpu's preload_dlls: genai's CUDA provider finds the CUDA 13 libraries of the
+    image's nvidia-* wheels only once ORT has loaded them (what the worker does too)."""
+    import contextlib
+    import io
+
+    import onnxruntime as ort
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
+        ort.preload_dlls()
+
+
 def run(model_dir: Path, loads: list[int], new_tokens: int, cpu: bool, write) -> dict:
     import numpy as np
+
+    if not cpu:
+        preload_cuda_libraries()
     import onnxruntime_genai as og
 
     out: dict = {"genai_version": og.__version__, "model_dir": str(model_dir),
