@@ -288,19 +288,18 @@ def run_steps(proof: Proof, args) -> int:
         models = {name: proof.work / f"{name}-cuda" for name in SHAPES}
         builds = start_builds(proof, args, env)
     first, *rest = list(models)
-    genai_python = args.genai_python or sys.executable
-    if args.dry_run or wait_build(proof, builds[first]):
+    ready = {first: args.dry_run or wait_build(proof, builds[first])}
+    if ready[first]:
         cuda_check(proof, first, models[first], env, check_flags)
         served(proof, first, models[first], env, device)
-    ready = {first: True}
     for name in rest:  # the 1.2B shape's build ran beside the steps above
         ready[name] = wait_build(proof, builds[name])
         if ready[name]:
             cuda_check(proof, name, models[name], env, check_flags + ["--tokens", "16"])
-    if args.dry_run or ready.get(first):
-        for name in models:
-            if ready.get(name):
-                peers(proof, name, models[name], env, genai_python, args.dry_run)
+    for name in models:
+        if ready[name]:
+            peers(proof, name, models[name], env, args.genai_python or sys.executable,
+                  args.dry_run)
     return 0
 
 

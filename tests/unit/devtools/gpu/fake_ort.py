@@ -7,7 +7,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from devtools.gpu import pack_ort
+from devtools.gpu import manifest, pack_ort, parts
 
 PAYLOAD_BYTES = 32
 
@@ -46,3 +46,19 @@ def fake_wheel(folder: Path, archs: list[int]) -> Path:
         z.writestr(pack_ort.PROVIDER, elf_with_fatbin(archs))
         z.writestr("onnxruntime/__init__.py", "__version__ = 'fake'\n")
     return wheel
+
+
+def fake_bundle(tmp_path: Path) -> tuple[Path, Path]:
+    """(.gpu-a, .gpu-b) as make gpu-bundle writes them, around the fake wheel packed and split
+    across both; no wheels, no tokenizer."""
+    packed = tmp_path / "ort.tar.zst"
+    pack_ort.pack(fake_wheel(tmp_path, [90, 80]), packed, {90})
+    stage, run = tmp_path / ".gpu-a", tmp_path / ".gpu-b"
+    sizes = parts.split_sizes(packed.stat().st_size, packed.stat().st_size // 2 + 1, 10**9)
+    dests = [stage / "ort.part_00", run / "ort.part_01"]
+    parts.write_parts(packed, dests, sizes)
+    entries = [manifest.part_entry(dests[0], "stage"), manifest.part_entry(dests[1], "run")]
+    manifest.write(run, manifest.build(built_utc="now", project={"commit": "abc"},
+                                       runtime={"requirement": "onnxruntime-gpu==1.31.1"},
+                                       parts=entries, wheels=[], tokenizer=[], calls=[]))
+    return stage, run

@@ -8,29 +8,15 @@ import shutil
 
 import pytest
 
-from devtools.gpu import install, manifest, pack_ort, parts
+from devtools.gpu import install, pack_ort
 
-from .fake_ort import fake_wheel
+from .fake_ort import fake_bundle
 
 pytestmark = pytest.mark.skipif(shutil.which("zstd") is None, reason="needs zstd")
 
 
-def make_bundle(tmp_path):
-    packed = tmp_path / "ort.tar.zst"
-    pack_ort.pack(fake_wheel(tmp_path, [90, 80]), packed, {90})
-    stage, run = tmp_path / ".gpu-a", tmp_path / ".gpu-b"
-    sizes = parts.split_sizes(packed.stat().st_size, packed.stat().st_size // 2 + 1, 10**9)
-    dests = [stage / "ort.part_00", run / "ort.part_01"]
-    parts.write_parts(packed, dests, sizes)
-    entries = [manifest.part_entry(dests[0], "stage"), manifest.part_entry(dests[1], "run")]
-    manifest.write(run, manifest.build(built_utc="now", project={"commit": "abc"},
-                                       runtime={"requirement": "onnxruntime-gpu==1.31.1"},
-                                       parts=entries, wheels=[], tokenizer=[], calls=[]))
-    return stage, run
-
-
 def test_the_staged_and_carried_parts_unpack_into_the_site(tmp_path):
-    stage, run = make_bundle(tmp_path)
+    stage, run = fake_bundle(tmp_path)
     site = tmp_path / "site"
     code, out = install.install(run, [tmp_path / "tmp-stage", stage], site)
     assert code == 0, out
@@ -40,7 +26,7 @@ def test_the_staged_and_carried_parts_unpack_into_the_site(tmp_path):
 
 
 def test_a_missing_stage_exits_3_and_names_the_part_and_the_next_step(tmp_path):
-    stage, run = make_bundle(tmp_path)
+    stage, run = fake_bundle(tmp_path)
     shutil.rmtree(stage)
     result = tmp_path / "install.json"
     code = install.main(["--bundle", str(run), "--stage", str(stage), "--site",
