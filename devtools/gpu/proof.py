@@ -12,11 +12,11 @@ run stopping by --deadline-s (540 s: a device call may last 600):
               lib folders on LD_LIBRARY_PATH when it fails without)
   build-*     random-weight fp16 `-e cuda` folders at the 135M and 1.2B shapes (shapes/), in
               the background while the first steps run
-  cuda_check-smol, served-smol, cuda_check-b1, peers-smol, peers-b1
+  cuda_check-smol, peers-smol, served-smol, cuda_check-b1, peers-b1
               `python -m worker_service.cuda_check` (its JSON kept as it prints it; a nonzero
-              exit is recorded, not fatal); scheduler + `--device cuda` worker + gateway
-              asked plain, streamed and through the CLI; onnxruntime-genai's Generator and
-              og.Engine at 1 / 8 / 32 streams
+              exit is recorded, not fatal); onnxruntime-genai's Generator and og.Engine at
+              1 / 8 / 32 streams; scheduler + `--device cuda` worker + gateway asked plain,
+              streamed and through the CLI
 What comes back ($OUT, at most 8 files): proof.json (every step's outcome, the environment,
 the install, the bundle's manifest), smol.json and b1.json (cuda_check, peers), served.json,
 logs.txt (the tail of every step's log and the services' logs).
@@ -288,18 +288,19 @@ def run_steps(proof: Proof, args) -> int:
         models = {name: proof.work / f"{name}-cuda" for name in SHAPES}
         builds = start_builds(proof, args, env)
     first, *rest = list(models)
+    genai_python = args.genai_python or sys.executable
+    # The 135M shape whole first (the check, the peer's bar, a served request), then the
+    # 1.2B shape, whose build ran beside them.
     ready = {first: args.dry_run or wait_build(proof, builds[first])}
     if ready[first]:
         cuda_check(proof, first, models[first], env, check_flags)
+        peers(proof, first, models[first], env, genai_python, args.dry_run)
         served(proof, first, models[first], env, device)
-    for name in rest:  # the 1.2B shape's build ran beside the steps above
+    for name in rest:
         ready[name] = wait_build(proof, builds[name])
         if ready[name]:
             cuda_check(proof, name, models[name], env, check_flags + ["--tokens", "16"])
-    for name in models:
-        if ready[name]:
-            peers(proof, name, models[name], env, args.genai_python or sys.executable,
-                  args.dry_run)
+            peers(proof, name, models[name], env, genai_python, args.dry_run)
     return 0
 
 

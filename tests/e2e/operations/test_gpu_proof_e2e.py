@@ -91,8 +91,7 @@ def test_steps_the_deadline_leaves_no_time_for_are_skipped_and_the_json_still_as
     assert set(statuses.values()) <= {"ok", "failed", "timeout", "skipped"}
     late = [s for s in proof["steps"] if s["status"] == "skipped"
             and "before the deadline" in s.get("note", "")]
-    assert [s["name"] for s in late][-1] == "peers-tiny"
-    assert "served-tiny" in [s["name"] for s in late]
+    assert {"peers-tiny", "served-tiny"} <= {s["name"] for s in late}
     assert (out / "logs.txt").exists()
 
 
