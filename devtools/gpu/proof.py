@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.gpu import manifest, steps
+from devtools.gpu import install, manifest, steps
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {"smol": ROOT / "devtools" / "gpu" / "shapes" / "smollm2-135m.json",
@@ -151,10 +151,10 @@ def install_step(proof: Proof, args, env: dict) -> int | None:
         argv += ["--stage", str(stage)]
     outcome, parsed = run_json_step(proof, "install", argv, PLANNED_S["install"], env, result)
     proof.record["install"] = parsed
-    if outcome.exit_code == 3:
+    if outcome.exit_code == install.STAGE_MISSING:
         say("STAGE MISSING: " + "; ".join((parsed or {}).get("stage_missing", [])))
         proof.save()
-        return 3
+        return install.STAGE_MISSING
     with_manifest = args.bundle / manifest.MANIFEST
     if with_manifest.exists():
         proof.record["bundle"] = read_json(with_manifest)
@@ -174,8 +174,12 @@ def env_step(proof: Proof, env: dict) -> dict:
         return env
     # ORT's preload_dlls looks for the CUDA libraries beside its own package (the site) and on
     # the loader's path; the image's copies are in its nvidia-* wheels' lib folders.
-    dirs = subprocess.run([sys.executable, "-m", "devtools.gpu.probe_env", "--nvidia-lib-dirs"],
-                          capture_output=True, text=True, env=env, cwd=ROOT).stdout.strip()
+    try:
+        dirs = subprocess.run([sys.executable, "-m", "devtools.gpu.probe_env",
+                               "--nvidia-lib-dirs"], capture_output=True, text=True, env=env,
+                              cwd=ROOT, timeout=30).stdout.strip()
+    except subprocess.TimeoutExpired:
+        dirs = ""
     if not dirs:
         return env
     retried = {**env, "LD_LIBRARY_PATH": os.pathsep.join(
