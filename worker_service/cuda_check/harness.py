@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STATUSES = ("passed", "failed", "error", "skipped", "not_applicable")
-# The watchdog's grace past the deadline: closing engines, a check's last wait.
-WATCHDOG_GRACE_S = 60.0
+# The watchdog's grace past the deadline: closing engines, a check's last wait (the GPU
+# proof's step gives cuda_check its timeout less 30 s: devtools/gpu/proof.py).
+WATCHDOG_GRACE_S = 20.0
 
 
 class Unmet(Exception):  # noqa: N818 - a check's precondition, reported as "skipped"
@@ -111,7 +112,7 @@ def run_checks(checks: list[Check], ctx: Context, summary: dict) -> dict:
     return finish(summary, ctx)
 
 
-def close_all(ctx: Context, timeout_s: float = 30.0) -> None:
+def close_all(ctx: Context, timeout_s: float = 8.0) -> None:
     """Close what the checks opened, each on a thread of its own: an engine whose thread
     is stuck in a run must not keep the summary from being printed."""
     for close in reversed(ctx.closers):
