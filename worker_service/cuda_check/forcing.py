@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from worker_service.core.errors import EngineError
+from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta
 from worker_service.runtime.runner import Runner, StepOutput
 
@@ -84,11 +85,17 @@ def install(engine) -> TeacherForcing:
     return engine.runner
 
 
+# Never sampled from (the forced token wins), but not plain greedy either: a runner that
+# picks greedy rows' tokens itself, with no host logits, must still hand these logits back.
+FORCED_SAMPLING = SamplingConfig(temperature=1.0, seed=0)
+
+
 def forced_request(sequence_id: str, prompt: Sequence[int], forced: Sequence[int]
                    ) -> SequenceRequest:
     """A request that runs exactly the forced tokens (EOS does not end it)."""
     n = len(forced)
-    return SequenceRequest(sequence_id, tuple(prompt), n, min_new_tokens=n, ignore_eos=True)
+    return SequenceRequest(sequence_id, tuple(prompt), n, min_new_tokens=n, ignore_eos=True,
+                           sampling=FORCED_SAMPLING)
 
 
 def run_together(engine, requests: list[SequenceRequest], timeout_s: float,
