@@ -223,11 +223,27 @@ def session_swap_equals_fresh(ctx: Context) -> dict:
            "state_after_swap_out": swapped["state"], "swapped_out_bytes": swapped["swapped"],
            "reused_prompt_tokens": swapped["reused"],
            "host_budget_used_bytes": engine.kv.host.used_bytes,
-           "logits": unswapped, "logits_vs_fresh": recomputed, "kept_kv": moved}
+           "logits": unswapped, "logits_vs_fresh": recomputed, "kept_kv": moved,
+           "stale_past_control": _stale_past_control(ctx, engine, fresh, f2)}
     if ctx.dry_run:
         out["tokens"] = _sampled_session(ctx, engine, first)
         out["ok"] = out["ok"] and out["tokens"]["ok"]
     return out
+
+
+def _stale_past_control(ctx: Context, engine: Engine, reference: np.ndarray, forced) -> dict:
+    """How far a stale past would move this model's logits: the same forced tokens after
+    another conversation, judged like the real comparison. Information, not a verdict: on
+    random (or tiny) weights the logits may hardly depend on the past, and then only the
+    byte checks (kept_kv) can see a stale one; `caught` false says so."""
+    tok = engine.tokenizer
+    other = (*tok.encode_chat([("user", "Name three mountains in Africa.")]),
+             *forced_tokens(engine, 12, offset=20), *tok.encode(" And three in Asia?"))
+    stale = _forced_alone(ctx, engine, "stale-control", other, forced)
+    judged = compare.compare_logits(reference, stale, compare.SAME_DEVICE)
+    return {"caught": not judged["ok"], "max_abs_diff": judged.get("max_abs_diff"),
+            "tolerance": judged.get("tolerance"), "argmax_agree": judged.get("argmax_agree"),
+            "positions": judged.get("positions")}
 
 
 def _sampled_turns(ctx: Context, engine: Engine, sid: str, first, swap: bool) -> Completed:

@@ -95,3 +95,31 @@ def test_a_wrong_row_in_the_batched_decode_fails_the_check_with_its_numbers(tiny
     logits = batched["logits"]
     assert not logits["ok"] and logits["max_abs_diff"] > logits["tolerance"]
     assert logits["failed_sequences"] and "max |d|" in logits["why"]
+
+
+def test_a_session_brought_back_with_a_stale_past_fails_the_swap_check(tiny_dir, monkeypatch):
+    """The check can fail: a row import that writes each position's neighbour (a stale
+    past) is caught byte for byte in the kept K/V, whatever the logits show (the tiny
+    model's logits hardly depend on the past: its stale_past_control says how much)."""
+    import time
+
+    from worker_service.cuda_check import checks, harness
+    from worker_service.runtime.device_rows import DeviceRows
+
+    real = DeviceRows.import_row
+
+    def stale(self, row, keys, values, n_tokens):
+        return real(self, row, [np.roll(k, 1, axis=1) for k in keys],
+                    [np.roll(v, 1, axis=1) for v in values], n_tokens)
+
+    monkeypatch.setattr(DeviceRows, "import_row", stale)
+    ctx = harness.Context(model_dir=tiny_dir, device="cpu", device_id=0, dry_run=True,
+                          deadline_at=time.monotonic() + 300)
+    summary = {"deadline_s": 300, "checks": {}, "failed": [], "ok": False}
+    out = harness.run_checks([("session_starts", checks.session_starts),
+                              ("session_swap_equals_fresh", checks.session_swap_equals_fresh)],
+                             ctx, summary)
+    session = out["checks"]["session_swap_equals_fresh"]
+    assert session["status"] == "failed" and not session["kept_kv"]["ok"]
+    assert "bytes differ" in session["kept_kv"]["why"]
+    assert session["stale_past_control"]["positions"] == 12
