@@ -126,6 +126,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),
             nodes_off_device=engine.nodes_off_device,
             kv_allocated_bytes=engine.runtime.allocated_bytes,
+            kv_reserved_bytes=engine.runtime.reserved_bytes,
+            kv_reserved_overhead_bytes=max(0, engine.runtime.reserved_bytes
+                                           - engine.runtime.allocated_bytes),
             held_leases=self._held_leases(engine),
             adapters=adapter_admin.adapters_pb(engine),
         )

@@ -52,6 +52,10 @@ DEADLINE_S = 540.0
 PLANNED_S = {"install": 90, "env": 45, "build": 300, "cuda_check": 150, "served": 100,
              "peers": 60}
 BUILD_GRACE_S = 60  # a build is waited for no later than this before the deadline
+# cuda_check stops its checks by its own --deadline-s and prints its JSON: it gets its step's
+# timeout less this (its watchdog's grace and closing its engines), so the step's timeout
+# never cuts its JSON off.
+CUDA_CHECK_MARGIN_S = 30.0
 LOG_TAIL_BYTES = 40_000
 
 
@@ -211,10 +215,18 @@ def wait_build(proof: Proof, build: steps.Running | steps.Outcome) -> bool:
     return build.status == "ok"
 
 
+def cuda_check_deadline_s(step_timeout_s: float | None) -> float:
+    """cuda_check's --deadline-s inside a step of this timeout (None: the step will not
+    start; its planned share stands)."""
+    timeout = PLANNED_S["cuda_check"] if step_timeout_s is None else step_timeout_s
+    return max(10.0, timeout - CUDA_CHECK_MARGIN_S)
+
+
 def cuda_check(proof: Proof, name: str, model_dir: Path, env: dict, extra: list[str]) -> None:
     result = proof.work / f"cuda_check-{name}.json"
+    deadline_s = cuda_check_deadline_s(proof.deadline.timeout_for(PLANNED_S["cuda_check"]))
     argv = [sys.executable, "-m", "worker_service.cuda_check", "--model-dir", str(model_dir),
-            *extra]
+            "--deadline-s", f"{deadline_s:.0f}", *extra]
     outcome, parsed = run_json_step(proof, f"cuda_check-{name}", argv, PLANNED_S["cuda_check"],
                                     env, result, stdout_is_result=True)
     # cuda_check's JSON stays as it printed it: this proof judges nothing inside it.

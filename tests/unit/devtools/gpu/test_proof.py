@@ -50,3 +50,14 @@ def test_failed_cuda_steps_are_recorded_and_the_run_still_completes(tmp_path):
     assert summary["build-smol"] == summary["build-b1"] == "failed"
     assert not any(name.startswith(("cuda_check", "served", "peers")) for name in summary)
     assert sorted(p.name for p in out.iterdir()) == ["logs.txt", "proof.json"]
+
+
+def test_cuda_check_stops_its_checks_before_its_step_s_timeout():
+    """cuda_check prints its JSON by its own --deadline-s; the step's timeout must not cut
+    it off: the deadline leaves the margin for its watchdog's grace and closing engines."""
+    from worker_service.cuda_check.harness import WATCHDOG_GRACE_S
+
+    assert proof.cuda_check_deadline_s(150) == 120
+    assert proof.cuda_check_deadline_s(None) == proof.PLANNED_S["cuda_check"] - 30
+    assert proof.cuda_check_deadline_s(20) == 10  # a short step still gets a few checks
+    assert proof.CUDA_CHECK_MARGIN_S > WATCHDOG_GRACE_S
