@@ -107,6 +107,13 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="gateway processes accepting on the one port (1-64): the gateway keeps "
                         "no state between requests, so N processes serve ~N cores' worth of "
                         "streams; each has its own channels and metrics")
+    p.add_argument("--model-server-worker-id",
+                   default=_env(p, "model_server_worker_id", d.model_server_worker_id),
+                   help="this gateway stands in front of that worker (its pod, behind an "
+                        "inference gateway's endpoint picker): /metrics adds the worker's "
+                        "ortserve_model_server_* gauges, read from GetBudget at each scrape "
+                        "(docs/operations/inference-gateway.md); unset: none "
+                        f"(env {_ENV}MODEL_SERVER_WORKER_ID)")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -146,7 +153,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
                          log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
                          otlp_traces_endpoint=a.otlp_traces_endpoint,
-                         reasoning_parser=a.reasoning_parser)
+                         reasoning_parser=a.reasoning_parser,
+                         model_server_worker_id=a.model_server_worker_id)
 
 
 def https_options(config: GatewayConfig) -> dict:

@@ -162,8 +162,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics():
         # The gateway's own numbers (gateway/metrics.py); the scheduler's and the
-        # workers' are on their --metrics-port.
-        return metrics.response()
+        # workers' are on their --metrics-port. In front of one worker, its model-server
+        # gauges too, read now: a picker must never route on a stale figure, so when the
+        # scheduler does not answer they are left out (the picker then sees none).
+        if not config.model_server_worker_id:
+            return metrics.response()
+        try:
+            budget = await upstream.budget()
+        except grpc.RpcError as error:
+            log.warning("model-server gauges left out: GetBudget failed",
+                        code=error.code().name, details=error.details())
+            budget = None
+        return metrics.response(budget, config.model_server_worker_id)
 
     return app
 

@@ -37,6 +37,7 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.model_server_metrics import ledger_budget
 from scheduler_service.prompt_count import count_prompt, noted_by_worker
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
@@ -221,8 +222,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             require_role(Role.ADMIN, "GetBudget with include_leases")
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
-        budget = convert.budget_to_pb(self._ledger.snapshot(), request.include_leases,
-                                      time.monotonic(), self._waiter.queue.stats())
+        budget = ledger_budget(self._ledger, self._waiter.queue, request.include_leases)
         usage = self._ledger.tenant_usage()
         if not caller_has(Role.ADMIN):  # another tenant's standing is an operator's view
             own = caller_tenant(self._ledger.tenants, context)
