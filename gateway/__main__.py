@@ -114,6 +114,13 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                         "ortserve_model_server_* gauges, read from GetBudget at each scrape "
                         "(docs/operations/inference-gateway.md); unset: none "
                         f"(env {_ENV}MODEL_SERVER_WORKER_ID)")
+    p.add_argument("--per-request-metrics", action=argparse.BooleanOptionalAction,
+                   default=_env(p, "per_request_metrics", d.per_request_metrics, kind=boolean),
+                   help="every chat and completion answer carries `metrics` (vLLM's "
+                        "--enable-per-request-metrics fields: time_to_first_token_ms, "
+                        "generation_time_ms, queue_time_ms, mean_itl_ms, tokens_per_second); "
+                        "off: only for a request with the header X-Ortserve-Request-Metrics: "
+                        f"true (env {_ENV}PER_REQUEST_METRICS)")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -154,7 +161,8 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
                          otlp_traces_endpoint=a.otlp_traces_endpoint,
                          reasoning_parser=a.reasoning_parser,
-                         model_server_worker_id=a.model_server_worker_id)
+                         model_server_worker_id=a.model_server_worker_id,
+                         per_request_metrics=a.per_request_metrics)
 
 
 def https_options(config: GatewayConfig) -> dict:

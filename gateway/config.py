@@ -59,6 +59,10 @@ class GatewayConfig:
     # deploy/k8s/overlays/inference-gateway): /metrics adds that worker's model-server gauges,
     # read from GetBudget at each scrape (ortserve_model_server_*); "": none.
     model_server_worker_id: str = ""
+    # vLLM's per-request metrics: every chat and completion body (and each choice's last
+    # streamed chunk) carries `metrics`; False: only for requests that send
+    # X-Ortserve-Request-Metrics: true (gateway/request_metrics.py).
+    per_request_metrics: bool = False
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables
