@@ -151,8 +151,8 @@ async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
-                if clock is not None and event.chunk.token_ids:
-                    clock.token(index)
+                if clock is not None and not generated[index] and event.chunk.token_ids:
+                    clock.token(index)  # the first tokens only: nothing more per chunk
                 generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)

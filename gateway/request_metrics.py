@@ -94,7 +94,9 @@ class RequestClock:
         self._first_s: dict[int, float] = {}
 
     def token(self, index: int) -> None:
-        self._first_s.setdefault(index, time.perf_counter())
+        """A chunk with tokens arrived for choice `index`: only the first one is timed."""
+        if index not in self._first_s:
+            self._first_s[index] = time.perf_counter()
 
     def finished(self, index: int, response_model: str, finished: types_pb2.Finished) -> None:
         if self._histograms is None:
