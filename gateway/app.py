@@ -89,12 +89,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _generate("chat", request, upstream, workers, config.stream_interval_ms,
-                               config.reasoning_parser, reporting)
+                               config.reasoning_parser, reporting, config.model_server_worker_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate("completion", request, upstream, workers,
-                               config.stream_interval_ms, reporting=reporting)
+                               config.stream_interval_ms, reporting=reporting,
+                               prefer_worker=config.model_server_worker_id)
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
@@ -224,7 +225,7 @@ def _parsed(parse, body: object):
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
                     stream_interval_ms: int = 0, reasoning_parser: str = "auto",
-                    reporting: Reporting = NOT_REPORTED):
+                    reporting: Reporting = NOT_REPORTED, prefer_worker: str = ""):
     parsed = replace(_parse(kind, await _json_body(request)), reasoning_mode=reasoning_parser)
     clock = reporting.clock(kind, parsed.model)  # the histograms count from the arrival
     body_metrics = asked(reporting.per_request_metrics, request.headers.get(REQUEST_HEADER))
@@ -244,6 +245,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     for r in requests:  # the request's own, else the gateway's --stream-interval-ms
         r.stream_interval_ms = (parsed.stream_interval_ms if parsed.stream_interval_ms is not None
                                 else stream_interval_ms)
+        # In front of one worker (--model-server-worker-id): the placement hint that makes
+        # an endpoint picker's choice of this pod the worker that serves, when it fits.
+        r.preferred_worker_id = prefer_worker
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams
             def opener(r):

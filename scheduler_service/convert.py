@@ -61,6 +61,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         default_max_new_tokens=default_max_new_tokens,
         two_step=two_step,
         adapter=request.adapter,
+        preferred_worker=request.preferred_worker_id,
     )
 
 

@@ -133,3 +133,40 @@ def test_gauges_follow_admissions_the_queue_and_releases(served):
                                               lease_secret=held[1].lease_secret), timeout=10)
     w, seen = look(stub, gateway, scheduler_metrics)
     assert (w.lease_count, w.reserved_bytes, seen[g.KV_UTILIZATION][0].value) == (0, 0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """Two workers, the first with more free bytes (the ledger's own pick), and a gateway
+    in front of each (what an inference gateway's pod runs)."""
+    cluster = start_cluster(tmp_path_factory, "preferred", workers=2,
+                            kv_capacities=["256MiB", "128MiB"])
+    ids = sorted((w.capacity_bytes, w.worker_id) for w in scheduler_stub(cluster.address).GetBudget(
+        scheduler_pb2.GetBudgetRequest(), timeout=5).workers)
+    small, big = ids[0][1], ids[1][1]
+    gateways = {wid: start_gateway(tmp_path_factory, cluster.address,
+                                   ("--model-server-worker-id", wid)) for wid in (small, big)}
+    plain = start_gateway(tmp_path_factory, cluster.address)
+    yield cluster, small, big, gateways, plain
+    for service in (*gateways.values(), plain):
+        stop_service(service)
+    cluster.stop()
+
+
+def test_a_pods_gateway_asks_for_its_own_worker_and_gets_it_while_it_fits(two_workers):
+    import openai
+
+    cluster, small, big, gateways, plain = two_workers
+
+    def served_by(gateway) -> str:
+        client = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
+                               timeout=120, max_retries=0)
+        answer = client.completions.create(model="smollm2-135m-instruct-fp32", prompt="Hello",
+                                           max_tokens=2)
+        return answer.model_extra["ortserve"]["worker_id"]
+
+    assert served_by(plain) == big  # the ledger alone: the most free bytes
+    assert served_by(gateways[small]) == small  # the picker chose small's pod: small serves
+    assert served_by(gateways[big]) == big
+    (picker_view,) = gauges(gateways[small].address)[g.RUNNING]
+    assert picker_view.labels["worker_id"] == small
