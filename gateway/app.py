@@ -27,6 +27,13 @@ from gateway.reply import errors, responses
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.request import tokenize
 from gateway.request.translate import Kind, ParamError, ParsedRequest, parse_request
+from gateway.request_metrics import (
+    NOT_REPORTED,
+    REQUEST_HEADER,
+    GenAiHistograms,
+    Reporting,
+    asked,
+)
 from gateway.upstream import StreamBroken, Upstream
 from ortserve.process import tracing
 from ortserve.process.metrics import new_registry
@@ -63,6 +70,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
     app.state.tenant_header = config.tenant_header
     metrics = HttpMetrics(new_registry())
+    # The GenAI semantic-convention histograms beside the gateway's own, one registry.
+    reporting = Reporting(config.per_request_metrics, GenAiHistograms(metrics.registry))
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     tracing.instrument_fastapi(app)  # a no-op unless __main__ turned tracing on
 
@@ -80,12 +89,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _generate("chat", request, upstream, workers, config.stream_interval_ms,
-                               config.reasoning_parser)
+                               config.reasoning_parser, reporting, config.model_server_worker_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate("completion", request, upstream, workers,
-                               config.stream_interval_ms)
+                               config.stream_interval_ms, reporting=reporting,
+                               prefer_worker=config.model_server_worker_id)
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
@@ -162,8 +172,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics():
         # The gateway's own numbers (gateway/metrics.py); the scheduler's and the
-        # workers' are on their --metrics-port.
-        return metrics.response()
+        # workers' are on their --metrics-port. In front of one worker, its model-server
+        # gauges too, read now: a picker must never route on a stale figure, so when the
+        # scheduler does not answer they are left out (the picker then sees none).
+        if not config.model_server_worker_id:
+            return metrics.response()
+        try:
+            budget = await upstream.budget()
+        except grpc.RpcError as error:
+            log.warning("model-server gauges left out: GetBudget failed",
+                        code=error.code().name, details=error.details())
+            budget = None
+        return metrics.response(budget, config.model_server_worker_id)
 
     return app
 
@@ -204,8 +224,11 @@ def _parsed(parse, body: object):
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
-                    stream_interval_ms: int = 0, reasoning_parser: str = "auto"):
+                    stream_interval_ms: int = 0, reasoning_parser: str = "auto",
+                    reporting: Reporting = NOT_REPORTED, prefer_worker: str = ""):
     parsed = replace(_parse(kind, await _json_body(request)), reasoning_mode=reasoning_parser)
+    clock = reporting.clock(kind, parsed.model)  # the histograms count from the arrival
+    body_metrics = asked(reporting.per_request_metrics, request.headers.get(REQUEST_HEADER))
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
@@ -222,6 +245,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     for r in requests:  # the request's own, else the gateway's --stream-interval-ms
         r.stream_interval_ms = (parsed.stream_interval_ms if parsed.stream_interval_ms is not None
                                 else stream_interval_ms)
+        # In front of one worker (--model-server-worker-id): the placement hint that makes
+        # an endpoint picker's choice of this pod the worker that serves, when it fits.
+        r.preferred_worker_id = prefer_worker
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams
             def opener(r):
@@ -244,9 +270,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
              model=meta.model, decision=headers[responses.DECISION_HEADER],
              stream=parsed.stream, choices=len(streams))
     if parsed.stream:
-        return EventSourceResponse(sse(meta, parsed, streams), headers=headers, sep="\n",
-                                   ping=15)
-    body = await collect_unless_disconnected(request, meta, parsed, streams)
+        return EventSourceResponse(sse(meta, parsed, streams, clock, body_metrics),
+                                   headers=headers, sep="\n", ping=15)
+    body = await collect_unless_disconnected(request, meta, parsed, streams, clock, body_metrics)
     return JSONResponse(body, headers=headers)
 
 

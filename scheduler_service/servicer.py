@@ -25,6 +25,7 @@ from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
+from scheduler_service.adapter_catalog import OnDemand
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -37,6 +38,7 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.model_server_metrics import ledger_budget
 from scheduler_service.prompt_count import count_prompt, noted_by_worker
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
@@ -71,6 +73,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._adapters = AdapterAdmin(ledger, workers)
+        self._on_demand = OnDemand(config.adapter_catalog, ledger, self._adapters.load)
 
     # -- admission -------------------------------------------------------------
 
@@ -90,6 +93,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_rules.generate_request(request)
         tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
+        # A catalogued adapter no worker serves is loaded first (charged to the worker
+        # that takes it), never on a dry run: that answers as things stand.
+        if not dry_run:
+            await self._on_demand.ensure(request.adapter, model)
         # An adapter no worker of the model serves: NOT_FOUND, before anything is reserved.
         placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         default = self._config.default_max_new_tokens.for_model(model)
@@ -221,8 +228,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             require_role(Role.ADMIN, "GetBudget with include_leases")
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
-        budget = convert.budget_to_pb(self._ledger.snapshot(), request.include_leases,
-                                      time.monotonic(), self._waiter.queue.stats())
+        budget = ledger_budget(self._ledger, self._waiter.queue, request.include_leases)
         usage = self._ledger.tenant_usage()
         if not caller_has(Role.ADMIN):  # another tenant's standing is an operator's view
             own = caller_tenant(self._ledger.tenants, context)

@@ -133,6 +133,9 @@ class AdmissionRequest:
     two_step: bool = False
     # The LoRA adapter it runs under ("": the base): placed only on a worker serving it.
     adapter: str = ""
+    # A placement hint (GenerateRequest.preferred_worker_id): among whole fits, this worker
+    # after a free row and before a cached prefix; "": none. Never changes the decision.
+    preferred_worker: str = ""
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
