@@ -132,7 +132,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
                                              "prompt_opens_reasoning": prompt.opens_reasoning,
-                                             "tool_call_format": prompt.tool_call_format}
+                                             "tool_call_format": prompt.tool_call_format,
+                                             "template_kwargs_unread":
+                                                 prompt.template_kwargs_unread}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
