@@ -155,6 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._metrics.admission(admission)
 
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
+        arrived = time.perf_counter()
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
@@ -164,10 +165,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
                                                     context=context, two_step=True)
+        queued = None  # perf_counter() when it joined the queue
         if isinstance(admission, Ticket):
+            queued = time.perf_counter()
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         admission = noted_by_worker(admission, noted)
         self._count(admission)
+        # The two-step path's trace (the gateway's and the client's default): the same
+        # admission span and decision attributes as Generate's, on Admit's own span.
+        spans.decided(admission, arrived, queued)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
