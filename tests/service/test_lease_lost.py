@@ -61,3 +61,36 @@ def test_a_lease_lost_before_the_worker_took_it_is_a_retryable_503(cluster):
     assert "retry the request" in http.message and "lost" in http.message
     # The lease no worker claimed went back to the budget.
     assert cluster.reserved_bytes() == 0
+
+
+class UnrestoredWorker(StandInWorker):
+    """Generate: two chunks, then the lease is gone (the worker re-registered and the ledger
+    did not take it back: the worker's LeaseNotRestored, NOT_FOUND LEASE_NOT_FOUND)."""
+
+    async def Generate(self, request, context):
+        self.generate_requests.append(request)
+        for n in range(2):
+            yield types_pb2.GenerateEvent(chunk=types_pb2.TokenChunk(token_ids=[n], text="t"))
+        raise DomainError(ErrorReason.LEASE_NOT_FOUND, f"worker w1 re-registered and the ledger "
+                          f"did not take back lease {request.lease_id}",
+                          metadata={"lease_id": request.lease_id})
+
+
+def test_a_lease_lost_mid_stream_on_the_relayed_path_is_a_retryable_unavailable():
+    cluster = Cluster(worker=UnrestoredWorker())
+    try:
+        cluster.register()
+        chunks = 0
+        with pytest.raises(grpc.RpcError) as failure:
+            for event in cluster.stub.Generate(types_pb2.GenerateRequest(
+                    text="hi there", max_new_tokens=8), timeout=10):
+                chunks += event.WhichOneof("event") == "chunk"
+        error = failure.value
+        assert chunks >= 1
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+        http = from_grpc(error, "messages")
+        assert (http.status, http.code) == (503, "lease_lost")
+        assert http.headers()["Retry-After"] == "1"
+        assert http.ortserve["metadata"]["tokens_sent"] == "2"
+    finally:
+        cluster.close()
