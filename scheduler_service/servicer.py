@@ -202,6 +202,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- tokenizer passthrough (the gateway's /tokenize and /detokenize) -------------
 
     async def Tokenize(self, request: types_pb2.GenerateRequest, context):
+        # Nothing is charged, but tenant metadata this scheduler cannot honour is refused
+        # here as on every call that reads it (tenants.md: never silently ignored).
+        caller_tenant(self._ledger.tenants, context)
         request_rules.request_shape(request)
         model = self._model(request.model)
         answer = await self._on_a_worker(model, lambda stub: stub.Tokenize(
@@ -210,6 +213,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                       context_length=answer.context_length, model=model)
 
     async def Detokenize(self, request: types_pb2.DetokenizeRequest, context):
+        caller_tenant(self._ledger.tenants, context)  # as Tokenize
         model = self._model(request.model)
         return await self._on_a_worker(model, lambda stub: stub.Detokenize(request, timeout=10.0))
 

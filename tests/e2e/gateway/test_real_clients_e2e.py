@@ -79,12 +79,12 @@ def test_a_variable_ortserve_sets_is_a_400_naming_the_callers_field(gateway, pat
     assert "template_kwargs_json" not in message
 
 
-# Every route whose scheduler call is charged to a tenant, and a body it takes. (/tokenize
-# and /v1/messages/count_tokens pass the header on through the same forwarder, but the
-# scheduler's Tokenize charges no one and does not read it: nothing to see there.)
-ROUTES = {
+ROUTES = {  # every route that calls the scheduler for a caller, and a body it takes
     **{path: make({}) for path, make in BODIES.items()},
     "/v1/completions": {"model": MODEL, "prompt": "Hi", "max_tokens": 3},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": ASK},
+    "/tokenize": {"model": MODEL, "prompt": "Hi"},
+    "/detokenize": {"model": MODEL, "tokens": [42]},
 }
 
 
