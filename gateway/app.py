@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import choices
 from gateway.apis import anthropic_route, responses_route
 from gateway.apis.response_store import ResponseStore
+from gateway.caller import passed_through
 from gateway.choice_stream import PROMPT_PARAM, collect_unless_disconnected, sse
 from gateway.config import GatewayConfig
 from gateway.direct import Workers, open_direct
@@ -38,7 +39,6 @@ from gateway.upstream import StreamBroken, Upstream
 from ortserve.process import tracing
 from ortserve.process.metrics import new_registry
 from ortserve.rpc.tls import channel_credentials
-from ortserve.rules.request_rules import TENANT_METADATA
 
 log = structlog.get_logger("ortserve.gateway")
 
@@ -114,38 +114,38 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def create_message(request: Request):
         # Anthropic's SDKs send their key as x-api-key; errors answer in Anthropic's shape.
         return await anthropic_route.create(
-            request, Target(upstream, workers, anthropic_route.passed_through(request),
+            request, Target(upstream, workers, passed_through(request, "x-api-key"),
                    config.stream_interval_ms),
             config.reasoning_parser)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request):
         return await anthropic_route.count_tokens(
-            request, Target(upstream, workers, anthropic_route.passed_through(request),
+            request, Target(upstream, workers, passed_through(request, "x-api-key"),
                    config.stream_interval_ms))
 
     def _target(request: Request) -> Target:
-        return Target(upstream, workers, tuple(_passed_through(request)), config.stream_interval_ms)
+        return Target(upstream, workers, passed_through(request), config.stream_interval_ms)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):
         # vLLM's shape; counted by a worker of the model, as Generate would count it.
         parsed = _parsed(tokenize.tokenize_request, await _json_body(request))
-        await _call(upstream.resolve_adapter(parsed, _passed_through(request)))
-        answer = await _call(upstream.tokenize(parsed, _passed_through(request)),
+        await _call(upstream.resolve_adapter(parsed, passed_through(request)))
+        answer = await _call(upstream.tokenize(parsed, passed_through(request)),
                              "messages" if parsed.WhichOneof("prompt") == "chat" else "prompt")
         return tokenize.tokenize_response(answer)
 
     @app.post("/detokenize")
     async def detokenize_route(request: Request):
         parsed = _parsed(tokenize.detokenize_request, await _json_body(request))
-        answer = await _call(upstream.detokenize(parsed, _passed_through(request)), "tokens")
+        answer = await _call(upstream.detokenize(parsed, passed_through(request)), "tokens")
         return tokenize.detokenize_response(answer)
 
     @app.get("/v1/models")
     async def models(request: Request):
         # Every model the scheduler's workers serve: the names a request's `model` takes.
-        served = await _call(upstream.models(_passed_through(request)))
+        served = await _call(upstream.models(passed_through(request)))
         # Each LoRA adapter too, its base as `parent` (as vLLM lists --lora-modules).
         return {"object": "list", "data": [
             *({"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
@@ -233,7 +233,7 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
     meta = responses.ResponseMeta.new(kind, parsed.model)
-    metadata = _passed_through(request)
+    metadata = passed_through(request)
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
@@ -289,17 +289,3 @@ def _parse(kind: Kind, body: object) -> ParsedRequest:
         return parse_request(kind, body)
     except ParamError as error:
         raise from_param_error(error) from None
-
-
-def _passed_through(request: Request) -> list[tuple[str, str]]:
-    # API keys travel to the scheduler as gRPC metadata; the gateway holds no
-    # keys of its own, so the scheduler stays the one place that checks them.
-    auth = request.headers.get("authorization")
-    passed = [("authorization", auth)] if auth else []
-    # --tenant-header: the proxy in front of the gateway says whose request this is; the
-    # scheduler honours it only when its tenants file trusts this metadata (docs/features/tenants.md).
-    header = getattr(request.app.state, "tenant_header", "")
-    tenant = request.headers.get(header) if header else None
-    if tenant:
-        passed.append((TENANT_METADATA, tenant))
-    return passed

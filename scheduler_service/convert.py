@@ -134,6 +134,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         reasoning_format=admission.reasoning_format,
         prompt_opens_reasoning=admission.prompt_opens_reasoning,
         tool_call_format=admission.tool_call_format,
+        template_kwargs_unread=admission.template_kwargs_unread,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id

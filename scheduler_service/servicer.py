@@ -132,7 +132,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
                                              "prompt_opens_reasoning": prompt.opens_reasoning,
-                                             "tool_call_format": prompt.tool_call_format}
+                                             "tool_call_format": prompt.tool_call_format,
+                                             "template_kwargs_unread":
+                                                 prompt.template_kwargs_unread}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
@@ -153,6 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._metrics.admission(admission)
 
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
+        arrived = time.perf_counter()
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
@@ -162,10 +165,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
                                                     context=context, two_step=True)
+        queued = None  # perf_counter() when it joined the queue
         if isinstance(admission, Ticket):
+            queued = time.perf_counter()
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         admission = noted_by_worker(admission, noted)
         self._count(admission)
+        # The two-step path's trace (the gateway's and the client's default): the same
+        # admission span and decision attributes as Generate's, on Admit's own span.
+        spans.decided(admission, arrived, queued)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -194,6 +202,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- tokenizer passthrough (the gateway's /tokenize and /detokenize) -------------
 
     async def Tokenize(self, request: types_pb2.GenerateRequest, context):
+        # Nothing is charged, but tenant metadata this scheduler cannot honour is refused
+        # here as on every call that reads it (tenants.md: never silently ignored).
+        caller_tenant(self._ledger.tenants, context)
         request_rules.request_shape(request)
         model = self._model(request.model)
         answer = await self._on_a_worker(model, lambda stub: stub.Tokenize(
@@ -202,6 +213,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                       context_length=answer.context_length, model=model)
 
     async def Detokenize(self, request: types_pb2.DetokenizeRequest, context):
+        caller_tenant(self._ledger.tenants, context)  # as Tokenize
         model = self._model(request.model)
         return await self._on_a_worker(model, lambda stub: stub.Detokenize(request, timeout=10.0))
 

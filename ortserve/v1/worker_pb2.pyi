@@ -160,15 +160,17 @@ class TokenizeRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids", "context_length", "reasoning_format", "prompt_opens_reasoning", "tool_call_format")
+    __slots__ = ("token_ids", "context_length", "reasoning_format", "prompt_opens_reasoning", "tool_call_format", "template_kwargs_unread")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_OPENS_REASONING_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_KWARGS_UNREAD_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     context_length: int
     reasoning_format: str
     prompt_opens_reasoning: bool
     tool_call_format: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ...) -> None: ...
+    template_kwargs_unread: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ..., template_kwargs_unread: _Optional[_Iterable[str]] = ...) -> None: ...

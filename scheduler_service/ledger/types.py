@@ -316,6 +316,7 @@ class Admission:
     reasoning_format: str = ""
     prompt_opens_reasoning: bool = False
     tool_call_format: str = ""
+    template_kwargs_unread: tuple[str, ...] = ()  # chat_template_kwargs the template ignored
 
 
 @dataclass(frozen=True)
