@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: chaos gpu-bundle model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model lora-demo hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
+.PHONY: chaos gpu-bundle model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model lora-demo hf-model bench bench-quick bench-peers bench-load cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -191,6 +191,15 @@ bench-quick: setup tools-setup tiny-model model
 bench-peers: setup tools-setup model
 	$(call step,bench-peers,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.peers.llama_peer --build || echo "bench-peers: llama.cpp could not be built here (the line above says why); the comparison is skipped")
 	$(BIN)/python -m bench.peers.serving_peers
+
+## bench-load: the same seeded Poisson chat mix (bench/served/load.py) against ortserve, llama-server
+## (built once, as bench-peers) and onnxruntime-genai's Engine (a harness around it, not a server)
+## at 0.5-4x saturation: goodput, TTFT and ITL per system into results.json's `load`, and the
+## picture bench/results/load.png (LOAD_ARGS: more flags, e.g. --duration-s 15 --closed-users 1 8 16 32)
+LOAD_ARGS ?=
+bench-load: setup tools-setup model
+	$(call step,bench-load,building (or finding) llama-server and llama-quantize,about 10 min the first time; seconds when cached,$(BIN)/python -m bench.peers.llama_peer --build || echo "bench-load: llama.cpp could not be built here (the line above says why); llama-server is skipped")
+	$(BIN)/python -m bench.served.load_sweep $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) .tools .pytest_cache .ruff_cache .hypothesis

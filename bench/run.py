@@ -1,7 +1,7 @@
 """make bench: ortserve measured side by side with a peer, in the same run, as JSON.
 
   .venv/bin/python -m bench.run [--quick] [--out bench/results/results.json] [--skip-serving]
-      [--skip-structured] [--skip-dataplane] [--skip-prefix] [--skip-lora]
+      [--skip-structured] [--skip-dataplane] [--skip-prefix] [--skip-lora] [--skip-load]
 
 Every figure is a median over repeats with min and max; every comparison is
 the median of per-repeat ratios of two figures measured back to back in this
@@ -36,6 +36,8 @@ from bench.features.prefix_ttft import prefix_section
 from bench.peers.e2e_decode import e2e_vs_inprocess
 from bench.peers.engine_peers import ROOT, engine_vs_genai
 from bench.served.dataplane import dataplane_section, print_section
+from bench.served.load_report import print_table as print_load_table
+from bench.served.load_sweep import load_section
 from bench.served.serving import serving_run
 from devtools.cluster import model_cache
 from ortserve.process.logs import configure_logging
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="no prefix-cache TTFT run (python -m bench.features.prefix_ttft runs only that)")
     p.add_argument("--skip-lora", action="store_true",
                    help="no LoRA mix run (python -m bench.features.lora_mix runs only that)")
+    p.add_argument("--skip-load", action="store_true",
+                   help="no load sweep against the peers (python -m bench.served.load_sweep runs only that)")
     a = p.parse_args(argv)
     configure_logging("warning")  # the engine's log lines must not reach stdout
     t_start = time.perf_counter()
@@ -227,6 +231,11 @@ def main(argv: list[str] | None = None) -> None:
                 paired[f"lora_4adapters_vs_1_8stream_{layout}"] = {run["model"]: {
                     "median": run["ratio_median"], "min": min(values), "max": max(values),
                     "pairs": len(values), "quiet_pairs": len(values)}}
+    load_doc: dict = {"skipped": "--skip-load"}
+    if not a.skip_load:
+        progress("load: a Poisson chat mix at rates up to past saturation, ortserve beside "
+                 "llama-server and genai's Engine")
+        load_doc = load_section(a.quick, a.threads, a.out, models_root)
     progress("cuda: cuda_check's decode speed beside onnxruntime-genai (on a GPU only)")
     cuda_doc = cuda_section(models_root, a.quick)
     doc = {
@@ -256,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         "dataplane": dataplane_doc,
         "prefix_cache": prefix_doc,
         "lora": lora_doc,
+        "load": load_doc,
         "cuda": cuda_doc,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -292,6 +302,8 @@ def print_table(doc: dict) -> None:
               f"tpot p50/p99 {r['tpot_ms']['p50']:.1f}/{r['tpot_ms']['p99']:.1f} ms  "
               f"{r['completed']}/{r['requests']} ok")
     print_section(doc["dataplane"])
+    if "by_rate" in doc["load"]:
+        print_load_table(doc["load"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,5 +80,27 @@ def test_bench_quick_writes_results_json_with_the_schema(tmp_path):
         assert figures["inter_chunk_p50_ms"]["median"] <= figures["inter_chunk_p99_ms"]["median"]
         relayed = figures["scheduler_relayed_messages_per_token"]["median"]
         assert (relayed > 0) == path.endswith("relay"), path
+    # The load sweep: ortserve and genai's Engine harness under the same Poisson chat mix
+    # (llama-server has no GGUF of the tiny model), at half and twice ortserve's saturation.
+    load = doc["load"]
+    assert load["goal"]["ttft_ms"] == 2_000 and load["goal"]["itl_p99_ms"] == 200
+    assert load["saturation"]["rate_per_s"] > 0 and "closed-loop" in load["saturation"]["how"]
+    assert [r["fraction_of_saturation"] for r in load["by_rate"]] == [0.5, 2.0]
+    assert "llama_server" in load["skipped"] and "skipped" in load["goodput_vs_llama_server"]
+    systems = {"ortserve", "genai_engine"} - set(load["skipped"])
+    assert "ortserve" in systems and "not a server" in json.dumps(load["systems"])
+    for row in load["by_rate"]:
+        assert set(row["systems"]) == systems
+        for system in row["systems"].values():
+            assert sum(system["outcomes"].values()) == system["requests"] > 0
+            assert 0 <= system["goodput_per_s"] <= system["completed_per_s"]
+            assert system["throughput_tokens_per_s"] > 0
+            for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+                assert system[key]["p50"] <= system[key]["p99"], (key, system[key])
+    assert ("genai_engine" in load["skipped"]) == ("skipped" in load["goodput_vs_genai_engine"])
+    if "genai_engine" in systems:
+        assert set(load["goodput_vs_genai_engine"]) == {"2x"}
+    png = load["png"]
+    assert ("path" in png and Path(png["path"]).stat().st_size > 0) or "matplotlib" in png["skipped"]
     assert "engine_vs_genai_1stream" in run.stdout and "serving @" in run.stdout  # the table
     assert "bench:" not in run.stdout and "engine_ready" not in run.stdout  # notices stay on stderr
