@@ -28,7 +28,7 @@ from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.row_store import RowStore
-from worker_service.runtime.runner import StepOutput
+from worker_service.runtime.runner import StepOutput, takes_greedy_id
 from worker_service.runtime.session_kv import HeldKV
 
 
@@ -112,10 +112,15 @@ class BatchedModelRunner:
             past = [seq.num_computed_tokens for seq in rows]
             started = time.perf_counter()
             try:
-                logits = self.batch.decode(len(rows), past,
-                                           [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
-                                           active,
-                                           adapters=[seq.req.adapter for seq in rows])
+                decoded_rows = self.batch.decode_rows(
+                    len(rows), past, [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
+                    active, adapters=[seq.req.adapter for seq in rows])
+                chosen = decoded_rows.next_ids
+                # Logits reach the host only for a row that reads them (sampled, constrained,
+                # a draft, ...); on the CPU they are there already (a view, no copy).
+                logits = decoded_rows.logits() if chosen is None or self.store.device == "cpu" or any(
+                    active[b] and (seq.sequence_id in drafts or not takes_greedy_id(seq))
+                    for b, seq in enumerate(rows)) else None
             except Exception as exc:  # the run was shared: every row in it failed
                 for seq in rows:
                     out.step_of(seq).error = exc
@@ -130,7 +135,8 @@ class BatchedModelRunner:
                     if past[b] + 1 == len(seq.token_ids):
                         # A view: the decode buffer is rewritten only by the next step's run,
                         # after this step's postprocess has sampled from it.
-                        step.logits = logits[b]
+                        step.logits = logits[b] if logits is not None else None
+                        step.greedy_token = int(chosen[b]) if chosen is not None else None
                 for b, seq in enumerate(rows):
                     draft = drafts.get(seq.sequence_id)
                     if draft and out.step_of(seq).logits is not None:
@@ -170,6 +176,7 @@ class BatchedModelRunner:
                               is not None else logits.copy())
         step.draft = tuple(draft)
         step.logits = None
+        step.greedy_token = None  # the verification chooses (speculation.accept_verified)
         step.computed_tokens = 1 + len(draft)
 
     def verify_drift(self, past_tokens: int = 48, positions: int = 3) -> float:
@@ -197,8 +204,7 @@ class BatchedModelRunner:
             verified = self.batch.verify(row, past_tokens, ids[past_tokens:]).astype(np.float64)
             return float(max(np.abs(d - v).max() for d, v in zip(decoded, verified, strict=True)))
         finally:
-            arena.free(row)
-            self.batch.invalidate()
+            arena.free(row)  # addresses are fixed: no binding needs forgetting
 
     def keep_computed(self, seq: Sequence) -> None:
         """Rewind the row to the sequence's computed tokens (its rejected proposals go)."""
@@ -325,4 +331,6 @@ class BatchedModelRunner:
         last = self._by_row.pop()
         if moved:
             self._by_row[row] = last
-        self.batch.invalidate()
+        # No binding is forgotten: row addresses never change (the moved row now sits at an
+        # address a binding already covers), so a leaving sequence costs no rebinding and,
+        # on CUDA, no graph capture (BatchRunner.invalidate is for replaced memory only).
