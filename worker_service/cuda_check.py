@@ -12,6 +12,9 @@ user needs to know, and prints ONE JSON summary on stdout, check by check:
   a fresh run of the same conversation;
 - prefix_cache_hit_equals_miss: a prompt served from the prefix cache equals
   its first (missed) run;
+- captured_equals_uncaptured: decode in a padded bucket with fixed buffers (a CUDA
+  graph where the session has them) equals plain decode: bit for bit on the CPU,
+  within a tolerance on CUDA (runtime/graph_check.py);
 - ledger: the device memory the runtime allocated is the pool's capacity, and
   what the rows hold never exceeded what was charged, nor the charge capacity;
 - equal_to_cpu: sampled tokens (seeded) equal the CPU arena's for two prompts;
@@ -39,6 +42,7 @@ from worker_service.core.errors import EngineError
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta
 from worker_service.engine import Engine, EngineConfig
+from worker_service.runtime.graph_check import captured_equals_uncaptured
 
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
@@ -282,7 +286,8 @@ def run_checks(model_dir: Path, device_id: int, new_tokens: int, dry_run: bool =
         for name, check in (("batched_equals_solo", lambda: _batched_equals_solo(engine, ledger)),
                             ("session_swap_equals_fresh", lambda: _session_swap_equals_fresh(engine)),
                             ("prefix_cache_hit_equals_miss",
-                             lambda: _prefix_cache_hit_equals_miss(engine))):
+                             lambda: _prefix_cache_hit_equals_miss(engine)),
+                            ("captured_equals_uncaptured", lambda: captured_equals_uncaptured(engine))):
             try:
                 checks[name] = check()
             except Exception as exc:  # noqa: BLE001 - one check's failure is reported

@@ -69,9 +69,12 @@ class BatchRunner:
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int = 512, lora: AdapterSet | None = None,
-                 shapes: DecodeShapes | None = None) -> None:
+                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1) -> None:
         """`shapes`: how decode runs are shaped (decode_step.py); None: the store's own
-        (padded buckets and full-width masks on device rows, every size on the arena)."""
+        (padded buckets and full-width masks on device rows, every size on the arena).
+        `graph_ids_from`: the CUDA graph id of the first bucket (0 is ORT's default; a
+        second runner on the same session, cuda_check's, takes other ids)."""
+        self.graph_ids_from = graph_ids_from
         if store.spec is not spec and store.spec != spec:
             raise ValueError("the row store was made for another model spec")
         self.session = session
@@ -103,7 +106,10 @@ class BatchRunner:
         self._pad_id = spec.eos_token_ids[0] if spec.eos_token_ids else 0  # any valid id
         self.step_stats = StepStats()
         self._graph_run_options: dict[int, ort.RunOptions] = {}
-        self._skip_graph = run_options(-1)  # an uncaptured run on a graph-enabled session
+        # Every other run on a graph-enabled session says -1 (uncaptured): ORT would
+        # otherwise capture its default graph (id 0) on the third run of any shape.
+        self._skip_graph = run_options(-1)
+        self._uncaptured = self._skip_graph if self.graphs else None
         # One binding per row for prompt chunks: a row's address never changes (a
         # moved row lands in another row's place), so a row's KV is bound once.
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
@@ -219,7 +225,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [1, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         self.store.note_written(row, total)
         self.runs += 1
@@ -278,7 +284,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [rows, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
             self.store.note_written(start_row + b, lengths[b], touched_tokens=width)
@@ -394,8 +400,7 @@ class BatchRunner:
             binding.bind_cpu_input(spec.attention_mask_name, mask)
         buffers.upload()
         reason = self._uncaptured_reason(buffers)
-        options = (self._graph_options(bucket) if reason is None
-                   else self._skip_graph if self.graphs else None)
+        options = self._graph_options(bucket) if reason is None else self._uncaptured
         started_s = time.thread_time()
         clock.timed_run(self.session, binding, options)
         self.ort_cpu_s += time.thread_time() - started_s
@@ -424,7 +429,7 @@ class BatchRunner:
         if options is None:
             # Graph ids from 1 (0 is ORT's default annotation), one per bucket.
             options = self._graph_run_options[bucket] = run_options(
-                self.shapes.ladder.index(bucket) + 1)
+                self.graph_ids_from + self.shapes.ladder.index(bucket))
         return options
 
     def warm_graphs(self) -> list[int]:
@@ -481,7 +486,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [n, 1, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        clock.timed_run(self.session, binding, self._skip_graph if self.graphs else None)
+        clock.timed_run(self.session, binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         self.runs += 1
 

@@ -16,20 +16,25 @@ step is over.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import onnxruntime as ort
+import structlog
 
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
 from worker_service.runtime.batch_runner import BatchRunner, adapter_groups
+from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.row_store import RowStore
 from worker_service.runtime.runner import StepOutput, takes_greedy_id
 from worker_service.runtime.session_kv import HeldKV
+
+log = structlog.get_logger(__name__)
 
 
 class BatchedModelRunner:
@@ -72,6 +77,29 @@ class BatchedModelRunner:
     @property
     def ort_cpu_s(self) -> float:
         return self.batch.ort_cpu_s
+
+    @property
+    def step_stats(self) -> StepStats:
+        """Decode steps: captured or not (and why), host vs device seconds (metrics)."""
+        return self.batch.step_stats
+
+    def warm_graphs(self) -> list[int]:
+        """Capture a CUDA graph per decode bucket, on the calling (engine) thread, before
+        the first step; [] where nothing is captured (the CPU, graphs off). A capture ORT
+        refuses turns graphs off for this runner, and the log says why: the steps run
+        uncaptured (and the metrics count them so)."""
+        try:
+            buckets = self.batch.warm_graphs()
+        except Exception as exc:  # noqa: BLE001 - refused capture: run uncaptured
+            self.batch.shapes = dataclasses.replace(self.batch.shapes, capture=False)
+            log.warning("CUDA graph capture failed; decode steps run uncaptured",
+                        cause=f"{type(exc).__name__}: {exc}")
+            return []
+        if buckets:
+            log.info("CUDA graphs captured", buckets=buckets,
+                     fixed_buffer_bytes=self.batch.step_stats.graph_bytes,
+                     note="ORT's graph memory is inside its CUDA arena (not reported apart)")
+        return buckets
 
     def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
         return self.store.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])

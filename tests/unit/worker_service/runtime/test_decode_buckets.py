@@ -58,6 +58,8 @@ def _decode_three(spec, session, shapes: DecodeShapes | None, steps: int):
     `steps` greedy decode steps (the device's ids fed back); the logits and ids of each."""
     store = DeviceRows(spec, 8, "cpu")
     runner = BatchRunner(session, spec, store, max_chunk_tokens=16, shapes=shapes)
+    assert runner.warm_graphs() == ([] if shapes is None or not shapes.capture
+                                    else list(shapes.ladder))
     past, ids = [], []
     for prompt in PROMPTS:
         row = store.allocate(64)
@@ -94,3 +96,30 @@ def test_a_padded_bucket_gives_the_unpadded_batchs_tokens_bit_for_bit(tiny):
     stats: StepStats = padded[3]
     assert stats.padded_rows == 6 and exact[3].padded_rows == 0
     assert stats.uncaptured_by_reason == {"no capture on this device": 6}
+
+
+def test_the_capture_path_runs_on_the_cpu_and_gives_the_same_tokens(tiny):
+    """The CUDA plumbing (warm-up runs per bucket under its graph id, captured runs counted)
+    forced on CPU device rows, where the CPU provider ignores the graph option: the code a
+    GPU takes runs, and its tokens are the plain path's."""
+    spec, session = tiny
+    captured = _decode_three(spec, session, DecodeShapes((1, 2, 4, 8), True, True), steps=3)
+    exact = _decode_three(spec, session, DecodeShapes(tuple(range(1, 9)), False, False),
+                          steps=3)
+    assert captured[1] == exact[1]
+    assert all(np.array_equal(g, w) for g, w in zip(captured[0], exact[0], strict=True))
+    stats: StepStats = captured[3]
+    assert stats.captured_steps == 3 and stats.uncaptured_steps == 0
+
+
+def test_capture_refuses_a_store_with_rows_and_names_why(tiny):
+    spec, session = tiny
+    store = DeviceRows(spec, 4, "cpu")
+    try:
+        runner = BatchRunner(session, spec, store, max_chunk_tokens=16,
+                             shapes=DecodeShapes((1, 2, 4), True, True))
+        store.allocate(8)
+        with pytest.raises(RuntimeError, match="before any sequence has a row"):
+            runner.warm_graphs()
+    finally:
+        store.close()
