@@ -47,8 +47,7 @@ def _decode(engine, shapes: DecodeShapes, prompts: list[list[int]],
                 ids = forced[step]
             decoded = runner.decode_rows(len(prompts), past, ids)
             out_logits.append(decoded.logits().astype(np.float32).copy())
-            chosen = (decoded.next_ids.tolist() if decoded.next_ids is not None
-                      else np.argmax(out_logits[-1], axis=1).tolist())
+            chosen = decoded.next_ids.tolist()
             out_ids.append(ids)
             ids = chosen
             past = [p + 1 for p in past]

@@ -14,13 +14,17 @@ become [batch, positions, vocab]. The model folder is left as it is (onnxruntime
 folder); the edited graph is handed to ORT as bytes, its weights read from
 the folder (ORT's external-initializers folder option).
 
-The same edit appends the greedy choice to the graph: `next_ids` int64
+On CUDA the same edit appends the greedy choice to the graph: `next_ids` int64
 [batch, positions] = ArgMax over the vocabulary of the logits (the first
 maximum, numpy's argmax's choice), so a greedy row's token leaves the device as
 one int64 and its logits never have to (DESIGN.md, "On the GPU": numpy has no
 SIMD argmax for half floats, ~0.8 ms per 49,152-entry row). fp16 logits are
 cast to float32 first (exact), so the choice is the host's float32 one. The
-logits stay an output: sampled and constrained rows read them.
+logits stay an output: sampled and constrained rows read them. Not on the CPU:
+ORT's CPU ArgMax scans a 49,152-entry float32 row in ~0.5 ms where numpy's
+SIMD argmax takes ~4 us (measured here, one thread); the logits are host
+memory there anyway, so the runner takes numpy's float32 argmax instead
+(batch_runner.py, the same ids).
 
 Pure graph code on the `onnx` protobufs: no session, no I/O but the read.
 """
@@ -43,10 +47,12 @@ _PASS_THROUGH = {"Cast", "Identity"}
 _LM_HEADS = {"MatMul", "MatMulNBits", "Gemm"}
 
 
-def edited_graph(model_file: Path, logits_name: str) -> tuple[bytes | None, Path | None, str]:
-    """The model's graph with logits at the gathered positions, serialized, the folder ORT
-    reads its weights from, and a note; (None, None, why) when the graph is not one this
-    edit knows or its weights are not in one place (the engine runs it unedited)."""
+def edited_graph(model_file: Path, logits_name: str, next_ids: bool = False
+                 ) -> tuple[bytes | None, Path | None, str]:
+    """The model's graph with logits at the gathered positions (and, with `next_ids`, the
+    greedy choice as an output), serialized, the folder ORT reads its weights from, and a
+    note; (None, None, why) when the graph is not one this edit knows or its weights are
+    not in one place (the engine runs it unedited)."""
     model = onnx.load(str(model_file), load_external_data=False)
     folder, why = _weights_folder(model, model_file.parent)
     if folder is None:
@@ -54,6 +60,8 @@ def edited_graph(model_file: Path, logits_name: str) -> tuple[bytes | None, Path
     why = gather_logits_rows(model, logits_name)
     if why:
         return None, None, why
+    if not next_ids:
+        return model.SerializeToString(), folder, f"LM head at {LOGITS_POSITIONS} only"
     append_next_ids(model, logits_name)
     return model.SerializeToString(), folder, f"LM head at {LOGITS_POSITIONS} only, {NEXT_IDS}"
 

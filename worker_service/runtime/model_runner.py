@@ -146,7 +146,7 @@ class BatchedModelRunner:
                 chosen = decoded_rows.next_ids
                 # Logits reach the host only for a row that reads them (sampled, constrained,
                 # a draft, ...); on the CPU they are there already (a view, no copy).
-                logits = decoded_rows.logits() if chosen is None or self.store.device == "cpu" or any(
+                logits = decoded_rows.logits() if self.store.device == "cpu" or any(
                     active[b] and (seq.sequence_id in drafts or not takes_greedy_id(seq))
                     for b, seq in enumerate(rows)) else None
             except Exception as exc:  # the run was shared: every row in it failed
@@ -164,7 +164,7 @@ class BatchedModelRunner:
                         # A view: the decode buffer is rewritten only by the next step's run,
                         # after this step's postprocess has sampled from it.
                         step.logits = logits[b] if logits is not None else None
-                        step.greedy_token = int(chosen[b]) if chosen is not None else None
+                        step.greedy_token = int(chosen[b])
                 for b, seq in enumerate(rows):
                     draft = drafts.get(seq.sequence_id)
                     if draft and out.step_of(seq).logits is not None:

@@ -23,10 +23,12 @@ from worker_service.runtime.model import load_model_spec
 PROMPTS = ([5, 17, 300, 42, 9], [7, 8], [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 11])
 
 
-@pytest.fixture(scope="module")
-def tiny():
+@pytest.fixture(scope="module", params=["next_ids in the graph", "host argmax"])
+def tiny(request):
+    """The graph with its greedy choice (CUDA's edit, run here on the CPU) and without (the
+    CPU's: the runner argmaxes the host logits)."""
     spec = load_model_spec(prepared_model_dir("tiny-llama"))
-    return spec, gathered_session(spec)
+    return spec, gathered_session(spec, next_ids=request.param == "next_ids in the graph")
 
 
 def test_the_ladder_pads_to_powers_of_two_and_the_arena_never_pads():
