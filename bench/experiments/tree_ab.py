@@ -9,7 +9,9 @@ decode window), answering one request line at a time; per round and stream
 count each tree decodes once, the order rotating, so a shared machine's load
 hits both alike. Printed (stdout, one JSON line per stream count): each tree's
 median decode tokens/s and range, and the median and range of the per-round
-ratios of each tree to the first. Progress on stderr.
+ratios of each tree to the first; and the same for tokens per CPU second of the
+tree's process (all its threads), which a crowded machine disturbs less than
+wall time. Progress on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from bench.common.measure import process_cpu_s
 
 _SERVE = """
 import json, sys
@@ -48,10 +52,14 @@ class Tree:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"tree {name} ({root}) did not start its engine")
 
-    def decode(self, streams: int, tokens: int) -> float:
+    def decode(self, streams: int, tokens: int) -> tuple[float, float]:
+        """(decode tokens/s in the bench's window, generated tokens per CPU second)."""
+        cpu_s = process_cpu_s(self.proc.pid)
         self.proc.stdin.write(f"{streams} {tokens}\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["decode"]
+        rate = json.loads(self.proc.stdout.readline())["decode"]
+        cpu_s = process_cpu_s(self.proc.pid) - cpu_s
+        return rate, streams * tokens / cpu_s if cpu_s else float("nan")
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -73,6 +81,7 @@ def main() -> None:
     trees = [Tree(n, Path(path), model_dir, a.threads)
              for n, path in (t.split("=", 1) for t in a.tree)]
     rate = {(t.name, s): [] for t in trees for s in a.streams}
+    per_cpu = {(t.name, s): [] for t in trees for s in a.streams}
     try:
         for t in trees:  # warm-up
             t.decode(max(a.streams), 4)
@@ -80,7 +89,9 @@ def main() -> None:
             for s in a.streams:
                 order = trees[r % len(trees):] + trees[:r % len(trees)]
                 for t in order:
-                    rate[(t.name, s)].append(t.decode(s, a.tokens))
+                    x, c = t.decode(s, a.tokens)
+                    rate[(t.name, s)].append(x)
+                    per_cpu[(t.name, s)].append(c)
             print(f"round {r + 1}/{a.rounds} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
                 f"{t.name}@{s} {rate[(t.name, s)][-1]:.1f}" for s in a.streams for t in trees),
                 file=sys.stderr, flush=True)
@@ -91,12 +102,17 @@ def main() -> None:
     for s in a.streams:
         row: dict = {"model": a.model, "streams": s, "tokens": a.tokens, "rounds": a.rounds}
         for t in trees:
-            v = rate[(t.name, s)]
+            v, c = rate[(t.name, s)], per_cpu[(t.name, s)]
             ratios = [x / y for x, y in zip(v, rate[(base, s)], strict=True)]
+            cpu_ratios = [x / y for x, y in zip(c, per_cpu[(base, s)], strict=True)]
             row[t.name] = {"tokens_per_s": round(statistics.median(v), 1),
                            "range": [round(min(v), 1), round(max(v), 1)],
                            f"ratio_to_{base}": round(statistics.median(ratios), 3),
-                           "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)]}
+                           "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                           "tokens_per_cpu_s": round(statistics.median(c), 1),
+                           "cpu_ratio": round(statistics.median(cpu_ratios), 3),
+                           "cpu_ratio_range": [round(min(cpu_ratios), 3),
+                                               round(max(cpu_ratios), 3)]}
         print(json.dumps(row))
 
 

@@ -442,8 +442,8 @@ class BatchRunner:
         """Capture every bucket's graph now (ORT captures on a graph id's third run, on the
         calling thread: the engine thread calls this before its first step). Runs over
         free rows only, so it needs an empty store; returns the buckets captured."""
-        if not self.shapes.capture:
-            return []
+        if not self.shapes.capture or self.lora is not None:
+            return []  # nothing replays: graphs off, the CPU, or LoRA inputs (uncaptured)
         if self.store.rows:
             raise RuntimeError("graphs are captured before any sequence has a row")
         for bucket in self.shapes.ladder:
