@@ -18,6 +18,12 @@ and logits' small host arrays cross to a device. A graph with a `logits_position
 its logits are [rows, 1, vocab] in every entry point. Host arrays for ids,
 mask and logits are preallocated once; returned logits are views into them,
 valid until the next call.
+
+Decode runs in batch-size buckets with fixed buffers bound once per bucket
+(decode_step.py): padded rows on device rows, every size on the host arena;
+`decode_rows` hands back each row's greedy id (the graph's `next_ids` on a
+device, numpy's float32 argmax of the host logits on the CPU) and the logits
+only when asked for.
 """
 
 from __future__ import annotations
