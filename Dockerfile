@@ -13,8 +13,11 @@
 # ORTSERVE_REVISION (the commit) for the labels.
 
 ARG BASE=python:3.11-slim-bookworm
-# onnxruntime-gpu 1.31 wheels on PyPI are built for CUDA 12.x with cuDNN 9.
-ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# onnxruntime-gpu 1.31.1 is a CUDA 13 build: its CUDA provider links against
+# libcublasLt.so.13, libcublas.so.13, libcudart.so.13 and libcurand.so.10, which the
+# `runtime` flavour ships; it needs no cuDNN. tests/unit/repo/test_cuda_image.py compares
+# this tag with the installed provider's NEEDED entries (python -m devtools.cuda_image).
+ARG CUDA_BASE=nvidia/cuda:13.0.2-runtime-ubuntu24.04
 ARG ORTSERVE_VERSION=0.1.0
 ARG ORTSERVE_REVISION=unknown
 

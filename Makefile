@@ -47,7 +47,7 @@ echo "$(1):   done in $$(( $$(date +%s) - t0 )) s" >&2
 endef
 
 
-.PHONY: chaos model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model lora-demo hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
+.PHONY: chaos gpu-bundle model-cuda setup tools-setup protos protos-check api-docs api-docs-check buf-setup proto-lint lint test test-fast run model tiny-model lora-demo hf-model bench bench-quick bench-peers cluster compose-test clean FORCE
 FORCE:
 
 ## setup: the serving virtualenv with the runtime and dev tools (idempotent)
@@ -130,6 +130,12 @@ lora-demo: tools-setup tiny-model
 ## model-cuda: the default model for --device cuda (fp16, the builder's -e cuda; no GPU needed)
 model-cuda: tools-setup
 	@$(TOOLS_VENV)/bin/python -m model_tools.prepare --only fp16-cuda >/dev/null
+
+## gpu-bundle: what a GPU machine without network needs for the GPU proof, in two ignored folders
+## of one device call each (.gpu-a, .gpu-b; pip downloads ~290 MB the first time, kept in
+## $(ORTSERVE_MODEL_CACHE)/gpu-wheels); then docs/operations/gpu-proof.md's two calls
+gpu-bundle: setup model
+	@$(BIN)/python -m devtools.gpu.bundle
 
 ## hf-model: any llama-family Hugging Face folder, as $(ORTSERVE_MODEL_CACHE)/models/MODEL_NAME
 ##   make hf-model HF_DIR=path/to/hf-folder [MODEL_NAME=name] [PRECISION=fp32|int4]

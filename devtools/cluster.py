@@ -26,7 +26,8 @@ from ortserve_client.flags import int_range
 from ortserve.process.banner import parse as parse_banner
 from ortserve.rpc.probe import check
 
-__all__ = ["DEFAULT_MODEL", "ClusterError", "LocalCluster", "Service", "default_model_dir",
+__all__ = ["DEFAULT_MODEL", "ClusterError", "LocalCluster", "Service", "console_command",
+           "default_model_dir",
            "model_cache", "start_service", "stop_service", "usable_cores", "wait_serving"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct-fp32"
@@ -66,6 +67,20 @@ class Service:
 def _bin(name: str) -> str:
     """A console script of this venv (beside the running interpreter)."""
     return str(Path(sys.executable).with_name(name))
+
+
+# Each console script's module: where ortserve is not installed (the GPU machine runs this
+# working tree from PYTHONPATH: devtools/gpu/), `python -m MODULE` starts the same program.
+_MODULES = {"ortserve-scheduler": "scheduler_service", "ortserve-worker": "worker_service",
+            "ortserve-gateway": "gateway", "ortserve": "ortserve_client.cli"}
+
+
+def console_command(name: str) -> list[str]:
+    """The argv that starts a console script: the venv's script, else `python -m` its module."""
+    script = Path(sys.executable).with_name(name)
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", _MODULES[name]]
 
 
 def start_service(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
@@ -172,7 +187,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         try:
             scheduler = start_service("scheduler", [
-                _bin("ortserve-scheduler"), "--host", self.host, "--port", str(self.scheduler_port),
+                *console_command("ortserve-scheduler"), "--host", self.host, "--port", str(self.scheduler_port),
                 "--internal-port", "0", *self._tls_args("scheduler"), *self.scheduler_args],
                 self.log_dir)
             self.services.append(scheduler)
@@ -190,7 +205,7 @@ class LocalCluster:
     def start_worker(self, index: int, extra_args: list[str] = ()) -> Service:
         threads = self.threads or max(1, usable_cores() // max(self.workers, 1))
         model_dir = (self.model_dirs[index] if index < len(self.model_dirs) else None) or self.model_dir
-        argv = [_bin("ortserve-worker"), "--model-dir", str(model_dir),
+        argv = [*console_command("ortserve-worker"), "--model-dir", str(model_dir),
                 "--scheduler", self.internal_address, "--host", self.host, "--port", "0",
                 *self._tls_args("worker"),
                 "--worker-id", f"worker-{index}", "--device", self.device, "--threads", str(threads)]

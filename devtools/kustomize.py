@@ -70,15 +70,14 @@ def merge(base: Any, patch: Any, field: str = "") -> Any:
     key = MERGE_KEYS.get(field)
     if (key and isinstance(patch, list) and isinstance(base, list)
             and all(isinstance(item, dict) and key in item for item in [*base, *patch])):
-        out = copy.deepcopy(base)
-        index = {item[key]: i for i, item in enumerate(out)}
-        for item in patch:
-            if item[key] in index:
-                out[index[item[key]]] = merge(out[index[item[key]]], item, "")
-            else:
-                index[item[key]] = len(out)
-                out.append(copy.deepcopy(item))
-        return out
+        # kustomize's order (kyaml): the patch's items first, in the patch's order (each
+        # merged into its base item), then the base's items the patch does not name.
+        # kubectl kustomize 1.3x puts a container or env entry a patch adds before the base's.
+        by_key = {item[key]: item for item in base}
+        out = [merge(by_key[item[key]], item, "") if item[key] in by_key else copy.deepcopy(item)
+               for item in patch]
+        named = {item[key] for item in patch}
+        return out + [copy.deepcopy(item) for item in base if item[key] not in named]
     return copy.deepcopy(patch)
 
 

@@ -107,6 +107,20 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                    help="gateway processes accepting on the one port (1-64): the gateway keeps "
                         "no state between requests, so N processes serve ~N cores' worth of "
                         "streams; each has its own channels and metrics")
+    p.add_argument("--model-server-worker-id",
+                   default=_env(p, "model_server_worker_id", d.model_server_worker_id),
+                   help="this gateway stands in front of that worker (its pod, behind an "
+                        "inference gateway's endpoint picker): /metrics adds the worker's "
+                        "ortserve_model_server_* gauges, read from GetBudget at each scrape "
+                        "(docs/operations/inference-gateway.md); unset: none "
+                        f"(env {_ENV}MODEL_SERVER_WORKER_ID)")
+    p.add_argument("--per-request-metrics", action=argparse.BooleanOptionalAction,
+                   default=_env(p, "per_request_metrics", d.per_request_metrics, kind=boolean),
+                   help="every chat and completion answer carries `metrics` (vLLM's "
+                        "--enable-per-request-metrics fields: time_to_first_token_ms, "
+                        "generation_time_ms, queue_time_ms, mean_itl_ms, tokens_per_second); "
+                        "off: only for a request with the header X-Ortserve-Request-Metrics: "
+                        f"true (env {_ENV}PER_REQUEST_METRICS)")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -146,7 +160,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
                          responses_max=a.responses_max, responses_ttl_s=a.responses_ttl_s,
                          log_level=a.log_level, log_json=a.log_json, tenant_header=a.tenant_header,
                          otlp_traces_endpoint=a.otlp_traces_endpoint,
-                         reasoning_parser=a.reasoning_parser)
+                         reasoning_parser=a.reasoning_parser,
+                         model_server_worker_id=a.model_server_worker_id,
+                         per_request_metrics=a.per_request_metrics)
 
 
 def https_options(config: GatewayConfig) -> dict:

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import choices
 from gateway.apis import anthropic_route, responses_route
 from gateway.apis.response_store import ResponseStore
+from gateway.caller import passed_through
 from gateway.choice_stream import PROMPT_PARAM, collect_unless_disconnected, sse
 from gateway.config import GatewayConfig
 from gateway.direct import Workers, open_direct
@@ -27,11 +28,17 @@ from gateway.reply import errors, responses
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.request import tokenize
 from gateway.request.translate import Kind, ParamError, ParsedRequest, parse_request
+from gateway.request_metrics import (
+    NOT_REPORTED,
+    REQUEST_HEADER,
+    GenAiHistograms,
+    Reporting,
+    asked,
+)
 from gateway.upstream import StreamBroken, Upstream
 from ortserve.process import tracing
 from ortserve.process.metrics import new_registry
 from ortserve.rpc.tls import channel_credentials
-from ortserve.rules.request_rules import TENANT_METADATA
 
 log = structlog.get_logger("ortserve.gateway")
 
@@ -63,6 +70,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="ortserve gateway", lifespan=lifespan)
     app.state.tenant_header = config.tenant_header
     metrics = HttpMetrics(new_registry())
+    # The GenAI semantic-convention histograms beside the gateway's own, one registry.
+    reporting = Reporting(config.per_request_metrics, GenAiHistograms(metrics.registry))
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     tracing.instrument_fastapi(app)  # a no-op unless __main__ turned tracing on
 
@@ -80,12 +89,13 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _generate("chat", request, upstream, workers, config.stream_interval_ms,
-                               config.reasoning_parser)
+                               config.reasoning_parser, reporting, config.model_server_worker_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _generate("completion", request, upstream, workers,
-                               config.stream_interval_ms)
+                               config.stream_interval_ms, reporting=reporting,
+                               prefer_worker=config.model_server_worker_id)
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
@@ -104,38 +114,38 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def create_message(request: Request):
         # Anthropic's SDKs send their key as x-api-key; errors answer in Anthropic's shape.
         return await anthropic_route.create(
-            request, Target(upstream, workers, anthropic_route.passed_through(request),
+            request, Target(upstream, workers, passed_through(request, "x-api-key"),
                    config.stream_interval_ms),
             config.reasoning_parser)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request):
         return await anthropic_route.count_tokens(
-            request, Target(upstream, workers, anthropic_route.passed_through(request),
+            request, Target(upstream, workers, passed_through(request, "x-api-key"),
                    config.stream_interval_ms))
 
     def _target(request: Request) -> Target:
-        return Target(upstream, workers, tuple(_passed_through(request)), config.stream_interval_ms)
+        return Target(upstream, workers, passed_through(request), config.stream_interval_ms)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request):
         # vLLM's shape; counted by a worker of the model, as Generate would count it.
         parsed = _parsed(tokenize.tokenize_request, await _json_body(request))
-        await _call(upstream.resolve_adapter(parsed, _passed_through(request)))
-        answer = await _call(upstream.tokenize(parsed, _passed_through(request)),
+        await _call(upstream.resolve_adapter(parsed, passed_through(request)))
+        answer = await _call(upstream.tokenize(parsed, passed_through(request)),
                              "messages" if parsed.WhichOneof("prompt") == "chat" else "prompt")
         return tokenize.tokenize_response(answer)
 
     @app.post("/detokenize")
     async def detokenize_route(request: Request):
         parsed = _parsed(tokenize.detokenize_request, await _json_body(request))
-        answer = await _call(upstream.detokenize(parsed, _passed_through(request)), "tokens")
+        answer = await _call(upstream.detokenize(parsed, passed_through(request)), "tokens")
         return tokenize.detokenize_response(answer)
 
     @app.get("/v1/models")
     async def models(request: Request):
         # Every model the scheduler's workers serve: the names a request's `model` takes.
-        served = await _call(upstream.models(_passed_through(request)))
+        served = await _call(upstream.models(passed_through(request)))
         # Each LoRA adapter too, its base as `parent` (as vLLM lists --lora-modules).
         return {"object": "list", "data": [
             *({"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
@@ -162,8 +172,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.get("/metrics")
     async def prometheus_metrics():
         # The gateway's own numbers (gateway/metrics.py); the scheduler's and the
-        # workers' are on their --metrics-port.
-        return metrics.response()
+        # workers' are on their --metrics-port. In front of one worker, its model-server
+        # gauges too, read now: a picker must never route on a stale figure, so when the
+        # scheduler does not answer they are left out (the picker then sees none).
+        if not config.model_server_worker_id:
+            return metrics.response()
+        try:
+            budget = await upstream.budget()
+        except grpc.RpcError as error:
+            log.warning("model-server gauges left out: GetBudget failed",
+                        code=error.code().name, details=error.details())
+            budget = None
+        return metrics.response(budget, config.model_server_worker_id)
 
     return app
 
@@ -204,13 +224,16 @@ def _parsed(parse, body: object):
 
 
 async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: Workers | None,
-                    stream_interval_ms: int = 0, reasoning_parser: str = "auto"):
+                    stream_interval_ms: int = 0, reasoning_parser: str = "auto",
+                    reporting: Reporting = NOT_REPORTED, prefer_worker: str = ""):
     parsed = replace(_parse(kind, await _json_body(request)), reasoning_mode=reasoning_parser)
+    clock = reporting.clock(kind, parsed.model)  # the histograms count from the arrival
+    body_metrics = asked(reporting.per_request_metrics, request.headers.get(REQUEST_HEADER))
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
     meta = responses.ResponseMeta.new(kind, parsed.model)
-    metadata = _passed_through(request)
+    metadata = passed_through(request)
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
@@ -222,6 +245,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     for r in requests:  # the request's own, else the gateway's --stream-interval-ms
         r.stream_interval_ms = (parsed.stream_interval_ms if parsed.stream_interval_ms is not None
                                 else stream_interval_ms)
+        # In front of one worker (--model-server-worker-id): the placement hint that makes
+        # an endpoint picker's choice of this pod the worker that serves, when it fits.
+        r.preferred_worker_id = prefer_worker
     try:
         if workers is not None:  # the two-step path: the scheduler admits, the worker streams
             def opener(r):
@@ -244,9 +270,9 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
              model=meta.model, decision=headers[responses.DECISION_HEADER],
              stream=parsed.stream, choices=len(streams))
     if parsed.stream:
-        return EventSourceResponse(sse(meta, parsed, streams), headers=headers, sep="\n",
-                                   ping=15)
-    body = await collect_unless_disconnected(request, meta, parsed, streams)
+        return EventSourceResponse(sse(meta, parsed, streams, clock, body_metrics),
+                                   headers=headers, sep="\n", ping=15)
+    body = await collect_unless_disconnected(request, meta, parsed, streams, clock, body_metrics)
     return JSONResponse(body, headers=headers)
 
 
@@ -263,17 +289,3 @@ def _parse(kind: Kind, body: object) -> ParsedRequest:
         return parse_request(kind, body)
     except ParamError as error:
         raise from_param_error(error) from None
-
-
-def _passed_through(request: Request) -> list[tuple[str, str]]:
-    # API keys travel to the scheduler as gRPC metadata; the gateway holds no
-    # keys of its own, so the scheduler stays the one place that checks them.
-    auth = request.headers.get("authorization")
-    passed = [("authorization", auth)] if auth else []
-    # --tenant-header: the proxy in front of the gateway says whose request this is; the
-    # scheduler honours it only when its tenants file trusts this metadata (docs/features/tenants.md).
-    header = getattr(request.app.state, "tenant_header", "")
-    tenant = request.headers.get(header) if header else None
-    if tenant:
-        passed.append((TENANT_METADATA, tenant))
-    return passed

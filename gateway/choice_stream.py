@@ -20,6 +20,7 @@ from gateway.reply.logprobs_json import ChoiceLogprobs
 from gateway.reply.reasoning_split import ChoiceReasoning
 from gateway.request import tools
 from gateway.request.translate import ParsedRequest
+from gateway.request_metrics import RequestClock, body_metrics
 from gateway.upstream import OpenStream, StreamBroken
 from ortserve.v1 import types_pb2
 
@@ -35,7 +36,8 @@ def _logprobs(meta: responses.ResponseMeta, parsed: ParsedRequest, n: int
 
 
 async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
-                   streams: list[OpenStream | DirectStream]) -> dict:
+                   streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
+                   with_metrics: bool = False) -> dict:
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -45,6 +47,8 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
+                if clock is not None and event.chunk.token_ids:
+                    clock.token(index)
                 text = event.chunk.text
                 if splits[index] is not None:
                     text = splits[index].feed(text, len(event.chunk.token_ids))[1]
@@ -53,6 +57,8 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
                     logprobs[index].add(event.chunk.logprobs)
             elif kind == "finished":
                 finished[index] = event.finished
+                if clock is not None:
+                    clock.finished(index, meta.model, event.finished)
     except grpc.RpcError as error:
         raise from_grpc(error, PROMPT_PARAM[meta.kind], meta.kind) from None
     except StreamBroken as error:
@@ -64,7 +70,7 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
         if split is not None:
             texts[i].append(split.close()[1])
     whole = ["".join(t) + _stop_text(parsed, f) for t, f in zip(texts, finished, strict=True)]
-    return responses.choices_response(meta, [
+    body = responses.choices_response(meta, [
         responses.Choice(whole[i], s.admission, finished[i],
                          logprobs[i].whole() if logprobs[i] is not None else None,
                          tools.ToolCallChoice(s.admission.tool_call_format).message(whole[i])
@@ -72,6 +78,9 @@ async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
                          splits[i].reasoning if splits[i] is not None else None,
                          splits[i].tokens if splits[i] is not None else None)
         for i, s in enumerate(streams)], parsed.resolved)
+    if with_metrics:  # vLLM's per-request metrics: choice 0's, as `usage` counts its prompt
+        body["metrics"] = body_metrics(streams[0].admission, finished[0])
+    return body
 
 
 def _reasoning_tokens(splits: list[ChoiceReasoning | None]) -> int | None:
@@ -89,10 +98,12 @@ def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
 
 
 async def collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
-                                      parsed: ParsedRequest, streams: list[OpenStream | DirectStream]) -> dict:
+                                      parsed: ParsedRequest, streams: list[OpenStream | DirectStream],
+                                      clock: RequestClock | None = None,
+                                      with_metrics: bool = False) -> dict:
     # NOTE: a non-streaming handler is not cancelled when its client goes away;
     # without this watch, an abandoned request would hold its lease to the end.
-    collecting = asyncio.ensure_future(_collect(meta, parsed, streams))
+    collecting = asyncio.ensure_future(_collect(meta, parsed, streams, clock, with_metrics))
     try:
         while True:
             done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
@@ -109,7 +120,8 @@ async def collect_unless_disconnected(request: Request, meta: responses.Response
 
 
 async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
-              streams: list[OpenStream | DirectStream]) -> AsyncIterator[dict]:
+              streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
+              with_metrics: bool = False) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -139,6 +151,8 @@ async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
+                if clock is not None and not generated[index] and event.chunk.token_ids:
+                    clock.token(index)  # the first tokens only: nothing more per chunk
                 generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)
@@ -166,6 +180,8 @@ async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                                   index)
             elif kind == "finished":
                 finished[index] = event.finished
+                if clock is not None:
+                    clock.finished(index, meta.model, event.finished)
                 generated[index] = event.finished.usage.generated_tokens
                 stop_text = _stop_text(parsed, event.finished)
                 if splits[index] is not None:
@@ -182,13 +198,17 @@ async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
                     called = calls[index].called
                 elif stop_text:
                     yield out(responses.text_chunk(meta, stop_text, usage, index), index)
-                yield out(responses.final_chunk(meta, event.finished, usage, index,
-                                                lp.take() if lp is not None else None,
-                                                called), index)
+                last = responses.final_chunk(meta, event.finished, usage, index,
+                                             lp.take() if lp is not None else None, called)
+                if with_metrics:  # vLLM's per-request metrics, on each choice's last chunk
+                    last["metrics"] = body_metrics(streams[index].admission, event.finished)
+                yield out(last, index)
         if usage:
             yield _data(responses.usage_chunk(meta, finished, _reasoning_tokens(splits)))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
+        if clock is not None:  # gen_ai.server.request.duration with its error.type
+            clock.failed(meta.model, error.code().name.lower())
         # The headers are gone already: a mid-stream failure is an error event,
         # which the openai clients raise as APIError.
         yield _data(from_grpc(error, PROMPT_PARAM[meta.kind], meta.kind).body())

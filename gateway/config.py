@@ -55,6 +55,14 @@ class GatewayConfig:
     # Processes accepting on the one port (--processes): the gateway keeps no state
     # between requests, so copies share only the listening socket.
     processes: int = 1
+    # A gateway in front of one worker (a pod of an inference gateway's InferencePool:
+    # deploy/k8s/overlays/inference-gateway): /metrics adds that worker's model-server gauges,
+    # read from GetBudget at each scrape (ortserve_model_server_*); "": none.
+    model_server_worker_id: str = ""
+    # vLLM's per-request metrics: every chat and completion body (and each choice's last
+    # streamed chunk) carries `metrics`; False: only for requests that send
+    # X-Ortserve-Request-Metrics: true (gateway/request_metrics.py).
+    per_request_metrics: bool = False
     log_level: str = "info"
     log_json: bool | None = None  # None: JSON when stderr is not a terminal
     otlp_traces_endpoint: str = ""  # OTLP/gRPC collector for traces; "": the OTEL_* variables

@@ -23,7 +23,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ortserve.process import model_server_gauges
 from ortserve.process.metrics import REQUEST_SECONDS_BUCKETS
+from ortserve.v1 import scheduler_pb2
 
 UNMATCHED = "unmatched"
 
@@ -44,9 +46,25 @@ class HttpMetrics:
             "ortserve_gateway_requests_in_flight", "HTTP requests being answered now (open "
             "streams included)", ["route"], registry=registry)
 
-    def response(self) -> Response:
-        """The /metrics answer: this registry in the text exposition format."""
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+    def response(self, budget: scheduler_pb2.Budget | None = None,
+                 worker_id: str = "") -> Response:
+        """The /metrics answer: this registry in the text exposition format, then, with a
+        `budget` (GetBudget, read for this scrape), `worker_id`'s model-server gauges."""
+        body = generate_latest(self.registry)
+        if budget is not None:
+            body += generate_latest(_Families(model_server_gauges.families(
+                budget, worker_id, now_s=time.time())))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+class _Families:
+    """A collection of families rendered once (generate_latest takes anything with collect)."""
+
+    def __init__(self, families: list) -> None:
+        self._families = families
+
+    def collect(self):
+        return self._families
 
 
 class MetricsMiddleware:

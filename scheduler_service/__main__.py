@@ -20,6 +20,7 @@ from ortserve.rpc.auth import load_keys
 from ortserve.rpc.tls import TlsFiles
 from ortserve.rpc.tls import add_arguments as add_tls_arguments
 from scheduler_service import default_tokens, tenant_of
+from scheduler_service.adapter_catalog import AdapterCatalog
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.ledger import tenants
 from scheduler_service.server import build_server
@@ -89,6 +90,12 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="tenants, their KV quotas and weights (TOML, docs/features/tenants.md); read at "
                         "start and again on SIGHUP (a refused reload keeps the tenants in "
                         "force); none: no tenants (env ORTSERVE_SCHEDULER_TENANTS_FILE)")
+    p.add_argument("--adapter-catalog", default=_env(p, "adapter_catalog", ""),
+                   help="LoRA adapters loaded on demand: a TOML file ([adapters.NAME] path, "
+                        "model) or a folder of NAME.onnx_adapter files, paths as the workers "
+                        "see them; a request naming one that no worker serves loads it on the "
+                        "worker with the most free bytes first (docs/features/lora.md); none: "
+                        "only adapters loaded already (env ORTSERVE_SCHEDULER_ADAPTER_CATALOG)")
     p.add_argument("--default-max-new-tokens", action="append", metavar="[MODEL=]N",
                    help="the ceiling of a request that sets no max_new_tokens (within the "
                         "remaining context window): N for every model, MODEL=N for one "
@@ -131,6 +138,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
         tls.check("ortserve-scheduler", need_ca=True)
         keys = load_keys(a.api_keys_file, os.environ.get(_ENV + "API_KEYS"))
         table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
+        catalog = AdapterCatalog.load(a.adapter_catalog)
     except (OSError, ValueError) as error:
         p.error(str(error))
     return SchedulerConfig(host=a.host, port=a.port, internal_port=a.internal_port,
@@ -142,7 +150,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            session_ttl_s=a.session_ttl_s, default_max_new_tokens=defaults, relay_calls=a.relay_calls,
                            worker_keepalive_s=a.worker_keepalive_s,
                            queue_aging_s=a.queue_aging_s, tenants_file=a.tenants_file,
-                           tenants=table,
+                           tenants=table, adapter_catalog=catalog,
                            otlp_traces_endpoint=a.otlp_traces_endpoint)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ortserve.rpc import keepalive
 from ortserve.rpc.auth import ApiKeys
 from ortserve.rpc.tls import TlsFiles
+from scheduler_service.adapter_catalog import AdapterCatalog
 from scheduler_service.default_tokens import DefaultMaxNewTokens
 from scheduler_service.ledger.tenants import TenantTable
 
@@ -36,6 +37,9 @@ class SchedulerConfig:
     # The tenants file (docs/features/tenants.md), read at start and on SIGHUP; "": no tenants.
     tenants_file: str = ""
     tenants: TenantTable = field(default_factory=TenantTable)  # as read at start
+    # LoRA adapters a request may name before any worker has loaded them
+    # (adapter_catalog.py; --adapter-catalog, read at start); empty: none.
+    adapter_catalog: AdapterCatalog = field(default_factory=lambda: AdapterCatalog({}))
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     # The ceiling of a request that sets no max_new_tokens, per model (default_tokens.py).
     default_max_new_tokens: DefaultMaxNewTokens = field(default_factory=DefaultMaxNewTokens)

@@ -20,7 +20,13 @@ from scheduler_service.ledger.ledger import (
     WorkerGeometry,
     WorkerSnapshot,
 )
-from scheduler_service.ledger.queue import Mode, Place, QueueStats, TenantQueueStats
+from scheduler_service.ledger.queue import (
+    Mode,
+    ModelQueueStats,
+    Place,
+    QueueStats,
+    TenantQueueStats,
+)
 
 _DECISION = {
     Decision.ADMITTED: types_pb2.ADMITTED,
@@ -55,6 +61,7 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         default_max_new_tokens=default_max_new_tokens,
         two_step=two_step,
         adapter=request.adapter,
+        preferred_worker=request.preferred_worker_id,
     )
 
 
@@ -127,6 +134,7 @@ def admission_to_pb(admission: Admission) -> types_pb2.Admission:
         reasoning_format=admission.reasoning_format,
         prompt_opens_reasoning=admission.prompt_opens_reasoning,
         tool_call_format=admission.tool_call_format,
+        template_kwargs_unread=admission.template_kwargs_unread,
     )
     if admission.lease is not None:
         pb.lease_id = admission.lease.lease_id
@@ -244,7 +252,10 @@ def tenants_to_pb(usage: list[TenantUsage], queued: dict[tuple[str, str], Tenant
 
 
 def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: float,
-                 queue: QueueStats | None = None) -> scheduler_pb2.Budget:
+                 queue: QueueStats | None = None,
+                 model_queues: dict[str, ModelQueueStats] | None = None) -> scheduler_pb2.Budget:
+    """The ledger as GetBudget answers it; `model_queues` (AdmissionQueue.model_stats) fills
+    each model's queue_length and waiting_adapters."""
     workers = []
     for w in snapshot:
         g = w.geometry
@@ -273,9 +284,14 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             nodes_off_device=list(g.nodes_off_device),
             adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in g.adapters],
         ))
+    models = _models(workers)
+    for m in models:
+        waiting = (model_queues or {}).get(m.model)
+        if waiting is not None:
+            m.queue_length, m.waiting_adapters[:] = waiting.length, list(waiting.adapters)
     return scheduler_pb2.Budget(
         workers=workers,
-        models=_models(workers),
+        models=models,
         total_capacity_bytes=sum(w.capacity_bytes for w in workers),
         total_reserved_bytes=sum(w.reserved_bytes for w in workers),
         total_available_bytes=sum(w.available_bytes for w in workers),

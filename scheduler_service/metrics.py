@@ -22,6 +22,7 @@ from ortserve.v1 import types_pb2
 from scheduler_service.ledger.ledger import Admission, Decision, Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.ledger.types import WorkerSnapshot
+from scheduler_service.model_server_metrics import ModelServerGauges
 from scheduler_service.relay import RELAYED
 
 
@@ -131,6 +132,8 @@ class SchedulerMetrics:
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
         registry.register(RelayedTokens())
+        # What an inference gateway's endpoint picker reads (docs/operations/inference-gateway.md).
+        registry.register(ModelServerGauges(ledger, queue))
         if queue is not None:
             callback_gauge(registry, "ortserve_scheduler_queue_length",
                            "Requests waiting in the admission queue now", lambda: len(queue))

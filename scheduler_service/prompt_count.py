@@ -32,6 +32,7 @@ class Prompt:
     reasoning_format: str = ""
     opens_reasoning: bool = False
     tool_call_format: str = ""
+    template_kwargs_unread: tuple[str, ...] = ()
 
 
 def noted_by_worker(admission: Admission, noted: dict) -> Admission:
@@ -74,7 +75,8 @@ async def count_prompt(request: types_pb2.GenerateRequest, model: str, ledger: L
             return Prompt(list(answer.token_ids), known=True,
                            reasoning_format=answer.reasoning_format,
                            opens_reasoning=answer.prompt_opens_reasoning,
-                           tool_call_format=answer.tool_call_format)
+                           tool_call_format=answer.tool_call_format,
+                           template_kwargs_unread=tuple(answer.template_kwargs_unread))
         except grpc.aio.AioRpcError as error:
             if error.code() != grpc.StatusCode.UNAVAILABLE:
                 counted = window_refused_prompt_tokens(error)

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from ortserve.rpc.error_path import (
+    STATUS_DETAILS_KEY,
     Relayed,
     is_worker_failure,
     not_reached,
@@ -27,7 +28,12 @@ from ortserve.rpc.error_path import (
     worker_failure,
 )
 from ortserve.rpc.relay_frames import ADMISSION_TAG, CHUNK_TAG, chunk_tokens
-from ortserve.rpc.worker_leg import compose_timings, failure_message, worker_failed_message
+from ortserve.rpc.worker_leg import (
+    compose_timings,
+    failure_message,
+    lease_lost,
+    worker_failed_message,
+)
 from ortserve.status.errors import ErrorReason, clip
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
@@ -300,6 +306,17 @@ def _failure(leg: Leg, error: grpc.aio.AioRpcError, relayed_tokens: int) -> Exce
     # the request only after its lease expired (it stopped answering past the lease
     # TTL): the worker failing, not the caller's lease to admit again.
     lost = relayed_tokens == 0 and reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value
+    if relayed_tokens and reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value:
+        # Mid-stream: the worker re-registered and the ledger did not take the lease back
+        # (LeaseNotRestored). The request was sound: LEASE_LOST, retryable, as the two-step
+        # path answers it (ortserve.rpc.worker_leg.lease_lost), never the caller's NOT_FOUND.
+        status = lease_lost(error, types_pb2.Admission(
+            lease_id=leg.request.lease_id, worker_id=leg.worker_id, worker_address=leg.address),
+            relayed_tokens)
+        relayed = Relayed(error, status.details())
+        relayed.code = status.code()
+        relayed.status_bin = dict(status.trailing_metadata())[STATUS_DETAILS_KEY]
+        return relayed
     if leg.if_worker_dies is not None and (is_worker_failure(error) or lost):
         why = ("its lease expired before the worker took the request (the worker did not "
                "answer for longer than the lease TTL)" if lost else clip(error.details(), 300))

@@ -25,6 +25,7 @@ from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
 from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
+from scheduler_service.adapter_catalog import OnDemand
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
@@ -37,6 +38,7 @@ from scheduler_service.ledger.ledger import (
     no_worker_rejection,
 )
 from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.model_server_metrics import ledger_budget
 from scheduler_service.prompt_count import count_prompt, noted_by_worker
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
@@ -71,6 +73,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._adapters = AdapterAdmin(ledger, workers)
+        self._on_demand = OnDemand(config.adapter_catalog, ledger, self._adapters.load)
 
     # -- admission -------------------------------------------------------------
 
@@ -90,6 +93,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         request_rules.generate_request(request)
         tenant = caller_tenant(self._ledger.tenants, context) if context is not None else ""
         model = self._model(request.model)  # before any worker is asked anything
+        # A catalogued adapter no worker serves is loaded first (charged to the worker
+        # that takes it), never on a dry run: that answers as things stand.
+        if not dry_run:
+            await self._on_demand.ensure(request.adapter, model)
         # An adapter no worker of the model serves: NOT_FOUND, before anything is reserved.
         placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         default = self._config.default_max_new_tokens.for_model(model)
@@ -125,7 +132,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
                                              "prompt_opens_reasoning": prompt.opens_reasoning,
-                                             "tool_call_format": prompt.tool_call_format}
+                                             "tool_call_format": prompt.tool_call_format,
+                                             "template_kwargs_unread":
+                                                 prompt.template_kwargs_unread}
 
     async def _wait(self, ticket: Ticket, bound) -> Admission:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
@@ -146,6 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._metrics.admission(admission)
 
     async def Admit(self, request: scheduler_pb2.AdmitRequest, context):
+        arrived = time.perf_counter()
         inner = types_pb2.GenerateRequest()
         inner.CopyFrom(request.request)
         inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
@@ -155,10 +165,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
                                                     context=context, two_step=True)
+        queued = None  # perf_counter() when it joined the queue
         if isinstance(admission, Ticket):
+            queued = time.perf_counter()
             admission = await self._wait(admission, log.bind(request_id=inner.request_id))
         admission = noted_by_worker(admission, noted)
         self._count(admission)
+        # The two-step path's trace (the gateway's and the client's default): the same
+        # admission span and decision attributes as Generate's, on Admit's own span.
+        spans.decided(admission, arrived, queued)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -187,6 +202,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- tokenizer passthrough (the gateway's /tokenize and /detokenize) -------------
 
     async def Tokenize(self, request: types_pb2.GenerateRequest, context):
+        # Nothing is charged, but tenant metadata this scheduler cannot honour is refused
+        # here as on every call that reads it (tenants.md: never silently ignored).
+        caller_tenant(self._ledger.tenants, context)
         request_rules.request_shape(request)
         model = self._model(request.model)
         answer = await self._on_a_worker(model, lambda stub: stub.Tokenize(
@@ -195,6 +213,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                       context_length=answer.context_length, model=model)
 
     async def Detokenize(self, request: types_pb2.DetokenizeRequest, context):
+        caller_tenant(self._ledger.tenants, context)  # as Tokenize
         model = self._model(request.model)
         return await self._on_a_worker(model, lambda stub: stub.Detokenize(request, timeout=10.0))
 
@@ -221,8 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             require_role(Role.ADMIN, "GetBudget with include_leases")
         log_expired(self._ledger.expire(), self._metrics)
         self._kick()  # serve what fits before showing the queue
-        budget = convert.budget_to_pb(self._ledger.snapshot(), request.include_leases,
-                                      time.monotonic(), self._waiter.queue.stats())
+        budget = ledger_budget(self._ledger, self._waiter.queue, request.include_leases)
         usage = self._ledger.tenant_usage()
         if not caller_has(Role.ADMIN):  # another tenant's standing is an operator's view
             own = caller_tenant(self._ledger.tenants, context)

@@ -82,7 +82,8 @@ def prompt_ids(request: types_pb2.GenerateRequest, tokenizer: Tokenizer,
     if kind == "token_ids":
         return list(request.token_ids.ids)
     return tokenizer.encode_chat(chat_turns(request.chat), chat_tools(request.chat),
-                                 request_rules.template_kwargs(request.chat.template_kwargs_json))
+                                 request_rules.template_kwargs(request.chat.template_kwargs_json),
+                                 request.chat.template_kwargs_required)
 
 
 def chat_turns(chat: types_pb2.ChatMessages) -> list:

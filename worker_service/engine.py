@@ -130,7 +130,10 @@ class Engine:
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
                  nodes_by_provider=self.nodes_by_provider, nodes_off_device=self.nodes_off_device,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
-                 bytes_per_token=self.spec.bytes_per_token)
+                 bytes_per_token=self.spec.bytes_per_token,
+                 kv_reserved_bytes=self.runtime.reserved_bytes,
+                 kv_charged_bytes=self.runtime.allocated_bytes,
+                 kv_allocator=self.runtime.memory_strategy or "host (committed on touch)")
 
     # --- the caller's API (any thread) ---------------------------------------
 

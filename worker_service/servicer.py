@@ -126,6 +126,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             nodes_by_provider=engine.nodes_by_provider, version=package_version(),
             nodes_off_device=engine.nodes_off_device,
             kv_allocated_bytes=engine.runtime.allocated_bytes,
+            kv_reserved_bytes=engine.runtime.reserved_bytes,
+            kv_reserved_overhead_bytes=max(0, engine.runtime.reserved_bytes
+                                           - engine.runtime.allocated_bytes),
             held_leases=self._held_leases(engine),
             adapters=adapter_admin.adapters_pb(engine),
         )
@@ -166,6 +169,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             answer.reasoning_format = engine.tokenizer.reasoning_format
             answer.prompt_opens_reasoning = engine.tokenizer.opens_reasoning(req.prompt_ids)
             answer.tool_call_format = engine.tokenizer.tool_call_format
+            # Accepted, and said: the caller learns its variables changed nothing.
+            answer.template_kwargs_unread.extend(engine.tokenizer.unread_template_kwargs(
+                request_rules.template_kwargs(request.request.chat.template_kwargs_json)))
         return answer
 
     async def Detokenize(self, request, context):

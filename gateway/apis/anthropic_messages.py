@@ -32,7 +32,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from gateway.reply.errors import HttpError
+from gateway.reply.errors import HttpError, renamed_param
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest, parse_request
 
@@ -103,6 +103,10 @@ def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool, st
                          error.code) from None
     if resolved:
         parsed = replace(parsed, resolved={**(parsed.resolved or {}), **resolved})
+    if thinking == "disabled":
+        # `thinking` is honoured or refused: a template that does not read the switch
+        # cannot be told (a chat_template_kwargs name alone is accepted unread).
+        parsed.generate.chat.template_kwargs_required.append("enable_thinking")
     return parsed, parsed.stream, thinking
 
 
@@ -377,5 +381,5 @@ def error_body(error: HttpError) -> dict:
 
 
 def renamed(error: HttpError) -> HttpError:
-    error.param = chat_param(error.param)
-    return error
+    """A chat-path HttpError naming the Messages field (its message too)."""
+    return renamed_param(error, chat_param(error.param))

@@ -33,15 +33,6 @@ from gateway.upstream import StreamBroken
 log = structlog.get_logger("ortserve.gateway")
 
 
-def passed_through(request: Request) -> tuple[tuple[str, str], ...]:
-    """The caller's key for the scheduler: Anthropic's SDKs send it as x-api-key."""
-    auth = request.headers.get("authorization")
-    key = request.headers.get("x-api-key")
-    if not auth and key:
-        auth = f"Bearer {key}"
-    return (("authorization", auth),) if auth else ()
-
-
 async def create(request: Request, target: Target, reasoning_mode: str = "auto"):
     """`reasoning_mode`: the gateway's --reasoning-parser (thinking blocks split as chat's
     reasoning_content is, when the Admission names the model's reasoning format)."""

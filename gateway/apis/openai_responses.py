@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.reply.errors import HttpError
+from gateway.reply.errors import HttpError, renamed_param
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest, parse_request
 
@@ -293,6 +293,5 @@ def chat_param(param: str | None, origin: Sequence[str] = ()) -> str | None:
 
 
 def renamed(error: HttpError) -> HttpError:
-    """A chat-path HttpError naming the Responses field."""
-    error.param = chat_param(error.param)
-    return error
+    """A chat-path HttpError naming the Responses field (its message too)."""
+    return renamed_param(error, chat_param(error.param))

@@ -161,9 +161,33 @@ def from_grpc(error: grpc.RpcError, prompt_param: str, route: str = "chat") -> H
         extension["rejection"] = rejection_dict(decoded.rejection)
         if decoded.remedy and decoded.remedy not in message:
             message = f"{message} {decoded.remedy}"
-    return HttpError(status, in_route_words(message, route), kind, code,
-                     _param(decoded, reason, prompt_param), _retry_after_s(decoded),
-                     route_words(extension, route))
+    param = _param(decoded, reason, prompt_param)
+    message = _named_as_asked(message, _field_path(decoded), param)
+    return HttpError(status, in_route_words(message, route), kind, code, param,
+                     _retry_after_s(decoded), route_words(extension, route))
+
+
+def _field_path(decoded: OrtserveError) -> str:
+    """The proto field path a refusal names (BadRequest's first violation; "" for none)."""
+    bad = rich_status.unpack(decoded.details, error_details_pb2.BadRequest)
+    return bad.field_violations[0].field if bad and bad.field_violations else ""
+
+
+def _named_as_asked(message: str, proto_path: str, param: str | None) -> str:
+    """A message that opens with a proto field path ("chat.template_kwargs_json.x: ...")
+    opens with the caller's parameter instead ("chat_template_kwargs.x: ...")."""
+    if param and proto_path and param != proto_path and message.startswith(proto_path + ":"):
+        return param + message[len(proto_path):]
+    return message
+
+
+def renamed_param(error: HttpError, param: str | None) -> HttpError:
+    """`error` naming `param` (another API's name for its field), its message too."""
+    if error.param and param and error.param != param \
+            and error.message.startswith(error.param + ":"):
+        error.message = param + error.message[len(error.param):]
+    error.param = param
+    return error
 
 
 def _unreached(error: grpc.RpcError) -> bool:

@@ -38,6 +38,9 @@ CAP_HEADER = "X-Ortserve-Budget-Cap"
 # server_default | context_window (max_tokens: the admitted ceiling, after any cap).
 MAX_TOKENS_HEADER = "X-Ortserve-Max-Tokens"
 # Admission.max_new_tokens_source in the body's and the header's words.
+# chat_template_kwargs the model's chat template does not read (accepted, changed nothing):
+# their names, comma-separated; absent when every one was read.
+UNREAD_HEADER = "X-Ortserve-Template-Kwargs-Unread"
 MAX_TOKENS_SOURCE = {
     types_pb2.MAX_NEW_TOKENS_FROM_REQUEST: "request",
     types_pb2.MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: "server_default",
@@ -86,6 +89,8 @@ def admission_extension(adm: types_pb2.Admission, route: str = "chat") -> dict:
         # parsers this answer went through): tool calls and reasoning (null: none).
         "tool_call_format": adm.tool_call_format or None,
         "reasoning_format": adm.reasoning_format or None,
+        # chat_template_kwargs the template does not read: accepted (vLLM's way), and said.
+        "template_kwargs_unread": list(adm.template_kwargs_unread),
         "reserved_bytes": adm.reserved_bytes,
         "budget_cap": (budget_cap_dict(adm.budget_cap, route) if adm.HasField("budget_cap")
                        else None),
@@ -118,6 +123,8 @@ def admission_headers(adm: types_pb2.Admission) -> dict[str, str]:
     source = MAX_TOKENS_SOURCE.get(adm.max_new_tokens_source)
     if source:
         headers[MAX_TOKENS_HEADER] = f"max_tokens={adm.max_new_tokens}, source={source}"
+    if adm.template_kwargs_unread:
+        headers[UNREAD_HEADER] = ", ".join(adm.template_kwargs_unread)
     if adm.HasField("budget_cap"):
         cap = adm.budget_cap
         headers[CAP_HEADER] = (f"requested_max_tokens={cap.requested_max_new_tokens}, "
@@ -139,8 +146,10 @@ def choices_headers(admissions: Sequence[types_pb2.Admission]) -> dict[str, str]
         return admission_headers(admissions[0])
     headers = {DECISION_HEADER: ", ".join(types_pb2.Decision.Name(a.decision)
                                           for a in admissions)}
-    if MAX_TOKENS_HEADER in (first := admission_headers(admissions[0])):
-        headers[MAX_TOKENS_HEADER] = first[MAX_TOKENS_HEADER]  # choice 0's (the same rule for all)
+    first = admission_headers(admissions[0])
+    for same in (MAX_TOKENS_HEADER, UNREAD_HEADER):  # choice 0's (one prompt, one rule for all)
+        if same in first:
+            headers[same] = first[same]
     for index, adm in enumerate(admissions):
         if adm.HasField("budget_cap"):
             headers[CAP_HEADER] = f"choice={index}, " + admission_headers(adm)[CAP_HEADER]

@@ -49,12 +49,18 @@ def set_tools(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool
     parallel = params.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise ParamError("parallel_tool_calls", f"{parallel!r} is not true or false")
-    if tools is None:
-        if choice not in (None, "none"):
-            raise ParamError("tool_choice", "needs tools: send the functions in `tools`")
+    if tools is None or tools == []:
+        # An empty list offers no tools, as OpenAI's Responses API and vLLM take it (the OpenAI
+        # Agents SDK sends `tools: []` for every agent without tools). "auto" asks for nothing
+        # that cannot be honoured then; a choice that needs a tool can be honoured by none.
+        mode, _ = _choice(choice)
+        if mode in ("required", "named"):
+            raise ParamError("tool_choice", f"{json.dumps(choice)} needs a tool, and `tools` "
+                             "offers none: send the functions in `tools`, or tool_choice "
+                             "\"auto\" or \"none\"")
         return False
-    if not isinstance(tools, list) or not tools:
-        raise ParamError("tools", "must be a non-empty list of {type: function, function: {...}}")
+    if not isinstance(tools, list):
+        raise ParamError("tools", "must be a list of {type: function, function: {...}}")
     mode, name = _choice(choice)
     if mode == "none":
         return False  # not offered: the model is not told of them, and nothing is parsed

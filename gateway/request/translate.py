@@ -192,9 +192,11 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
 
 
 def _set_template_kwargs(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> None:
-    """chat_template_kwargs (vLLM's) and reasoning_effort -> the template's variables. The
-    worker refuses a name its model's template does not read (it would change nothing):
-    reasoning_effort is accepted exactly where the template takes it."""
+    """chat_template_kwargs (vLLM's) and reasoning_effort -> the template's variables. A
+    chat_template_kwargs name the model's template does not read is accepted, as vLLM's
+    (the Admission names it: a header and the `ortserve` object); reasoning_effort, an API
+    parameter, is accepted exactly where the template takes it (the worker refuses it
+    elsewhere)."""
     kwargs = params.get("chat_template_kwargs", {})
     if not isinstance(kwargs, Mapping):
         raise ParamError("chat_template_kwargs", "must be an object of template variables, e.g. "
@@ -209,6 +211,8 @@ def _set_template_kwargs(req: types_pb2.GenerateRequest, params: Mapping[str, An
             raise ParamError("reasoning_effort", f"{effort!r} differs from chat_template_kwargs."
                              f"reasoning_effort {kwargs['reasoning_effort']!r}: send one of them")
         kwargs["reasoning_effort"] = effort
+        # An OpenAI parameter is honoured or refused: the template must read it.
+        req.chat.template_kwargs_required.append("reasoning_effort")
     if kwargs:
         req.chat.template_kwargs_json = json.dumps(kwargs)
 

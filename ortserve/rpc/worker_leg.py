@@ -28,16 +28,26 @@ from ortserve.rpc.error_path import (
     STATUS_DETAILS_KEY,
     domain_status,
     is_worker_failure,
+    reason_of,
     worker_failed_status,
 )
 from ortserve.status import rich_status
-from ortserve.status.errors import ContextWindowFull, DomainError, ErrorReason, clip
+from ortserve.status.errors import (
+    METADATA_ECHO_LIMIT,
+    ContextWindowFull,
+    DomainError,
+    ErrorReason,
+    clip,
+)
 from ortserve.status.units import human_bytes
 from ortserve.v1 import types_pb2, worker_pb2
 
 # Admit's wait when the request sets none: the server's bound (--max-queue-wait-s) and the
 # call's deadline then decide, as for Generate's unset max_queue_wait_ms.
 SERVER_BOUND_MS = 2**32 - 1
+# A lease lost to a scheduler restart: a worker re-registers within a heartbeat or two, so
+# an admission a second later finds the new scheduler serving.
+LEASE_LOST_RETRY_S = 1.0
 
 
 def worker_request(request: types_pb2.GenerateRequest, lease_id: str, max_new_tokens: int,
@@ -137,7 +147,10 @@ def worker_failure(error: grpc.RpcError, admission: types_pb2.Admission, tokens:
     """A two-step caller's worker call failure (the gateway's, the client's), worded as the
     scheduler's relay words it; `claimed`: the worker had claimed the lease, so it, not the
     caller, gives it back. A worker that failed (no answer of its own) is UNAVAILABLE with
-    ErrorInfo WORKER_FAILED, as the relay answers it."""
+    ErrorInfo WORKER_FAILED, as the relay answers it; one that no longer knows the lease
+    the caller was admitted is UNAVAILABLE LEASE_LOST (lease_lost)."""
+    if reason_of(error) == ErrorReason.LEASE_NOT_FOUND.value:
+        return lease_lost(error, admission, tokens)
     if not is_worker_failure(error):
         return relabelled(error, failure_message(admission.worker_id, admission.worker_address,
                                                  error, tokens, None))
@@ -148,6 +161,29 @@ def worker_failure(error: grpc.RpcError, admission: types_pb2.Admission, tokens:
     return StatusError(grpc.StatusCode.UNAVAILABLE, message, ((STATUS_DETAILS_KEY, (
         worker_failed_status(message, admission.worker_id, admission.worker_address,
                              tokens, error))),))
+
+
+def lease_lost(error: grpc.RpcError, admission: types_pb2.Admission, tokens: int
+               ) -> StatusError:
+    """The worker answers LEASE_NOT_FOUND for a lease Admit granted this caller: the
+    scheduler that granted it restarted without it (the worker's claim found no such
+    lease, or its re-registration was refused it), or it expired before the worker took
+    the request. Not the caller's NOT_FOUND (clients read 404 as "no such route or
+    model" and do not retry): UNAVAILABLE, ErrorInfo LEASE_LOST with the lease, worker and
+    tokens already sent, and RetryInfo."""
+    message = (f"lease {clip(admission.lease_id)} was lost on worker {admission.worker_id} "
+               f"at {admission.worker_address} after {tokens} tokens: the scheduler that "
+               "admitted the request restarted without it, or it expired before the worker "
+               f"took the request (the worker said: {clip(error.details() or '', 300)}); "
+               "retry the request")
+    info = rich_status.error_info(ErrorReason.LEASE_LOST.value, {
+        "lease_id": clip(admission.lease_id, METADATA_ECHO_LIMIT),
+        "worker_id": clip(admission.worker_id, METADATA_ECHO_LIMIT),
+        "worker_address": clip(admission.worker_address, METADATA_ECHO_LIMIT),
+        "tokens_sent": tokens})
+    status = rich_status.to_grpc_status(grpc.StatusCode.UNAVAILABLE, message,
+                                        [info, rich_status.retry_info(LEASE_LOST_RETRY_S)])
+    return StatusError(grpc.StatusCode.UNAVAILABLE, message, status.trailing_metadata)
 
 
 def rejection_error(r: types_pb2.Rejection) -> DomainError:

@@ -90,6 +90,8 @@ def request_shape(request: Any, prefix: str = "") -> None:
         raise InvalidField(prefix + "cap_policy", f"{request.cap_policy} is not a CapPolicy: use "
                            f"{', '.join(names[:-1])} or {names[-1]}")
     stream_interval(request.stream_interval_ms, prefix)
+    if hasattr(request, "preferred_worker_id"):
+        bounded(prefix + "preferred_worker_id", request.preferred_worker_id, MAX_WORKER_ID_CHARS)
 
 
 def stream_interval(interval_ms: int, prefix: str = "") -> None:

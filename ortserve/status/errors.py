@@ -58,6 +58,9 @@ class ErrorReason(enum.StrEnum):
     TENANT_RATE = "TENANT_RATE"  # the caller's tenant started its requests_per_s; retry
     ADAPTER_NO_ROOM = "ADAPTER_NO_ROOM"  # a LoRA adapter's bytes do not fit the free KV now
     ADAPTER_BUSY = "ADAPTER_BUSY"  # sequences run under the adapter being unloaded
+    # The caller's admitted lease is gone from the worker serving it (the scheduler restarted
+    # without it, or it expired): not the caller's fault; admit again.
+    LEASE_LOST = "LEASE_LOST"
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

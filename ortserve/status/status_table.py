@@ -37,6 +37,9 @@ STATUS_OF_REASON: Mapping[ErrorReason, grpc.StatusCode] = MappingProxyType({
     ErrorReason.NO_WORKER: S.UNAVAILABLE,
     ErrorReason.NOT_READY: S.UNAVAILABLE,
     ErrorReason.WORKER_FAILED: S.UNAVAILABLE,
+    # A lease admitted to this caller, lost on the way (a scheduler restart): the system's
+    # failure, retryable, never the NOT_FOUND that reads as "no such route or model".
+    ErrorReason.LEASE_LOST: S.UNAVAILABLE,
     # NOTE: the worker once answered FAILED_PRECONDITION here; the lease does not
     # exist (released, expired, another worker's), so NOT_FOUND on both services,
     # as SESSION_NOT_FOUND already was. Neither is retryable as is: admit again.

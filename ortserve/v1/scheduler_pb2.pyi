@@ -194,7 +194,7 @@ class TenantBudget(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_waiting_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
-    __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length", "adapters")
+    __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length", "adapters", "queue_length", "waiting_adapters")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,8 @@ class ModelBudget(_message.Message):
     AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     workers: int
     capacity_bytes: int
@@ -209,7 +211,9 @@ class ModelBudget(_message.Message):
     available_bytes: int
     context_length: int
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    queue_length: int
+    waiting_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., queue_length: _Optional[int] = ..., waiting_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows", "nodes_off_device", "adapters")

@@ -69,7 +69,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "model", "model_dir", "context_length", "bytes_per_token", "capacity_bytes", "held_bytes", "block_tokens", "requested_device", "device", "execution_provider", "num_layers", "kv_heads", "head_dim", "kv_dtype", "eos_token_ids", "vocab_size", "intra_op_threads", "active_sequences", "kv_layout", "batch_rows", "max_batch_rows", "largest_batch", "nodes_by_provider", "version", "nodes_off_device", "kv_allocated_bytes", "speculative", "held_leases", "adapters")
+    __slots__ = ("worker_id", "model", "model_dir", "context_length", "bytes_per_token", "capacity_bytes", "held_bytes", "block_tokens", "requested_device", "device", "execution_provider", "num_layers", "kv_heads", "head_dim", "kv_dtype", "eos_token_ids", "vocab_size", "intra_op_threads", "active_sequences", "kv_layout", "batch_rows", "max_batch_rows", "largest_batch", "nodes_by_provider", "version", "nodes_off_device", "kv_allocated_bytes", "speculative", "held_leases", "adapters", "kv_reserved_bytes", "kv_reserved_overhead_bytes")
     class NodesByProviderEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,8 @@ class WorkerInfo(_message.Message):
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVED_OVERHEAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     model_dir: str
@@ -137,7 +139,9 @@ class WorkerInfo(_message.Message):
     speculative: str
     held_leases: _containers.RepeatedCompositeFieldContainer[HeldLease]
     adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_dir: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., held_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., requested_device: _Optional[str] = ..., device: _Optional[str] = ..., execution_provider: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., intra_op_threads: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., batch_rows: _Optional[int] = ..., max_batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., nodes_by_provider: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., kv_allocated_bytes: _Optional[int] = ..., speculative: _Optional[str] = ..., held_leases: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ...) -> None: ...
+    kv_reserved_bytes: int
+    kv_reserved_overhead_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_dir: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., held_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., requested_device: _Optional[str] = ..., device: _Optional[str] = ..., execution_provider: _Optional[str] = ..., num_layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., vocab_size: _Optional[int] = ..., intra_op_threads: _Optional[int] = ..., active_sequences: _Optional[int] = ..., kv_layout: _Optional[str] = ..., batch_rows: _Optional[int] = ..., max_batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., nodes_by_provider: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., kv_allocated_bytes: _Optional[int] = ..., speculative: _Optional[str] = ..., held_leases: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., kv_reserved_bytes: _Optional[int] = ..., kv_reserved_overhead_bytes: _Optional[int] = ...) -> None: ...
 
 class HeldLease(_message.Message):
     __slots__ = ("lease_id", "session_id", "held_bytes")
@@ -156,15 +160,17 @@ class TokenizeRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids", "context_length", "reasoning_format", "prompt_opens_reasoning", "tool_call_format")
+    __slots__ = ("token_ids", "context_length", "reasoning_format", "prompt_opens_reasoning", "tool_call_format", "template_kwargs_unread")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_OPENS_REASONING_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_KWARGS_UNREAD_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     context_length: int
     reasoning_format: str
     prompt_opens_reasoning: bool
     tool_call_format: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ...) -> None: ...
+    template_kwargs_unread: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., context_length: _Optional[int] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ..., template_kwargs_unread: _Optional[_Iterable[str]] = ...) -> None: ...

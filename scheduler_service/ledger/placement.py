@@ -102,10 +102,13 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     whole = [o for o in options if o.fits_whole]
     if whole:
         # NOTE: a free row first (where all are taken it waits a whole generation),
-        # then a cached prefix (seconds of prefill saved, docs/features/prefix-cache.md), then spread whole fits over workers (most free bytes first): decode speed
+        # then the caller's preferred worker (an inference gateway's pick: its pod's
+        # worker, docs/operations/inference-gateway.md), then a cached prefix (seconds of
+        # prefill saved, docs/features/prefix-cache.md), then spread whole fits over workers (most free bytes first): decode speed
         # per worker is the bottleneck, so balance beats packing here.
         best = max(whole, key=lambda o: (
             has_free_row(o.worker),
+            bool(req.preferred_worker) and o.worker.geometry.worker_id == req.preferred_worker,
             o.worker.prefix.cached_tokens(req, o.worker.geometry.block_tokens),
             o.worker.available_bytes, -len(o.worker.leases), o.worker.geometry.worker_id))
         g = best.worker.geometry

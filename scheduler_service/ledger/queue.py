@@ -47,6 +47,7 @@ from scheduler_service.ledger.rate import RateLimits
 from scheduler_service.ledger.tickets import (  # noqa: F401 - re-exported: the queue's public face
     Bound,
     Mode,
+    ModelQueueStats,
     Place,
     QueueStats,
     TenantQueueStats,
@@ -211,6 +212,17 @@ class AdmissionQueue:
                 key = (t.request.tenant, t.request.model)
                 was = stats.get(key, TenantQueueStats())
                 stats[key] = TenantQueueStats(was.length + 1, was.waiting_bytes + t.needed_bytes)
+            return stats
+
+    def model_stats(self, models: list[str]) -> dict[str, ModelQueueStats]:
+        """model -> its waiting requests, for each of `models`. A request that named no model
+        ("") waits for any worker, so it counts for every model."""
+        with self._lock:
+            stats = {}
+            for model in models:
+                line = [t for t in self._entries if t.request.model in (model, "")]
+                adapters = tuple(sorted({t.request.adapter for t in line if t.request.adapter}))
+                stats[model] = ModelQueueStats(len(line), adapters)
             return stats
 
     def __len__(self) -> int:

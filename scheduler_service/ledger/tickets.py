@@ -99,3 +99,11 @@ class TenantQueueStats:
 
     length: int = 0
     waiting_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ModelQueueStats:
+    """One model's waiting requests and the LoRA adapters they name (sorted, each once)."""
+
+    length: int = 0
+    adapters: tuple[str, ...] = ()

@@ -133,6 +133,9 @@ class AdmissionRequest:
     two_step: bool = False
     # The LoRA adapter it runs under ("": the base): placed only on a worker serving it.
     adapter: str = ""
+    # A placement hint (GenerateRequest.preferred_worker_id): among whole fits, this worker
+    # after a free row and before a cached prefix; "": none. Never changes the decision.
+    preferred_worker: str = ""
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -313,6 +316,7 @@ class Admission:
     reasoning_format: str = ""
     prompt_opens_reasoning: bool = False
     tool_call_format: str = ""
+    template_kwargs_unread: tuple[str, ...] = ()  # chat_template_kwargs the template ignored
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ class SessionTurns(SessionReclaim):
         return full, list(answer.token_ids), {
             "reasoning_format": answer.reasoning_format,
             "prompt_opens_reasoning": answer.prompt_opens_reasoning,
-            "tool_call_format": answer.tool_call_format}
+            "tool_call_format": answer.tool_call_format,
+            "template_kwargs_unread": tuple(answer.template_kwargs_unread)}
 
     @staticmethod
     def _session_tools(session: Session, inner: types_pb2.GenerateRequest) -> None:

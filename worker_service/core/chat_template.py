@@ -86,12 +86,13 @@ class ChatTemplate:
             raise ModelLoadError(f"the chat template of {model_dir} does not parse: {exc}") from exc
 
     def render(self, messages: Sequence[Turn], tools: Sequence[Mapping[str, Any]] = (),
-               kwargs: Mapping[str, Any] | None = None) -> str:
+               kwargs: Mapping[str, Any] | None = None, required: Sequence[str] = ()) -> str:
         """Turns (and the functions offered, transformers' {"type": "function", "function":
         {...}} dicts) -> the prompt text, with the generation prompt appended. `kwargs`:
-        further variables (chat_template_kwargs), each one the template reads."""
+        further variables (chat_template_kwargs); `required`: those of them the template
+        must read (see check_kwargs)."""
         kwargs = dict(kwargs or {})
-        self.check_kwargs(kwargs)
+        self.check_kwargs(kwargs, required)
         turns = [_as_dict(m) for m in messages]
         fallback = not self.supports_tools and bool(tools)
         if not self.supports_tools:
@@ -121,19 +122,27 @@ class ChatTemplate:
         )
 
 
-    def check_kwargs(self, kwargs: Mapping[str, Any]) -> None:
-        """Each chat_template_kwargs name is a variable this template reads and not one the
-        worker sets: one it would not read is refused, never silently dropped."""
+    def check_kwargs(self, kwargs: Mapping[str, Any], required: Sequence[str] = ()
+                     ) -> list[str]:
+        """The chat_template_kwargs names this template does not read, sorted: accepted (as
+        vLLM and SGLang accept them: fleets send {"enable_thinking": false} to every model)
+        and reported, never silently dropped. Refused: a name the worker sets itself, and
+        a `required` name the template does not read (an API parameter carried as a
+        variable, honoured or refused)."""
         where = "chat.template_kwargs_json."
+        unread = []
         for name in kwargs:
             if name in _SET_BY_WORKER or name in self.special_tokens:
                 raise InvalidRequest(where + name, f"{name!r} is set by ortserve itself; "
                                      "remove it from the template variables")
             if name not in self.variables:
-                reads = sorted(self.variables - _SET_BY_WORKER - set(self.special_tokens))
-                raise InvalidRequest(where + name, f"this model's chat template does not read "
-                                     f"{name!r}, so it would change nothing; it reads "
-                                     f"{', '.join(reads) or 'no other variables'}")
+                if name in required:
+                    reads = sorted(self.variables - _SET_BY_WORKER - set(self.special_tokens))
+                    raise InvalidRequest(where + name, f"this model's chat template does not "
+                                         f"read {name!r}, so it would change nothing; it reads "
+                                         f"{', '.join(reads) or 'no other variables'}")
+                unread.append(name)
+        return sorted(unread)
 
 
 # The variables `render` passes itself (transformers' apply_chat_template's).

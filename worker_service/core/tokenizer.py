@@ -65,20 +65,26 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=True).ids
 
     def render_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = (),
-                    kwargs: Mapping | None = None) -> str:
+                    kwargs: Mapping | None = None, required: Sequence[str] = ()) -> str:
         """Turns ((role, content) or message dicts, chat_template.Turn) and the functions
         offered -> the prompt text, with the generation prompt appended; `kwargs`: further
-        template variables (chat_template_kwargs)."""
+        template variables (chat_template_kwargs), `required` those the template must read."""
         if self.chat_template is None:
             raise InvalidRequest("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
-        return self.chat_template.render(messages, tools, kwargs)
+        return self.chat_template.render(messages, tools, kwargs, required)
 
     def encode_chat(self, messages: Sequence[Turn], tools: Sequence[Mapping] = (),
-                    kwargs: Mapping | None = None) -> list[int]:
+                    kwargs: Mapping | None = None, required: Sequence[str] = ()) -> list[int]:
         """Turns, tools and template variables -> token ids of the templated prompt."""
-        return self._tok.encode(self.render_chat(messages, tools, kwargs),
+        return self._tok.encode(self.render_chat(messages, tools, kwargs, required),
                                 add_special_tokens=False).ids
+
+    def unread_template_kwargs(self, kwargs: Mapping) -> list[str]:
+        """The template variables in `kwargs` the chat template does not read (sorted)."""
+        if self.chat_template is None:
+            return []
+        return self.chat_template.check_kwargs(kwargs)
 
     @property
     def tool_call_format(self) -> str:

@@ -249,8 +249,9 @@ def _cuda_not_active(active: list[str], device_id: int, preload_log: str) -> Dev
     return DeviceUnavailable(
         f"{CUDA} not active: the session runs on {active} because "
         f"{describe_missing_cuda(device_id, preload_log)}; ONNX Runtime falls back to "
-        "CPU silently, so the worker refuses to start. Install the CUDA and cuDNN libraries "
-        "onnxruntime-gpu needs on a machine with an NVIDIA GPU, or run with --device cpu")
+        "CPU silently, so the worker refuses to start. Install the CUDA 13 libraries "
+        "onnxruntime-gpu needs (cuBLAS, cuRAND, the CUDA runtime: the nvidia/cuda 13 runtime "
+        "image has them) on a machine with an NVIDIA GPU, or run with --device cpu")
 
 
 def _check_session_io(session: ort.InferenceSession, spec: ModelSpec) -> None:

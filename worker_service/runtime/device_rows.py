@@ -17,6 +17,10 @@ one row, positions [t0, t1) are contiguous, so any token range of a row is
 span on the host side (a session's copy, a cached block) is bound as host
 memory: ORT moves it across itself.
 
+Every tensor comes from `device_memory.KVMemory`, an allocator that reserves
+what is asked (not ORT's default arena, which rounds to powers of two): the
+device holds the pool plus a stated overhead (`reserved_bytes`, `overhead_bytes`).
+
 With device "cpu" the same code runs over CPU OrtValues, bound the same way:
 the dry run and the tests exercise every path a GPU takes.
 """
@@ -33,6 +37,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from ortserve.rules import kv_math
+from worker_service.runtime.device_memory import KVMemory
 from worker_service.runtime.kv_arena import block_tokens_for
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowTable, RowTableMixin
@@ -52,7 +57,7 @@ class SpanCopier:
     pointer (device or host) at both ends."""
 
     def __init__(self, spans: int, dtype: np.dtype, head_dim: int, device: str,
-                 device_id: int) -> None:
+                 device_id: int, memory: KVMemory | None = None) -> None:
         self.spans, self.dtype, self.head_dim = spans, dtype, head_dim
         self.device, self.device_id = device, device_id
         elem = _ONNX_TYPE[dtype]
@@ -70,8 +75,8 @@ class SpanCopier:
         self.session = ort.InferenceSession(model.SerializeToString(), options,
                                             providers=_providers(device, device_id))
         # Every input must be bound: a run of fewer pairs copies one scratch token for the rest.
-        self._scratch = [ort.OrtValue.ortvalue_from_shape_and_type([1, head_dim], dtype, device,
-                                                                   device_id) for _ in range(2)]
+        memory = memory if memory is not None else KVMemory(device, device_id)
+        self._scratch = [memory.tensor([1, head_dim], dtype) for _ in range(2)]
         self.runs = 0
 
     def copy(self, pairs: Sequence[tuple[tuple[str, int], tuple[str, int], int]]) -> None:
@@ -112,13 +117,11 @@ class DeviceBlocks:
     allocated at start beside the rows, where the prefix cache keeps its blocks."""
 
     def __init__(self, spec: ModelSpec, slots: int, block_tokens: int, dtype: np.dtype,
-                 device: str, device_id: int) -> None:
+                 memory: KVMemory) -> None:
         self.shape = (2 * spec.num_layers, spec.kv_heads, block_tokens, spec.head_dim)
         self.block_bytes = math.prod(self.shape) * dtype.itemsize
         self.span_bytes = block_tokens * spec.head_dim * dtype.itemsize  # one head's tokens
-        self.area = (ort.OrtValue.ortvalue_from_shape_and_type([slots, *self.shape], dtype,
-                                                                device, device_id)
-                     if slots else None)
+        self.area = memory.tensor([slots, *self.shape], dtype) if slots else None
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))
 
@@ -162,22 +165,21 @@ class DeviceRows(RowTableMixin):
         self.head_bytes = self.seq_tokens * self.token_bytes
         self.row_bytes = spec.kv_heads * self.head_bytes  # one row of one region
         shape = [max_rows, *self.row_shape]
+        # Every tensor from one allocator that reserves what is asked (device_memory.py):
+        # the device holds what the pool charges plus `memory`'s stated overhead.
+        self.memory = KVMemory(device, device_id)
         # keys[i], values[i]: layer i's [max_rows, kv_heads, seq_tokens, head_dim]. Contents
         # need no initialising: attention reads only positions a run has written.
-        self.keys = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, device_id)
-                     for _ in range(spec.num_layers)]
-        self.values = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device,
-                                                                 device_id)
-                       for _ in range(spec.num_layers)]
-        self.blocks = DeviceBlocks(spec, cache_blocks, self.block_tokens, self.dtype, device,
-                                   device_id)
+        self.keys = [self.memory.tensor(shape, self.dtype) for _ in range(spec.num_layers)]
+        self.values = [self.memory.tensor(shape, self.dtype) for _ in range(spec.num_layers)]
+        self.blocks = DeviceBlocks(spec, cache_blocks, self.block_tokens, self.dtype, self.memory)
         self.allocated_bytes = (2 * spec.num_layers * max_rows * self.row_bytes
                                 + cache_blocks * self.blocks.block_bytes)
         # The device pool is what was allocated: charges may add up to all of it.
         self.table = RowTable(max_rows, spec.context_length, self.allocated_bytes,
                               self._bytes_for, what="a device KV row")
         self.copier = SpanCopier(2 * spec.num_layers * spec.kv_heads, self.dtype, spec.head_dim,
-                                 device, device_id)
+                                 device, device_id, self.memory)
 
     @staticmethod
     def block_bytes_for(spec: ModelSpec) -> int:
@@ -195,6 +197,17 @@ class DeviceRows(RowTableMixin):
         return 2 * spec.num_layers * spec.kv_heads * seq_tokens * spec.head_dim * itemsize
 
     # --- accounting ----------------------------------------------------------
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Device bytes the KV allocator reserved: `allocated_bytes` plus `overhead_bytes`."""
+        return self.memory.reserved_bytes
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Reserved beyond the pool: each tensor's rounding to the arena's 256 bytes and the
+        span copier's two scratch tokens."""
+        return self.memory.reserved_bytes - self.allocated_bytes
 
     def _bytes_for(self, n_tokens: int) -> int:
         return kv_math.bytes_for(n_tokens, self.spec.bytes_per_token, self.block_tokens)

@@ -66,6 +66,10 @@ class Runtime:
     capabilities: Capabilities
     prefix_cache: PrefixCache | None = None
     allocated_bytes: int = 0  # KV memory allocated at start (device rows: all of the pool)
+    # Device memory the KV allocator reserved for it: allocated_bytes plus a stated
+    # overhead (device_memory.py); 0 where KV is host memory committed on touch.
+    reserved_bytes: int = 0
+    memory_strategy: str = ""  # device_memory.KVMemory.strategy ("" without device rows)
 
     @property
     def batch_rows(self) -> int:
@@ -126,12 +130,18 @@ def open_device_session(config: EngineConfig, spec: ModelSpec) -> DeviceSession:
         "cpu" if config.device == "cpu" else f"cuda:{config.device_id}", threads)
 
 
+# Without --prefix-cache-bytes the device block area takes what the rows leave, at most
+# this share of the capacity asked for: the leftover of a large capacity with few rows
+# (42 GiB beside 32 rows on an H200) is not memory to reserve for a cache by default.
+DEVICE_CACHE_SHARE = 0.5
+
+
 def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
     """Device rows and the prefix cache's device block area, allocated now: the pool's
     capacity is what was allocated. With --prefix-cache-bytes the block area is that (at
     most the capacity) and the rows are what the rest holds; without it, the rows are as
-    many full rows as the capacity holds and the block area is what is left over. Rows
-    are at most --max-batch-rows either way."""
+    many full rows as the capacity holds and the block area is what is left over, at
+    most DEVICE_CACHE_SHARE of the capacity. Rows are at most --max-batch-rows either way."""
     row, block = DeviceRows.row_bytes_for(spec), DeviceRows.block_bytes_for(spec)
     capacity = config.kv_capacity_bytes
     if config.prefix_cache_bytes is not None:
@@ -139,7 +149,7 @@ def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
         rows = rows_for_capacity(spec, capacity - cache, config.max_batch_rows)
     else:
         rows = rows_for_capacity(spec, capacity, config.max_batch_rows)
-        cache = capacity - rows * row
+        cache = min(capacity - rows * row, int(capacity * DEVICE_CACHE_SHARE))
     if rows < 1:
         raise InvalidRequest("kv_capacity", f"one device KV row of {spec.name}'s "
                              f"{tokens(spec.context_length)} context takes {human_bytes(row)} "
@@ -158,8 +168,11 @@ def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
     log.info("device KV pool allocated", device=f"{config.device}:{config.device_id}",
              rows=rows, row_tokens=store.seq_tokens, row_bytes=row, cache_blocks=slots,
              cache_bytes=slots * block, allocated_bytes=store.allocated_bytes,
-             asked_capacity_bytes=capacity, max_batch_rows=config.max_batch_rows,
-             note="the worker's KV capacity is this allocation")
+             reserved_bytes=store.reserved_bytes, overhead_bytes=store.overhead_bytes,
+             allocator=store.memory.strategy, asked_capacity_bytes=capacity,
+             max_batch_rows=config.max_batch_rows,
+             note="the worker's KV capacity is this allocation; reserved is what the device "
+                  "holds for it (each tensor rounded to 256 bytes, the copier's scratch)")
     return store
 
 
@@ -194,6 +207,9 @@ def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceS
     runtime = Runtime(kind, config.device, pool, runner, store,
                       Capabilities(batched=True, sessions=True, prefix_cache=True),
                       allocated_bytes=allocated)
+    if isinstance(store, DeviceRows):
+        runtime.reserved_bytes, runtime.memory_strategy = (store.reserved_bytes,
+                                                           store.memory.strategy)
     if config.bench_rate_set_tokens_per_s:
         # Bench only: the same pool and rows, no model run; tokens come at a set rate
         # (rate_set_runner.py), so the served path is measured apart from the model.

@@ -177,6 +177,14 @@ class SessionTable:
             swapped_bytes=s.held.nbytes if s.state is SessionState.SWAPPED and s.held else 0,
             turns=s.turns)
 
+    def held_kv(self, session_id: str) -> HeldKV | None:
+        """A copy of the K/V the session keeps between turns (None: it holds none), for
+        checks that the bytes survive a swap and a turn (cuda_check)."""
+        held = self._get(session_id).held
+        if held is None:
+            return None
+        return HeldKV(held.tokens, [k.copy() for k in held.keys], [v.copy() for v in held.values])
+
     def begin_turn(self, session_id: str, prompt_ids: Sequence[int], max_tokens: int,
                    detail: str) -> TurnStart:
         """Charge the turn (prompt + max_new) and pick the reused prefix; raises, changing

@@ -45,6 +45,11 @@ class SessionTurns:
         with self._lock:
             return self._table().info(session_id)
 
+    def held_kv(self, session_id: str):
+        """A copy of the K/V an idle session keeps (None: none), for checks (cuda_check)."""
+        with self._lock:
+            return self._table().held_kv(session_id)
+
     def swap_out(self, session_id: str) -> int:
         """Move an idle session's K/V out of the KV capacity; returns the pool bytes freed."""
         with self._lock:

@@ -14,7 +14,6 @@ with --reasoning-parser none shows the raw text the split must add up to.
 from __future__ import annotations
 
 import anthropic
-import openai
 import pytest
 
 from devtools.cluster import LocalCluster, model_cache, stop_service
@@ -159,11 +158,13 @@ def test_reasoning_effort_reaches_a_template_that_reads_it(gateway):
     assert low.usage.prompt_tokens > none.usage.prompt_tokens
 
 
-def test_a_template_variable_the_template_does_not_read_is_refused(gateway):
-    with pytest.raises(openai.BadRequestError) as info:
-        create(gateway, max_tokens=3, extra_body={"chat_template_kwargs": {"thinking_budget": 9}})
-    assert info.value.body["param"] == "chat_template_kwargs.thinking_budget"
-    assert "does not read" in info.value.body["message"]
+def test_a_template_variable_the_template_does_not_read_is_accepted_and_named(gateway):
+    # As vLLM and SGLang take it (issue 52): it changes nothing, and the answer says so.
+    answer = openai_client(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=3,
+        extra_body={"chat_template_kwargs": {"thinking_budget": 9}})
+    assert answer.headers["x-ortserve-template-kwargs-unread"] == "thinking_budget"
+    assert answer.parse().model_extra["ortserve"]["template_kwargs_unread"] == ["thinking_budget"]
 
 
 # -- Responses: reasoning items -------------------------------------------------------

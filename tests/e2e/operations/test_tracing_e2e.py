@@ -131,3 +131,52 @@ def test_one_request_is_one_trace_across_the_three_services(collector, monkeypat
         if gateway is not None:
             stop_service(gateway)
         cluster.stop()
+
+
+def test_the_two_step_path_traces_its_admission_with_the_decision(collector, monkeypatch,
+                                                                   tmp_path_factory):
+    """The gateway's default path (Admit at the scheduler, the tokens from the worker): the
+    trace has the admission span and the decision, cap, request, lease and worker on the
+    scheduler's Admit span, as operations.md promises for every request (issue 52)."""
+    sink, port = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    cluster = start_cluster(tmp_path_factory, "tracing-two-step",
+                            kv_capacities=[str(TIGHT_BUDGET_TOKENS * BPT)])
+    gateway = None
+    try:
+        gateway = start_gateway(tmp_path_factory, cluster.address)
+        answer = openai_client(gateway).chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=200)
+        assert answer.headers["x-ortserve-decision"] == "CAPPED"
+        request_id = answer.headers["x-request-id"]
+
+        def ours() -> list[tuple[str, object]]:
+            for spans in sink.traces().values():
+                names = {s.name for _, s in spans}
+                if (request_id in {attributes(s).get("ortserve.request_id") for _, s in spans}
+                        and {"admission", "prefill", "decode"} <= names
+                        and any(service == "ortserve-scheduler" and s.name.endswith(
+                            "Scheduler/Admit") for service, s in spans)):
+                    return spans
+            return []
+
+        deadline = time.monotonic() + 60
+        while not (spans := ours()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        names = sorted({s.name for _, trace in sink.traces().items() for _, s in trace})
+        assert spans, f"no trace of request {request_id} with its admission; span names: {names}"
+        assert {service for service, _ in spans} == SERVICES
+        [admission] = [attributes(s) for _, s in spans if s.name == "admission"]
+        assert admission["ortserve.decision"] == "capped"
+        assert admission["ortserve.cap.requested_max_new_tokens"] == 200
+        [rpc] = [attributes(s) for service, s in spans
+                 if service == "ortserve-scheduler" and s.name.endswith("Scheduler/Admit")]
+        assert rpc["ortserve.decision"] == "capped" and rpc["ortserve.request_id"] == request_id
+        assert rpc["ortserve.lease_id"] and rpc["ortserve.worker_id"] and rpc["ortserve.model"]
+        assert len({s.trace_id for _, s in spans}) == 1
+    finally:
+        if gateway is not None:
+            stop_service(gateway)
+        cluster.stop()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from devtools.kustomize import KustomizeError, build, merge
-from tests.unit.deploy.k8s.manifests import K8S, OVERLAYS, render
+from tests.unit.deploy.k8s.manifests import INFERENCE_GATEWAY, K8S, OVERLAYS, render
 
 
 def test_strategic_merge_merges_named_lists_and_replaces_others():
@@ -22,9 +22,12 @@ def test_strategic_merge_merges_named_lists_and_replaces_others():
     patch = {"containers": [{"name": "a", "args": ["3"], "env": [{"name": "F", "value": "2"}]}],
              "tolerations": [{"key": "z"}]}
     out = merge(base, patch)
+    # kustomize's order: the patch's items first (in its order), then the base's others.
     assert out["containers"][0] == {"name": "a", "image": "x", "args": ["3"],
-                                    "env": [{"name": "E", "value": "1"}, {"name": "F", "value": "2"}]}
+                                    "env": [{"name": "F", "value": "2"}, {"name": "E", "value": "1"}]}
     assert out["containers"][1] == {"name": "b", "image": "y"}
+    added = merge(base, {"containers": [{"name": "c", "image": "z"}]})
+    assert [c["name"] for c in added["containers"]] == ["c", "a", "b"]
     assert out["tolerations"] == [{"key": "z"}]
     assert merge({"a": 1, "b": 2}, {"a": None}) == {"b": 2}
     with pytest.raises(KustomizeError):
@@ -56,7 +59,7 @@ def _kustomize_command() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("name", OVERLAYS)
+@pytest.mark.parametrize("name", (*OVERLAYS, INFERENCE_GATEWAY))
 def test_the_renderer_agrees_with_kustomize(name):
     command = _kustomize_command()
     if command is None:

@@ -12,7 +12,7 @@ from ortserve_client.types import BudgetCap
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from gateway.app import _passed_through
+from gateway.caller import passed_through
 from gateway.reply.responses import CAP_HEADER, admission_headers
 from gateway.request.translate import ParamError, parse_request
 from ortserve.v1 import scheduler_pb2, types_pb2
@@ -38,9 +38,14 @@ def _request(headers: dict[str, str], tenant_header: str) -> Request:
 
 def test_the_gateway_sends_the_tenant_header_as_metadata_only_when_configured():
     headers = {"Authorization": "Bearer k", "X-Team": "batch"}
-    assert _passed_through(_request(headers, "X-Team")) == [("authorization", "Bearer k"),
-                                                             ("ortserve-tenant", "batch")]
-    assert _passed_through(_request(headers, "")) == [("authorization", "Bearer k")]
+    assert passed_through(_request(headers, "X-Team")) == (("authorization", "Bearer k"),
+                                                           ("ortserve-tenant", "batch"))
+    assert passed_through(_request(headers, "")) == (("authorization", "Bearer k"),)
+    # Anthropic's SDKs send their key as x-api-key: a bearer key, the tenant header kept.
+    anthropic = {"x-api-key": "k", "X-Team": "batch"}
+    assert passed_through(_request(anthropic, "X-Team"), "x-api-key") == (
+        ("authorization", "Bearer k"), ("ortserve-tenant", "batch"))
+    assert passed_through(_request(anthropic, "X-Team")) == (("ortserve-tenant", "batch"),)
 
 
 def _tenant_cap() -> types_pb2.BudgetCap:

@@ -14,6 +14,9 @@ from devtools.kustomize import build
 ROOT = Path(__file__).resolve().parents[4]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "gpu")
+# ortserve behind an inference gateway: the CPU overlay plus an InferencePool and the
+# endpoint picker (custom kinds: tests/unit/deploy/k8s/test_inference_gateway.py).
+INFERENCE_GATEWAY = "inference-gateway"
 AUTOSCALING = "autoscaling"  # deploy/k8s/autoscaling: the workers' HPA, applied after an overlay
 # The oldest Kubernetes we claim (native gRPC probes are GA since 1.27) and the newest schemas.
 K8S_VERSIONS = ("1.30.0", "1.37.0")

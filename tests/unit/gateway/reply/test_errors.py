@@ -87,6 +87,22 @@ def test_no_worker_is_503_and_an_invalid_field_is_400_with_its_openai_name():
             rich_status.error_info("INVALID_REQUEST", {}),
             rich_status.bad_request(proto_path, "bad")]), "messages")
         assert (bad.status, bad.param) == (400, param)
+        # The message names what the caller sent, not the proto's path.
+        assert bad.message == f"{param}: bad", bad.message
+
+
+def test_a_refusal_renamed_for_the_responses_and_messages_apis_names_their_field():
+    from gateway.apis import anthropic_messages, openai_responses
+
+    def refused(proto_path):
+        return from_grpc(FakeRpcError(S.INVALID_ARGUMENT, f"{proto_path}: bad", [
+            rich_status.error_info("INVALID_REQUEST", {}),
+            rich_status.bad_request(proto_path, "bad")]), "messages")
+
+    effort = openai_responses.renamed(refused("chat.template_kwargs_json.reasoning_effort"))
+    assert (effort.param, effort.message) == ("reasoning.effort", "reasoning.effort: bad")
+    schema = anthropic_messages.renamed(refused("chat.tools[0].parameters_json"))
+    assert (schema.param, schema.message) == ("tools[0].input_schema", "tools[0].input_schema: bad")
 
 
 @pytest.mark.parametrize("code,status", [

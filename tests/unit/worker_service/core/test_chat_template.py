@@ -1,4 +1,6 @@
-"""chat_template_kwargs reach the template, and only variables it reads are accepted."""
+"""chat_template_kwargs reach the template; a variable it does not read is accepted and
+named (as vLLM and SGLang accept it), one ortserve sets itself or a required one it does
+not read is refused."""
 
 from __future__ import annotations
 
@@ -21,14 +23,37 @@ def test_a_variable_the_template_reads_changes_the_prompt():
     assert template.reasoning_format == "think"
 
 
-@pytest.mark.parametrize("name, words", [("budget", "does not read 'budget'"),
-                                         ("messages", "set by ortserve"),
+@pytest.mark.parametrize("name, words", [("messages", "set by ortserve"),
+                                         ("add_generation_prompt", "set by ortserve"),
                                          ("eos_token", "set by ortserve")])
-def test_a_variable_it_does_not_read_or_that_ortserve_sets_is_refused(name, words):
+def test_a_variable_that_ortserve_sets_is_refused(name, words):
     template = ChatTemplate(SOURCE, {"eos_token": "</s>"})
     with pytest.raises(InvalidField) as info:
         template.render([("user", "hi")], kwargs={name: 1})
     assert info.value.field == f"chat.template_kwargs_json.{name}" and words in str(info.value)
+
+
+def test_a_variable_it_does_not_read_is_accepted_and_named():
+    # Fleets send {"enable_thinking": false} to every model; a template without the switch
+    # renders as it would without it, and the names it ignored are said.
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}", {})
+    kwargs = {"enable_thinking": False, "budget": 1}
+    assert template.render([("user", "hi")], kwargs=kwargs) == template.render([("user", "hi")])
+    assert template.check_kwargs(kwargs) == ["budget", "enable_thinking"]
+    assert ChatTemplate(SOURCE, {}).check_kwargs({"enable_thinking": False}) == []
+
+
+def test_a_required_variable_it_does_not_read_is_refused():
+    # An API parameter carried as a variable (reasoning_effort) is honoured or refused.
+    template = ChatTemplate(SOURCE, {"eos_token": "</s>"})
+    with pytest.raises(InvalidField) as info:
+        template.render([("user", "hi")], kwargs={"reasoning_effort": "low"},
+                        required=["reasoning_effort"])
+    assert info.value.field == "chat.template_kwargs_json.reasoning_effort"
+    assert "does not read 'reasoning_effort'" in str(info.value)
+    # Read, a required variable renders as any other.
+    assert template.render([("user", "hi")], kwargs={"enable_thinking": False},
+                           required=["enable_thinking"]) == "hi<think></think>"
 
 
 @pytest.mark.parametrize("text, ok", [("", True), ('{"a": 1}', True), ("[1]", False),
