@@ -77,6 +77,12 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                    help="ORT's pool threads spin-wait for work between parallel sections (on: "
                         "ORT's default); off yields the cores to other processes on a shared "
                         "machine (docs/benchmarks.md)")
+    p.add_argument("--cuda-graphs", choices=["on", "off"],
+                   default=from_env(p, "ORTSERVE_WORKER_CUDA_GRAPHS", "on" if d.cuda_graphs else "off",
+                                choices=("on", "off")),
+                   help="CUDA: decode steps replay one CUDA graph per batch-size bucket, captured "
+                        "at start (on); off launches every kernel each step. No effect on the "
+                        "CPU (docs/kv-arena.md, 'The decode step')")
     p.add_argument("--speculative", choices=["ngram", "off"],
                    default=from_env(p, "ORTSERVE_WORKER_SPECULATIVE", d.speculative,
                                     choices=("ngram", "off")),
@@ -188,6 +194,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         model_dir=Path(a.model_dir), scheduler_address=a.scheduler, host=a.host, port=a.port,
         advertise_address=a.advertise_address, worker_id=a.worker_id, device=a.device,
         device_id=a.device_id, intra_op_threads=a.threads, intra_op_spinning=a.spin_wait == "on",
+        cuda_graphs=a.cuda_graphs == "on",
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
         max_context_tokens=a.max_context_tokens, lora=lora_adapters, speculative=a.speculative,

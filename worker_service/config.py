@@ -20,6 +20,8 @@ class WorkerConfig:
     device_id: int = 0
     intra_op_threads: int = 0  # 0 -> every usable core
     intra_op_spinning: bool = True  # ORT's pool threads spin-wait between parallel sections
+    # CUDA: decode steps replay a CUDA graph per batch-size bucket (--cuda-graphs; docs/kv-arena.md).
+    cuda_graphs: bool = True
     kv_capacity_bytes: int | None = None  # None -> kv_capacity_fraction of available memory (--kv-capacity)
     kv_capacity_fraction: float = 0.2
     # The KV arena's rows: the most sequences running at once; admitted ones beyond wait

@@ -123,7 +123,10 @@ class Engine:
         self._live: dict[str, Sequence] = {}  # guarded by _cond
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="ortserve-engine", daemon=True)
+        self._graphs_ready = threading.Event()
         self._thread.start()
+        # A capture must see no other thread's CUDA calls: nothing else starts before it ends.
+        self._graphs_ready.wait()
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
                  nodes_by_provider=self.nodes_by_provider, nodes_off_device=self.nodes_off_device,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
@@ -319,6 +322,11 @@ class Engine:
     # --- the engine thread ---------------------------------------------------
 
     def _loop(self) -> None:
+        # CUDA graphs are captured on the thread that replays them (runtime/decode_step.py).
+        try:
+            getattr(self.runner, "warm_graphs", lambda: None)()
+        finally:
+            self._graphs_ready.set()
         while True:
             with self._cond:
                 while not self._closing and not self._inbox and not self.scheduler.has_work:

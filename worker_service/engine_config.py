@@ -50,6 +50,10 @@ class EngineConfig:
     # prompt chunk computes one row of logits, not one per token. False: the graph as
     # the folder has it (for A/B runs).
     last_position_logits: bool = True
+    # CUDA with device rows: decode steps replay one CUDA graph per batch-size bucket
+    # (runtime/decode_step.py), captured at start on the engine thread. False: every
+    # step launches its kernels (for A/B runs). No effect on the CPU (nothing to capture).
+    cuda_graphs: bool = True
     # Speculative decoding: "ngram" (prompt lookup: proposals from the sequence's own
     # earlier tokens, verified in one run; core/ngram.py) or "off".
     speculative: str = "off"

@@ -55,6 +55,7 @@ class WorkerMetrics:
             "Proposed tokens the outputs kept (each one a model run saved)", registry=registry)
         self.latency = RequestLatency(registry, "ortserve_worker", "worker")
         registry.register(_PrefixCacheMetrics(engine))
+        registry.register(_DecodeStepMetrics(engine))
         registry.register(_RelaySent())
 
     def completed(self, done: Completed) -> None:
@@ -81,6 +82,46 @@ class _RelaySent(Collector):
     def describe(self):
         return [CounterMetricFamily("ortserve_worker_relay_messages", ""),
                 CounterMetricFamily("ortserve_worker_relay_frames", "")]
+
+
+class _DecodeStepMetrics(Collector):
+    """How decode steps ran (runtime/decode_step.py's StepStats, read at scrape time): replayed
+    CUDA graphs or not and why, host vs session-run seconds, padded rows, the buckets' fixed
+    buffers. A runner without buckets (static, the bench's set rate) reports zeros."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self):
+        stats = getattr(self._engine.runner, "step_stats", None)
+        steps = CounterMetricFamily(
+            "ortserve_worker_decode_steps",
+            "Batched decode runs, by whether they replayed a captured CUDA graph and why not",
+            labels=["graph", "reason"])
+        if stats is not None:
+            steps.add_metric(["captured", ""], stats.captured_steps)
+            for reason, count in sorted(stats.uncaptured_by_reason.items()):
+                steps.add_metric(["uncaptured", reason], count)
+        yield steps
+        yield CounterMetricFamily(
+            "ortserve_worker_decode_host_seconds",
+            "Wall seconds of decode steps spent outside the session run (inputs, outputs, "
+            "bookkeeping)", value=stats.host_s if stats else 0.0)
+        yield CounterMetricFamily(
+            "ortserve_worker_decode_device_seconds",
+            "Wall seconds of decode steps inside the session run (the device's work and its "
+            "launches)", value=stats.device_s if stats else 0.0)
+        yield CounterMetricFamily(
+            "ortserve_worker_decode_padded_rows",
+            "Rows run as padding up to a batch-size bucket, summed over decode steps",
+            value=stats.padded_rows if stats else 0)
+        yield GaugeMetricFamily(
+            "ortserve_worker_decode_bucket_buffer_bytes",
+            "Bytes of the decode buckets' fixed input and output buffers on the KV's device",
+            value=stats.graph_bytes if stats else 0)
+
+    def describe(self):
+        return []
 
 
 class _PrefixCacheMetrics(Collector):

@@ -25,15 +25,19 @@ class Applied:
 
 
 def greedy_choices(output: StepOutput, vocab_size: int) -> dict[str, int]:
-    """The greedy rows' tokens (no constraint, penalty, bias or logprobs) from one argmax
-    over the step's logits, not one per row: the same tokens. A row whose argmax is
-    suppressed (EOS before min_new_tokens) is left to its sampler."""
-    steps = [s for s in output.steps.values() if s.logits is not None and s.error is None
-             and s.seq.constraint is None and s.seq.req.top_logprobs is None
-             and plain_greedy(s.seq.sampler)]
+    """The greedy rows' tokens (no constraint, penalty, bias or logprobs): the device's
+    choice where the runner made one (the graph's next_ids: no host argmax at all), else
+    one host argmax over the step's float32 logits, not one per row: the same tokens. A
+    row whose argmax is suppressed (EOS before min_new_tokens) is left to its sampler."""
+    plain = [s for s in output.steps.values() if s.error is None and s.samples
+             and s.token is None and s.seq.constraint is None
+             and s.seq.req.top_logprobs is None and plain_greedy(s.seq.sampler)]
+    on_device = {s.seq.sequence_id: s.greedy_token for s in plain if s.greedy_token is not None}
+    steps = [s for s in plain if s.greedy_token is None and s.logits is not None]
     chosen = greedy_tokens([s.logits for s in steps], vocab_size) if steps else []
-    return {s.seq.sequence_id: c for s, t in zip(steps, chosen, strict=True)
-            if (c := greedy_choice(s.seq.sampler, t)) is not None}
+    tokens = {**on_device, **{s.seq.sequence_id: t for s, t in zip(steps, chosen, strict=True)}}
+    return {s.seq.sequence_id: c for s in plain if s.seq.sequence_id in tokens
+            and (c := greedy_choice(s.seq.sampler, tokens[s.seq.sequence_id])) is not None}
 
 
 def apply_step(output: StepOutput, runner: Runner, vocab_size: int) -> Applied:
@@ -58,7 +62,7 @@ def apply_step(output: StepOutput, runner: Runner, vocab_size: int) -> Applied:
             continue
         seq.computed(step.computed_tokens)
         chosen = step.token if step.token is not None else greedy.get(seq.sequence_id)
-        if step.logits is None and step.token is None:
+        if not step.samples:
             continue  # more prompt to go
         try:
             token, text, finish_reason, logprobs = seq.accept(step.logits, chosen)

@@ -137,6 +137,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  device_id=config.device_id,
                                  intra_op_threads=config.intra_op_threads,
                                  intra_op_spinning=config.intra_op_spinning,
+                                 cuda_graphs=config.cuda_graphs,
                                  max_batch_rows=config.max_batch_rows,
                                  max_context_tokens=config.max_context_tokens,
                                  kv_capacity_bytes=capacity_bytes,

@@ -226,6 +226,12 @@ def plain_greedy(sampler: Sampler) -> bool:
     return sampler._rng is None and not sampler._adjusts
 
 
+def suppresses(sampler: Sampler) -> bool:
+    """True while `sampler` has suppressed tokens (min_new_tokens' EOS): a raw argmax may
+    name one, and then the sampler must choose from the logits (`greedy_choice`)."""
+    return bool(sampler._suppressed.size)
+
+
 def greedy_choice(sampler: Sampler, token: int) -> int | None:
     """`token` (the raw logits' first maximum) when `sampler` would choose it, else None:
     a suppressed token (EOS before min_new_tokens) is not, and the sampler must choose.

@@ -18,6 +18,9 @@ order of checks.CHECKS:
   K/V it kept came back bit-exact;
 - prefix_cache_hit_equals_miss: a prompt served from the prefix cache equals its
   first (missed) run;
+- captured_equals_uncaptured: decode in a padded bucket with fixed buffers (a CUDA
+  graph where the session has them) equals plain decode, teacher-forced: bit for
+  bit on the CPU, max logit difference <= 0.05 on CUDA (runtime/graph_check.py);
 - ledger: the device memory allocated is the pool's capacity; what the rows held
   never exceeded what was charged, nor the charge the capacity;
 - decode_speed (GPU only): decode tokens/s at 1, 8, 32, 64, 128 streams, beside

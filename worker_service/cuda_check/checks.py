@@ -23,6 +23,7 @@ from worker_service.cuda_check.harness import Check, Context, Unmet
 from worker_service.cuda_check.memory import kv_memory_as_charged
 from worker_service.engine import Engine, EngineConfig
 from worker_service.runtime.device_rows import DeviceRows
+from worker_service.runtime.graph_check import captured_equals_uncaptured
 from worker_service.runtime.model import load_model_spec
 
 PROMPTS = (
@@ -368,6 +369,7 @@ CHECKS: list[Check] = [
     ("batched_equals_solo", batched_equals_solo),
     ("session_swap_equals_fresh", session_swap_equals_fresh),
     ("prefix_cache_hit_equals_miss", prefix_cache_hit_equals_miss),
+    ("captured_equals_uncaptured", lambda ctx: captured_equals_uncaptured(ctx.engine)),
     ("ledger", ledger),
     # Before equal_to_cpu: the CPU engine on a large fp16 folder is slow, and the deadline
     # should skip the CPU comparison rather than the GPU's figures.

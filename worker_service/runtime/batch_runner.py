@@ -18,27 +18,70 @@ and logits' small host arrays cross to a device. A graph with a `logits_position
 its logits are [rows, 1, vocab] in every entry point. Host arrays for ids,
 mask and logits are preallocated once; returned logits are views into them,
 valid until the next call.
+
+Decode runs in batch-size buckets with fixed buffers bound once per bucket
+(decode_step.py): padded rows on device rows, every size on the host arena;
+`decode_rows` hands back each row's greedy id (the graph's `next_ids` on a
+device, numpy's float32 argmax of the host logits on the CPU) and the logits
+only when asked for.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.runtime.last_logits import LOGITS_POSITIONS
+from worker_service.runtime.decode_step import (
+    WARM_RUNS,
+    DecodeBuffers,
+    DecodeShapes,
+    StepClock,
+    StepStats,
+    bucket_for,
+    graphs_enabled,
+    run_options,
+)
+from worker_service.runtime.last_logits import LOGITS_POSITIONS, NEXT_IDS
 from worker_service.runtime.lora import BASE, SLOT_INPUT, AdapterSet, lora_inputs
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowStore
+
+
+@dataclass
+class Decoded:
+    """A decode run's results for rows [0, rows)."""
+
+    rows: int
+    # Each row's greedy choice (the first maximum of its logits): the graph's next_ids on a
+    # device, numpy's float32 argmax of the host logits where the graph has none (the
+    # CPU, a run split by adapter groups).
+    next_ids: np.ndarray
+    _fetch: Callable[[], np.ndarray]
+    _logits: np.ndarray | None = None
+
+    def logits(self) -> np.ndarray:
+        """[rows, vocab] float32 on the host: a view of the run's output buffer on the CPU
+        (valid until the next run), one copy and one cast for the batch from a device."""
+        if self._logits is None:
+            self._logits = self._fetch()
+        return self._logits
 
 
 class BatchRunner:
     """One ORT session over one row store; see the module docstring."""
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
-                 max_chunk_tokens: int = 512, lora: AdapterSet | None = None) -> None:
+                 max_chunk_tokens: int = 512, lora: AdapterSet | None = None,
+                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1) -> None:
+        """`shapes`: how decode runs are shaped (decode_step.py); None: the store's own
+        (padded buckets and full-width masks on device rows, every size on the arena).
+        `graph_ids_from`: the CUDA graph id of the first bucket (0 is ORT's default; a
+        second runner on the same session, cuda_check's, takes other ids)."""
+        self.graph_ids_from = graph_ids_from
         if store.spec is not spec and store.spec != spec:
             raise ValueError("the row store was made for another model spec")
         self.session = session
@@ -59,8 +102,21 @@ class BatchRunner:
         # Row b's position within the run whose logits it reads, when the graph gathers.
         self.gathers = LOGITS_POSITIONS in {i.name for i in session.get_inputs()}
         self._logits_at = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
-        self._decode_binding = session.io_binding()
-        self._decode_rows = 0  # rows [0, n) bound in _decode_binding's KV, 0: none
+        # Decode runs in buckets with fixed buffers (runtime/decode_step.py); a bucket's KV
+        # rows [0, bucket) and buffers are bound once: row addresses never change.
+        self.graphs = graphs_enabled(session)
+        self.shapes = shapes or DecodeShapes.for_store(store, capture=self.graphs)
+        self._buckets: dict[int, DecodeBuffers] = {}
+        self.has_next_ids = NEXT_IDS in {o.name for o in session.get_outputs()}
+        self._next_ids = np.zeros(rows, dtype=np.int64)  # the host buckets' shared output
+        self._lengths = np.zeros(rows, dtype=np.int64)
+        self._pad_id = spec.eos_token_ids[0] if spec.eos_token_ids else 0  # any valid id
+        self.step_stats = StepStats()
+        self._graph_run_options: dict[int, ort.RunOptions] = {}
+        # Every other run on a graph-enabled session says -1 (uncaptured): ORT would
+        # otherwise capture its default graph (id 0) on the third run of any shape.
+        self._skip_graph = run_options(-1)
+        self._uncaptured = self._skip_graph if self.graphs else None
         # One binding per row for prompt chunks: a row's address never changes (a
         # moved row lands in another row's place), so a row's KV is bound once.
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
@@ -89,9 +145,11 @@ class BatchRunner:
         return self.store
 
     def invalidate(self) -> None:
-        """Forget cached KV bindings. Not needed after store.free (addresses are fixed); for
-        a caller that replaced the store's memory."""
-        self._decode_rows = 0
+        """Forget cached KV bindings. Not needed after store.free (addresses are fixed, and a
+        freed row's place is taken by the last row: every binding still points at live or
+        free rows); for a caller that replaced the store's memory. Captured graphs keep
+        their addresses: replacing the memory under them needs a new session."""
+        self._buckets.clear()
         self._prefill_bindings.clear()
         self._first_bindings.clear()
         self._decode_part_bindings.clear()
@@ -174,7 +232,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [1, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         self.store.note_written(row, total)
         self.runs += 1
@@ -233,7 +291,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [rows, positions, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         for b in range(rows):
             self.store.note_written(start_row + b, lengths[b], touched_tokens=width)
@@ -247,11 +305,22 @@ class BatchRunner:
     def decode(self, rows: int, past_tokens_per_row: Sequence[int], next_ids: Sequence[int],
                active: Sequence[bool] | None = None,
                adapters: Sequence[str] | None = None) -> np.ndarray:
-        """One token for each of rows [0, rows) in ONE run; logits [rows, vocab].
+        """One token for each of rows [0, rows) in ONE run; logits [rows, vocab] (host, a
+        view valid until the next run). `decode_rows` without the device's choice."""
+        return self.decode_rows(rows, past_tokens_per_row, next_ids, active, adapters).logits()
+
+    def decode_rows(self, rows: int, past_tokens_per_row: Sequence[int],
+                    next_ids: Sequence[int], active: Sequence[bool] | None = None,
+                    adapters: Sequence[str] | None = None) -> Decoded:
+        """One token for each of rows [0, rows) in ONE run (a bucket's, runtime/decode_step.py):
+        each row's greedy choice (the graph's `next_ids`, when it has it) and its logits,
+        brought to the host only when asked for.
 
         Row b has written past_tokens_per_row[b] positions; its new token lands at
         that position. The mask is right-padded: row b has past_b + 1 ones, then
-        zeros, to width max(past) + 1.
+        zeros, to the bucket's width (the row's whole width when shapes are fixed,
+        else max(past) + 1). Rows [rows, bucket) are padding (free rows; see
+        decode_step.py).
 
         active[b] False: row b is still being prefilled and rides along so rows
         stay [0, n) without moving anything. Its next_id is any valid id; the run
@@ -261,8 +330,9 @@ class BatchRunner:
 
         adapters[b]: row b's LoRA adapter (BASE: none). The LoRA weights are
         batch-shared inputs, so each maximal run of rows with one adapter is one
-        run over its rows [start, stop); None: every row is the base, one run.
+        run over its rows [start, stop) (uncaptured); None: every row is the base.
         """
+        clock = StepClock()
         if not 1 <= rows <= self.store.rows:
             raise ValueError(f"decode over rows [0, {rows}) but the store has "
                              f"{self.store.rows} live rows")
@@ -277,38 +347,141 @@ class BatchRunner:
             raise ValueError(f"decode over {rows} rows needs {rows} adapters, "
                              f"got {len(adapters)}")
         ids = np.asarray(next_ids, dtype=np.int64)
-        if self.lora is not None and self.lora.per_row:  # every row its own adapter: one run
-            self._decode_part(0, rows, past, ids, BASE, rows, adapters)
+        groups = ([(0, rows, BASE)] if self.lora is not None and self.lora.per_row
+                  else adapter_groups(adapters, rows))
+        if len(groups) == 1:
+            decoded = self._decode_bucket(clock, rows, past, ids, groups[0][2], adapters)
         else:
-            for start, stop, adapter in adapter_groups(adapters, rows):
-                self._decode_part(start, stop, past[start:stop], ids[start:stop], adapter, rows)
-        spec = self.spec
-        logits = self._decode_logits[:rows * spec.vocab_size]
+            for start, stop, adapter in groups:
+                self._decode_part(clock, start, stop, past[start:stop], ids[start:stop], adapter)
+            self.step_stats.ran("adapter groups")
+            host = self._part_logits(rows)()
+            decoded = Decoded(rows, np.argmax(host, axis=1), lambda: host, host)
         for b in range(rows):
             if active is None or active[b]:
                 self.store.note_written(b, int(past[b]) + 1)
             else:
                 self.store.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
         self.largest_batch = max(self.largest_batch, rows)
-        return logits.reshape(rows, spec.vocab_size)
+        clock.close(self.step_stats)
+        return decoded
 
-    def _decode_part(self, start: int, stop: int, past: np.ndarray, next_ids: np.ndarray,
-                     adapter: str, rows: int, per_row: Sequence[str] | None = None) -> None:
-        """One run decoding rows [start, stop) with one adapter; logits land at rows
-        [start, stop) of the decode logits."""
-        spec, n = self.spec, stop - start
-        if (start, stop) == (0, rows):
-            binding = self._decode_binding
-            if self._decode_rows != rows:
-                self.store.bind(binding, 0, rows)
-                self._decode_rows = rows
-        else:
-            binding = self._decode_part_bindings.get((start, stop))
-            if binding is None:
-                binding = self._decode_part_bindings[(start, stop)] = self.session.io_binding()
-                self.store.bind(binding, start, stop)
+    def _bucket(self, bucket: int) -> DecodeBuffers:
+        buffers = self._buckets.get(bucket)
+        if buffers is None:
+            shapes = self.shapes
+            buffers = self._buckets[bucket] = DecodeBuffers(
+                self.session, self.spec, self.store, bucket,
+                self.store.seq_tokens if shapes.full_width else None, self.logits_dtype,
+                self.gathers, slots=self.lora is not None and self.lora.per_row,
+                next_ids=self.has_next_ids,
+                shared=None if shapes.full_width else (self._decode_logits, self._next_ids))
+            self.step_stats.graph_bytes += buffers.nbytes if shapes.full_width else 0
+        return buffers
+
+    def _decode_bucket(self, clock: StepClock, rows: int, past: np.ndarray, ids: np.ndarray,
+                       adapter: str, per_row: Sequence[str] | None) -> Decoded:
+        """One run over rows [0, bucket): the rows, then padding (see decode_step.py)."""
+        spec, shapes = self.spec, self.shapes
+        bucket = bucket_for(rows, shapes.ladder)
+        buffers = self._bucket(bucket)
+        binding = buffers.binding
         self._bind_adapter(binding, adapter)
-        self._bind_slots(binding, per_row if per_row is not None else [adapter] * n)
+        buffers.ids.host[:rows, 0] = ids
+        buffers.ids.host[rows:, 0] = self._pad_id
+        if buffers.positions is not None:
+            buffers.positions.host[:rows, 0] = past
+            buffers.positions.host[rows:, 0] = 0
+        if buffers.slots is not None and self.lora is not None:
+            buffers.slots.host[:rows] = [self.lora.slot(a) for a in (per_row or [adapter] * rows)]
+            buffers.slots.host[rows:] = self.lora.slot(BASE)
+        lengths = self._lengths[:bucket]
+        np.add(past, 1, out=lengths[:rows])
+        lengths[rows:] = 1  # a padded row holds position 0: its scratch goes there
+        if buffers.mask is not None:
+            np.less(self._columns[:buffers.width], lengths[:, None], out=buffers.mask.host,
+                    casting="unsafe")
+        else:
+            width = int(past.max()) + 1
+            mask = self._mask[:bucket * width].reshape(bucket, width)
+            np.less(self._columns[:width], lengths[:, None], out=mask, casting="unsafe")
+            binding.bind_cpu_input(spec.attention_mask_name, mask)
+        buffers.upload()
+        reason = self._uncaptured_reason(buffers)
+        options = self._graph_options(bucket) if reason is None else self._uncaptured
+        started_s = time.thread_time()
+        clock.timed_run(self.session, binding, options)
+        self.ort_cpu_s += time.thread_time() - started_s
+        self.runs += 1
+        self.step_stats.ran(reason)
+        self.step_stats.padded_rows += bucket - rows
+        logits = buffers.logits
+
+        def fetch() -> np.ndarray:
+            host = logits.download()[:rows].reshape(rows, spec.vocab_size)
+            # One cast for the batch: no host code ever scans half floats row by row.
+            return host if host.dtype == np.float32 else host.astype(np.float32)
+        if buffers.next_ids is not None:  # chosen on the device: only ids come down
+            return Decoded(rows, buffers.next_ids.download()[:rows, 0], fetch)
+        # No device argmax (the CPU: numpy's float32 argmax beats ORT's CPU ArgMax ~100x;
+        # or an unedited graph): one host call over the batch's float32 logits.
+        host = fetch()
+        return Decoded(rows, np.argmax(host, axis=1), fetch, host)
+
+    def _uncaptured_reason(self, buffers: DecodeBuffers) -> str | None:
+        """None when this run replays (or captures) its bucket's graph; else why not."""
+        if not self.shapes.capture:
+            return "no capture on this device" if self.store.device == "cpu" else "graphs off"
+        if self.lora is not None:
+            return "LoRA inputs"  # rebound when adapters change: a graph would keep old ones
+        return None
+
+    def _graph_options(self, bucket: int) -> ort.RunOptions:
+        options = self._graph_run_options.get(bucket)
+        if options is None:
+            # Graph ids from 1 (0 is ORT's default annotation), one per bucket.
+            options = self._graph_run_options[bucket] = run_options(
+                self.graph_ids_from + self.shapes.ladder.index(bucket))
+        return options
+
+    def warm_graphs(self) -> list[int]:
+        """Capture every bucket's graph now (ORT captures on a graph id's third run, on the
+        calling thread: the engine thread calls this before its first step). Runs over
+        free rows only, so it needs an empty store; returns the buckets captured."""
+        if not self.shapes.capture or self.lora is not None:
+            return []  # nothing replays: graphs off, the CPU, or LoRA inputs (uncaptured)
+        if self.store.rows:
+            raise RuntimeError("graphs are captured before any sequence has a row")
+        for bucket in self.shapes.ladder:
+            buffers = self._bucket(bucket)
+            buffers.ids.host[:] = self._pad_id
+            if buffers.positions is not None:
+                buffers.positions.host[:] = 0
+            assert buffers.mask is not None
+            buffers.mask.host[:] = 0
+            buffers.mask.host[:, 0] = 1
+            buffers.upload()
+            for _ in range(WARM_RUNS):
+                self.session.run_with_iobinding(buffers.binding, self._graph_options(bucket))
+            self.step_stats.captured_buckets.append(bucket)
+        return list(self.step_stats.captured_buckets)
+
+    def _part_logits(self, rows: int) -> Callable[[], np.ndarray]:
+        logits = self._decode_logits[:rows * self.spec.vocab_size].reshape(rows,
+                                                                         self.spec.vocab_size)
+        return lambda: logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def _decode_part(self, clock: StepClock, start: int, stop: int, past: np.ndarray,
+                     next_ids: np.ndarray, adapter: str) -> None:
+        """One run decoding rows [start, stop) with one adapter (a batch split by adapter
+        groups: no bucket, no graph); logits land at rows [start, stop) of the host decode
+        logits."""
+        spec, n = self.spec, stop - start
+        binding = self._decode_part_bindings.get((start, stop))
+        if binding is None:
+            binding = self._decode_part_bindings[(start, stop)] = self.session.io_binding()
+            self.store.bind(binding, start, stop)
+        self._bind_adapter(binding, adapter)
         width = int(past.max()) + 1
         ids_view = self._ids[:n].reshape(n, 1)
         ids_view[:, 0] = next_ids
@@ -325,7 +498,7 @@ class BatchRunner:
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [n, 1, spec.vocab_size], logits.ctypes.data)
         started_s = time.thread_time()
-        self.session.run_with_iobinding(binding)
+        clock.timed_run(self.session, binding, self._uncaptured)
         self.ort_cpu_s += time.thread_time() - started_s
         self.runs += 1
 

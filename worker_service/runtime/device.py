@@ -114,7 +114,8 @@ def session_providers(device: str, device_id: int) -> list:
 
 def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_threads: int,
                    inter_op_threads: int = 1, config_entries: tuple[tuple[str, str], ...] = (),
-                   last_position_logits: bool = True) -> ort.InferenceSession:
+                   last_position_logits: bool = True,
+                   cuda_graphs: bool = False) -> ort.InferenceSession:
     """An ORT session for `spec` on `device`, verified to run where it was asked to.
 
     On CUDA: refused (DeviceUnavailable) when the CUDA provider is not active (naming
@@ -125,6 +126,11 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
     `last_position_logits`: the graph with the LM head only at the positions the engine
     reads (runtime/last_logits.py), where the graph allows the edit; the runners see
     which by its `logits_positions` input.
+
+    `cuda_graphs` (CUDA only): the CUDA provider's enable_cuda_graph, so decode steps can
+    replay a graph per bucket (runtime/decode_step.py); where ORT refuses it for this
+    graph, the session is made without it and the log says why (every step then runs
+    uncaptured, and the metrics say so).
     """
     if device not in ("cpu", "cuda"):
         raise DeviceUnavailable(f"device {device!r} is not one of 'cpu', 'cuda'")
@@ -139,14 +145,26 @@ def create_session(spec: ModelSpec, device: str, device_id: int, intra_op_thread
     preload_log = _preload_cuda_libraries() if device == "cuda" else ""
     model: str | bytes = str(spec.model_file)
     if last_position_logits:
-        graph, folder, note = last_logits.edited_graph(spec.model_file, spec.logits_name)
+        # The greedy choice in the graph on CUDA only (last_logits.py: ORT's CPU ArgMax is
+        # ~100x slower than numpy's over host logits).
+        graph, folder, note = last_logits.edited_graph(spec.model_file, spec.logits_name,
+                                                       next_ids=device == "cuda")
         if graph is not None:
             model = graph
             options.add_session_config_entry(last_logits.EXTERNAL_FOLDER_KEY, str(folder))
         log.info("logits graph", model_file=str(spec.model_file), edited=graph is not None,
                  note=note)
     try:
-        session = ort.InferenceSession(model, options, providers=providers)
+        session = None
+        if cuda_graphs and device == "cuda":
+            graphed = [(CUDA, {"device_id": device_id, "enable_cuda_graph": "1"}), CPU]
+            try:
+                session = ort.InferenceSession(model, options, providers=graphed)
+            except Exception as exc:  # noqa: BLE001 - refused graphs: run without them
+                log.warning("CUDA graphs refused for this graph; decode runs uncaptured",
+                            model_file=str(spec.model_file), cause=str(exc))
+        if session is None:
+            session = ort.InferenceSession(model, options, providers=providers)
     except Exception as exc:
         shutil.rmtree(profile_dir, ignore_errors=True)
         if device == "cuda":

@@ -116,7 +116,10 @@ def open_device_session(config: EngineConfig, spec: ModelSpec) -> DeviceSession:
     session = devices.create_session(spec, config.device, config.device_id, threads,
                                      config.inter_op_threads,
                                      (spinning, *config.ort_session_config),
-                                     last_position_logits=config.last_position_logits)
+                                     last_position_logits=config.last_position_logits,
+                                     # Graphs replay device rows' fixed addresses only.
+                                     cuda_graphs=config.cuda_graphs and config.kv_layout in (
+                                         "auto", "rows", "device-rows"))
     placed = devices.placement(session)
     # The served-path bench's set rate runs no model: Info says no execution provider ran.
     providers = ("BenchRateSet",) if config.bench_rate_set_tokens_per_s else tuple(

@@ -14,6 +14,18 @@ become [batch, positions, vocab]. The model folder is left as it is (onnxruntime
 folder); the edited graph is handed to ORT as bytes, its weights read from
 the folder (ORT's external-initializers folder option).
 
+On CUDA the same edit appends the greedy choice to the graph: `next_ids` int64
+[batch, positions] = ArgMax over the vocabulary of the logits (the first
+maximum, numpy's argmax's choice), so a greedy row's token leaves the device as
+one int64 and its logits never have to (DESIGN.md, "On the GPU": numpy has no
+SIMD argmax for half floats, ~0.8 ms per 49,152-entry row). fp16 logits are
+cast to float32 first (exact), so the choice is the host's float32 one. The
+logits stay an output: sampled and constrained rows read them. Not on the CPU:
+ORT's CPU ArgMax scans a 49,152-entry float32 row in ~0.5 ms where numpy's
+SIMD argmax takes ~4 us (measured here, one thread); the logits are host
+memory there anyway, so the runner takes numpy's float32 argmax instead
+(batch_runner.py, the same ids).
+
 Pure graph code on the `onnx` protobufs: no session, no I/O but the read.
 """
 
@@ -25,6 +37,7 @@ import onnx
 from onnx import TensorProto, helper
 
 LOGITS_POSITIONS = "logits_positions"
+NEXT_IDS = "next_ids"  # the greedy choice per read position, int64 [batch, positions]
 POSITIONS_DIM = "logits_positions_per_row"  # the symbolic dimension: positions read per row
 # An ORT session config key (onnxruntime_session_options_config_keys.h): where a model
 # loaded from bytes finds its external initializers.
@@ -34,10 +47,12 @@ _PASS_THROUGH = {"Cast", "Identity"}
 _LM_HEADS = {"MatMul", "MatMulNBits", "Gemm"}
 
 
-def edited_graph(model_file: Path, logits_name: str) -> tuple[bytes | None, Path | None, str]:
-    """The model's graph with logits at the gathered positions, serialized, the folder ORT
-    reads its weights from, and a note; (None, None, why) when the graph is not one this
-    edit knows or its weights are not in one place (the engine runs it unedited)."""
+def edited_graph(model_file: Path, logits_name: str, next_ids: bool = False
+                 ) -> tuple[bytes | None, Path | None, str]:
+    """The model's graph with logits at the gathered positions (and, with `next_ids`, the
+    greedy choice as an output), serialized, the folder ORT reads its weights from, and a
+    note; (None, None, why) when the graph is not one this edit knows or its weights are
+    not in one place (the engine runs it unedited)."""
     model = onnx.load(str(model_file), load_external_data=False)
     folder, why = _weights_folder(model, model_file.parent)
     if folder is None:
@@ -45,7 +60,10 @@ def edited_graph(model_file: Path, logits_name: str) -> tuple[bytes | None, Path
     why = gather_logits_rows(model, logits_name)
     if why:
         return None, None, why
-    return model.SerializeToString(), folder, f"LM head at {LOGITS_POSITIONS} only"
+    if not next_ids:
+        return model.SerializeToString(), folder, f"LM head at {LOGITS_POSITIONS} only"
+    append_next_ids(model, logits_name)
+    return model.SerializeToString(), folder, f"LM head at {LOGITS_POSITIONS} only, {NEXT_IDS}"
 
 
 def _weights_folder(model: onnx.ModelProto, model_dir: Path) -> tuple[Path | None, str]:
@@ -103,3 +121,21 @@ def gather_logits_rows(model: onnx.ModelProto, logits_name: str) -> str:
     dim.Clear()
     dim.dim_param = POSITIONS_DIM
     return ""
+
+
+def append_next_ids(model: onnx.ModelProto, logits_name: str) -> None:
+    """Add the output `next_ids` [batch, positions] int64: the first maximum of `logits_name`
+    over its last axis (float32, a cast first where the logits are half floats)."""
+    graph = model.graph
+    output = next(o for o in graph.output if o.name == logits_name)
+    source = logits_name
+    if output.type.tensor_type.elem_type != TensorProto.FLOAT:
+        source = f"{logits_name}/{NEXT_IDS}/float"
+        graph.node.append(helper.make_node("Cast", [logits_name], [source], to=TensorProto.FLOAT,
+                                           name=f"/{NEXT_IDS}/Cast"))
+    # select_last_index=0: the first maximum, as numpy's argmax and the host sampler choose.
+    graph.node.append(helper.make_node("ArgMax", [source], [NEXT_IDS], axis=-1, keepdims=0,
+                                       select_last_index=0, name=f"/{NEXT_IDS}/ArgMax"))
+    dims = output.type.tensor_type.shape.dim
+    graph.output.append(helper.make_tensor_value_info(
+        NEXT_IDS, TensorProto.INT64, [d.dim_param or d.dim_value for d in dims[:2]]))

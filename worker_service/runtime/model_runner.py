@@ -16,20 +16,25 @@ step is over.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import onnxruntime as ort
+import structlog
 
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
 from worker_service.runtime.batch_runner import BatchRunner, adapter_groups
+from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.row_store import RowStore
-from worker_service.runtime.runner import StepOutput
+from worker_service.runtime.runner import StepOutput, takes_greedy_id
 from worker_service.runtime.session_kv import HeldKV
+
+log = structlog.get_logger(__name__)
 
 
 class BatchedModelRunner:
@@ -73,6 +78,29 @@ class BatchedModelRunner:
     def ort_cpu_s(self) -> float:
         return self.batch.ort_cpu_s
 
+    @property
+    def step_stats(self) -> StepStats:
+        """Decode steps: captured or not (and why), host vs device seconds (metrics)."""
+        return self.batch.step_stats
+
+    def warm_graphs(self) -> list[int]:
+        """Capture a CUDA graph per decode bucket, on the calling (engine) thread, before
+        the first step; [] where nothing is captured (the CPU, graphs off). A capture ORT
+        refuses turns graphs off for this runner, and the log says why: the steps run
+        uncaptured (and the metrics count them so)."""
+        try:
+            buckets = self.batch.warm_graphs()
+        except Exception as exc:  # noqa: BLE001 - refused capture: run uncaptured
+            self.batch.shapes = dataclasses.replace(self.batch.shapes, capture=False)
+            log.warning("CUDA graph capture failed; decode steps run uncaptured",
+                        cause=f"{type(exc).__name__}: {exc}")
+            return []
+        if buckets:
+            log.info("CUDA graphs captured", buckets=buckets,
+                     fixed_buffer_bytes=self.batch.step_stats.graph_bytes,
+                     note="ORT's graph memory is inside its CUDA arena (not reported apart)")
+        return buckets
+
     def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
         return self.store.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])
 
@@ -112,10 +140,15 @@ class BatchedModelRunner:
             past = [seq.num_computed_tokens for seq in rows]
             started = time.perf_counter()
             try:
-                logits = self.batch.decode(len(rows), past,
-                                           [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
-                                           active,
-                                           adapters=[seq.req.adapter for seq in rows])
+                decoded_rows = self.batch.decode_rows(
+                    len(rows), past, [seq.token_ids[p] for seq, p in zip(rows, past, strict=True)],
+                    active, adapters=[seq.req.adapter for seq in rows])
+                chosen = decoded_rows.next_ids
+                # Logits reach the host only for a row that reads them (sampled, constrained,
+                # a draft, ...); on the CPU they are there already (a view, no copy).
+                logits = decoded_rows.logits() if self.store.device == "cpu" or any(
+                    active[b] and (seq.sequence_id in drafts or not takes_greedy_id(seq))
+                    for b, seq in enumerate(rows)) else None
             except Exception as exc:  # the run was shared: every row in it failed
                 for seq in rows:
                     out.step_of(seq).error = exc
@@ -130,7 +163,8 @@ class BatchedModelRunner:
                     if past[b] + 1 == len(seq.token_ids):
                         # A view: the decode buffer is rewritten only by the next step's run,
                         # after this step's postprocess has sampled from it.
-                        step.logits = logits[b]
+                        step.logits = logits[b] if logits is not None else None
+                        step.greedy_token = int(chosen[b])
                 for b, seq in enumerate(rows):
                     draft = drafts.get(seq.sequence_id)
                     if draft and out.step_of(seq).logits is not None:
@@ -170,6 +204,7 @@ class BatchedModelRunner:
                               is not None else logits.copy())
         step.draft = tuple(draft)
         step.logits = None
+        step.greedy_token = None  # the verification chooses (speculation.accept_verified)
         step.computed_tokens = 1 + len(draft)
 
     def verify_drift(self, past_tokens: int = 48, positions: int = 3) -> float:
@@ -197,8 +232,7 @@ class BatchedModelRunner:
             verified = self.batch.verify(row, past_tokens, ids[past_tokens:]).astype(np.float64)
             return float(max(np.abs(d - v).max() for d, v in zip(decoded, verified, strict=True)))
         finally:
-            arena.free(row)
-            self.batch.invalidate()
+            arena.free(row)  # addresses are fixed: no binding needs forgetting
 
     def keep_computed(self, seq: Sequence) -> None:
         """Rewind the row to the sequence's computed tokens (its rejected proposals go)."""
@@ -325,4 +359,6 @@ class BatchedModelRunner:
         last = self._by_row.pop()
         if moved:
             self._by_row[row] = last
-        self.batch.invalidate()
+        # No binding is forgotten: row addresses never change (the moved row now sits at an
+        # address a binding already covers), so a leaving sequence costs no rebinding and,
+        # on CUDA, no graph capture (BatchRunner.invalidate is for replaced memory only).

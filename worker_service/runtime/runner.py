@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from worker_service.core.sampling import plain_greedy, suppresses
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import StepPlan
 from worker_service.runtime.prefix_cache import CachedBlock
@@ -43,6 +44,15 @@ class SequenceStep:
     # The next token when the runner chose it itself, with no logits to sample from (the
     # bench's rate-set runner, runtime/rate_set_runner.py); None: sample from `logits`.
     token: int | None = None
+    # The first maximum of this position's raw logits, chosen on the device (the graph's
+    # next_ids); the postprocess takes it for a row `takes_greedy_id` admits, which then
+    # may have no `logits` at all (they stayed on the device). None: not computed.
+    greedy_token: int | None = None
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends with a token to choose (its pending tokens all computed)."""
+        return self.logits is not None or self.token is not None or self.greedy_token is not None
 
 
 @dataclass
@@ -62,6 +72,14 @@ class StepOutput:
         if step is None:
             step = self.steps[seq.sequence_id] = SequenceStep(seq)
         return step
+
+
+def takes_greedy_id(seq: Sequence) -> bool:
+    """Whether the device's greedy id is this sequence's token with no logits on the host:
+    plain greedy (no penalty, bias, constraint, logprobs) and nothing suppressed now (a
+    suppressed argmax sends the sampler to the logits)."""
+    return (seq.constraint is None and seq.req.top_logprobs is None
+            and plain_greedy(seq.sampler) and not suppresses(seq.sampler))
 
 
 class Runner(Protocol):

@@ -41,6 +41,9 @@ def test_worker_and_scheduler_metrics_follow_a_request(tmp_path_factory):
         assert worker["ortserve_worker_kv_capacity_bytes"] == info.capacity_bytes == 128 * 2**20
         assert worker["ortserve_worker_kv_held_bytes"] == info.held_bytes == 0
         assert worker["ortserve_worker_time_to_first_token_seconds_count"] == 1
+        # Decode steps ran through the buckets: timed, and never padded on the host arena.
+        assert worker["ortserve_worker_decode_device_seconds_total"] > 0
+        assert worker["ortserve_worker_decode_padded_rows_total"] == 0
         scheduler = scrape(scheduler_port)
         assert scheduler["ortserve_scheduler_generated_tokens_total"] == 12
         assert scheduler["ortserve_scheduler_request_duration_seconds_count"] == 1

@@ -16,7 +16,8 @@ from tests.models import prepared_model_dir
 
 EVERY_CHECK = ["session_starts", "heavy_nodes_on_the_device", "kv_on_device",
                "kv_memory_as_charged", "batched_equals_solo", "session_swap_equals_fresh",
-               "prefix_cache_hit_equals_miss", "ledger", "decode_speed", "equal_to_cpu"]
+               "prefix_cache_hit_equals_miss", "captured_equals_uncaptured", "ledger",
+               "decode_speed", "equal_to_cpu"]
 
 
 def dry_run(model_dir, tokens: int) -> dict:
@@ -76,15 +77,18 @@ def test_a_wrong_row_in_the_batched_decode_fails_the_check_with_its_numbers(tiny
     import time
 
     from worker_service.cuda_check import checks, harness
-    from worker_service.runtime.batch_runner import BatchRunner
+    from worker_service.runtime.batch_runner import BatchRunner, Decoded
 
-    real = BatchRunner.decode
+    real = BatchRunner.decode_rows
 
     def wrong_row(self, rows, *args, **kwargs):
-        logits = real(self, rows, *args, **kwargs)
-        return np.roll(logits, 1, axis=0) if rows > 1 else logits
+        decoded = real(self, rows, *args, **kwargs)
+        if rows == 1:
+            return decoded
+        logits = np.roll(decoded.logits(), 1, axis=0)  # ids and logits of the neighbour
+        return Decoded(rows, np.roll(decoded.next_ids, 1), lambda: logits, logits)
 
-    monkeypatch.setattr(BatchRunner, "decode", wrong_row)
+    monkeypatch.setattr(BatchRunner, "decode_rows", wrong_row)
     ctx = harness.Context(model_dir=tiny_dir, device="cpu", device_id=0, dry_run=True,
                           deadline_at=time.monotonic() + 300)
     summary = {"deadline_s": 300, "checks": {}, "failed": [], "ok": False}

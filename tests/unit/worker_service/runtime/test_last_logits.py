@@ -34,8 +34,8 @@ from worker_service.runtime.last_logits import (
 from worker_service.runtime.model import load_model_spec
 
 
-def gathered_session(spec) -> ort.InferenceSession:
-    graph, folder, note = edited_graph(spec.model_file, spec.logits_name)
+def gathered_session(spec, next_ids: bool = False) -> ort.InferenceSession:
+    graph, folder, note = edited_graph(spec.model_file, spec.logits_name, next_ids=next_ids)
     assert graph is not None, note
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
