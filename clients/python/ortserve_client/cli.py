@@ -246,7 +246,10 @@ def cmd_unload_adapter(client: Client, a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ortserve", description=__doc__,
+    # NOTE: allow_abbrev=False: argparse matches every option-like word of the whole command
+    # line against this parser's flags as a prefix, a subcommand's too, so `load-adapter ...
+    # --worker ID` was "ambiguous" between --worker-ca/-cert/-key (exit 2) and could not be said.
+    p = argparse.ArgumentParser(prog="ortserve", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
                    help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
