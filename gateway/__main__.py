@@ -20,7 +20,7 @@ import uvicorn
 from gateway.app import build_app
 from gateway.config import GatewayConfig
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import Checked, boolean, from_env, in_range
+from ortserve.process.env_defaults import Checked, boolean, every_flag_from_env, from_env, in_range
 from ortserve.process.logs import add_level_argument, configure_logging
 from ortserve.process.version import package_version
 from ortserve.rules.request_rules import MAX_STREAM_INTERVAL_MS
@@ -111,6 +111,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
+    every_flag_from_env(p, _ENV)
     a = p.parse_args(argv)
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
     if any(worker_tls.values()):

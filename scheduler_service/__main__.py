@@ -12,7 +12,7 @@ import os
 import signal
 
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import Checked, boolean, from_env
+from ortserve.process.env_defaults import Checked, boolean, every_flag_from_env, from_env
 from ortserve.process.logs import add_level_argument, configure_logging
 from ortserve.process.version import package_version
 from ortserve.rpc import keepalive
@@ -119,6 +119,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
+    # --default-max-new-tokens reads its own variable below (merged with the flags item by item).
+    every_flag_from_env(p, _ENV, skip=("default_max_new_tokens",))
     a = p.parse_args(argv)
     try:
         # Flags override the variable item by item: MODEL=N items merge, a plain N replaces.
