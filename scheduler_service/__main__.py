@@ -132,9 +132,16 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     try:
         tls.check("ortserve-scheduler", need_ca=True)
         keys = load_keys(a.api_keys_file, os.environ.get(_ENV + "API_KEYS"))
-        table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
     except (OSError, ValueError) as error:
         p.error(str(error))
+    try:
+        table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
+    except OSError as error:  # a bare "[Errno 2] ..." named neither the flag nor its variable
+        p.error(f"--tenants-file (env {_ENV}TENANTS_FILE): cannot read {a.tenants_file!r}: "
+                f"{error.strerror}; give a readable TOML tenants file (docs/features/tenants.md), "
+                "or neither for no tenants")
+    except ValueError as error:
+        p.error(f"--tenants-file: {error}")
     return SchedulerConfig(host=a.host, port=a.port, internal_port=a.internal_port,
                            api_keys=keys, tls=tls, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,

@@ -10,8 +10,8 @@
 Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
-first token, and is in --stats and --json. So is a wait in the scheduler's admission
-queue (its place, on stderr; queue_wait_ms in --stats and --json). An output that ends
+first token, and is in --stats and --json. A wait in the scheduler's admission queue is
+queue_wait_ms in --stats and --json (with --no-direct its place is also said on stderr). An output that ends
 before completing its constraint (--json-schema, --regex, ...) is said on stderr after
 it, and the constraint's result is in --stats and --json; so are --logprobs.
 """
