@@ -104,9 +104,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     processes = in_range(int, 1, 64, what="gateway processes")
     p.add_argument("--processes", type=processes,
                    default=_env(p, "processes", d.processes, kind=processes),
-                   help="gateway processes accepting on the one port (1-64): the gateway keeps "
-                        "no state between requests, so N processes serve ~N cores' worth of "
-                        "streams; each has its own channels and metrics")
+                   help="gateway processes accepting on the one port (1-64): what outlives a "
+                        "request (stored responses) is the scheduler's, so N processes serve ~N "
+                        "cores' worth of streams; each has its own channels and metrics")
     add_level_argument(p, _ENV + "LOG_LEVEL", d.log_level)
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         _serve(config, sock)
         return
     # N copies accepting on the same listening socket (the kernel spreads connections over
-    # every process waiting in accept); this one only passes signals on and waits. The
-    # gateway keeps no state between requests, so they share nothing but the socket.
+    # every process waiting in accept); this one only passes signals on and waits. What
+    # outlives a request (stored responses) is the scheduler's: they share nothing else.
     children = []
     for _ in range(config.processes):
         pid = os.fork()

@@ -42,6 +42,7 @@ from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
 from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
@@ -71,6 +72,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._sessions = sessions
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._adapters = AdapterAdmin(ledger, workers)
+        self._stored = StoredResponseRPCs()  # beside the sessions whose KV they continue
 
     # -- admission -------------------------------------------------------------
 
@@ -352,6 +354,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
         return await self._sessions.CloseSession(request, context)
+
+    # -- stored responses (sessions/stored_rpcs.py: the gateway's `store: true`) --
+
+    async def PutStoredResponse(self, request, context):
+        return await self._stored.PutStoredResponse(request, context)
+
+    async def GetStoredResponse(self, request, context):
+        return await self._stored.GetStoredResponse(request, context)
+
+    async def DeleteStoredResponse(self, request, context):
+        return await self._stored.DeleteStoredResponse(request, context)
+
+    async def ClaimStoredResponse(self, request, context):
+        return await self._stored.ClaimStoredResponse(request, context)
+
+    async def EndStoredTurn(self, request, context):
+        return await self._stored.EndStoredTurn(request, context)
 
     # -- LoRA adapters at runtime (adapter_admin.py: admin role, relayed to the worker) --
 
