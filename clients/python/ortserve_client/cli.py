@@ -8,7 +8,7 @@
   ortserve chat --stats                            (one stdin line per turn, on a session)
 
 Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
-141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
+130 interrupted (Ctrl-C cancels the stream; a second one exits at once); 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
 first token, and is in --stats and --json. A wait in the scheduler's admission queue is
 queue_wait_ms in --stats and --json (with --no-direct its place is also said on stderr). An output that ends
@@ -32,6 +32,7 @@ from ortserve.status.units import human_bytes
 from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry
 from .errors import InvalidRequest, OrtserveError, Rejected
+from .interrupt import EXIT_INTERRUPTED, Interrupt
 from .report import cap_notice, constraint_notice, notice, print_stats, queued_notice
 from .types import Admission
 
@@ -357,19 +358,33 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as error:
         notice(f"cannot read {error.filename!r}: {error.strerror}")
         return EXIT_USAGE
-    with client:
-        try:
-            return a.func(client, a)
-        except OrtserveError as error:
-            label = "rejected" if isinstance(error, Rejected) else "error"
-            notice(f"{label} [{error.code.name}]: {error.message}")
-            if getattr(a, "json", False):
-                print(json.dumps(error.to_dict()))
-            return (EXIT_REJECTED if isinstance(error, Rejected)
-                    else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
-        except KeyboardInterrupt:
+    interrupt = Interrupt(client).install()
+    try:
+        with client:
+            code = _run_command(client, a, interrupt)
+            interrupt.settle()  # a cancel's lease given back before the channels close
+            return code
+    finally:
+        interrupt.restore()
+
+
+def _run_command(client: Client, a: argparse.Namespace, interrupt: Interrupt) -> int:
+    """The command, its errors said and mapped to the exit codes."""
+    try:
+        return a.func(client, a)
+    except OrtserveError as error:
+        if interrupt.fired:  # its stream was cancelled by the interrupt: said as one
             notice("interrupted")
-            return 130
+            return EXIT_INTERRUPTED
+        label = "rejected" if isinstance(error, Rejected) else "error"
+        notice(f"{label} [{error.code.name}]: {error.message}")
+        if getattr(a, "json", False):
+            print(json.dumps(error.to_dict()))
+        return (EXIT_REJECTED if isinstance(error, Rejected)
+                else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
+    except KeyboardInterrupt:
+        notice("interrupted")
+        return EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -378,6 +393,12 @@ def main(argv: list[str] | None = None) -> None:
         # NOTE: flush here, not at interpreter exit: a reader that closed the pipe
         # (`| head`) would make the exit-time flush print "Exception ignored".
         sys.stdout.flush()
+        if code == EXIT_INTERRUPTED:
+            # Done, the calls cancelled and the channels closed: skip the interpreter's
+            # shutdown, whose collection of gRPC's call objects can wait forever on a lock
+            # a thread cut off by the interrupt holds (interrupt.py).
+            sys.stderr.flush()
+            os._exit(code)
     except BrokenPipeError:
         # The reader is gone; leaving the Client's block cancelled the stream (the lease
         # is freed). Point both streams at /dev/null so the exit-time flush cannot fail.
