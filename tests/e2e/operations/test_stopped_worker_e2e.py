@@ -7,14 +7,19 @@ and two CPU workers."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
 
+from devtools.cluster import stop_service
 from ortserve.v1 import scheduler_pb2, types_pb2
 from tests.e2e.conftest import reserved_bytes, scheduler_stub, start_cluster
+from tests.e2e.gateway.test_gateway_e2e import MODEL, start_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -83,13 +88,28 @@ def test_admit_passes_a_stopped_worker_over_and_refuses_typed_when_none_answers(
     assert reserved_bytes(cluster.address) == 0
 
 
-def test_a_stopped_worker_costs_a_generate_no_deadline(cluster):
-    # The same counting path under Generate: NO_WORKER (UNAVAILABLE), typed, not a timeout.
-    stub = scheduler_stub(cluster.address)
-    for service in cluster.worker_services:
-        service.process.send_signal(signal.SIGSTOP)
-    with pytest.raises(grpc.RpcError) as error:
-        list(stub.Generate(types_pb2.GenerateRequest(text="hi", max_new_tokens=4),
-                           timeout=ADMIT_DEADLINE_S))
-    assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
-    assert "answered neither Tokenize" in error.value.details()
+def test_a_stopped_worker_costs_a_generate_no_deadline(cluster, tmp_path_factory):
+    # The same counting path under Generate: NO_WORKER (UNAVAILABLE), typed, not a timeout;
+    # through the gateway a 503 no_worker with Retry-After (was 504 deadline_exceeded, no reason).
+    gateway = start_gateway(tmp_path_factory, cluster.address)
+    try:
+        stub = scheduler_stub(cluster.address)
+        for service in cluster.worker_services:
+            service.process.send_signal(signal.SIGSTOP)
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Generate(types_pb2.GenerateRequest(text="hi", max_new_tokens=4),
+                               timeout=ADMIT_DEADLINE_S))
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
+        assert "answered neither Tokenize" in error.value.details()
+        request = urllib.request.Request(
+            f"http://{gateway.address}/v1/chat/completions", data=json.dumps({
+                "model": MODEL, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(request, timeout=ADMIT_DEADLINE_S)
+        body = json.loads(http.value.read())
+        assert http.value.code == 503, body
+        assert body["error"]["code"] == "no_worker" and http.value.headers["Retry-After"]
+    finally:
+        stop_service(gateway)
