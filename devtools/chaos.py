@@ -65,7 +65,7 @@ def free_port() -> int:
 class Chaos:
     def __init__(self, model_dir: Path, log_dir: Path, workers: int, clients: int,
                  duration_s: float, scheduler_restarts: int, seed: int,
-                 worker_args: list[str] | None = None) -> None:
+                 worker_args: list[str] | None = None, gateway_processes: int = 1) -> None:
         self.rng = random.Random(seed)
         self.clients, self.duration_s = clients, duration_s
         self.scheduler_restarts = scheduler_restarts
@@ -80,6 +80,7 @@ class Chaos:
                             "--heartbeat-interval-s", "0.5", "--lease-ttl-s", str(LEASE_TTL_S),
                             "--worker-keepalive-s", "1", "--max-queue-wait-s", "2"])
         self.gateway: Service | None = None
+        self.gateway_processes = gateway_processes
         self.model = ""  # the served model's name, as the gateway lists it
         self.log_dir = log_dir
         self.faulting = threading.Lock()  # one fault at a time; the checker skips during one
@@ -91,7 +92,8 @@ class Chaos:
         self.cluster.start()
         self.gateway = start_service("gateway", [
             _bin("ortserve-gateway"), "--port", "0", "--scheduler", self.cluster.address,
-            "--request-timeout-s", "20"], self.log_dir)
+            "--request-timeout-s", "20", "--processes", str(self.gateway_processes)],
+            self.log_dir)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -309,12 +311,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-dir", type=Path, default=Path("logs/chaos"))
     p.add_argument("--report", type=Path, help="write the JSON report here too")
     p.add_argument("--seed", type=int, default=40)
+    p.add_argument("--gateway-processes", type=int, default=2,
+                   help="the gateway's --processes: two by default, so a request's calls may "
+                        "land on different processes, as behind any load balancer")
     p.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                    help="given to every worker (repeatable), e.g. --worker-arg=--speculative "
                         "--worker-arg=ngram")
     a = p.parse_args(argv)
     chaos = Chaos(a.model_dir, a.log_dir, a.workers, a.clients, a.duration_s,
-                  a.scheduler_restarts, a.seed, worker_args=a.worker_arg)
+                  a.scheduler_restarts, a.seed, worker_args=a.worker_arg,
+                  gateway_processes=a.gateway_processes)
     try:
         chaos.start()
         report = chaos.run()

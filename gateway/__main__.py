@@ -20,7 +20,7 @@ import uvicorn
 from gateway.app import build_app
 from gateway.config import GatewayConfig
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import Checked, boolean, from_env, in_range
+from ortserve.process.env_defaults import Checked, boolean, every_flag_from_env, from_env, in_range
 from ortserve.process.logs import add_level_argument, configure_logging
 from ortserve.process.version import package_version
 from ortserve.rules.request_rules import MAX_STREAM_INTERVAL_MS
@@ -104,9 +104,9 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     processes = in_range(int, 1, 64, what="gateway processes")
     p.add_argument("--processes", type=processes,
                    default=_env(p, "processes", d.processes, kind=processes),
-                   help="gateway processes accepting on the one port (1-64): the gateway keeps "
-                        "no state between requests, so N processes serve ~N cores' worth of "
-                        "streams; each has its own channels and metrics")
+                   help="gateway processes accepting on the one port (1-64): what outlives a "
+                        "request (stored responses) is the scheduler's, so N processes serve ~N "
+                        "cores' worth of streams; each has its own channels and metrics")
     p.add_argument("--model-server-worker-id",
                    default=_env(p, "model_server_worker_id", d.model_server_worker_id),
                    help="this gateway stands in front of that worker (its pod, behind an "
@@ -125,6 +125,7 @@ def parse_config(argv: list[str] | None = None) -> GatewayConfig:
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
+    every_flag_from_env(p, _ENV)
     a = p.parse_args(argv)
     worker_tls = {"ca": a.worker_tls_ca, "cert": a.worker_tls_cert, "key": a.worker_tls_key}
     if any(worker_tls.values()):
@@ -192,8 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         _serve(config, sock)
         return
     # N copies accepting on the same listening socket (the kernel spreads connections over
-    # every process waiting in accept); this one only passes signals on and waits. The
-    # gateway keeps no state between requests, so they share nothing but the socket.
+    # every process waiting in accept); this one only passes signals on and waits. What
+    # outlives a request (stored responses) is the scheduler's: they share nothing else.
     children = []
     for _ in range(config.processes):
         pid = os.fork()

@@ -103,12 +103,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
                                             config.reasoning_parser)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str):
-        return responses_route.get(stored, response_id)
+    async def get_response(response_id: str, request: Request):
+        return await responses_route.get(stored, _target(request), response_id)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request):
-        return responses_route.delete(stored, _target(request), response_id)
+        return await responses_route.delete(stored, _target(request), response_id)
 
     @app.post("/v1/messages")
     async def create_message(request: Request):

@@ -12,7 +12,7 @@ import os
 import signal
 
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import Checked, boolean, from_env
+from ortserve.process.env_defaults import Checked, boolean, every_flag_from_env, from_env
 from ortserve.process.logs import add_level_argument, configure_logging
 from ortserve.process.version import package_version
 from ortserve.rpc import keepalive
@@ -126,6 +126,8 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     tracing.add_argument(p, _ENV)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=_env(p, "log_json", None, kind=boolean))
+    # --default-max-new-tokens reads its own variable below (merged with the flags item by item).
+    every_flag_from_env(p, _ENV, skip=("default_max_new_tokens",))
     a = p.parse_args(argv)
     try:
         # Flags override the variable item by item: MODEL=N items merge, a plain N replaces.
@@ -137,10 +139,17 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
     try:
         tls.check("ortserve-scheduler", need_ca=True)
         keys = load_keys(a.api_keys_file, os.environ.get(_ENV + "API_KEYS"))
-        table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
         catalog = AdapterCatalog.load(a.adapter_catalog)
     except (OSError, ValueError) as error:
         p.error(str(error))
+    try:
+        table = tenants.load(a.tenants_file) if a.tenants_file else tenants.TenantTable()
+    except OSError as error:  # a bare "[Errno 2] ..." named neither the flag nor its variable
+        p.error(f"--tenants-file (env {_ENV}TENANTS_FILE): cannot read {a.tenants_file!r}: "
+                f"{error.strerror}; give a readable TOML tenants file (docs/features/tenants.md), "
+                "or neither for no tenants")
+    except ValueError as error:
+        p.error(f"--tenants-file: {error}")
     return SchedulerConfig(host=a.host, port=a.port, internal_port=a.internal_port,
                            api_keys=keys, tls=tls, heartbeat_interval_s=a.heartbeat_interval_s,
                            lease_ttl_s=a.lease_ttl_s, claim_ttl_s=a.claim_ttl_s,

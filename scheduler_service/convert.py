@@ -208,6 +208,7 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         max_batch_rows=pb.max_batch_rows,
         nodes_off_device=tuple(pb.nodes_off_device),
         adapters=tuple(sorted((a.name, a.held_bytes) for a in pb.adapters)),
+        adapter_paths=tuple(sorted((a.name, a.path) for a in pb.adapters if a.path)),
     )
 
 
@@ -216,7 +217,14 @@ def adapter_change_to_pb(geometry: WorkerGeometry,
     """A worker's adapters and capacity after a load or unload, as the ledger holds them."""
     return types_pb2.AdapterChange(
         worker_id=geometry.worker_id, adapter=adapter, capacity_bytes=geometry.capacity_bytes,
-        adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in geometry.adapters])
+        adapters=adapters_pb(geometry))
+
+
+def adapters_pb(geometry: WorkerGeometry) -> list[types_pb2.LoraAdapter]:
+    """The adapters a worker serves as the ledger holds them: name, bytes, and its path."""
+    paths = dict(geometry.adapter_paths)
+    return [types_pb2.LoraAdapter(name=name, held_bytes=n, path=paths.get(name, ""))
+            for name, n in geometry.adapters]
 
 
 def queue_mode(request: types_pb2.GenerateRequest) -> Mode:
@@ -282,7 +290,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             cached_bytes=w.prefix.cached_bytes,
             cached_blocks=len(w.prefix.hashes),
             nodes_off_device=list(g.nodes_off_device),
-            adapters=[types_pb2.LoraAdapter(name=name, held_bytes=n) for name, n in g.adapters],
+            adapters=adapters_pb(g),
         ))
     models = _models(workers)
     for m in models:

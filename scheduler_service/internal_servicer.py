@@ -131,7 +131,8 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
         adapter = request.adapter
         geometry = self._ledger.resize_for_adapter(request.worker_id, adapter.name,
-                                                   adapter.held_bytes, request.loaded)
+                                                   adapter.held_bytes, request.loaded,
+                                                   path=adapter.path)
         if geometry is None:
             raise DomainError(ErrorReason.NO_WORKER,
                               f"worker {clip(request.worker_id)} is not registered here; it "

@@ -23,7 +23,7 @@ from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
 from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert, spans
+from scheduler_service import convert, spans, worker_patience
 from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.adapter_catalog import OnDemand
 from scheduler_service.config import SchedulerConfig
@@ -44,6 +44,7 @@ from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
 from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
 
@@ -74,6 +75,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._adapters = AdapterAdmin(ledger, workers)
         self._on_demand = OnDemand(config.adapter_catalog, ledger, self._adapters.load)
+        self._stored = StoredResponseRPCs()  # beside the sessions whose KV they continue
 
     # -- admission -------------------------------------------------------------
 
@@ -221,16 +223,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """`call(worker stub)` on the least busy worker of `model` that answers (one model,
         one tokenizer); a worker's judgement (INVALID_ARGUMENT, ...) is relayed as is."""
         last: grpc.aio.AioRpcError | None = None
+        unanswered: list[str] = []
         for worker in sorted(placement.serving(self._ledger.snapshot(), model),
                              key=lambda w: (w.unreachable, len(w.leases))):
+            address = worker.geometry.address
             try:
-                return await call(self._workers.stub(worker.geometry.address))
+                return await worker_patience.answer(
+                    call(self._workers.stub(address)), self._workers.channel(address),
+                    worker.geometry.worker_id, "the call")
+            except worker_patience.Unanswered as error:
+                self._ledger.unreachable(worker.geometry.worker_id)
+                unanswered.append(str(error))
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     raise Relayed(error) from None
                 last = error
         if last is not None:
             raise Relayed(last) from None
+        if unanswered:
+            raise DomainError(ErrorReason.NO_WORKER, "no worker of the model answered: "
+                              + "; ".join(unanswered) + "; retry when one does",
+                              metadata={"model": model})
         raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to tokenize with; "
                           "start a worker (or wait for one to register) and retry",
                           metadata={"model": model})
@@ -359,6 +372,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
         return await self._sessions.CloseSession(request, context)
+
+    # -- stored responses (sessions/stored_rpcs.py: the gateway's `store: true`) --
+
+    async def PutStoredResponse(self, request, context):
+        return await self._stored.PutStoredResponse(request, context)
+
+    async def GetStoredResponse(self, request, context):
+        return await self._stored.GetStoredResponse(request, context)
+
+    async def DeleteStoredResponse(self, request, context):
+        return await self._stored.DeleteStoredResponse(request, context)
+
+    async def ClaimStoredResponse(self, request, context):
+        return await self._stored.ClaimStoredResponse(request, context)
+
+    async def EndStoredTurn(self, request, context):
+        return await self._stored.EndStoredTurn(request, context)
 
     # -- LoRA adapters at runtime (adapter_admin.py: admin role, relayed to the worker) --
 

@@ -45,6 +45,11 @@ class WorkerClients:
             self._stubs[address] = entry
         return entry[1]
 
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to `address` that stub(address) calls on (a health check's)."""
+        self.stub(address)
+        return self._stubs[address][0]
+
     def registered(self, address: str) -> None:
         """A worker (re)registered at `address`: it may be a new version, one that serves
         Relay where the one before did not, so the next request tries Relay again.

@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import boolean, from_env, in_range
+from ortserve.process.env_defaults import boolean, every_flag_from_env, from_env, in_range
 from ortserve.process.logs import add_level_argument, configure_logging, json_enabled
 from ortserve.process.version import package_version
 from ortserve.rpc.tls import TlsFiles
@@ -39,6 +39,14 @@ def _first_given(notices: list[str], *candidates: tuple[object, str | None]) -> 
     order; each deprecated name that was given adds its notice."""
     notices += [notice for value, notice in candidates if value is not None and notice]
     return next((str(value) for value, _ in candidates if value is not None), None)
+
+
+def _lora_flag(text: str) -> tuple[str, str]:
+    """--lora NAME=PATH (and each item of ORTSERVE_WORKER_LORA) -> (name, path)."""
+    try:
+        return lora.parse_lora_flag(text)
+    except InvalidRequest as error:
+        raise argparse.ArgumentTypeError(error.message.removeprefix("--lora: ")) from None
 
 
 def parse_config(argv: list[str] | None = None, notices: list[str] | None = None) -> WorkerConfig:
@@ -104,11 +112,11 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
                         "on CUDA each KV row is this long and allocated whole, so a shorter "
                         "context holds more rows (vLLM's --max-model-len; env "
                         "ORTSERVE_WORKER_MAX_CONTEXT_TOKENS)")
-    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", type=_lora_flag,
                    help="serve a LoRA adapter (an .onnx_adapter file) as NAME; repeatable. The "
                         "model folder must take its LoRA weights as inputs (make lora-demo); "
                         "a request names it in GenerateRequest.adapter; its bytes come out of "
-                        "the KV capacity")
+                        "the KV capacity (env ORTSERVE_WORKER_LORA, a comma list)")
     p.add_argument("--kv-capacity",
                    help="KV-cache bytes this worker lets sequences hold (its capacity_bytes in "
                         "the ledger), e.g. 2GiB (env ORTSERVE_WORKER_KV_CAPACITY)")
@@ -139,6 +147,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     add_level_argument(p, "ORTSERVE_WORKER_LOG_LEVEL", d.log_level)
     p.add_argument("--log-json", action=argparse.BooleanOptionalAction,
                    default=from_env(p, "ORTSERVE_WORKER_LOG_JSON", kind=boolean))
+    every_flag_from_env(p, "ORTSERVE_WORKER_", skip=("scheduler",))  # its own: ORTSERVE_SCHEDULER_ADDRESS
     a = p.parse_args(argv)
     if a.bench_rate_set_tokens_per_s:
         if os.environ.get(BENCH_ENV) != "1":
@@ -147,10 +156,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         if not 0 < a.bench_rate_set_tokens_per_s <= 100_000:
             p.error(f"--bench-rate-set-tokens-per-s {a.bench_rate_set_tokens_per_s:g}: give more "
                     "than 0 and at most 100000 tokens a second per stream")
-    try:
-        lora_adapters = tuple(lora.parse_lora_flag(value) for value in a.lora)
-    except InvalidRequest as error:
-        p.error(str(error))
+    lora_adapters = tuple(a.lora)
     if len({name for name, _ in lora_adapters}) != len(lora_adapters):
         p.error(f"--lora: a name is given twice ({', '.join(n for n, _ in lora_adapters)})")
     if not a.model_dir:

@@ -88,7 +88,10 @@ async def create(request: Request, target: Target, store: ResponseStore,
     rr = _parse(await generation.json_body(request))
     prior = None
     if rr.previous_response_id:
-        prior = store.get(rr.previous_response_id)
+        try:
+            prior = await store.get(rr.previous_response_id, target)
+        except grpc.RpcError as error:
+            raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
         if prior is None:
             raise HttpError(400, f"previous_response_id: no stored response "
                             f"{rr.previous_response_id!r} (never stored with store: true, "
@@ -123,20 +126,20 @@ async def create(request: Request, target: Target, store: ResponseStore,
             request, generation.read_all(run.stream, reader := Reader(parser)),
             run.stream.cancel, meta.id)
     except grpc.RpcError as error:
-        _settle(store, target, run, None)
+        _abandon(store, target, run)
         raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     except StreamBroken as error:
-        _settle(store, target, run, None)
+        _abandon(store, target, run)
         raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
     except BaseException:
-        _settle(store, target, run, None)
+        _abandon(store, target, run)
         raise
     items = OutputItems()
     items.add(pieces)
     status, incomplete = openai_responses_reply.status_of(fin)
     items.close(status)
     body = _final(meta, parsed, run, items.items, fin, reader)
-    _settle(store, target, run, body, pieces, fin)
+    await _settle(store, target, run, body, pieces, fin)
     return JSONResponse(body, headers=headers)
 
 
@@ -160,7 +163,8 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
         if not rr.store:
             return Run(await generation.open_generate(target, request),
                        session_note={"kept": False, "reason": "store is false"})
-        session = store.claim(prior) if prior and _continues(prior, rr, parsed) else ""
+        session = (await store.claim(prior, target)
+                   if prior and _continues(prior, rr, parsed) else "")
         if session:
             turn = types_pb2.GenerateRequest()
             turn.CopyFrom(request)
@@ -171,7 +175,7 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                 stream = await generation.open_turn(target, session, turn)
             except grpc.RpcError as error:
                 gone = generation.reason_of(error) in _SESSION_GONE
-                _close_all(target, store.turn_ended(session, kept=not gone))
+                _close_all(target, await store.turn_ended(session, not gone, target))
                 if not gone:
                     raise
             else:
@@ -236,29 +240,48 @@ def _final(meta: ResponseMeta, parsed: ParsedRequest, run: Run, output: list[dic
                                                         parsed.resolved))
 
 
-def _settle(store: ResponseStore, target: Target, run: Run, body: dict | None,
-            pieces: list | None = None, fin: types_pb2.Finished | None = None) -> None:
+async def _settle(store: ResponseStore, target: Target, run: Run, body: dict | None,
+                  pieces: list | None = None, fin: types_pb2.Finished | None = None) -> None:
     """The response ended (`body`: it finished; None: it failed or was abandoned). A
-    finished stored response is put in the store; a session nothing can continue is closed."""
+    finished stored response is put in the store (awaited: a follow-up sent on its answer
+    finds it, from any gateway process); a session nothing can continue is closed."""
     if run.settled:
         return
     run.settled = True
     closing: list[str] = []
     rr = run.request
-    if body is not None and rr.store:
-        # First the new head, then the turn's end: the session is never without one between.
-        collected = Collected()
-        collected.add(pieces or [])
-        closing += store.put(Stored(
-            body["id"], body["model"], rr.instructions, run.tools_key,
-            run.history + rr.input_messages + [collected.chat_message()], body,
-            run.session_id, fin.session.turns if fin is not None and fin.HasField("session")
-            else run.turn))
-    if run.session_id and not run.new_session:
-        closing += store.turn_ended(run.session_id, kept=body is not None)
-    elif run.session_id and body is None:
-        closing.append(run.session_id)
+    try:
+        if body is not None and rr.store:
+            # First the new head, then the turn's end: the session is never without one between.
+            collected = Collected()
+            collected.add(pieces or [])
+            closing += await store.put(Stored(
+                body["id"], body["model"], rr.instructions, run.tools_key,
+                run.history + rr.input_messages + [collected.chat_message()], body,
+                run.session_id, fin.session.turns if fin is not None and fin.HasField("session")
+                else run.turn), target)
+        if run.session_id and not run.new_session:
+            closing += await store.turn_ended(run.session_id, body is not None, target)
+        elif run.session_id and body is None:
+            closing.append(run.session_id)
+    except grpc.RpcError as error:
+        # The answer stands (its output is made); only its storing failed: said, and its
+        # session closed, since no stored response can continue it.
+        log.error("stored response not kept", response_id=body["id"] if body else None,
+                  session_id=run.session_id, code=error.code().name, detail=error.details())
+        if body is not None:
+            body.setdefault("ortserve", {})["stored"] = False
+        closing += [run.session_id] if run.session_id else []
     _close_all(target, closing)
+
+
+def _abandon(store: ResponseStore, target: Target, run: Run) -> None:
+    """_settle for a response that failed or was abandoned, from a path that must not wait
+    (a cancelled task's cleanup): run as its own task."""
+    if not run.settled:
+        task = asyncio.ensure_future(_settle(store, target, run, None))
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
 
 def _close_all(target: Target, session_ids: list[str]) -> None:
@@ -297,7 +320,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
                 for out in items.close(status):
                     yield _sse(out)
                 body = _final(meta, parsed, run, items.items, fin, reader)
-                _settle(store, target, run, body, pieces, fin)
+                await _settle(store, target, run, body, pieces, fin)
                 yield _sse(items.event(f"response.{status}", response=body))
                 return
         raise StreamBroken("the stream ended without a Finished event")
@@ -319,7 +342,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
             # call ends now, so the lease is freed now; a session turn cut short is closed.
             log.info("stream ended early", request_id=meta.id, lease_id=adm.lease_id)
             run.stream.cancel()
-            _settle(store, target, run, None)
+            _abandon(store, target, run)
 
 
 def _sse(event: dict) -> dict:
@@ -329,15 +352,21 @@ def _sse(event: dict) -> dict:
 # -- stored responses -------------------------------------------------------------
 
 
-def get(store: ResponseStore, response_id: str) -> dict:
-    stored = store.get(response_id)
+async def get(store: ResponseStore, target: Target, response_id: str) -> dict:
+    try:
+        stored = await store.get(response_id, target)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     if stored is None:
         raise _not_found(store, response_id)
     return stored.body
 
 
-def delete(store: ResponseStore, target: Target, response_id: str) -> dict:
-    found, closing = store.delete(response_id)
+async def delete(store: ResponseStore, target: Target, response_id: str) -> dict:
+    try:
+        found, closing = await store.delete(response_id, target)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     if not found:
         raise _not_found(store, response_id)
     _close_all(target, closing)

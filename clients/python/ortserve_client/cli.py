@@ -8,10 +8,10 @@
   ortserve chat --stats                            (one stdin line per turn, on a session)
 
 Exit codes: 0 done; 1 failed; 2 bad usage; 3 rejected by admission; 4 invalid request;
-141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
+130 interrupted (Ctrl-C cancels the stream; a second one exits at once); 141 stdout closed early (`| head`), quietly, as a tool killed by SIGPIPE would report.
 A cap (max_new_tokens reduced by the KV budget) is printed on stderr before the
-first token, and is in --stats and --json. So is a wait in the scheduler's admission
-queue (its place, on stderr; queue_wait_ms in --stats and --json). An output that ends
+first token, and is in --stats and --json. A wait in the scheduler's admission queue is
+queue_wait_ms in --stats and --json (with --no-direct its place is also said on stderr). An output that ends
 before completing its constraint (--json-schema, --regex, ...) is said on stderr after
 it, and the constraint's result is in --stats and --json; so are --logprobs.
 """
@@ -32,6 +32,7 @@ from ortserve.status.units import human_bytes
 from . import chat, flags
 from .client import DEFAULT_ADDRESS, Client, Retry
 from .errors import InvalidRequest, OrtserveError, Rejected
+from .interrupt import EXIT_INTERRUPTED, Interrupt
 from .report import cap_notice, constraint_notice, notice, print_stats, queued_notice
 from .types import Admission
 
@@ -246,7 +247,10 @@ def cmd_unload_adapter(client: Client, a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ortserve", description=__doc__,
+    # NOTE: allow_abbrev=False: argparse matches every option-like word of the whole command
+    # line against this parser's flags as a prefix, a subcommand's too, so `load-adapter ...
+    # --worker ID` was "ambiguous" between --worker-ca/-cert/-key (exit 2) and could not be said.
+    p = argparse.ArgumentParser(prog="ortserve", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", default=os.environ.get("ORTSERVE_ADDRESS", DEFAULT_ADDRESS),
                    help="the scheduler's host:port (env ORTSERVE_ADDRESS)")
@@ -354,19 +358,33 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as error:
         notice(f"cannot read {error.filename!r}: {error.strerror}")
         return EXIT_USAGE
-    with client:
-        try:
-            return a.func(client, a)
-        except OrtserveError as error:
-            label = "rejected" if isinstance(error, Rejected) else "error"
-            notice(f"{label} [{error.code.name}]: {error.message}")
-            if getattr(a, "json", False):
-                print(json.dumps(error.to_dict()))
-            return (EXIT_REJECTED if isinstance(error, Rejected)
-                    else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
-        except KeyboardInterrupt:
+    interrupt = Interrupt(client).install()
+    try:
+        with client:
+            code = _run_command(client, a, interrupt)
+            interrupt.settle()  # a cancel's lease given back before the channels close
+            return code
+    finally:
+        interrupt.restore()
+
+
+def _run_command(client: Client, a: argparse.Namespace, interrupt: Interrupt) -> int:
+    """The command, its errors said and mapped to the exit codes."""
+    try:
+        return a.func(client, a)
+    except OrtserveError as error:
+        if interrupt.fired:  # its stream was cancelled by the interrupt: said as one
             notice("interrupted")
-            return 130
+            return EXIT_INTERRUPTED
+        label = "rejected" if isinstance(error, Rejected) else "error"
+        notice(f"{label} [{error.code.name}]: {error.message}")
+        if getattr(a, "json", False):
+            print(json.dumps(error.to_dict()))
+        return (EXIT_REJECTED if isinstance(error, Rejected)
+                else EXIT_INVALID if isinstance(error, InvalidRequest) else EXIT_FAILED)
+    except KeyboardInterrupt:
+        notice("interrupted")
+        return EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -375,6 +393,12 @@ def main(argv: list[str] | None = None) -> None:
         # NOTE: flush here, not at interpreter exit: a reader that closed the pipe
         # (`| head`) would make the exit-time flush print "Exception ignored".
         sys.stdout.flush()
+        if code == EXIT_INTERRUPTED:
+            # Done, the calls cancelled and the channels closed: skip the interpreter's
+            # shutdown, whose collection of gRPC's call objects can wait forever on a lock
+            # a thread cut off by the interrupt holds (interrupt.py).
+            sys.stderr.flush()
+            os._exit(code)
     except BrokenPipeError:
         # The reader is gone; leaving the Client's block cancelled the stream (the lease
         # is freed). Point both streams at /dev/null so the exit-time flush cannot fail.

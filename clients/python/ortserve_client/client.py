@@ -66,7 +66,7 @@ class GenerationStream:
 
     def __init__(self, start: Callable[[float | None], object], on_admission=None, on_queued=None,
                  retry: Retry | None = None, timeout_s: float | None = None,
-                 on_retry=None) -> None:
+                 on_retry=None, live: set | None = None) -> None:
         self._start = start  # timeout_s -> a started call
         self._deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         self._call = start(timeout_s)
@@ -74,7 +74,9 @@ class GenerationStream:
         self._on_queued = on_queued  # called with each Queued event, before the Admission
         self._on_retry = on_retry  # called with (error, delay_s) before a retry
         self._retry = retry
+        self._live = live  # the client's running streams (Client.cancel_streams), while iterated
         self.retries = 0
+        self._cancelled = False
         self.queued: Queued | None = None
         self.admission: Admission | None = None
         self.result: GenerateResult | None = None
@@ -87,21 +89,33 @@ class GenerationStream:
         return self.admission.budget_cap if self.admission else None
 
     def cancel(self) -> None:
+        self._cancelled = True  # no retry starts after it
         self._call.cancel()
 
     def __iter__(self) -> Iterator[TextChunk]:
+        if self._live is not None:
+            self._live.add(self)
+        try:
+            yield from self._iterate()
+        finally:
+            if self._live is not None:
+                self._live.discard(self)
+
+    def _iterate(self) -> Iterator[TextChunk]:
         while True:
             try:
                 yield from self._events()
                 break
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
-                delay = self._retry_delay(error)
+                delay = None if self._cancelled else self._retry_delay(error)
                 if delay is None:
                     raise error from None
                 if self._on_retry is not None:
                     self._on_retry(error, delay)
                 time.sleep(delay)
+                if self._cancelled:
+                    raise error from None
                 self.retries += 1
                 remaining = self._deadline - time.monotonic() if self._deadline is not None else None
                 self._call = self._start(remaining)
@@ -206,6 +220,25 @@ class Client:
             self._worker_credentials = grpc.ssl_channel_credentials(ca, key, cert)
         self._workers: dict[str, tuple[grpc.Channel, worker_pb2_grpc.WorkerStub]] = {}
         self._workers_lock = threading.Lock()
+        self.live_streams: set[GenerationStream] = set()  # those being iterated now
+
+    def cancel_streams(self) -> threading.Thread | None:
+        """Cancel every stream being iterated now, from a thread of its own (a cancel may
+        give a lease back: a call, which must not run inside a signal handler); that thread,
+        or None when no stream runs. Their iterations end with GenerationFailed CANCELLED.
+        Join the thread before closing the client: a cancel cut off mid-way holds a call's
+        lock, and the interpreter's last garbage collection then waits on it forever."""
+        streams = list(self.live_streams)
+        if not streams:
+            return None
+
+        def cancel() -> None:
+            for stream in streams:
+                stream.cancel()
+
+        thread = threading.Thread(target=cancel, name="ortserve-cancel", daemon=True)
+        thread.start()
+        return thread
 
     def _worker_stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         """One channel per worker address, kept for the client's life (the direct path)."""
@@ -276,7 +309,8 @@ class Client:
         else:
             def start(timeout_s):
                 return self._stub.Generate(request, timeout=timeout_s, metadata=self._metadata)
-        return GenerationStream(start, on_admission, on_queued, self.retry, self.timeout_s, on_retry)
+        return GenerationStream(start, on_admission, on_queued, self.retry, self.timeout_s, on_retry,
+                                live=self.live_streams)
 
     def generate(self, prompt=None, **kw) -> GenerateResult:
         stream = self.stream(prompt, **kw)

@@ -122,3 +122,16 @@ def test_every_entry_point_has_version(entry_point):
     out = subprocess.run([str(Path(sys.executable).with_name(entry_point)), "--version"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"{entry_point} {metadata.version('ortserve')}"
+
+
+@pytest.mark.parametrize("command", [["load-adapter", "a", "/x.onnx_adapter"], ["unload-adapter", "a"]])
+@pytest.mark.parametrize("form", [["--worker", "w-2"], ["--worker=w-2"]])
+def test_the_adapter_commands_take_worker_beside_the_worker_tls_flags(command, form):
+    # docs/features/lora.md's line: --worker was "ambiguous" with --worker-ca/-cert/-key
+    # (argparse matched the subcommand's flag as a prefix of the top parser's), exit 2.
+    from ortserve_client.cli import build_parser
+
+    a = build_parser().parse_args([*command, *form])
+    assert a.worker == "w-2"
+    a = build_parser().parse_args(["--worker-ca", "ca.pem", *command, *form])
+    assert (a.worker, a.worker_ca) == ("w-2", "ca.pem")

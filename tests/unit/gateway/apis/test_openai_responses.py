@@ -1,7 +1,7 @@
 """The Responses API's translation (gateway/apis/openai_responses.py, its reply in
 gateway/apis/openai_responses_reply.py), the output pipeline
-(gateway/reply/output_parts.py) and the stored responses (gateway/apis/response_store.py): pure, no
-processes."""
+(gateway/reply/output_parts.py) and the stored responses (gateway/apis/response_store.py,
+through the scheduler's own store held in process): no processes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gateway.apis.response_store import ResponseStore, Stored
 from gateway.reply.output_parts import CallArguments, CallStart, OutputParser, Reasoning, Text
 from gateway.request.param_error import ParamError
 from ortserve.v1 import types_pb2
+from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
 
 TOOL = {"type": "function", "name": "get_weather", "description": "weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -176,44 +177,6 @@ def test_the_tool_call_format_is_the_admissions():
     assert [p.name for p in pieces if isinstance(p, CallStart)] == ["f"]
 
 
-def _stored(response_id: str, session: str = "s1", turns: int = 1) -> Stored:
-    return Stored(response_id, "m", None, "", [], {"id": response_id}, session, turns)
-
-
-def test_only_a_sessions_latest_response_continues_it_one_turn_at_a_time():
-    store = ResponseStore()
-    first = _stored("r1")
-    store.put(first)
-    assert store.claim(first) == "s1"
-    assert store.claim(first) == ""  # busy: a second follow-up opens its own session
-    assert store.turn_ended("s1", kept=True) == []
-    store.put(_stored("r2", turns=2))
-    assert store.claim(first) == ""  # r1 is no longer the head: a fork
-    assert store.claim(store.get("r2")) == "s1"
-    assert store.turn_ended("s1", kept=False) == ["s1"]  # cut short: closed, no head
-    assert store.claim(store.get("r2")) == ""
-
-
-def test_forgetting_a_head_closes_its_session_by_count_and_by_time():
-    now = [0.0]
-    store = ResponseStore(max_responses=2, ttl_s=10, clock=lambda: now[0])
-    assert store.put(_stored("a", "s1")) == []
-    assert store.put(_stored("b", "s2")) == []
-    assert store.put(_stored("c", "")) == ["s1"]  # a pushed out by count
-    now[0] = 11.0
-    assert store.expire() == ["s2"] and len(store) == 0
-    assert store.get("b") is None
-
-
-def test_deleting_a_head_closes_its_session_and_an_older_one_does_not():
-    store = ResponseStore()
-    store.put(_stored("r1"))
-    store.put(_stored("r2", turns=2))
-    assert store.delete("r1") == (True, [])
-    assert store.delete("r2") == (True, ["s1"])
-    assert store.delete("r2") == (False, [])
-
-
 class _Stub:
     """The scheduler's stub as the Responses handler calls it; records the calls."""
 
@@ -221,6 +184,12 @@ class _Stub:
         self.calls: list[str] = []
         self._open_error = open_session_error
         self._turn_error = turn_error
+        self.stored = StoredResponseRPCs()  # the scheduler's own, in process
+
+    def __getattr__(self, name: str):
+        # PutStoredResponse, GetStoredResponse, ...: the scheduler's stored-response RPCs.
+        method = getattr(self.stored, name)
+        return lambda request, **_kw: method(request, None)
 
     async def OpenSession(self, request, **_kw):  # noqa: N802 (gRPC's method name)
         self.calls.append("OpenSession")
@@ -275,19 +244,29 @@ def _rpc_error(code, reason: str = "", details: str = "no"):
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
 
 
-def _open(stub: _Stub, body: dict, prior=None, store=None):
+def _target(stub: _Stub):
+    from gateway.generation import Target
+
+    return Target(_Upstream(stub), None, ())
+
+
+def _put(stub: _Stub, stored: Stored) -> None:
+    import asyncio
+
+    asyncio.run(ResponseStore().put(stored, _target(stub)))
+
+
+def _open(stub: _Stub, body: dict, prior=None):
     import asyncio
 
     from gateway.apis import responses_route
-    from gateway.generation import Target
 
     rr = orr.parse({"model": "m", **body})
     parsed = rr.chat(prior.conversation if prior else [])
-    store = store or ResponseStore()
+    store = ResponseStore()
 
     async def main():
-        run = await responses_route._open(Target(_Upstream(stub), None, ()), store, rr, parsed,
-                                          prior, "resp_1")
+        run = await responses_route._open(_target(stub), store, rr, parsed, prior, "resp_1")
         await asyncio.sleep(0)  # let a close started in the background run
         return run
 
@@ -308,17 +287,16 @@ def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
 def test_a_follow_up_of_the_head_sends_only_its_input_with_the_sessions_call_ids():
     from gateway.apis.responses_route import call_prefix
 
-    store = ResponseStore()
     history = [{"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": call_prefix("s1") + "1_0", "type": "function",
                     "function": {"name": "f", "arguments": "{}"}}]}]
     prior = Stored("r1", "m", None, "", history, {}, "s1", 1)
-    store.put(prior)
     stub = _Stub()
+    _put(stub, prior)
     run = _open(stub, {"input": [{"type": "function_call_output",
                                   "call_id": call_prefix("s1") + "1_0", "output": "sunny"}]},
-                prior, store)
+                prior)
     assert stub.calls == ["SessionTurn s1 1"]
     assert (run.session_id, run.turn, run.new_session) == ("s1", 2, False)
 
@@ -326,10 +304,8 @@ def test_a_follow_up_of_the_head_sends_only_its_input_with_the_sessions_call_ids
 def test_a_follow_up_whose_session_expired_opens_a_new_one_with_the_whole_conversation():
     import grpc
 
-    store = ResponseStore()
     prior = Stored("r1", "m", None, "", [{"role": "user", "content": "A"},
                                          {"role": "assistant", "content": "B"}], {}, "s1", 1)
-    store.put(prior)
 
     class Expired(_Stub):
         def SessionTurn(self, request, **kw):  # noqa: N802
@@ -339,7 +315,8 @@ def test_a_follow_up_whose_session_expired_opens_a_new_one_with_the_whole_conver
             return super().SessionTurn(request, **kw)
 
     stub = Expired()
-    run = _open(stub, {"input": "C"}, prior, store)
+    _put(stub, prior)
+    run = _open(stub, {"input": "C"}, prior)
     assert stub.calls[:3] == ["SessionTurn s1 1", "OpenSession", "SessionTurn s-new 3"]
     assert (run.session_id, run.turn, run.new_session) == ("s-new", 1, True)
-    assert store.claim(prior) == ""  # s1 is no session's to continue any more
+    assert stub.stored.store.claim("r1") == ""  # s1 is no session's to continue any more

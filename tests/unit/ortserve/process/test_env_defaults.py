@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from gateway.__main__ import parse_config as gateway_config
@@ -94,3 +96,68 @@ def test_an_out_of_range_variable_is_named_not_its_flag(monkeypatch, capsys, key
     assert f"{key}: {says}" in message
     flag = "--" + key.split("_", 2)[2].lower().replace("_", "-")
     assert flag not in message  # the user typed no flag
+
+
+def test_the_lora_variable_is_checked_as_the_flag_is(monkeypatch, capsys):
+    # Issue 52 item 7: ORTSERVE_WORKER_LORA=broken started the worker (the variable was never
+    # read) while --lora broken exited 2.
+    monkeypatch.setenv("ORTSERVE_WORKER_LORA", "broken")
+    with pytest.raises(SystemExit) as exit_:
+        worker_config(["--model-dir", "m"])
+    assert exit_.value.code == 2
+    assert "ORTSERVE_WORKER_LORA: wants NAME=PATH, got 'broken'" in capsys.readouterr().err
+    monkeypatch.setenv("ORTSERVE_WORKER_LORA", "a=/x.onnx_adapter, b=/y.onnx_adapter")
+    assert worker_config(["--model-dir", "m"]).lora == (("a", "/x.onnx_adapter"),
+                                                        ("b", "/y.onnx_adapter"))
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _flags_with_a_rule(prefix: str, monkeypatch) -> list[tuple[str, str]]:
+    """(variable, flag) of every flag of a service whose value has a rule (a type other than
+    text, choices, a yes/no), read off the service's own parser."""
+    seen = []
+
+    def grab(self, *args, **kwargs):
+        seen.append(self)
+        raise _Parsed
+
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", grab)
+        with pytest.raises(_Parsed):
+            PARSE[prefix]()
+    found = []
+    for action in seen[0]._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        typed = action.type not in (None, str) or action.choices or isinstance(
+            action, argparse.BooleanOptionalAction)
+        if typed:
+            found.append((prefix + action.dest.upper(), action.option_strings[0]))
+    return found
+
+
+@pytest.mark.parametrize("prefix", list(PARSE))
+def test_every_flag_with_a_rule_has_its_variable_checked(monkeypatch, capsys, prefix):
+    # The generic net (env_defaults.every_flag_from_env): whatever flag a service adds, its
+    # variable with a value the flag refuses stops the service naming the variable.
+    flags = _flags_with_a_rule(prefix, monkeypatch)
+    assert len(flags) >= 5
+    ignored = []
+    for key, flag in flags:
+        if key == "ORTSERVE_WORKER_SCHEDULER":
+            continue
+        monkeypatch.setenv(key, "\u00bfnot a valid value?")
+        try:
+            PARSE[prefix]()
+            ignored.append(flag)
+        except SystemExit as exit_:
+            err = capsys.readouterr().err
+            if exit_.code != 2 or key not in err:
+                ignored.append(f"{flag} ({err.strip().splitlines()[-1]})")
+        monkeypatch.delenv(key)
+    assert not ignored, f"variables taken unchecked or not named: {ignored}"
