@@ -200,5 +200,7 @@ def test_openai_uncompilable_schema_is_a_400_naming_it_and_the_ledger_never_move
             response_format=bad)
     body = err.value.body
     assert body["param"] == "response_format.json_schema.schema"
-    assert "constraint.json_schema" in body["message"] and "Invalid type" in body["message"]
+    # the message names the caller's field, not the internal proto path (constraint.json_schema)
+    assert body["message"].startswith("response_format.json_schema.schema: ")
+    assert "constraint.json_schema" not in body["message"] and "Invalid type" in body["message"]
     assert wait_reserved_zero(roomy.address) == 0 and reserved_bytes(roomy.address) == 0
