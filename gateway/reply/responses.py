@@ -14,10 +14,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from ortserve_client.types import BudgetCap, sampling_dict
-
 from gateway.reply.errors import in_route_words
 from gateway.request.translate import Kind
+from ortserve.rpc.message_views import BudgetCap, sampling_dict
 from ortserve.v1 import types_pb2
 
 # ortserve's finish reasons in OpenAI's words: a cap ends as "length", like
