@@ -11,6 +11,10 @@ from google.rpc import error_details_pb2
 from ortserve.status import rich_status
 from ortserve.v1 import types_pb2
 
+__all__ = ["RETRYABLE", "BudgetBusy", "ContextLengthExceeded", "ExceedsCapacity",
+           "GenerationFailed", "InvalidRequest", "NoWorker", "OrtserveError", "QueueFull",
+           "QueueTimeout", "Rejected", "from_rpc_error", "rejection_dict"]
+
 
 def rejection_dict(pb: types_pb2.Rejection) -> dict:
     out = json_format.MessageToDict(pb, preserving_proto_field_name=True,
