@@ -23,10 +23,8 @@ KNOWN = {
     "Call": {"gateway/reply/output_parts.py", "ortserve/output/chat_history.py"},
     "CallArguments": {"gateway/reply/output_parts.py", "ortserve/output/tool_output.py"},
     "CallStart": {"gateway/reply/output_parts.py", "ortserve/output/tool_output.py"},
-    "Engine": {"worker_service/engine.py", "devtools/container_engine.py"},
     # The client's INVALID_ARGUMENT exception beside the worker core's domain error.
     "InvalidRequest": {"ortserve/status/call_errors.py", "worker_service/core/errors.py"},
-    "Outcome": {"devtools/gpu/steps.py", "bench/served/serving.py"},
     "Target": {"gateway/generation.py", "model_tools/prepare.py", "bench/served/load.py"},
 }
 
