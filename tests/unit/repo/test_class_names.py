@@ -25,7 +25,6 @@ KNOWN = {
     "CallStart": {"gateway/reply/output_parts.py", "ortserve/output/tool_output.py"},
     # The client's INVALID_ARGUMENT exception beside the worker core's domain error.
     "InvalidRequest": {"ortserve/status/call_errors.py", "worker_service/core/errors.py"},
-    "Target": {"gateway/generation.py", "model_tools/prepare.py", "bench/served/load.py"},
 }
 
 
