@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from devtools.container_engine import Engine, HealthcheckRunner, say
+from devtools.container_engine import ContainerEngine, HealthcheckRunner, say
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPCURL = Path(sys.executable).parent / "grpcurl"
@@ -86,7 +86,8 @@ def wait_for(what: str, probe, timeout_s: float, interval_s: float = 1.0):
 class Cluster:
     """A compose project started by one documented `... up ...` command."""
 
-    def __init__(self, engine: Engine, project: str, up_command: list[str], env: dict[str, str]):
+    def __init__(self, engine: ContainerEngine, project: str, up_command: list[str],
+                 env: dict[str, str]):
         self.engine, self.project = engine, project
         self.env = {**engine.env, **env, "COMPOSE_PROJECT_NAME": project}
         self.up_command = up_command

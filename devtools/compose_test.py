@@ -58,7 +58,7 @@ from devtools.compose_cluster import (
     wait_for,
 )
 from devtools.container_engine import (
-    Engine,
+    ContainerEngine,
     EngineUnavailable,
     base_image,
     open_engine,
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=2))
 
 
-def run_all(engine: Engine, summary: dict) -> None:
+def run_all(engine: ContainerEngine, summary: dict) -> None:
     summary["engine"] = {"cli": engine.cli, "compose": " ".join(engine.compose),
                          "healthchecks_run_by": "engine" if engine.runs_healthchecks
                          else "devtools.container_engine.HealthcheckRunner (no systemd)"}
@@ -114,7 +114,7 @@ def run_all(engine: Engine, summary: dict) -> None:
                     summary.setdefault("tls", {}))
 
 
-def build_images(engine: Engine, summary: dict) -> None:
+def build_images(engine: ContainerEngine, summary: dict) -> None:
     """The README's `docker build` lines on this machine's base, with the version labels."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
@@ -152,7 +152,7 @@ def build_images(engine: Engine, summary: dict) -> None:
     check_images(engine)
 
 
-def run_cluster(engine: Engine, marker: str, project: str, env: dict[str, str],
+def run_cluster(engine: ContainerEngine, marker: str, project: str, env: dict[str, str],
                 workers: dict[str, int], check, summary: dict) -> None:
     """Bring up the documented block's one `compose ... up` command, run `check` through the
     published ports, then `down -v` (always), which must leave nothing."""
@@ -194,7 +194,7 @@ def make_secrets(folder: Path) -> None:
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-def check_images(engine: Engine) -> None:
+def check_images(engine: ContainerEngine) -> None:
     """What each built image promises: its HEALTHCHECK is compose's (kept through the
     build format), it runs as a non-root user with a writable home, and only the
     workers carry ONNX Runtime (the CPU package in the cpu image)."""

@@ -59,7 +59,7 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, check: bool = Tru
 
 
 @dataclass
-class Engine:
+class ContainerEngine:
     cli: str                       # "docker" or "podman"
     compose: list[str]             # the compose command, before its arguments
     env: dict[str, str]            # the environment every engine and compose call gets
@@ -119,11 +119,11 @@ def _compose_command(env: dict[str, str], plugin_first: bool) -> list[str]:
     return ["docker-compose"]
 
 
-def open_engine() -> Engine:
+def open_engine() -> ContainerEngine:
     """Docker when a daemon answers, else podman behind its Docker API socket."""
     if _docker_answers():
         env = dict(os.environ)
-        return Engine("docker", _compose_command(env, plugin_first=True), env)
+        return ContainerEngine("docker", _compose_command(env, plugin_first=True), env)
     if shutil.which("podman") is None:
         _apt_install("podman")
     STATE_DIR.mkdir(parents=True, exist_ok=True)
@@ -144,11 +144,11 @@ def open_engine() -> Engine:
     if Path("/etc/ssl/certs").is_dir():
         build_flags += ["-v", "/etc/ssl/certs:/etc/ssl/certs:ro"]
     # the standalone one first: the plugin talks to podman's socket only through the docker CLI
-    return Engine("podman", _compose_command(env, plugin_first=False), env, build_flags,
+    return ContainerEngine("podman", _compose_command(env, plugin_first=False), env, build_flags,
                   runs_healthchecks=Path("/run/systemd/system").is_dir(), _service=service)
 
 
-def base_image(engine: Engine) -> str:
+def base_image(engine: ContainerEngine) -> str:
     """ORTSERVE_IMAGE_BASE; else python:3.11-slim-bookworm (Docker pulls it); else, for
     podman without it locally, a debootstrapped Debian 12 (made once, then reused)."""
     chosen = os.environ.get("ORTSERVE_IMAGE_BASE")
@@ -183,7 +183,7 @@ def base_image(engine: Engine) -> str:
     return DEBOOTSTRAP_BASE
 
 
-def smoke_test(engine: Engine, image: str) -> None:
+def smoke_test(engine: ContainerEngine, image: str) -> None:
     """One container started from `image`, or EngineUnavailable saying why not."""
     try:
         engine("run", "--rm", image, "python3", "-c", "print('ok')", timeout_s=120)
@@ -196,7 +196,8 @@ class HealthcheckRunner(threading.Thread):
 
     Stands in for the systemd timers podman uses; a no-op where the engine runs them."""
 
-    def __init__(self, engine: Engine, project: str, interval_s: float = HEALTHCHECK_INTERVAL_S):
+    def __init__(self, engine: ContainerEngine, project: str,
+                 interval_s: float = HEALTHCHECK_INTERVAL_S):
         super().__init__(daemon=True, name="healthchecks")
         self._engine, self._project, self._interval_s = engine, project, interval_s
         self._stop = threading.Event()

@@ -232,7 +232,7 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
-    meta = responses.ResponseMeta.new(kind, parsed.model)
+    meta = responses.ChatReplyMeta.new(kind, parsed.model)
     metadata = passed_through(request)
     # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")

@@ -30,12 +30,12 @@ PROMPT_PARAM = {"chat": "messages", "completion": "prompt"}
 _DISCONNECT_POLL_S = 0.25
 
 
-def _logprobs(meta: responses.ResponseMeta, parsed: ParsedRequest, n: int
+def _logprobs(meta: responses.ChatReplyMeta, parsed: ParsedRequest, n: int
               ) -> list[ChoiceLogprobs | None]:
     return [ChoiceLogprobs(meta.kind) if parsed.logprobs else None for _ in range(n)]
 
 
-async def _collect(meta: responses.ResponseMeta, parsed: ParsedRequest,
+async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                    streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
                    with_metrics: bool = False) -> dict:
     texts: list[list[str]] = [[] for _ in streams]
@@ -97,7 +97,7 @@ def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
     return ""
 
 
-async def collect_unless_disconnected(request: Request, meta: responses.ResponseMeta,
+async def collect_unless_disconnected(request: Request, meta: responses.ChatReplyMeta,
                                       parsed: ParsedRequest, streams: list[OpenStream | DirectStream],
                                       clock: RequestClock | None = None,
                                       with_metrics: bool = False) -> dict:
@@ -119,7 +119,7 @@ async def collect_unless_disconnected(request: Request, meta: responses.Response
             collecting.cancel()
 
 
-async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
+async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
               streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
               with_metrics: bool = False) -> AsyncIterator[dict]:
     usage = parsed.include_usage
@@ -223,7 +223,7 @@ async def sse(meta: responses.ResponseMeta, parsed: ParsedRequest,
             choices.cancel_all(streams)
 
 
-def _tool_chunks(meta: responses.ResponseMeta, parser: tools.ToolCallChoice, text: str,
+def _tool_chunks(meta: responses.ChatReplyMeta, parser: tools.ToolCallChoice, text: str,
                  usage: bool, index: int, lp: ChoiceLogprobs | None, final: bool = False,
                  emit=None) -> list[dict]:
     """A choice's text as tool-call and content deltas; logprobs ride on the first chunk

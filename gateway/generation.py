@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import grpc
 import structlog
 from fastapi import Request
-from ortserve_client.errors import from_rpc_error
 
 from gateway.direct import DirectStream, Workers, open_direct
 from gateway.reply.errors import HttpError
 from gateway.reply.output_parts import OutputParser, Piece
 from gateway.upstream import OpenStream, StreamBroken, Upstream
 from ortserve.rpc.worker_leg import relabelled
+from ortserve.status.call_errors import from_rpc_error
 from ortserve.v1 import scheduler_pb2, types_pb2
 
 log = structlog.get_logger("ortserve.gateway")

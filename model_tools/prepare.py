@@ -73,7 +73,7 @@ REQUIRED_FILES = ("genai_config.json", "model.onnx", "model.onnx.data", "tokeniz
 
 
 @dataclass(frozen=True)
-class Target:
+class ModelTarget:
     """One model folder under <cache>/models/."""
 
     name: str
@@ -84,12 +84,12 @@ class Target:
 
 
 TARGETS = {
-    "fp32": Target(f"{SMOLLM2_HF}-fp32", "fp32"),
-    "int4": Target(f"{SMOLLM2_HF}-int4", "int4"),
-    "tiny": Target(TINY_HF, "fp32", tiny=True),
+    "fp32": ModelTarget(f"{SMOLLM2_HF}-fp32", "fp32"),
+    "int4": ModelTarget(f"{SMOLLM2_HF}-int4", "int4"),
+    "tiny": ModelTarget(TINY_HF, "fp32", tiny=True),
     # For --device cuda: GroupQueryAttention's CUDA kernels are fp16/bf16 only, so the
     # -e cpu folders would run attention on the CPU provider. Built offline, no GPU needed.
-    "fp16-cuda": Target(f"{SMOLLM2_HF}-fp16-cuda", "fp16", execution_provider="cuda"),
+    "fp16-cuda": ModelTarget(f"{SMOLLM2_HF}-fp16-cuda", "fp16", execution_provider="cuda"),
 }
 DEFAULT_TARGETS = ("fp32", "int4")
 PRECISIONS = ("fp32", "int4")
@@ -147,7 +147,7 @@ def complete_model_folder(hf_dir: Path, out: Path,
                            "check the onnxruntime-genai version in model_tools/requirements.txt")
 
 
-def build_model(target: Target, hf_dir: Path, final: Path, source: str) -> None:
+def build_model(target: ModelTarget, hf_dir: Path, final: Path, source: str) -> None:
     """Build one model folder atomically: builder, missing files, manifest, rename."""
     required = FROM_HF_REQUIRED_FILES if target.hf_dir is not None else REQUIRED_FILES
     with staged(final) as out:
@@ -209,7 +209,7 @@ def staged_hf(final: Path, save: Callable[[Path], None]) -> Callable[[], None]:
     return run
 
 
-def plan(targets: list[Target], cache: Path, force: bool) -> tuple[list[Step], list[Path]]:
+def plan(targets: list[ModelTarget], cache: Path, force: bool) -> tuple[list[Step], list[Path]]:
     """The steps still to do, and every target's output path (prepared or not)."""
     models, hf = cache / "models", cache / "hf"
     todo = []
@@ -277,11 +277,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def requested_targets(args: argparse.Namespace) -> list[Target]:
+def requested_targets(args: argparse.Namespace) -> list[ModelTarget]:
     if args.from_hf is not None:
         hf_dir = args.from_hf.expanduser().resolve()
         precision = args.precision or "fp32"
-        return [Target(args.name or default_name(hf_dir, precision), precision, hf_dir=hf_dir)]
+        return [ModelTarget(args.name or default_name(hf_dir, precision), precision, hf_dir=hf_dir)]
     return [TARGETS[k] for k in dict.fromkeys(args.only or DEFAULT_TARGETS)]
 
 

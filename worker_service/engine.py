@@ -52,7 +52,7 @@ from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
-from worker_service.runtime.session_turns import SessionTurns
+from worker_service.runtime.session_turns import SessionKVTurns
 
 log = structlog.get_logger(__name__)
 
@@ -116,7 +116,7 @@ class Engine:
         self.adapters = EngineAdapters(served, self._step_lock, self._cond, self._using_adapter,
                                        self.prefix_cache)
         # Sessions keep K/V between turns as host copies of their rows (session_turns.py).
-        self.session_turns = SessionTurns(
+        self.session_turns = SessionKVTurns(
             SessionTable(self.kv) if self.runtime.capabilities.sessions else None,
             self.kv_layout, self._cond)
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled

@@ -32,7 +32,7 @@ from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceReq
 from worker_service.engine import Engine
 from worker_service.event_mailbox import EventMailbox, coalesced
 from worker_service.scheduler_link import SchedulerLink
-from worker_service.session_leases import SessionLeases
+from worker_service.session_leases import SessionLeaseTable
 
 log = structlog.get_logger("worker")
 
@@ -209,7 +209,7 @@ class LeaseLifecycle:
         self._live: dict[str, types_pb2.Lease] = {}  # claimed, sequence submitted
         self._busy: set[str] = set()  # lease ids being opened or served
         # The open sessions' leases, kept across turns (session_leases.py).
-        self.sessions = SessionLeases(engine, link)
+        self.sessions = SessionLeaseTable(engine, link)
         self._mailbox: EventMailbox | None = None
 
     def mailbox(self) -> EventMailbox:

@@ -30,7 +30,7 @@ class TurnStream(Protocol):
     async def shrink(self) -> None: ...
 
 
-class SessionLeases:
+class SessionLeaseTable:
     """Session id -> its lease, and the sessions to drop when their running turn ends."""
 
     def __init__(self, engine: Engine, link: SchedulerLink) -> None:

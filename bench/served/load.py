@@ -39,7 +39,7 @@ _ADMITTED = re.compile(r"admitted_max_tokens=(\d+)")
 
 
 @dataclass(frozen=True)
-class Target:
+class LoadTarget:
     """A server to load: its base URL, the model name to send (None: none), and keys to add
     to every body (e.g. llama-server's `cache_prompt`)."""
 
@@ -49,7 +49,7 @@ class Target:
     extra: dict = field(default_factory=dict)
 
 
-def request_body(target: Target, item: WorkItem) -> dict:
+def request_body(target: LoadTarget, item: WorkItem) -> dict:
     body = {"prompt": list(item.prompt_ids), "max_tokens": item.output_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             **target.extra}
@@ -77,7 +77,7 @@ def _retry_after_s(headers) -> float:
         return 0.0
 
 
-async def _stream(client: httpx2.AsyncClient, target: Target, item: WorkItem,
+async def _stream(client: httpx2.AsyncClient, target: LoadTarget, item: WorkItem,
                   rec: RequestRecord) -> None:
     async with client.stream("POST", target.base_url + "/v1/completions",
                              json=request_body(target, item)) as resp:
@@ -123,7 +123,7 @@ async def _stream(client: httpx2.AsyncClient, target: Target, item: WorkItem,
         rec.reason = f"short: {rec.tokens} of {item.output_tokens} tokens and no cap said"
 
 
-async def one_request(client: httpx2.AsyncClient, target: Target, item: WorkItem,
+async def one_request(client: httpx2.AsyncClient, target: LoadTarget, item: WorkItem,
                       timeout_s: float) -> RequestRecord:
     rec = RequestRecord(item.index, item.prompt_tokens, item.output_tokens, time.perf_counter(),
                         agent=item.agent)
@@ -145,7 +145,7 @@ def _client(timeout_s: float) -> httpx2.AsyncClient:
                                                    max_keepalive_connections=64))
 
 
-async def run_open(target: Target, items: list[WorkItem], arrivals_s: list[float],
+async def run_open(target: LoadTarget, items: list[WorkItem], arrivals_s: list[float],
                    timeout_s: float) -> tuple[list[RequestRecord], float]:
     """items[i] sent at arrivals_s[i] after the start (Poisson: open loop, whatever the
     server's pace); (records, first send -> last end in s)."""
@@ -160,7 +160,7 @@ async def run_open(target: Target, items: list[WorkItem], arrivals_s: list[float
     return list(records), _span(records)
 
 
-async def run_closed(target: Target, items: list[WorkItem], users: int, duration_s: float,
+async def run_closed(target: LoadTarget, items: list[WorkItem], users: int, duration_s: float,
                      timeout_s: float) -> tuple[list[RequestRecord], float]:
     """`users` users, each sending the next item as soon as its last one ended, until
     `duration_s` has passed or the items run out; (records, first send -> last end)."""
@@ -181,7 +181,7 @@ def _span(records: list[RequestRecord]) -> float:
     return (max(r.t_end for r in records) - min(r.t_send for r in records)) if records else 0.0
 
 
-def load_run(target: Target, mix: str, seed: int, duration_s: float, goal: Goal,
+def load_run(target: LoadTarget, mix: str, seed: int, duration_s: float, goal: Goal,
              rate_per_s: float | None = None, users: int | None = None, timeout_s: float = 60.0,
              scale: float = 1.0, records: bool = False) -> dict:
     """One run at an offered rate (open loop) or with N users (closed loop): the summary
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         p.error(f"--extra must be a JSON object ({exc})")
     goal = Goal(a.goal_ttft_ms, a.goal_itl_p99_ms)
-    target = Target(a.name, a.url.rstrip("/"), a.model, extra)
+    target = LoadTarget(a.name, a.url.rstrip("/"), a.model, extra)
     print(f"load: {a.mix} mix at {f'{a.rate:g} req/s' if a.rate else f'{a.users} users'} for "
           f"{a.duration_s:g} s against {target.base_url}", file=sys.stderr, flush=True)
     doc = load_run(target, a.mix, a.seed, a.duration_s, goal, a.rate, a.users, a.timeout_s,

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.served.load import Target, load_run
+from bench.served.load import LoadTarget, load_run
 from bench.served.load_report import SYSTEMS, draw, print_table
 from bench.served.load_stats import Goal
 from bench.served.workload import MIXES
@@ -57,7 +57,7 @@ class Systems:
 
     def __init__(self, model_dir: Path, threads: int, quick: bool, log_dir: Path):
         self.model_dir, self.threads, self.quick, self.log_dir = model_dir, threads, quick, log_dir
-        self.targets: dict[str, Target] = {}
+        self.targets: dict[str, LoadTarget] = {}
         self.skipped: dict[str, str] = {}
         self.notes: dict[str, dict] = {}
         self._stops: list = []
@@ -86,7 +86,7 @@ class Systems:
         self._stops.append(cluster.stop)
         gateway = start_gateway(cluster.address, self.log_dir)
         self._stops.append(lambda: stop_service(gateway))
-        self.targets["ortserve"] = Target("ortserve", f"http://{gateway.address}",
+        self.targets["ortserve"] = LoadTarget("ortserve", f"http://{gateway.address}",
                                           served_model(gateway.address))
         self.notes["ortserve"] = {"what": "gateway -> scheduler -> one CPU worker",
                                   "kv_capacity": "2GiB", "threads": self.threads}
@@ -116,7 +116,7 @@ class Systems:
         self._stops.append(server.stop)
         # NOTE: the prompt cache stays on (llama-server's default, as users run it); chat and
         # long prompts share no prefix (workload._distinct_head), agentic turns do.
-        self.targets["llama_server"] = Target("llama_server", server.url)
+        self.targets["llama_server"] = LoadTarget("llama_server", server.url)
         self.notes["llama_server"] = {
             "what": "llama.cpp's llama-server", "gguf": str(gguf), "threads": self.threads,
             "args": f"--parallel {PEER_PARALLEL} -c {PEER_PARALLEL * LLAMA_SLOT_TOKENS} -t {self.threads}",
@@ -149,7 +149,7 @@ class Systems:
             self.skipped["genai_engine"] = (f"the harness did not start ({line.strip()!r}); see "
                                             f"{self.log_dir / 'genai-engine.log'}")
             return
-        self.targets["genai_engine"] = Target("genai_engine", f"http://{banner['listening']}")
+        self.targets["genai_engine"] = LoadTarget("genai_engine", f"http://{banner['listening']}")
         self.notes["genai_engine"] = {
             "what": "onnxruntime-genai's og.Engine behind bench/peers/genai_engine_http.py: a "
                     "minimal streaming HTTP harness around the peer's engine, not a server genai ships",

@@ -84,7 +84,7 @@ class Proof:
     def logs(self) -> Path:
         return self.work / "logs"
 
-    def note(self, outcome: steps.Outcome, **extra) -> steps.Outcome:
+    def note(self, outcome: steps.StepOutcome, **extra) -> steps.StepOutcome:
         self.record["steps"].append({**outcome.to_json(), **extra,
                                      "at_s": round(self.deadline.elapsed_s(), 1)})
         say(f"{outcome.name}: {outcome.status}"
@@ -95,7 +95,7 @@ class Proof:
         return outcome
 
     def skip(self, name: str, why: str) -> None:
-        self.note(steps.Outcome(name, "skipped", note=why))
+        self.note(steps.StepOutcome(name, "skipped", note=why))
 
     def save(self) -> None:
         write_json(self.out / "proof.json", self.record)
@@ -194,7 +194,7 @@ def env_step(proof: Proof, env: dict) -> dict:
     return retried if outcome.status == "ok" else env
 
 
-def start_builds(proof: Proof, args, env: dict) -> dict[str, steps.Running | steps.Outcome]:
+def start_builds(proof: Proof, args, env: dict) -> dict[str, steps.Running | steps.StepOutcome]:
     """Both shapes' builds in the background, each on half the cores."""
     half = str(max(1, (os.cpu_count() or 2) // 2))
     started = {}
@@ -207,7 +207,7 @@ def start_builds(proof: Proof, args, env: dict) -> dict[str, steps.Running | ste
     return started
 
 
-def wait_build(proof: Proof, build: steps.Running | steps.Outcome) -> bool:
+def wait_build(proof: Proof, build: steps.Running | steps.StepOutcome) -> bool:
     if isinstance(build, steps.Running):
         end = proof.deadline.start + proof.deadline.budget_s - BUILD_GRACE_S
         build = build.wait(end)

@@ -26,7 +26,7 @@ TERM_GRACE_S = 10.0
 
 
 @dataclass
-class Outcome:
+class StepOutcome:
     """What became of one step."""
 
     name: str
@@ -84,7 +84,7 @@ class Running:
     def running(self) -> bool:
         return self.process.poll() is None
 
-    def wait(self, until_s: float | None = None) -> Outcome:
+    def wait(self, until_s: float | None = None) -> StepOutcome:
         """Wait until the step ends or its timeout (or `until_s` of the clock, if sooner)
         passes; then stop it and say which."""
         end = self.started + self.timeout_s
@@ -94,11 +94,11 @@ class Running:
             code = self.process.wait(timeout=max(0.0, end - self.clock()))
         except subprocess.TimeoutExpired:
             self.stop()
-            return Outcome(self.name, "timeout", self.process.returncode,
-                           round(self.clock() - self.started, 1), round(self.timeout_s, 1),
-                           f"stopped after {self.clock() - self.started:.0f} s")
-        return Outcome(self.name, "ok" if code == 0 else "failed", code,
-                       round(self.clock() - self.started, 1), round(self.timeout_s, 1))
+            return StepOutcome(self.name, "timeout", self.process.returncode,
+                               round(self.clock() - self.started, 1), round(self.timeout_s, 1),
+                               f"stopped after {self.clock() - self.started:.0f} s")
+        return StepOutcome(self.name, "ok" if code == 0 else "failed", code,
+                           round(self.clock() - self.started, 1), round(self.timeout_s, 1))
 
     def stop(self) -> None:
         """SIGTERM to the step's process group, SIGKILL if it is still there after a grace."""
@@ -116,25 +116,25 @@ class Running:
 
 def start(name: str, argv: list[str], planned_s: float, deadline: Deadline, log_dir: Path,
           env: dict[str, str] | None = None, stdout_path: Path | None = None,
-          cwd: Path | None = None) -> Running | Outcome:
-    """Start a step with min(planned_s, what the deadline leaves) as its timeout; an Outcome
+          cwd: Path | None = None) -> Running | StepOutcome:
+    """Start a step with min(planned_s, what the deadline leaves) as its timeout; a StepOutcome
     instead when it cannot start (skipped for time, or an error starting it)."""
     timeout = deadline.timeout_for(planned_s)
     if timeout is None:
-        return Outcome(name, "skipped", note=f"{deadline.left_s():.0f} s left before the "
-                       "deadline, too little to start it")
+        return StepOutcome(name, "skipped", note=f"{deadline.left_s():.0f} s left before the "
+                           "deadline, too little to start it")
     try:
         return Running(name, argv, timeout, log_dir / f"{name}.log", env, stdout_path, cwd,
                        deadline.clock)
     except OSError as error:
-        return Outcome(name, "error", note=f"could not start {argv[0]}: {error}")
+        return StepOutcome(name, "error", note=f"could not start {argv[0]}: {error}")
 
 
 def run(name: str, argv: list[str], planned_s: float, deadline: Deadline, log_dir: Path,
         env: dict[str, str] | None = None, stdout_path: Path | None = None,
-        cwd: Path | None = None) -> Outcome:
+        cwd: Path | None = None) -> StepOutcome:
     """Start a step and wait for it (never past the deadline)."""
     step = start(name, argv, planned_s, deadline, log_dir, env, stdout_path, cwd)
-    if isinstance(step, Outcome):
+    if isinstance(step, StepOutcome):
         return step
     return step.wait(deadline.start + deadline.budget_s - RESERVE_S)

@@ -1,6 +1,6 @@
 """gRPC failures -> OpenAI-shaped HTTP errors, through one table.
 
-The scheduler's status is decoded once (ortserve_client.errors.from_rpc_error:
+The scheduler's status is decoded once (ortserve.status.call_errors.from_rpc_error:
 the code, the ErrorInfo reason, the Rejection, the BadRequest field); the
 table below is the only place an HTTP status is chosen. The message keeps the
 scheduler's sentence with its numbers and remedy; the `ortserve` object in the
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.rpc import error_details_pb2
-from ortserve_client.errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
 
 from gateway.request.translate import ParamError
 from ortserve.rpc.error_path import STATUS_DETAILS_KEY
 from ortserve.status import rich_status
+from ortserve.status.call_errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
 from ortserve.status.errors import clip
 
 S = grpc.StatusCode

@@ -14,10 +14,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from ortserve_client.types import BudgetCap, sampling_dict
-
 from gateway.reply.errors import in_route_words
 from gateway.request.translate import Kind
+from ortserve.rpc.message_views import BudgetCap, sampling_dict
 from ortserve.v1 import types_pb2
 
 # ortserve's finish reasons in OpenAI's words: a cap ends as "length", like
@@ -52,7 +51,7 @@ _ID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}
 
 
 @dataclass(frozen=True)
-class ResponseMeta:
+class ChatReplyMeta:
     """What every response and chunk of one request repeats."""
 
     kind: Kind
@@ -61,7 +60,7 @@ class ResponseMeta:
     created_s: int
 
     @classmethod
-    def new(cls, kind: Kind, model: str) -> ResponseMeta:
+    def new(cls, kind: Kind, model: str) -> ChatReplyMeta:
         return cls(kind, _ID_PREFIX[kind] + uuid.uuid4().hex, model, int(time.time()))
 
 
@@ -191,14 +190,14 @@ class Choice:
     reasoning_tokens: int | None = None
 
 
-def full_response(meta: ResponseMeta, text: str, adm: types_pb2.Admission,
+def full_response(meta: ChatReplyMeta, text: str, adm: types_pb2.Admission,
                   fin: types_pb2.Finished, logprobs: dict | None = None,
                   resolved: Mapping[str, str] | None = None) -> dict:
     """A non-streaming chat.completion or text_completion of one choice."""
     return choices_response(meta, [Choice(text, adm, fin, logprobs)], resolved)
 
 
-def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
+def choices_response(meta: ChatReplyMeta, choices: Sequence[Choice],
                      resolved: Mapping[str, str] | None = None) -> dict:
     """A non-streaming answer of n choices (index i: choice i). The `ortserve` object is
     choice 0's admission and Finished; with n > 1 its `choices` has every choice's."""
@@ -230,7 +229,7 @@ def choices_response(meta: ResponseMeta, choices: Sequence[Choice],
             "ortserve": extension}
 
 
-def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: bool,
+def first_chunk(meta: ChatReplyMeta, adm: types_pb2.Admission, include_usage: bool,
                 index: int = 0, resolved: Mapping[str, str] | None = None) -> dict:
     """A choice's first streamed chunk: the assistant role, no text yet, its admission."""
     delta = {"role": "assistant", "content": ""}
@@ -240,18 +239,18 @@ def first_chunk(meta: ResponseMeta, adm: types_pb2.Admission, include_usage: boo
     return {**_chunk(meta, delta, None, include_usage, index), "ortserve": extension}
 
 
-def text_chunk(meta: ResponseMeta, text: str, include_usage: bool, index: int = 0,
+def text_chunk(meta: ChatReplyMeta, text: str, include_usage: bool, index: int = 0,
                logprobs: dict | None = None) -> dict:
     return _chunk(meta, {"content": text}, None, include_usage, index, logprobs)
 
 
-def delta_chunk(meta: ResponseMeta, delta: dict, include_usage: bool, index: int = 0,
+def delta_chunk(meta: ChatReplyMeta, delta: dict, include_usage: bool, index: int = 0,
                 logprobs: dict | None = None) -> dict:
     """A chat chunk of any delta (tool-call deltas: gateway/request/tools.py)."""
     return _chunk(meta, delta, None, include_usage, index, logprobs)
 
 
-def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
+def text_chunk_encoder(meta: ChatReplyMeta, include_usage: bool,
                        index: int = 0) -> Callable[[str], str]:
     """text -> the JSON of text_chunk(meta, text, include_usage, index), as json.dumps with
     compact separators writes it: per token only the text is encoded (the rest is one template)."""
@@ -261,7 +260,7 @@ def text_chunk_encoder(meta: ResponseMeta, include_usage: bool,
     return lambda text: head + json.dumps(text) + tail
 
 
-def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool,
+def final_chunk(meta: ChatReplyMeta, fin: types_pb2.Finished, include_usage: bool,
                 index: int = 0, logprobs: dict | None = None, called: bool = False) -> dict:
     """The last chunk of a choice; `called`: its output made whole tool calls (finish_reason
     "tool_calls" where it would be "stop")."""
@@ -271,7 +270,7 @@ def final_chunk(meta: ResponseMeta, fin: types_pb2.Finished, include_usage: bool
     return {**chunk, "ortserve": {"finished": finished_extension(fin)}}
 
 
-def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished],
+def usage_chunk(meta: ChatReplyMeta, fin: types_pb2.Finished | Sequence[types_pb2.Finished],
                 reasoning_tokens: int | None = None) -> dict:
     """stream_options.include_usage: one last chunk with no choices and the usage."""
     fins = [fin] if isinstance(fin, types_pb2.Finished) else list(fin)
@@ -279,7 +278,7 @@ def usage_chunk(meta: ResponseMeta, fin: types_pb2.Finished | Sequence[types_pb2
             "usage": usage_dict([f.usage for f in fins], reasoning_tokens)}
 
 
-def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_usage: bool,
+def _chunk(meta: ChatReplyMeta, delta: dict, finish_reason: str | None, include_usage: bool,
            index: int = 0, logprobs: dict | None = None) -> dict:
     if meta.kind == "chat":
         choice = {"index": index, "delta": delta, "logprobs": logprobs,
@@ -294,6 +293,6 @@ def _chunk(meta: ResponseMeta, delta: dict, finish_reason: str | None, include_u
     return chunk
 
 
-def _head(meta: ResponseMeta, objects: dict[str, str]) -> dict:
+def _head(meta: ChatReplyMeta, objects: dict[str, str]) -> dict:
     return {"id": meta.id, "object": objects[meta.kind], "created": meta.created_s,
             "model": meta.model}

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from scheduler_service.ledger import errors, placement, tenant_holdings
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
-from scheduler_service.ledger.session_leases import SessionLeases
+from scheduler_service.ledger.session_leases import LedgerSessionLeases
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
@@ -53,7 +53,7 @@ def _new_lease_id() -> str:
     return uuid.uuid4().hex
 
 
-class Ledger(SessionLeases):
+class Ledger(LedgerSessionLeases):
     """Every worker's KV budget and every lease. Thread-safe: one lock.
 
     The session-lease operations (open, resize per turn, shrink) are in

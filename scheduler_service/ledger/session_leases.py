@@ -24,7 +24,7 @@ from scheduler_service.ledger.types import (
 from scheduler_service.ledger.worker_state import WorkerState
 
 
-class SessionLeases:
+class LedgerSessionLeases:
     """The ledger's session-lease operations; `Ledger` provides the state below."""
 
     retry_after_s: float

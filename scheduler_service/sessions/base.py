@@ -1,7 +1,7 @@
 """What the session RPCs share: their state (the ledger, the registry, the workers' stubs,
 the admission queue) and their calls to a session's worker.
 
-rpcs.py builds on it: SessionRPCs (the RPCs) <- SessionTurns (turn.py) <- SessionReclaim
+rpcs.py builds on it: SessionRPCs (the RPCs) <- SessionTurnRelay (turn.py) <- SessionReclaim
 (reclaim.py) <- SessionBase (here), one class whose rooms are split by idea.
 """
 

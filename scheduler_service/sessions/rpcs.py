@@ -22,13 +22,13 @@ from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger import placement
 from scheduler_service.sessions.registry import Session
-from scheduler_service.sessions.turn import SessionTurns
+from scheduler_service.sessions.turn import SessionTurnRelay
 from scheduler_service.tenant_of import caller_tenant
 
 log = structlog.get_logger("scheduler")
 
 
-class SessionRPCs(SessionTurns):
+class SessionRPCs(SessionTurnRelay):
     """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession (the servicer
     delegates them here), and make_room: idle sessions' bytes for a plain admission."""
 

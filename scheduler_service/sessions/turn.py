@@ -43,7 +43,7 @@ log = structlog.get_logger("scheduler")
 TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a step or two
 
 
-class SessionTurns(SessionReclaim):
+class SessionTurnRelay(SessionReclaim):
     """SessionTurn and the steps of a turn."""
 
     async def _render(self, session: Session, inner: types_pb2.GenerateRequest,

@@ -56,10 +56,6 @@ class Tokenizer:
         """The tokenizer as tokenizer.json text (the constraint library builds its own from it)."""
         return self._tok.to_str()
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self.chat_template is not None
-
     def encode(self, text: str) -> list[int]:
         """Plain text -> token ids (no chat template)."""
         return self._tok.encode(text, add_special_tokens=True).ids

@@ -3,7 +3,7 @@ store behind them and what that runtime can do.
 
 Above this module nothing branches on a device or a layout name: the engine,
 the server and cuda_check read the `Runtime`'s fields and capabilities. The
-layouts (EngineConfig.kv_layout):
+layouts (RuntimeConfig.kv_layout):
 
 - "rows" (what "auto" picks, on either device): the running sequences are rows
   of one row store (row_store.py), decoded in one batched run per step: the
@@ -27,8 +27,8 @@ import structlog
 
 from ortserve.status.units import human_bytes, tokens
 from worker_service.core.errors import DeviceUnavailable, InvalidRequest
-from worker_service.engine_config import EngineConfig
 from worker_service.runtime import device as devices
+from worker_service.runtime.config import RuntimeConfig
 from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
@@ -108,7 +108,7 @@ class DeviceSession:
     intra_op_threads: int
 
 
-def open_device_session(config: EngineConfig, spec: ModelSpec) -> DeviceSession:
+def open_device_session(config: RuntimeConfig, spec: ModelSpec) -> DeviceSession:
     """The model's ORT session on the device `config` names, verified to run there
     (device.create_session refuses what would silently run elsewhere)."""
     threads = config.intra_op_threads or devices.usable_cores()
@@ -136,7 +136,7 @@ def open_device_session(config: EngineConfig, spec: ModelSpec) -> DeviceSession:
 DEVICE_CACHE_SHARE = 0.5
 
 
-def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
+def _device_rows(config: RuntimeConfig, spec: ModelSpec) -> DeviceRows:
     """Device rows and the prefix cache's device block area, allocated now: the pool's
     capacity is what was allocated. With --prefix-cache-bytes the block area is that (at
     most the capacity) and the rows are what the rest holds; without it, the rows are as
@@ -176,7 +176,7 @@ def _device_rows(config: EngineConfig, spec: ModelSpec) -> DeviceRows:
     return store
 
 
-def build_runtime(config: EngineConfig, spec: ModelSpec, session: ort.InferenceSession,
+def build_runtime(config: RuntimeConfig, spec: ModelSpec, session: ort.InferenceSession,
                   chunk_tokens: int) -> Runtime:
     """The runtime `config` asks for on its device, over `session`."""
     layout = config.kv_layout

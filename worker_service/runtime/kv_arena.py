@@ -253,7 +253,7 @@ class KVArena(RowTableMixin):
                 self._map.madvise(mmap.MADV_DONTNEED, offset, (t1 - t0) * token_bytes)
 
     def close(self) -> None:
-        """Drop the mapping; OrtValues made by `ortvalues` must be gone first."""
+        """Drop the mapping (a numpy view still exported keeps it until the last one goes)."""
         self.table.clear()
         self.keys = self.values = []
         # Views still exported (BufferError): the mapping goes with the last of them.
@@ -262,26 +262,13 @@ class KVArena(RowTableMixin):
 
     # --- binding -------------------------------------------------------------
 
-    def ortvalues(self, start_row: int, stop_row: int) -> list[tuple[str, str, ort.OrtValue]]:
-        """(past name, present name, OrtValue over rows [start, stop)) per layer, K and V.
-
-        A contiguous slice of rows is a contiguous tensor, so ORT reads and writes
-        the arena in place: bind each value as both past and present
-        (past_present_share_buffer). [0, n) for a batched decode, [r, r+1) for a
-        batch-1 prompt chunk into row r.
-        """
-        spec = self.spec
-        out = []
-        for i in range(spec.num_layers):
-            for fmt_past, fmt_present, region in (
-                    (spec.past_key_name, spec.present_key_name, self.keys[i]),
-                    (spec.past_value_name, spec.present_value_name, self.values[i])):
-                out.append((fmt_past.format(i=i), fmt_present.format(i=i),
-                            ort.OrtValue.ortvalue_from_numpy(region[start_row:stop_row])))
-        return out
-
     def bind(self, binding: ort.IOBinding, start_row: int, stop_row: int) -> None:
-        """Bind rows [start, stop) of every layer as past input and present output, by pointer."""
+        """Bind rows [start, stop) of every layer as past input and present output, by pointer.
+
+        A contiguous slice of rows is a contiguous tensor, so ORT reads and writes the
+        arena in place (past_present_share_buffer). [0, n) for a batched decode, [r, r+1)
+        for a batch-1 prompt chunk into row r.
+        """
         spec = self.spec
         shape = [stop_row - start_row, *self.row_shape]
         for i in range(spec.num_layers):

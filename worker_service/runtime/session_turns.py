@@ -17,7 +17,7 @@ from worker_service.runtime.runner import Runner
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 
 
-class SessionTurns:
+class SessionKVTurns:
     """The engine's open sessions: their K/V (a SessionTable; None where the runtime keeps
     no rows to park) and their adapters."""
 

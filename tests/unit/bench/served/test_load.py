@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bench.served.load import Target, run_closed, run_open
+from bench.served.load import LoadTarget, run_closed, run_open
 from bench.served.workload import WorkItem
 
 BODIES: list[dict] = []
@@ -75,7 +75,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield Target("fake", f"http://127.0.0.1:{httpd.server_address[1]}", "m1", {"cache_prompt": False})
+    yield LoadTarget("fake", f"http://127.0.0.1:{httpd.server_address[1]}", "m1", {"cache_prompt": False})
     RELEASE.set()
     httpd.shutdown()
 

@@ -101,7 +101,7 @@ def test_a_step_that_cannot_start_is_an_error_outcome(tmp_path):
 
 
 def test_an_outcome_leaves_empty_fields_out_of_its_json():
-    assert steps.Outcome("x", "skipped", note="why").to_json() == {
+    assert steps.StepOutcome("x", "skipped", note="why").to_json() == {
         "name": "x", "status": "skipped", "seconds": 0.0, "note": "why"}
 
 

@@ -64,7 +64,7 @@ def test_n_choices_headers_list_each_decision_and_usage_counts_the_prompt_once()
 
 
 def test_choices_response_indexes_every_choice_and_lists_their_admissions():
-    meta = responses.ResponseMeta.new("chat", "m")
+    meta = responses.ChatReplyMeta.new("chat", "m")
     fin = types_pb2.Finished(finish_reason=types_pb2.EOS, usage=types_pb2.Usage(
         prompt_tokens=3, generated_tokens=2))
     adm = types_pb2.Admission(decision=types_pb2.ADMITTED)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gateway.reply import responses
-from gateway.reply.responses import CAP_HEADER, DECISION_HEADER, ResponseMeta
+from gateway.reply.responses import CAP_HEADER, DECISION_HEADER, ChatReplyMeta
 from ortserve.v1 import types_pb2
 
 CAP = types_pb2.BudgetCap(requested_max_new_tokens=8155, admitted_max_new_tokens=91,
@@ -43,7 +43,7 @@ def test_an_admitted_request_has_no_cap_header():
 
 
 def test_the_full_chat_response_carries_the_whole_cap_and_length():
-    meta = ResponseMeta.new("chat", "m")
+    meta = ChatReplyMeta.new("chat", "m")
     body = responses.full_response(meta, "Paris", capped_admission(), finished())
     assert meta.id.startswith("chatcmpl-") and body["object"] == "chat.completion"
     choice = body["choices"][0]
@@ -59,7 +59,7 @@ def test_the_full_chat_response_carries_the_whole_cap_and_length():
 
 
 def test_eos_and_stop_sequences_finish_as_stop():
-    meta = ResponseMeta.new("completion", "m")
+    meta = ChatReplyMeta.new("completion", "m")
     for reason in (types_pb2.EOS, types_pb2.STOP_SEQUENCE):
         body = responses.full_response(meta, "x", capped_admission(), finished(reason))
         assert body["choices"][0]["finish_reason"] == "stop"
@@ -67,7 +67,7 @@ def test_eos_and_stop_sequences_finish_as_stop():
 
 
 def test_stream_chunks_first_has_role_and_cap_last_has_usage_only():
-    meta = ResponseMeta.new("chat", "m")
+    meta = ChatReplyMeta.new("chat", "m")
     first = responses.first_chunk(meta, capped_admission(), include_usage=True)
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["ortserve"]["budget_cap"]["admitted_max_new_tokens"] == 91
@@ -82,7 +82,7 @@ def test_stream_chunks_first_has_role_and_cap_last_has_usage_only():
 
 
 def test_completion_chunks_carry_text_not_delta():
-    meta = ResponseMeta.new("completion", "m")
+    meta = ChatReplyMeta.new("completion", "m")
     chunk = responses.text_chunk(meta, "Once", include_usage=False)
     assert chunk["choices"][0]["text"] == "Once" and "delta" not in chunk["choices"][0]
     assert chunk["object"] == "text_completion"
@@ -90,7 +90,7 @@ def test_completion_chunks_carry_text_not_delta():
 
 def test_the_text_chunk_template_writes_what_json_dumps_writes():
     for kind in ("chat", "completion"):
-        meta = responses.ResponseMeta.new(kind, 'm"odel\u00e9')
+        meta = responses.ChatReplyMeta.new(kind, 'm"odel\u00e9')
         for usage in (False, True):
             encode = responses.text_chunk_encoder(meta, usage)
             for text in ("", "plain", 'q"uote\\ \n\u00e9\u4e2d\U0001f600', "\x00"):
@@ -101,7 +101,7 @@ def test_the_text_chunk_template_writes_what_json_dumps_writes():
 def test_a_text_chunk_sent_as_bytes_is_the_sse_event_sse_starlette_writes():
     from sse_starlette.event import ensure_bytes
 
-    meta = responses.ResponseMeta.new("chat", "m")
+    meta = responses.ChatReplyMeta.new("chat", "m")
     encode = responses.text_chunk_encoder(meta, False)
     for text in ("hi", "two\nlines", "\r"):
         line = b"data: " + encode(text).encode() + b"\n\n"

@@ -8,7 +8,7 @@ from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import Lease, Ledger, WorkerGeometry
 from scheduler_service.sessions.registry import Session, SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
-from worker_service.session_leases import SessionLeases
+from worker_service.session_leases import SessionLeaseTable
 from worker_service.session_lifecycle import Conversation, WorkerSessions
 
 
@@ -16,7 +16,7 @@ class LeaseLifecycleStub:
     """What WorkerSessions.live_sessions reads of the worker's leases."""
 
     def __init__(self) -> None:
-        self.sessions = SessionLeases(engine=None, link=None)
+        self.sessions = SessionLeaseTable(engine=None, link=None)
         self.sessions.leases["s1"] = types_pb2.Lease(lease_id="l1")
 
 GEOMETRY = WorkerGeometry(worker_id="w1", address="w1:1", model="m", context_length=4_096,

@@ -164,18 +164,32 @@ def test_random_joins_and_leaves_keep_the_invariant():
             assert np.all(arena.values[1][row, :, :n] == contents[row])
 
 
-def test_ortvalues_and_bind_share_the_arena_memory():
+class RecordingBinding:
+    """Records what KVArena.bind binds (an ort.IOBinding needs a session)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, tuple] = {}
+        self.outputs: dict[str, tuple] = {}
+
+    def bind_input(self, name, device, device_id, dtype, shape, ptr) -> None:
+        self.inputs[name] = (device, dtype, list(shape), ptr)
+
+    def bind_output(self, name, device, device_id, dtype, shape, ptr) -> None:
+        self.outputs[name] = (device, dtype, list(shape), ptr)
+
+
+def test_bind_binds_the_arena_rows_in_place_as_past_and_present():
     arena = KVArena(make_spec(), max_rows=4, capacity_bytes=10**9)
     for _ in range(3):
         arena.allocate(10)
-    arena.keys[0][1, 0, 0, 0] = 5.0
-    values = arena.ortvalues(0, 3)
-    assert len(values) == 2 * arena.spec.num_layers
-    past, present, value = values[0]
-    assert (past, present) == ("past_key_values.0.key", "present.0.key")
-    assert value.shape() == [3, 2, arena.seq_tokens, 64]
-    assert value.numpy()[1, 0, 0, 0] == 5.0
-    assert value.data_ptr() == arena.keys[0].ctypes.data
-    _, _, row_value = arena.ortvalues(2, 3)[1]
-    assert row_value.shape() == [1, 2, arena.seq_tokens, 64]
-    assert row_value.data_ptr() == arena.values[0][2].ctypes.data
+    decode = RecordingBinding()
+    arena.bind(decode, 0, 3)
+    assert len(decode.inputs) == len(decode.outputs) == 2 * arena.spec.num_layers
+    past = decode.inputs["past_key_values.0.key"]
+    assert past == ("cpu", arena.dtype, [3, 2, arena.seq_tokens, 64], arena.keys[0].ctypes.data)
+    assert decode.outputs["present.0.key"] == past  # the same memory, read and written in place
+    chunk = RecordingBinding()  # a batch-1 prompt chunk into row 2
+    arena.bind(chunk, 2, 3)
+    row_value = chunk.inputs["past_key_values.0.value"]
+    assert row_value[2:] == ([1, 2, arena.seq_tokens, 64], arena.values[0][2].ctypes.data)
+    assert chunk.outputs["present.0.value"] == row_value
