@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,20 +37,17 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 
+# run as a script beside genai_peer.py (its folder is sys.path[0]), as genai_peer.py is
+from genai_peer import model_with_threads
+
 MODEL_NAME = "genai-engine"
 
 
 def model_folder(model_dir: Path, threads: int, max_batch: int, max_length: int) -> Path:
-    """A folder of symlinks to model_dir whose genai_config sets the threads, the static
+    """genai_peer's folder of symlinks (its threads), whose genai_config also sets the static
     batch and the longest request (the static cache holds max_batch x max_length tokens)."""
-    out = Path(tempfile.mkdtemp(prefix="genai-engine-"))
-    for item in model_dir.iterdir():
-        if item.name != "genai_config.json":
-            os.symlink(item, out / item.name)
-    config = json.loads((model_dir / "genai_config.json").read_text())
-    options = config["model"]["decoder"].setdefault("session_options", {})
-    options["intra_op_num_threads"] = threads
-    options["inter_op_num_threads"] = 1
+    out = model_with_threads(model_dir, threads)
+    config = json.loads((out / "genai_config.json").read_text())
     config["search"]["max_length"] = min(max_length, config["search"].get("max_length", max_length))
     config["engine"] = {"static_batching": {"max_batch_size": max_batch}}
     (out / "genai_config.json").write_text(json.dumps(config))
