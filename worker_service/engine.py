@@ -22,7 +22,9 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import structlog
 
 from ortserve.rules import request_rules
@@ -51,6 +53,8 @@ from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
+from worker_service.runtime.session_disk import SessionDisk
+from worker_service.runtime.session_file import ModelIdentity, fingerprint_of
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 from worker_service.runtime.session_turns import SessionKVTurns
 
@@ -117,7 +121,8 @@ class Engine:
                                        self.prefix_cache)
         # Sessions keep K/V between turns as host copies of their rows (session_turns.py).
         self.session_turns = SessionKVTurns(
-            SessionTable(self.kv) if self.runtime.capabilities.sessions else None,
+            SessionTable(self.kv, disk=self._session_disk(config))
+            if self.runtime.capabilities.sessions else None,
             self.kv_layout, self._cond)
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
         self._live: dict[str, Sequence] = {}  # guarded by _cond
@@ -263,6 +268,17 @@ class Engine:
         return event
 
     # --- sessions (any thread; session_turns.py) ------------------------------
+
+    def _session_disk(self, config: EngineConfig) -> SessionDisk | None:
+        """The disk tier (--session-dir), its files only valid for this model's K/V."""
+        if not config.session_dir:
+            return None
+        spec = self.spec
+        identity = ModelIdentity(
+            name=spec.name, fingerprint=fingerprint_of(spec.model_dir, spec.model_file),
+            num_layers=spec.num_layers, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
+            kv_dtype=str(np.dtype(spec.kv_dtype)))
+        return SessionDisk(Path(config.session_dir), config.session_disk_bytes, identity)
 
     def open_session(self, session_id: str) -> SessionInfo:
         return self.session_turns.open(session_id)

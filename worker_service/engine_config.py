@@ -39,3 +39,7 @@ class EngineConfig(RuntimeConfig):
     # LoRA adapters loaded at start, (served name, .onnx_adapter path) each (--lora NAME=PATH);
     # the base folder must take its LoRA weights as inputs (model_tools/lora.py).
     lora_adapters: tuple[tuple[str, str], ...] = ()
+    # The disk tier of parked sessions (--session-dir; runtime/session_disk.py): "" off.
+    session_dir: str = ""
+    # The bytes its files may take (--session-disk-bytes).
+    session_disk_bytes: int = 4 * 2**30

@@ -23,7 +23,14 @@ A session is in one state:
 - SWAPPED: reclaimed: the copy stays in host memory, counted against the host
   budget (--session-swap-bytes), and the pool charge is gone, so the
   scheduler can release the lease's bytes. A copy that does not fit the host
-  budget is dropped (EMPTY): the next turn recomputes.
+  budget goes to disk when a disk tier is configured and it fits there, else
+  it is dropped (EMPTY): the next turn recomputes.
+- ON_DISK: the copy is a file under --session-dir (session_disk.py), counted
+  against --session-disk-bytes only: no pool charge, no host bytes. Written
+  when idle past a bound, when the host budget has no room, or found there at
+  start-up (a restarted worker). The next turn charges the pool first (its
+  admission), then reads the file back; a file refused then (truncated,
+  corrupt) is set aside and the turn re-prefills the history instead.
 
 Every method runs under the engine's lock; the pool has its own.
 """
@@ -32,14 +39,19 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import structlog
 
 from ortserve.status.errors import ErrorReason, quoted
 from worker_service.core.errors import EngineError
 from worker_service.runtime.kv_pool import HostBudget, KVAllocation, KVPool
+from worker_service.runtime.session_disk import Found, OnDisk, SessionDisk
+from worker_service.runtime.session_file import SessionFileRejected, SessionRecord
+
+log = structlog.get_logger("worker")
 
 
 class SessionState(enum.Enum):
@@ -47,6 +59,7 @@ class SessionState(enum.Enum):
     BUSY = "busy"
     RESIDENT = "resident"
     SWAPPED = "swapped"
+    ON_DISK = "on_disk"
 
 
 class SessionNotFound(EngineError):
@@ -93,6 +106,7 @@ class SessionInfo:
     charged_bytes: int  # what the KV pool charges for it now (0 when swapped or empty)
     swapped_bytes: int  # host bytes in the swap store
     turns: int
+    disk_bytes: int = 0  # the session's file's bytes (ON_DISK)
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,17 @@ class TurnStart:
     allocation: KVAllocation
     reused_tokens: int
     resume: HeldKV | None  # the reused prefix's K/V (None: nothing reused)
+    # The session's file was refused as it was read back: the turn re-prefills instead.
+    rejected: SessionFileRejected | None = None
+
+
+@dataclass(frozen=True)
+class DiskMeta:
+    """What the edge stores with a session's file besides its K/V: the tenant, and opaque
+    bytes (its lease and conversation) it needs to serve the session after a restart."""
+
+    tenant: str = ""
+    extras: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +135,8 @@ class _Session:
     state: SessionState = SessionState.EMPTY
     held: HeldKV | None = None
     kv: KVAllocation | None = None  # the pool charge while RESIDENT
+    disk: OnDisk | None = None  # its file while ON_DISK
+    adapter: str = ""  # what its K/V was computed under (kept in its file)
     turns: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
@@ -128,10 +155,15 @@ def common_prefix(held: Sequence[int], prompt: Sequence[int]) -> int:
 class SessionTable:
     """Every session on this worker and the swap store's bytes."""
 
-    def __init__(self, pool: KVPool, swap_limit_bytes: int | None = None) -> None:
-        """`swap_limit_bytes`: a host budget of its own; None: the pool's (`pool.host`)."""
+    def __init__(self, pool: KVPool, swap_limit_bytes: int | None = None,
+                 disk: SessionDisk | None = None) -> None:
+        """`swap_limit_bytes`: a host budget of its own; None: the pool's (`pool.host`).
+        `disk`: the disk tier (--session-dir); None: none, a copy without host room drops."""
         self.pool = pool
         self.host = pool.host if swap_limit_bytes is None else HostBudget(swap_limit_bytes)
+        self.disk = disk
+        # What the edge stores with a session's file (set by the edge; the table is pure).
+        self.disk_meta: Callable[[str], DiskMeta] = lambda _sid: DiskMeta()
         self._sessions: dict[str, _Session] = {}
 
     @property
@@ -168,14 +200,44 @@ class SessionTable:
             raise SessionNotFound(session_id)
         return session
 
+    @property
+    def disk_used_bytes(self) -> int:
+        return self.disk.used_bytes if self.disk is not None else 0
+
+    def tier_bytes(self) -> dict[str, tuple[int, int]]:
+        """Each session's (host bytes, disk bytes) outside the pool's charge (the ledger's
+        host and disk tiers; a session resident on CUDA counts its host copy too)."""
+        return {sid: (s.held.nbytes if self._on_host_budget(s) else 0,
+                      s.disk.file_bytes if s.disk is not None else 0)
+                for sid, s in self._sessions.items()}
+
     def info(self, session_id: str) -> SessionInfo:
         s = self._get(session_id)
-        held = len(s.held.tokens) if s.held is not None else 0
+        held = len(s.held.tokens) if s.held is not None else (
+            len(s.disk.tokens) if s.disk is not None else 0)
         return SessionInfo(
             session_id=s.session_id, state=s.state, held_tokens=held,
             charged_bytes=s.kv.nbytes if s.kv is not None else 0,
             swapped_bytes=s.held.nbytes if s.state is SessionState.SWAPPED and s.held else 0,
-            turns=s.turns)
+            turns=s.turns, disk_bytes=s.disk.file_bytes if s.disk is not None else 0)
+
+    def _load(self, s: _Session) -> SessionFileRejected | None:
+        """Bring an ON_DISK session's K/V back into host memory (the caller has charged the
+        pool for it already); its file goes. A refused file leaves the session empty."""
+        assert self.disk is not None and s.disk is not None
+        on_disk, s.disk = s.disk, None
+        try:
+            record = self.disk.load(on_disk, s.session_id)
+        except SessionFileRejected as error:
+            self.disk.forget_rejected(on_disk)
+            log.error("session file refused; the turn re-prefills its history",
+                      session_id=s.session_id, file=str(error.path), why=error.why,
+                      detail=error.detail)
+            s.held = None
+            return error
+        self.disk.delete(on_disk)
+        s.held = HeldKV(record.tokens, record.keys, record.values)
+        return None
 
     def held_kv(self, session_id: str) -> HeldKV | None:
         """A copy of the K/V the session keeps between turns (None: it holds none), for
@@ -192,14 +254,17 @@ class SessionTable:
         s = self._get(session_id)
         if s.state is SessionState.BUSY:
             raise SessionBusy(session_id)
-        held = s.held
-        # At least the last prompt token is computed: its logits give the first new token.
-        reused = min(common_prefix(held.tokens, prompt_ids), len(prompt_ids) - 1) if held else 0
         if s.kv is not None:
             self.pool.resize(s.kv, max_tokens, detail=detail)  # raises: nothing changed
             allocation = s.kv
         else:
             allocation = self.pool.allocate(max_tokens, detail=detail)
+        # From disk only after the pool took the turn's charge (its admission): the file's
+        # K/V then lands in bytes the ledger already counts.
+        rejected = self._load(s) if s.state is SessionState.ON_DISK else None
+        held = s.held
+        # At least the last prompt token is computed: its logits give the first new token.
+        reused = min(common_prefix(held.tokens, prompt_ids), len(prompt_ids) - 1) if held else 0
         if self._on_host_budget(s):
             self.host.give(held.nbytes)  # swapped in: the turn's charge covers it now
         resume = None
@@ -212,7 +277,7 @@ class SessionTable:
                             [v[:, :reused].copy() for v in held.values])
         s.state, s.held, s.kv = SessionState.BUSY, None, None
         s.last_used = time.monotonic()
-        return TurnStart(allocation, reused, resume)
+        return TurnStart(allocation, reused, resume, rejected)
 
     def end_turn(self, session_id: str, allocation: KVAllocation, held: HeldKV | None) -> None:
         """The turn is over: keep `held` RESIDENT, charged for exactly its tokens; None (a
@@ -250,11 +315,73 @@ class SessionTable:
         freed = s.kv.nbytes
         if self.pool.parks_on_host or self.host.take(s.held.nbytes):
             s.state = SessionState.SWAPPED  # (parked on the host: already counted there)
+        elif self._write(s) is not None:
+            pass  # no host room: on disk instead (ON_DISK)
         else:
             s.state, s.held = SessionState.EMPTY, None
         self.pool.free(s.kv)
         s.kv = None
         return freed
+
+    def _write(self, s: _Session) -> OnDisk | None:
+        """Write the session's held K/V to its file; None (nothing changed) without a disk
+        tier or room in its budget. The caller frees the pool charge; the host copy goes."""
+        if self.disk is None or s.held is None:
+            return None
+        meta = self.disk_meta(s.session_id)
+        on_disk = self.disk.write(SessionRecord(
+            session_id=s.session_id, tokens=s.held.tokens, keys=s.held.keys,
+            values=s.held.values, adapter=s.adapter, tenant=meta.tenant, turns=s.turns,
+            extras=meta.extras))
+        if on_disk is None:
+            return None
+        if self._on_host_budget(s):
+            self.host.give(s.held.nbytes)
+        s.state, s.held, s.disk = SessionState.ON_DISK, None, on_disk
+        return on_disk
+
+    def to_disk(self, session_id: str) -> tuple[int, int]:
+        """Move an idle session (RESIDENT or SWAPPED) to its file; returns (pool bytes
+        freed, file bytes). (0, 0) when nothing moved: no disk tier, no room there, or the
+        session holds nothing to write."""
+        s = self._get(session_id)
+        if s.state not in (SessionState.RESIDENT, SessionState.SWAPPED):
+            return 0, 0
+        on_disk = self._write(s)
+        if on_disk is None:
+            return 0, 0
+        freed = 0
+        if s.kv is not None:
+            freed = s.kv.nbytes
+            self.pool.free(s.kv)
+            s.kv = None
+        return freed, on_disk.file_bytes
+
+    def idle_in_memory(self, idle_s: float, now: float | None = None) -> list[str]:
+        """Sessions holding K/V in memory (RESIDENT, SWAPPED) unused for over `idle_s`,
+        least recently used first: what the disk tier takes when idle past its bound."""
+        now = time.monotonic() if now is None else now
+        idle = [s for s in self._sessions.values() if s.held is not None
+                and s.state in (SessionState.RESIDENT, SessionState.SWAPPED)
+                and now - s.last_used > idle_s]
+        return [s.session_id for s in sorted(idle, key=lambda s: s.last_used)]
+
+    def adopt(self, found: Found) -> SessionInfo:
+        """A session found in the disk tier at start-up: ON_DISK with its file, or, when
+        its file was refused but its header held, EMPTY (its next turn re-prefills)."""
+        record = found.record
+        s = _Session(found.session_id, turns=record.turns if record else 0,
+                     adapter=record.adapter if record else "")
+        if found.on_disk is not None:
+            s.state, s.disk = SessionState.ON_DISK, found.on_disk
+        self._sessions[found.session_id] = s
+        return self.info(found.session_id)
+
+    def adapter_of(self, session_id: str) -> str:
+        return self._get(session_id).adapter
+
+    def set_adapter(self, session_id: str, adapter: str) -> None:
+        self._get(session_id).adapter = adapter
 
     def close(self, session_id: str) -> int:
         """Forget the session and free what it holds; returns the pool bytes freed.
@@ -267,6 +394,8 @@ class SessionTable:
         del self._sessions[session_id]
         if self._on_host_budget(s):
             self.host.give(s.held.nbytes)
+        if s.disk is not None and self.disk is not None:
+            self.disk.delete(s.disk)  # closed: its file and its disk bytes go
         freed = 0
         if s.kv is not None:
             freed = s.kv.nbytes
@@ -274,7 +403,8 @@ class SessionTable:
         return freed
 
     def drop_all(self) -> None:
-        """The engine closes: every session's charge goes back."""
+        """The engine closes: every session's charge goes back. Files stay on disk: a
+        worker started again on the same folder serves those sessions."""
         for session_id, s in list(self._sessions.items()):
             if self._on_host_budget(s):
                 self.host.give(s.held.nbytes)

@@ -55,6 +55,28 @@ class SessionKVTurns:
         with self._lock:
             return self._table().swap_out(session_id)
 
+    def to_disk(self, session_id: str) -> tuple[int, int]:
+        """Move an idle session's K/V to its file; (pool bytes freed, file bytes)."""
+        with self._lock:
+            return self._table().to_disk(session_id)
+
+    def idle_in_memory(self, idle_s: float) -> list[str]:
+        """Idle sessions holding K/V in memory for over `idle_s` (the disk tier's picks)."""
+        with self._lock:
+            return self.table.idle_in_memory(idle_s) if self.table is not None else []
+
+    def adopt(self, found) -> SessionInfo:
+        """A session found in the disk tier at start-up (session_disk.Found)."""
+        with self._lock:
+            info = self._table().adopt(found)
+            self._adapters[found.session_id] = self._table().adapter_of(found.session_id)
+            return info
+
+    def tier_bytes(self) -> dict[str, tuple[int, int]]:
+        """Each session's (host bytes, disk bytes) outside the KV capacity."""
+        with self._lock:
+            return self.table.tier_bytes() if self.table is not None else {}
+
     def close(self, session_id: str) -> int:
         """Forget an idle session; returns the pool bytes freed (SessionBusy during a turn)."""
         with self._lock:
@@ -84,6 +106,7 @@ class SessionKVTurns:
         start = self._table().begin_turn(session_id, req.prompt_ids, req.max_tokens, detail)
         seq.continue_session(session_id, start.allocation, start.reused_tokens, start.resume)
         self._adapters[session_id] = req.adapter
+        self._table().set_adapter(session_id, req.adapter)
         return start.reused_tokens
 
     def end(self, seq: Sequence, failed: bool, runner: Runner) -> None:
