@@ -161,6 +161,8 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         age_s=max(0.0, now - lease.created_at),
         tenant=lease.tenant,
         two_step=lease.two_step,
+        host_bytes=lease.host_bytes,
+        disk_bytes=lease.disk_bytes,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -182,6 +184,9 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         session=session,
         tenant=pb.tenant,  # the worker keeps the lease as claimed, tenant included
         two_step=pb.two_step,
+        # A restarted worker's sessions on disk: charged to their tenants as disk bytes.
+        host_bytes=pb.host_bytes,
+        disk_bytes=pb.disk_bytes,
     )
 
 
@@ -252,7 +257,8 @@ def tenants_to_pb(usage: list[TenantUsage], queued: dict[tuple[str, str], Tenant
         row = scheduler_pb2.TenantBudget(
             tenant=u.tenant, model=u.model, reserved_bytes=u.reserved_bytes, weight=u.weight,
             leases=u.leases, queue_length=waiting.length,
-            queue_waiting_bytes=waiting.waiting_bytes)
+            queue_waiting_bytes=waiting.waiting_bytes, host_bytes=u.host_bytes,
+            disk_bytes=u.disk_bytes)
         if u.quota_bytes is not None:
             row.quota_bytes = u.quota_bytes
         rows.append(row)
@@ -291,6 +297,8 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             cached_blocks=len(w.prefix.hashes),
             nodes_off_device=list(g.nodes_off_device),
             adapters=adapters_pb(g),
+            host_bytes=w.host_bytes,
+            disk_bytes=w.disk_bytes,
         ))
     models = _models(workers)
     for m in models:
@@ -304,6 +312,8 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         total_reserved_bytes=sum(w.reserved_bytes for w in workers),
         total_available_bytes=sum(w.available_bytes for w in workers),
         total_leases=sum(w.lease_count for w in workers),
+        total_host_bytes=sum(w.host_bytes for w in workers),
+        total_disk_bytes=sum(w.disk_bytes for w in workers),
         queue_length=queue.length if queue else 0,
         queue_oldest_wait_s=queue.oldest_wait_s if queue else 0.0,
         queue_waiting_bytes=queue.waiting_bytes if queue else 0,

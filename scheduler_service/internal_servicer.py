@@ -117,7 +117,13 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
 
     async def ShrinkLease(self, request: scheduler_pb2.ShrinkLeaseRequest, context):
         """A session's worker freed KV (a turn's end, a swap-out): the lease follows, never up."""
-        lease = self._ledger.shrink(request.lease_id, request.worker_id, request.held_tokens)
+        lease = self._ledger.shrink(request.lease_id, request.worker_id, request.held_tokens,
+                                    request.host_bytes, request.disk_bytes,
+                                    request.if_request_id)
+        if lease is None and request.if_request_id:
+            lease = self._ledger.lease(request.lease_id)  # a turn was admitted since: unchanged
+            if lease is not None and lease.worker_id == request.worker_id:
+                return convert.lease_to_pb(lease, time.monotonic())
         if lease is None:
             raise DomainError(ErrorReason.LEASE_NOT_FOUND,
                               f"lease {clip(request.lease_id)} is not live for worker "

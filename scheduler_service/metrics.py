@@ -90,15 +90,17 @@ class TenantGauges(Collector):
               ("ortserve_scheduler_tenant_kv_quota_bytes",
                "A tenant's KV quota (tenants with no quota are not listed)"),
               ("ortserve_scheduler_tenant_queue_length",
-               "A tenant's requests waiting in the admission queue"))
+               "A tenant's requests waiting in the admission queue"),
+              ("ortserve_scheduler_tenant_session_disk_bytes",
+               "Disk bytes a tenant's sessions hold in workers' disk tiers (outside its quota)"))
 
     def __init__(self, ledger: Ledger, queue: AdmissionQueue | None) -> None:
         self._ledger = ledger
         self._queue = queue
 
     def collect(self):
-        reserved, quota, queued = (GaugeMetricFamily(name, text, labels=["tenant", "model"])
-                                   for name, text in self._NAMES)
+        reserved, quota, queued, disk = (GaugeMetricFamily(name, text, labels=["tenant", "model"])
+                                         for name, text in self._NAMES)
         waiting = self._queue.tenant_stats() if self._queue is not None else {}
         for u in self._ledger.tenant_usage():
             labels = [u.tenant, u.model]
@@ -107,7 +109,8 @@ class TenantGauges(Collector):
                 quota.add_metric(labels, u.quota_bytes)
             stats = waiting.get((u.tenant, u.model))
             queued.add_metric(labels, stats.length if stats else 0)
-        yield from (reserved, quota, queued)
+            disk.add_metric(labels, u.disk_bytes)
+        yield from (reserved, quota, queued, disk)
 
     def describe(self):
         return [GaugeMetricFamily(name, "", labels=["tenant", "model"]) for name, _ in self._NAMES]
@@ -128,7 +131,13 @@ class SchedulerMetrics:
              lambda w: int(w.draining)),
             ("ortserve_scheduler_kv_cached_bytes",
              "KV bytes a worker's prefix cache holds (its last heartbeat): inside its capacity, "
-             "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
+             "evictable, so counted as available", lambda w: w.prefix.cached_bytes),
+            ("ortserve_scheduler_session_host_bytes",
+             "Host bytes a worker's parked sessions hold (the host tier; never in its capacity)",
+             lambda w: w.host_bytes),
+            ("ortserve_scheduler_session_disk_bytes",
+             "Bytes of a worker's session files in its disk tier (never in its capacity)",
+             lambda w: w.disk_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
         registry.register(RelayedTokens())

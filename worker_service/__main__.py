@@ -136,6 +136,19 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--session-swap-bytes", default=from_env(p, "ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
                    help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
                         "a swapped-out session's KV is dropped and its next turn recomputes")
+    p.add_argument("--session-dir", default=from_env(p, "ORTSERVE_WORKER_SESSION_DIR", ""),
+                   help="the disk tier of parked sessions: a folder where idle sessions' K/V "
+                        "is written (one checked file each) and found again after a restart "
+                        "(docs/features/sessions.md); off if unset")
+    p.add_argument("--session-disk-bytes", default=from_env(p, "ORTSERVE_WORKER_SESSION_DISK_BYTES"),
+                   help=f"bytes the --session-dir files may take, e.g. 4GiB (default "
+                        f"{d.session_disk_bytes // 2**30} GiB); beyond it a session stays in "
+                        "memory, or is dropped when host memory has no room either")
+    p.add_argument("--session-disk-after-s", type=float,
+                   default=from_env(p, "ORTSERVE_WORKER_SESSION_DISK_AFTER_S",
+                                    d.session_disk_after_s, kind=float),
+                   help="seconds a session stays idle in memory before it is written to "
+                        f"--session-dir and its memory freed (default {d.session_disk_after_s:g})")
     p.add_argument("--prefix-cache-bytes", default=from_env(p, "ORTSERVE_WORKER_PREFIX_CACHE_BYTES"),
                    help="KV bytes the automatic prefix cache may keep, inside --kv-capacity "
                         "(evicted whenever a request needs them), e.g. 512MiB; 0 turns it off "
@@ -191,6 +204,13 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         prefix_cache = parse_bytes(a.prefix_cache_bytes) if a.prefix_cache_bytes else None
     except ValueError as error:
         p.error(f"--prefix-cache-bytes: {error}")
+    try:
+        disk_bytes = (parse_bytes(a.session_disk_bytes) if a.session_disk_bytes
+                      else d.session_disk_bytes)
+    except ValueError as error:
+        p.error(f"--session-disk-bytes: {error}")
+    if a.session_disk_after_s < 0:
+        p.error(f"--session-disk-after-s {a.session_disk_after_s:g}: give 0 or more seconds")
     tls = TlsFiles(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca)
     try:
         tls.check("ortserve-worker", need_ca=True)
@@ -206,6 +226,8 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         max_context_tokens=a.max_context_tokens, lora=lora_adapters, speculative=a.speculative,
         drain_timeout_s=a.drain_timeout_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
+        session_dir=a.session_dir, session_disk_bytes=disk_bytes,
+        session_disk_after_s=a.session_disk_after_s,
         bench_rate_set_tokens_per_s=a.bench_rate_set_tokens_per_s,
         log_level=a.log_level, log_json=a.log_json, tls=tls,
         otlp_traces_endpoint=a.otlp_traces_endpoint,

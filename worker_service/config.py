@@ -35,6 +35,12 @@ class WorkerConfig:
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
+    # The disk tier of parked sessions (--session-dir; "" off), its bytes
+    # (--session-disk-bytes) and how long a session stays idle in memory before it is
+    # written there (--session-disk-after-s).
+    session_dir: str = ""
+    session_disk_bytes: int = 4 * 2**30
+    session_disk_after_s: float = 300.0
     # The prefix cache's bound inside the KV capacity (--prefix-cache-bytes); None: half
     # of it; 0: off (docs/features/prefix-cache.md).
     prefix_cache_bytes: int | None = None

@@ -57,6 +57,8 @@ class WorkerMetrics:
         registry.register(_PrefixCacheMetrics(engine))
         registry.register(_DecodeStepMetrics(engine))
         registry.register(_RelaySent())
+        if engine.sessions is not None and engine.sessions.disk is not None:
+            registry.register(_SessionDisk(engine.sessions.disk))
 
     def completed(self, done: Completed) -> None:
         self.generated_tokens.inc(done.generated_tokens)
@@ -65,6 +67,33 @@ class WorkerMetrics:
             self.draft_proposed_tokens.inc(done.draft_proposed_tokens)
             self.draft_accepted_tokens.inc(done.draft_accepted_tokens)
         self.latency.observe(done.generated_tokens, done.ttft_ms, done.decode_ms, done.total_ms)
+
+
+class _SessionDisk(Collector):
+    """The disk tier of parked sessions (--session-dir): its bytes and its refused files."""
+
+    def __init__(self, disk) -> None:
+        self._disk = disk
+
+    def collect(self):
+        yield GaugeMetricFamily("ortserve_worker_session_disk_bytes",
+                                "Bytes of parked sessions' files in --session-dir",
+                                value=self._disk.used_bytes)
+        yield GaugeMetricFamily("ortserve_worker_session_disk_limit_bytes",
+                                "The disk tier's budget (--session-disk-bytes)",
+                                value=self._disk.limit_bytes)
+        refused = CounterMetricFamily(
+            "ortserve_worker_session_files_rejected",
+            "Session files refused and set aside as .rejected, by reason (truncated, corrupt, "
+            "foreign, version, unreadable, over_budget)", labels=["reason"])
+        for reason, n in sorted(self._disk.rejected.items()):
+            refused.add_metric([reason], n)
+        yield refused
+
+    def describe(self):
+        return [GaugeMetricFamily("ortserve_worker_session_disk_bytes", ""),
+                GaugeMetricFamily("ortserve_worker_session_disk_limit_bytes", ""),
+                CounterMetricFamily("ortserve_worker_session_files_rejected", "", labels=["reason"])]
 
 
 class _RelaySent(Collector):

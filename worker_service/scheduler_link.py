@@ -179,7 +179,8 @@ class SchedulerLink:
                                             prompt_tokens=prompt_tokens,
                                             max_new_tokens=max_new_tokens), timeout=10.0)
 
-    async def shrink(self, lease_id: str, held_tokens: int) -> types_pb2.Lease | None:
+    async def shrink(self, lease_id: str, held_tokens: int, host_bytes: int = 0,
+                     disk_bytes: int = 0, if_request_id: str = "") -> types_pb2.Lease | None:
         """Shrink a session's lease after freeing KV; retried like release (a lease left
         larger than needed only over-reserves: safe, never the other way). Returns the
         lease as the ledger now holds it, None when no attempt got through."""
@@ -187,7 +188,10 @@ class SchedulerLink:
             try:
                 return await self._stub.ShrinkLease(
                     scheduler_pb2.ShrinkLeaseRequest(lease_id=lease_id, worker_id=self.worker_id,
-                                                     held_tokens=held_tokens), timeout=5.0)
+                                                     held_tokens=held_tokens,
+                                                     host_bytes=host_bytes,
+                                                     disk_bytes=disk_bytes,
+                                                     if_request_id=if_request_id), timeout=5.0)
             except grpc.aio.AioRpcError as error:
                 log.warning("shrink failed", lease_id=lease_id, code=error.code().name,
                             attempt=attempt + 1)

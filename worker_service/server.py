@@ -142,6 +142,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
                                  max_context_tokens=config.max_context_tokens,
                                  kv_capacity_bytes=capacity_bytes,
                                  session_swap_bytes=config.session_swap_bytes,
+                                 session_dir=config.session_dir,
+                                 session_disk_bytes=config.session_disk_bytes,
                                  prefix_cache_bytes=config.prefix_cache_bytes,
                                  bench_rate_set_tokens_per_s=config.bench_rate_set_tokens_per_s,
                                  lora_adapters=config.lora,
@@ -197,6 +199,16 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     link.prefix_cache = engine.prefix_cache_report
     link.drop_sessions = servicer.drop_sessions
     link.stop_unrestored = servicer.stop_unrestored
+    parking = None
+    if config.session_dir and engine.sessions is not None:
+        # Before the first registration: the sessions on disk register with it.
+        restored = await asyncio.to_thread(servicer.session_rpcs().restore_from_disk)
+        log.info("session disk tier", session_dir=config.session_dir,
+                 session_disk_bytes=config.session_disk_bytes, restored_sessions=restored,
+                 disk_used_bytes=engine.sessions.disk_used_bytes,
+                 idle_to_disk_after_s=config.session_disk_after_s)
+        parking = asyncio.create_task(
+            servicer.session_rpcs().park_idle_forever(config.session_disk_after_s))
     heartbeats = asyncio.create_task(link.run())
     registered = asyncio.create_task(link.registered.wait())
     try:
@@ -208,6 +220,8 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     finally:
         registered.cancel()
         heartbeats.cancel()
+        if parking is not None:
+            parking.cancel()
 
 
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:

@@ -69,6 +69,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 log.warning("stopped sequences whose leases the scheduler did not restore",
                             lease_ids=stopped)
 
+    def session_rpcs(self) -> WorkerSessions:
+        """The session RPCs' core (the server starts its disk tier through it)."""
+        return self._session_rpcs()
+
     def _session_rpcs(self) -> WorkerSessions:
         leases = self._ready()
         if self._sessions is None or self._sessions.leases is not leases:

@@ -70,7 +70,8 @@ class SessionLeaseTable:
         """Shrink the session's lease to what the engine's session holds now."""
         info = self.engine.session_info(session_id)
         held = info.held_tokens if info.charged_bytes else 0
-        shrunk = await self.link.shrink(lease_id, held)
+        host_bytes, disk_bytes = self.engine.session_turns.tier_bytes().get(session_id, (0, 0))
+        shrunk = await self.link.shrink(lease_id, held, host_bytes, disk_bytes)
         if shrunk is not None and session_id in self.leases:
             # What a re-registration reports: the bytes the ledger holds for it now.
             self.leases[session_id] = shrunk

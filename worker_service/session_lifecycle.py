@@ -11,10 +11,22 @@ The worker also keeps a copy of each session's conversation as of its last
 finished turn (what the scheduler's registry keeps): after a scheduler restart
 it registers its sessions with their leases, and the new scheduler rebuilds its
 registry from them, so clients continue their sessions on the KV kept here.
+
+With a disk tier (--session-dir), each session's file also holds its lease and
+that conversation (session_file.py's extras), so a worker restarted on the same
+folder re-registers the sessions found there exactly as after a scheduler
+restart: their leases hold 0 KV bytes and their files' disk bytes, charged to
+their tenants. A file refused at start-up (corrupt, truncated, foreign) is set
+aside and said here; when its header held, the session comes back empty and its
+next turn re-prefills the history the scheduler renders (the worker's copy of
+the conversation is in the header: it survives a scheduler restart too). A file
+whose header is unreadable names only its session (the file name): that session
+is lost, said on stderr, never served with wrong K/V.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +41,7 @@ from ortserve.v1 import scheduler_pb2, types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.runtime.session_kv import (
+    DiskMeta,
     SessionBusy,
     SessionInfo,
     SessionNotFound,
@@ -42,7 +55,9 @@ _STATE = {
     SessionState.BUSY: types_pb2.SESSION_BUSY,
     SessionState.RESIDENT: types_pb2.SESSION_RESIDENT,
     SessionState.SWAPPED: types_pb2.SESSION_SWAPPED,
+    SessionState.ON_DISK: types_pb2.SESSION_ON_DISK,
 }
+_LEASE, _CONVERSATION = "lease", "conversation"  # the extras a session file carries
 
 
 @dataclass
@@ -69,6 +84,23 @@ class Conversation:
             self.token_ids = [*prompt_ids, *reply_ids]
         self.history_tokens = len(prompt_ids) + len(reply_ids)
         self.turns += 1
+
+    def to_pb(self, session_id: str, lease_id: str) -> scheduler_pb2.LiveSession:
+        pb = scheduler_pb2.LiveSession(
+            session_id=session_id, lease_id=lease_id, kind=self.kind, token_ids=self.token_ids,
+            turns=self.turns, history_tokens=self.history_tokens)
+        for message in self.messages:
+            chat_history.add_message(pb.messages, message)
+        for tool in self.tools:
+            chat_history.add_tool(pb.tools, tool)
+        return pb
+
+    @classmethod
+    def from_pb(cls, pb: scheduler_pb2.LiveSession) -> Conversation:
+        return cls(kind=pb.kind, messages=[chat_history.message_of(m) for m in pb.messages],
+                   tools=tuple(chat_history.tool_of(t) for t in pb.tools),
+                   token_ids=list(pb.token_ids), turns=pb.turns,
+                   history_tokens=pb.history_tokens)
 
 
 class WorkerSessions:
@@ -102,7 +134,7 @@ class WorkerSessions:
             session_id=session_id, worker_id=self.leases.worker_id, worker_address=self.address,
             state=_STATE[info.state], held_tokens=info.held_tokens, held_bytes=info.charged_bytes,
             swapped_bytes=info.swapped_bytes, turns=info.turns, lease_id=lease.lease_id,
-            turn_in_flight=self.leases.busy(lease.lease_id),
+            turn_in_flight=self.leases.busy(lease.lease_id), disk_bytes=info.disk_bytes,
             idle_s=time.monotonic() - self._opened_at.get(session_id, time.monotonic()))
         if lease.HasField("budget_cap"):
             pb.last_budget_cap.CopyFrom(lease.budget_cap)
@@ -145,7 +177,8 @@ class WorkerSessions:
         """Free the session's KV charge (copy kept in host memory or dropped), then shrink."""
         lease = self._idle(session_id, "swapping it out")
         freed = self.leases.engine.swap_out_session(session_id)
-        shrunk = await self.leases.link.shrink(lease.lease_id, 0)
+        host_bytes, disk_bytes = self._tiers(session_id)
+        shrunk = await self.leases.link.shrink(lease.lease_id, 0, host_bytes, disk_bytes)
         if shrunk is not None:
             self.sessions.leases[session_id] = shrunk  # what a re-registration reports
         info = self.leases.engine.session_info(session_id)
@@ -164,15 +197,101 @@ class WorkerSessions:
             if session_id in self.sessions.orphaned:
                 continue
             talk = self._conversations.get(session_id, Conversation())
-            pb = scheduler_pb2.LiveSession(
-                session_id=session_id, lease_id=lease.lease_id, kind=talk.kind,
-                token_ids=talk.token_ids, turns=talk.turns, history_tokens=talk.history_tokens)
-            for message in talk.messages:
-                chat_history.add_message(pb.messages, message)
-            for tool in talk.tools:
-                chat_history.add_tool(pb.tools, tool)
-            live.append(pb)
+            live.append(talk.to_pb(session_id, lease.lease_id))
         return live
+
+    # --- the disk tier (--session-dir) ----------------------------------------
+
+    def _tiers(self, session_id: str) -> tuple[int, int]:
+        """The session's (host bytes, disk bytes) outside the KV capacity, for the ledger."""
+        return self.leases.engine.session_turns.tier_bytes().get(session_id, (0, 0))
+
+    def _disk_meta(self, session_id: str) -> DiskMeta:
+        """What a session's file carries besides its K/V: its lease (cap and tenant in it)
+        and its conversation, so a restarted worker can register it again. Runs under the
+        engine's lock: reads only this object's dicts."""
+        lease = self.sessions.leases.get(session_id, types_pb2.Lease())
+        talk = self._conversations.get(session_id, Conversation())
+        return DiskMeta(tenant=lease.tenant, extras={
+            _LEASE: lease.SerializeToString(),
+            _CONVERSATION: talk.to_pb(session_id, lease.lease_id).SerializeToString()})
+
+    def restore_from_disk(self) -> int:
+        """At start-up, before the first registration (server.py): adopt the sessions found
+        in the disk tier (their leases and conversations from their files); returns how
+        many. A refused file is said here by name (the table set it aside and counted it).
+        From here on every file this worker writes carries its session's lease and
+        conversation."""
+        table = self.leases.engine.sessions
+        if table is None or table.disk is None:
+            return 0
+        table.disk_meta = self._disk_meta  # what each session's file carries from now on
+        restored = 0
+        for found in table.disk.scan():
+            rejected = found.rejected
+            if rejected is not None:
+                log.error("session file refused at start-up", file=str(rejected.path),
+                          why=rejected.why, detail=rejected.detail, session_id=found.session_id,
+                          set_aside=rejected.path.name + ".rejected",
+                          next_step="re-prefilled from its history at its next turn"
+                          if found.record is not None else
+                          "its header is unreadable: the session is lost; open a new one")
+            if found.record is None or _LEASE not in found.record.extras:
+                continue
+            lease = types_pb2.Lease.FromString(found.record.extras[_LEASE])
+            talk = Conversation.from_pb(scheduler_pb2.LiveSession.FromString(
+                found.record.extras.get(_CONVERSATION, b"")))
+            if not lease.lease_id:
+                continue  # written before its lease was claimed: nothing to register
+            info = self.leases.engine.session_turns.adopt(found)
+            # No KV bytes on the device; the file's bytes apart (the ledger's disk tier).
+            lease.reserved_bytes, lease.host_bytes, lease.disk_bytes = 0, 0, info.disk_bytes
+            lease.worker_id = self.leases.worker_id
+            self.sessions.leases[found.session_id] = lease
+            self._conversations[found.session_id] = talk
+            self._opened_at[found.session_id] = time.monotonic()
+            restored += 1
+            log.info("session restored from the disk tier", session_id=found.session_id,
+                     lease_id=lease.lease_id, state=info.state.value, held_tokens=info.held_tokens,
+                     disk_bytes=info.disk_bytes, turns=talk.turns)
+        return restored
+
+    async def park_idle(self, idle_s: float) -> int:
+        """Move sessions idle in memory for over `idle_s` to the disk tier, then shrink each
+        lease to 0 KV bytes with its file's disk bytes (freed first, as every shrink)."""
+        moved = 0
+        for session_id in self.leases.engine.session_turns.idle_in_memory(idle_s):
+            lease = self.sessions.leases.get(session_id)
+            if lease is None or self.leases.busy(lease.lease_id):
+                continue
+            try:
+                freed, file_bytes = await asyncio.to_thread(
+                    self.leases.engine.session_turns.to_disk, session_id)
+            except (SessionBusy, SessionNotFound):
+                continue  # a turn began or it closed meanwhile: nothing moved
+            if not file_bytes:
+                continue  # no room in the disk budget: it stays where it is
+            host_bytes, disk_bytes = self._tiers(session_id)
+            # Only if no turn was admitted since the last one this worker saw (its request
+            # id): that turn's reservation is its own, and its end shrinks the lease.
+            shrunk = await self.leases.link.shrink(lease.lease_id, 0, host_bytes, disk_bytes,
+                                                   if_request_id=lease.request_id or "-")
+            if shrunk is not None and shrunk.request_id == lease.request_id \
+                    and session_id in self.sessions.leases:
+                self.sessions.leases[session_id] = shrunk
+            moved += 1
+            log.info("idle session moved to the disk tier", session_id=session_id,
+                     lease_id=lease.lease_id, freed_bytes=freed, disk_bytes=file_bytes)
+        return moved
+
+    async def park_idle_forever(self, idle_s: float) -> None:
+        """The disk tier's sweep: a task of the server's while it runs."""
+        while True:
+            await asyncio.sleep(min(max(idle_s / 4, 0.05), 1.0))
+            try:
+                await self.park_idle(idle_s)
+            except OSError as error:  # a full or failing disk: say it, keep serving
+                log.error("could not write a session to the disk tier", error=str(error))
 
     async def drop(self, session_ids: list[str], refused_lease_ids: list[str]) -> None:
         """After a registration: the scheduler will not restore these sessions (a client

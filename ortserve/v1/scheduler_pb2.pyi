@@ -40,14 +40,20 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, freed_bytes: _Optional[int] = ..., closed: _Optional[bool] = ...) -> None: ...
 
 class ShrinkLeaseRequest(_message.Message):
-    __slots__ = ("lease_id", "worker_id", "held_tokens")
+    __slots__ = ("lease_id", "worker_id", "held_tokens", "host_bytes", "disk_bytes", "if_request_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HELD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IF_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
     held_tokens: int
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., held_tokens: _Optional[int] = ...) -> None: ...
+    host_bytes: int
+    disk_bytes: int
+    if_request_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., held_tokens: _Optional[int] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., if_request_id: _Optional[str] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("request", "dry_run", "max_queue_wait_ms")
@@ -90,7 +96,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +120,8 @@ class WorkerBudget(_message.Message):
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NODES_OFF_DEVICE_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -137,10 +145,12 @@ class WorkerBudget(_message.Message):
     cached_blocks: int
     nodes_off_device: _containers.RepeatedScalarFieldContainer[str]
     adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ...) -> None: ...
+    host_bytes: int
+    disk_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s")
+    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s", "total_host_bytes", "total_disk_bytes")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +166,8 @@ class Budget(_message.Message):
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_SOURCE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_AGING_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerBudget]
     total_capacity_bytes: int
     total_reserved_bytes: int
@@ -171,10 +183,12 @@ class Budget(_message.Message):
     tenants: _containers.RepeatedCompositeFieldContainer[TenantBudget]
     tenants_source: str
     queue_aging_s: float
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantBudget, _Mapping]]] = ..., tenants_source: _Optional[str] = ..., queue_aging_s: _Optional[float] = ...) -> None: ...
+    total_host_bytes: int
+    total_disk_bytes: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantBudget, _Mapping]]] = ..., tenants_source: _Optional[str] = ..., queue_aging_s: _Optional[float] = ..., total_host_bytes: _Optional[int] = ..., total_disk_bytes: _Optional[int] = ...) -> None: ...
 
 class TenantBudget(_message.Message):
-    __slots__ = ("tenant", "model", "reserved_bytes", "quota_bytes", "weight", "leases", "queue_length", "queue_waiting_bytes")
+    __slots__ = ("tenant", "model", "reserved_bytes", "quota_bytes", "weight", "leases", "queue_length", "queue_waiting_bytes", "host_bytes", "disk_bytes")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +197,8 @@ class TenantBudget(_message.Message):
     LEASES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     QUEUE_WAITING_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     model: str
     reserved_bytes: int
@@ -191,7 +207,9 @@ class TenantBudget(_message.Message):
     leases: int
     queue_length: int
     queue_waiting_bytes: int
-    def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_waiting_bytes: _Optional[int] = ...) -> None: ...
+    host_bytes: int
+    disk_bytes: int
+    def __init__(self, tenant: _Optional[str] = ..., model: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., weight: _Optional[float] = ..., leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_waiting_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBudget(_message.Message):
     __slots__ = ("model", "workers", "capacity_bytes", "reserved_bytes", "available_bytes", "context_length", "adapters", "queue_length", "waiting_adapters")

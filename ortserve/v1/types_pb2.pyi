@@ -65,6 +65,7 @@ class SessionKVState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_BUSY: _ClassVar[SessionKVState]
     SESSION_RESIDENT: _ClassVar[SessionKVState]
     SESSION_SWAPPED: _ClassVar[SessionKVState]
+    SESSION_ON_DISK: _ClassVar[SessionKVState]
 CAP_POLICY_UNSPECIFIED: CapPolicy
 CAP_POLICY_ALLOW: CapPolicy
 CAP_POLICY_STRICT: CapPolicy
@@ -100,6 +101,7 @@ SESSION_EMPTY: SessionKVState
 SESSION_BUSY: SessionKVState
 SESSION_RESIDENT: SessionKVState
 SESSION_SWAPPED: SessionKVState
+SESSION_ON_DISK: SessionKVState
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -397,7 +399,7 @@ class Admission(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_source: _Optional[_Union[MaxNewTokensSource, str]] = ..., template_kwargs_unread: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s", "tenant", "two_step")
+    __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s", "tenant", "two_step", "host_bytes", "disk_bytes")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +411,8 @@ class Lease(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TWO_STEP_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
     request_id: str
@@ -420,7 +424,9 @@ class Lease(_message.Message):
     age_s: float
     tenant: str
     two_step: bool
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., claimed: _Optional[bool] = ..., age_s: _Optional[float] = ..., tenant: _Optional[str] = ..., two_step: _Optional[bool] = ...) -> None: ...
+    host_bytes: int
+    disk_bytes: int
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., claimed: _Optional[bool] = ..., age_s: _Optional[float] = ..., tenant: _Optional[str] = ..., two_step: _Optional[bool] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs")
@@ -557,7 +563,7 @@ class GenerateEvent(_message.Message):
     def __init__(self, admission: _Optional[_Union[Admission, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "worker_id", "worker_address", "state", "held_tokens", "held_bytes", "swapped_bytes", "turns", "last_budget_cap", "lease_id", "reserved_bytes", "turn_in_flight", "idle_s", "model")
+    __slots__ = ("session_id", "worker_id", "worker_address", "state", "held_tokens", "held_bytes", "swapped_bytes", "turns", "last_budget_cap", "lease_id", "reserved_bytes", "turn_in_flight", "idle_s", "model", "disk_bytes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -572,6 +578,7 @@ class SessionInfo(_message.Message):
     TURN_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IDLE_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     worker_id: str
     worker_address: str
@@ -586,7 +593,8 @@ class SessionInfo(_message.Message):
     turn_in_flight: bool
     idle_s: float
     model: str
-    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., state: _Optional[_Union[SessionKVState, str]] = ..., held_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., turns: _Optional[int] = ..., last_budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., lease_id: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., turn_in_flight: _Optional[bool] = ..., idle_s: _Optional[float] = ..., model: _Optional[str] = ...) -> None: ...
+    disk_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., state: _Optional[_Union[SessionKVState, str]] = ..., held_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., swapped_bytes: _Optional[int] = ..., turns: _Optional[int] = ..., last_budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., lease_id: _Optional[str] = ..., reserved_bytes: _Optional[int] = ..., turn_in_flight: _Optional[bool] = ..., idle_s: _Optional[float] = ..., model: _Optional[str] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class PromptTokens(_message.Message):
     __slots__ = ("token_ids", "context_length", "model")

@@ -99,21 +99,30 @@ class LedgerSessionLeases:
             tenant_holdings.check_room(room, grown.reserved_bytes)
             return replace(decision, lease=grown)
 
-    def shrink(self, lease_id: str, worker_id: str, held_tokens: int) -> Lease | None:
+    def shrink(self, lease_id: str, worker_id: str, held_tokens: int, host_bytes: int = 0,
+               disk_bytes: int = 0, if_request_id: str = "") -> Lease | None:
         """The lease's worker freed KV: reserve what `held_tokens` need (never more than now).
 
         Only the lease's worker shrinks it, after freeing: the ledger then never
         offers bytes the worker still holds. The last turn's cap stays on the lease.
+        `host_bytes` / `disk_bytes`: where the session's parked K/V is now (swapped out
+        to host memory, written to its disk tier), counted apart from reserved bytes.
+        `if_request_id`: change nothing (None) unless the lease still serves that request
+        (a worker's own move to disk must not shrink a turn the scheduler admitted since).
         """
-        if held_tokens < 0:
-            raise ValueError(f"held_tokens must be >= 0, got {held_tokens}")
+        if held_tokens < 0 or host_bytes < 0 or disk_bytes < 0:
+            raise ValueError(f"held_tokens, host_bytes and disk_bytes must be >= 0, got "
+                             f"{held_tokens}, {host_bytes}, {disk_bytes}")
         with self._lock:
             if self._lease_owner.get(lease_id) != worker_id:
                 return None
             worker = self._workers[worker_id]
             lease = worker.leases[lease_id]
+            if if_request_id and lease.request_id != if_request_id:
+                return None
             new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
-            lease = replace(lease, reserved_bytes=new_bytes)
+            lease = replace(lease, reserved_bytes=new_bytes, host_bytes=host_bytes,
+                            disk_bytes=disk_bytes)
             self._hold(worker, lease)
             return lease
 

@@ -33,16 +33,18 @@ def usage(workers: Iterable[WorkerState], table: TenantTable) -> list[TenantUsag
         model = w.geometry.model
         capacity[model] = capacity.get(model, 0) + w.geometry.capacity_bytes
         for lease in w.leases.values():
-            row = rows.setdefault((lease.tenant, model), [0, 0])
+            row = rows.setdefault((lease.tenant, model), [0, 0, 0, 0])
             row[0] += lease.reserved_bytes
             row[1] += 1
+            row[2] += lease.host_bytes
+            row[3] += lease.disk_bytes
     for name in table.tenants:
         for model in capacity:
-            rows.setdefault((name, model), [0, 0])
+            rows.setdefault((name, model), [0, 0, 0, 0])
     return [TenantUsage(tenant=name, model=model, reserved_bytes=held, leases=n,
                         quota_bytes=table.quota_bytes(name, model, capacity.get(model, 0)),
-                        weight=table.weight(name))
-            for (name, model), (held, n) in sorted(rows.items())]
+                        weight=table.weight(name), host_bytes=host, disk_bytes=disk)
+            for (name, model), (held, n, host, disk) in sorted(rows.items())]
 
 
 def room(workers: Iterable[WorkerState], table: TenantTable, tenant: str, model: str,

@@ -218,6 +218,11 @@ class Lease:
     session: bool = False
     tenant: str = ""  # who it is charged to ("": no tenant)
     two_step: bool = False  # Admit's: its caller streams from the worker (AdmissionRequest)
+    # A session's parked K/V outside the KV capacity, as its worker last said (ShrinkLease,
+    # registration): host bytes (swapped out) and disk bytes (its file in --session-dir).
+    # Never in reserved_bytes: admission and the capacity invariant do not see them.
+    host_bytes: int = 0
+    disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,8 @@ class TenantUsage:
     leases: int
     quota_bytes: int | None  # None: no quota
     weight: float
+    host_bytes: int = 0  # its sessions' parked copies in host memory (outside the quota)
+    disk_bytes: int = 0  # its sessions' files in disk tiers (outside the quota)
 
 
 @dataclass(frozen=True)
@@ -361,3 +368,13 @@ class WorkerSnapshot:
     @property
     def available_bytes(self) -> int:
         return self.geometry.capacity_bytes - self.reserved_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Parked session copies in host memory (a tier apart from capacity)."""
+        return sum(lease.host_bytes for lease in self.leases)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Session files in the worker's disk tier (a tier apart from capacity)."""
+        return sum(lease.disk_bytes for lease in self.leases)

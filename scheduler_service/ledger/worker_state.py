@@ -28,6 +28,16 @@ class WorkerState:
     def available_bytes(self) -> int:
         return self.geometry.capacity_bytes - self.reserved_bytes
 
+    @property
+    def host_bytes(self) -> int:
+        """Host bytes its sessions' parked copies hold: a tier apart, never capacity."""
+        return sum(lease.host_bytes for lease in self.leases.values())
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of its sessions' files in its disk tier: a tier apart, never capacity."""
+        return sum(lease.disk_bytes for lease in self.leases.values())
+
     def without(self, lease: Lease) -> WorkerState:
         """This worker as if `lease` held nothing: a what-if view for a decision, never stored."""
         return replace(self, reserved_bytes=self.reserved_bytes - lease.reserved_bytes)

@@ -139,10 +139,14 @@ class SessionRegistry:
 
     def restore(self, session: Session) -> bool:
         """A registering worker's session (a scheduler restart, or the worker came back
-        after its leases expired): known already -> kept as is; closed by a client -> not
-        restored (False: the worker frees it); else it is open again, idle."""
+        after its leases expired, or restarted on its --session-dir): known already -> kept
+        as is (its conversation is the registry's; the worker's address may be new);
+        closed by a client -> not restored (False: the worker frees it); else it is open
+        again, idle."""
         with self._lock:
-            if session.session_id in self._sessions:
+            known = self._sessions.get(session.session_id)
+            if known is not None:
+                known.worker_id, known.address = session.worker_id, session.address
                 return True
             if session.session_id in self._closed:
                 return False

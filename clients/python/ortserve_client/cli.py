@@ -119,24 +119,28 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
         print(json.dumps(json_format.MessageToDict(budget, preserving_proto_field_name=True,
                                                    always_print_fields_with_no_presence=True)))
         return EXIT_OK
-    print(f"{'worker':<24} {'capacity':>12} {'reserved':>12} {'available':>12} {'leases':>6}  provider")
+    # host and disk: parked sessions' tiers, apart from the KV capacity (never admitted against).
+    print(f"{'worker':<24} {'capacity':>12} {'reserved':>12} {'available':>12} {'leases':>6} "
+          f"{'host':>10} {'disk':>10}  provider")
     for w in budget.workers:
         print(f"{w.worker_id:<24} {human_bytes(w.capacity_bytes):>12} {human_bytes(w.reserved_bytes):>12} "
-              f"{human_bytes(w.available_bytes):>12} {w.lease_count:>6}  {w.execution_provider}")
+              f"{human_bytes(w.available_bytes):>12} {w.lease_count:>6} {human_bytes(w.host_bytes):>10} "
+              f"{human_bytes(w.disk_bytes):>10}  {w.execution_provider}")
         for lease in w.leases:
             print(f"  lease {lease.lease_id} request {lease.request_id} {human_bytes(lease.reserved_bytes)}"
                   f" max_new_tokens {lease.max_new_tokens:,}{' CAPPED' if lease.HasField('budget_cap') else ''}")
     print(f"{'total':<24} {human_bytes(budget.total_capacity_bytes):>12} "
           f"{human_bytes(budget.total_reserved_bytes):>12} {human_bytes(budget.total_available_bytes):>12} "
-          f"{budget.total_leases:>6}")
+          f"{budget.total_leases:>6} {human_bytes(budget.total_host_bytes):>10} "
+          f"{human_bytes(budget.total_disk_bytes):>10}")
     if budget.tenants:
         print(f"\n{'tenant':<16} {'model':<20} {'reserved':>10} {'quota':>10} {'weight':>6} "
-              f"{'leases':>6} {'queued':>6} {'waits for':>10}   ({budget.tenants_source})")
+              f"{'leases':>6} {'queued':>6} {'waits for':>10} {'disk':>10}   ({budget.tenants_source})")
         for t in budget.tenants:
             quota = human_bytes(t.quota_bytes) if t.HasField("quota_bytes") else "none"
             print(f"{t.tenant or '(none)':<16} {t.model:<20} {human_bytes(t.reserved_bytes):>10} "
                   f"{quota:>10} {t.weight:>6g} {t.leases:>6} {t.queue_length:>6} "
-                  f"{human_bytes(t.queue_waiting_bytes):>10}")
+                  f"{human_bytes(t.queue_waiting_bytes):>10} {human_bytes(t.disk_bytes):>10}")
     return EXIT_OK
 
 
