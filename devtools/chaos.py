@@ -42,6 +42,7 @@ import grpc
 
 from devtools.chaos_checks import HeldLeaseCheck, budget_violations
 from devtools.chaos_clients import Tally, grpc_request, http_request
+from devtools.chaos_sessions import ParkedGate, SessionClient, SessionTally
 from devtools.cluster import (
     LocalCluster,
     Service,
@@ -65,7 +66,8 @@ def free_port() -> int:
 class Chaos:
     def __init__(self, model_dir: Path, log_dir: Path, workers: int, clients: int,
                  duration_s: float, scheduler_restarts: int, seed: int,
-                 worker_args: list[str] | None = None, gateway_processes: int = 1) -> None:
+                 worker_args: list[str] | None = None, gateway_processes: int = 1,
+                 sessions: int = 0) -> None:
         self.rng = random.Random(seed)
         self.clients, self.duration_s = clients, duration_s
         self.scheduler_restarts = scheduler_restarts
@@ -75,7 +77,9 @@ class Chaos:
         self.cluster = LocalCluster(
             model_dir=model_dir, workers=workers, threads=1, log_dir=log_dir,
             scheduler_port=self.port, kv_capacities=["2MiB"] * workers,
-            worker_args=list(worker_args or []),
+            worker_args=[*(worker_args or []),
+                         *(["--session-disk-after-s", "0"] if sessions else [])],
+            session_root=log_dir / "sessions" if sessions else None,
             scheduler_args=["--internal-port", str(self.internal_port),
                             "--heartbeat-interval-s", "0.5", "--lease-ttl-s", str(LEASE_TTL_S),
                             "--worker-keepalive-s", "1", "--max-queue-wait-s", "2"])
@@ -85,6 +89,10 @@ class Chaos:
         self.log_dir = log_dir
         self.faulting = threading.Lock()  # one fault at a time; the checker skips during one
         self.held_check = HeldLeaseCheck()  # rule 8 per lease, across the checks
+        # Sessions on the workers' disk tiers across the faults (chaos_sessions.py).
+        self.sessions = sessions
+        self.gate = ParkedGate()
+        self.session_tally = SessionTally()
 
     # -- the cluster ----------------------------------------------------------------------
 
@@ -216,13 +224,18 @@ class Chaos:
     def kill_worker(self) -> dict:
         index = self.rng.randrange(len(self.cluster.worker_services))
         service = self.worker_at(index)
-        service.process.kill()
-        service.process.wait(10)
-        time.sleep(self.rng.uniform(0.5, 3.0))
-        self.cluster.services.remove(service)
-        port = service.address.rsplit(":", 1)[1]
-        wait_serving(self.cluster.start_worker(index, ["--port", port]), "ortserve.v1.Worker")
-        return {"worker": service.name}
+        # Every session on disk at the kill (none mid-turn): each must continue after it.
+        parked = self.gate.close(60.0) if self.sessions else True
+        try:
+            service.process.kill()
+            service.process.wait(10)
+            time.sleep(self.rng.uniform(0.5, 3.0))
+            self.cluster.services.remove(service)
+            port = service.address.rsplit(":", 1)[1]
+            wait_serving(self.cluster.start_worker(index, ["--port", port]), "ortserve.v1.Worker")
+        finally:
+            self.gate.open()
+        return {"worker": service.name, **({} if parked else {"sessions_not_parked": True})}
 
     def stop_worker(self) -> dict:
         service = self.worker_at(self.rng.randrange(len(self.cluster.worker_services)))
@@ -252,6 +265,9 @@ class Chaos:
         self.t0 = time.monotonic()
         threads = [threading.Thread(target=self.client, args=(i,), daemon=True)
                    for i in range(self.clients)]
+        threads += [threading.Thread(target=SessionClient(self.cluster.address, i, self.gate,
+                                                          self.session_tally, self.stop).run,
+                                     daemon=True) for i in range(self.sessions)]
         threads += [threading.Thread(target=self.checker, daemon=True),
                     threading.Thread(target=self.faults, daemon=True)]
         for t in threads:
@@ -293,10 +309,12 @@ class Chaos:
             "unrecovered_faults": sum(r is None for r in recoveries),
             "after_load": {"reserved_bytes": reserved, "held_bytes": held},
             "threads_still_running": hung_threads,
+            "sessions": self.session_tally.report(),
         }
         report["ok"] = (report["bad_requests"] == 0 and not report["invariant_violations"]
                         and report["unrecovered_faults"] == 0 and reserved == 0 and held == 0
-                        and hung_threads == 0)
+                        and hung_threads == 0 and report["sessions"]["lost"] == 0
+                        and report["sessions"]["changed"] == 0)
         return report
 
 
@@ -314,13 +332,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gateway-processes", type=int, default=2,
                    help="the gateway's --processes: two by default, so a request's calls may "
                         "land on different processes, as behind any load balancer")
+    p.add_argument("--sessions", type=int, default=4,
+                   help="session clients (chaos_sessions.py): token-id sessions on the "
+                        "workers' disk tiers across the faults, none lost or changed; 0: none")
     p.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
                    help="given to every worker (repeatable), e.g. --worker-arg=--speculative "
                         "--worker-arg=ngram")
     a = p.parse_args(argv)
     chaos = Chaos(a.model_dir, a.log_dir, a.workers, a.clients, a.duration_s,
                   a.scheduler_restarts, a.seed, worker_args=a.worker_arg,
-                  gateway_processes=a.gateway_processes)
+                  gateway_processes=a.gateway_processes, sessions=a.sessions)
     try:
         chaos.start()
         report = chaos.run()

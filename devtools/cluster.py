@@ -149,6 +149,9 @@ class LocalCluster:
     # worker.pem, worker-key.pem (compose's TLS profile uses the same names).
     tls_dir: Path | None = None
     api_key: str = ""  # what the cluster's own GetBudget calls send (keys configured)
+    # When set: each worker gets --session-dir <this>/worker-<index>, the same folder
+    # again when it is restarted (the disk tier of sessions; docs/features/sessions.md).
+    session_root: Path | None = None
     services: list[Service] = field(default_factory=list)
 
     def _tls_args(self, who: str) -> list[str]:
@@ -212,6 +215,8 @@ class LocalCluster:
         capacity = self.kv_capacities[index] if index < len(self.kv_capacities) else None
         if capacity:
             argv += ["--kv-capacity", capacity]
+        if self.session_root is not None:
+            argv += ["--session-dir", str(self.session_root / f"worker-{index}")]
         service = start_service(f"worker-{index}", [*argv, *self.worker_args, *extra_args],
                                 self.log_dir)
         self.services.append(service)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 
 from devtools.cluster import LocalCluster, wait_serving
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import scheduler_stub
+from tests.e2e.conftest import BIN, scheduler_stub
 from tests.e2e.ledger.test_sessions_e2e import chat, generate, get, open_session, session_turn
 from tests.models import prepared_model_dir
 
@@ -120,6 +121,14 @@ def test_a_session_on_disk_survives_a_killed_worker_with_identical_tokens(disk_c
     assert budget.workers[0].disk_bytes == budget.total_disk_bytes == parked.disk_bytes
     assert budget.total_reserved_bytes == 0  # disk bytes never count against capacity
     assert len(list(Path(disk_cluster.session_dir).glob("*.session"))) == 1
+    cli = [str(BIN / "ortserve"), "--address", disk_cluster.address, "budget"]
+    as_json = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True,
+                                        timeout=60, check=True).stdout)
+    assert int(as_json["workers"][0]["disk_bytes"]) == parked.disk_bytes
+    assert int(as_json["total_disk_bytes"]) == parked.disk_bytes
+    header, row = subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                                 check=True).stdout.splitlines()[:2]
+    assert header.split()[5:7] == ["host", "disk"] and row.split()[0] == "worker-0"
 
     restart_worker(disk_cluster, "kill")
     restored = get(stub, sid)
