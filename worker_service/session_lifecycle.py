@@ -236,13 +236,19 @@ class WorkerSessions:
                           next_step="re-prefilled from its history at its next turn"
                           if found.record is not None else
                           "its header is unreadable: the session is lost; open a new one")
-            if found.record is None or _LEASE not in found.record.extras:
+            if found.record is None:
                 continue
-            lease = types_pb2.Lease.FromString(found.record.extras[_LEASE])
+            lease = types_pb2.Lease.FromString(found.record.extras.get(_LEASE, b""))
             talk = Conversation.from_pb(scheduler_pb2.LiveSession.FromString(
                 found.record.extras.get(_CONVERSATION, b"")))
             if not lease.lease_id:
-                continue  # written before its lease was claimed: nothing to register
+                # No lease to register it under (not this edge's file): nothing can reach
+                # it, so its bytes must not stay counted.
+                if found.on_disk is not None:
+                    table.disk.delete(found.on_disk)
+                log.warning("session file without a lease deleted", session_id=found.session_id,
+                            file=str(found.on_disk.path) if found.on_disk else "")
+                continue
             info = self.leases.engine.session_turns.adopt(found)
             # No KV bytes on the device; the file's bytes apart (the ledger's disk tier).
             lease.reserved_bytes, lease.host_bytes, lease.disk_bytes = 0, 0, info.disk_bytes
