@@ -103,7 +103,23 @@ class WorkerServer:
         if left:
             log.warning("drain timeout: cancelling live sequences", live_sequences=left,
                         drain_timeout_s=timeout_s)
+        await self._park_sessions(leases)
         return left
+
+    async def _park_sessions(self, leases) -> None:
+        """A clean stop with a disk tier: every idle session still in memory goes to disk
+        first, so a worker started again on the folder serves it (a SIGKILL keeps only
+        those already there)."""
+        table = leases.engine.sessions
+        if table is None or table.disk is None:
+            return
+        try:
+            moved = await self.servicer.session_rpcs().park_idle(-1.0)
+        except OSError as error:
+            log.error("could not write sessions to the disk tier at stop", error=str(error))
+            return
+        log.info("sessions written to the disk tier at stop", sessions=moved,
+                 disk_used_bytes=table.disk_used_bytes)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         for task in self._tasks:

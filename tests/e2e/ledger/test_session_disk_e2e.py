@@ -192,3 +192,28 @@ def test_a_corrupt_file_is_refused_by_name_set_aside_and_the_turn_re_prefilled(d
                                **fields)
     assert ids2 == fresh_ids
     stub.CloseSession(scheduler_pb2.SessionRequest(session_id=sid), timeout=30)
+
+
+def test_a_clean_stop_writes_sessions_still_in_memory(tmp_path_factory):
+    """SIGTERM with the idle bound far away: the drain writes the resident session to disk,
+    and the worker started again on the folder continues it on its K/V."""
+    folder = tmp_path_factory.mktemp("sessions-stop")
+    cluster = LocalCluster(model_dir=prepared_model_dir("tiny-llama"),
+                           log_dir=tmp_path_factory.mktemp("logs-disk-stop"),
+                           kv_capacities=["64MiB"],
+                           worker_args=["--session-dir", str(folder),
+                                        "--session-disk-after-s", "3600"]).start()
+    try:
+        stub = scheduler_stub(cluster.address)
+        fields = dict(max_new_tokens=16, sampling=SAMPLED)
+        sid = open_session(stub).session_id
+        _, f1, _, _ = session_turn(stub, sid, Q1, **fields)
+        assert get(stub, sid).state == types_pb2.SESSION_RESIDENT
+        assert not list(folder.glob("*.session"))
+        restart_worker(cluster, "term")
+        assert len(list(folder.glob("*.session"))) == 1
+        assert get(stub, sid).state == types_pb2.SESSION_ON_DISK
+        _, f2, _, _ = session_turn(stub, sid, Q2, **fields)
+        assert f2.usage.reused_prompt_tokens >= f1.usage.prompt_tokens
+    finally:
+        cluster.stop()
