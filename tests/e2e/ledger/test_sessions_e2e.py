@@ -124,6 +124,9 @@ def test_swapped_out_session_continues_with_identical_tokens(roomy):
     assert swapped.state == types_pb2.SESSION_SWAPPED and swapped.held_bytes == 0
     assert swapped.held_tokens == f1.session.held_tokens and swapped.swapped_bytes > 0
     assert swapped.reserved_bytes == 0 == reserved_bytes(roomy.address)
+    # The host tier, apart from the KV capacity: the swapped copy's bytes, exactly.
+    budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
+    assert budget.total_host_bytes == budget.workers[0].host_bytes == swapped.swapped_bytes
     _, f2, ids2, _ = session_turn(stub, sid, Q2, max_new_tokens=48)
     assert f2.usage.reused_prompt_tokens >= f1.usage.prompt_tokens
     assert f2.session.state == types_pb2.SESSION_RESIDENT
