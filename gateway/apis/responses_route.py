@@ -193,6 +193,9 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                     raise
             else:
                 return Run(stream, session, False, prior.turns + 1)
+        # A follow-up: its conversation may start with the blocks a first response kept,
+        # its answer's included (the K/V a session would have held).
+        request.continues_kept_answer = True
         return await _open_new_session(target, request, request.model, request_id)
     except grpc.RpcError as error:
         raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None

@@ -187,7 +187,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id", "keep_prefix_s")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id", "keep_prefix_s", "continues_kept_answer")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class GenerateRequest(_message.Message):
     DISABLE_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_PREFIX_S_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_KEPT_ANSWER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -230,7 +231,8 @@ class GenerateRequest(_message.Message):
     disable_speculation: bool
     preferred_worker_id: str
     keep_prefix_s: float
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ..., keep_prefix_s: _Optional[float] = ...) -> None: ...
+    continues_kept_answer: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ..., keep_prefix_s: _Optional[float] = ..., continues_kept_answer: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")

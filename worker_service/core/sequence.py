@@ -75,6 +75,9 @@ class SequenceRequest:
     # Seconds the prompt and answer stay in the prefix cache once this sequence ends
     # (GenerateRequest.keep_prefix_s; 0: its prompt's blocks only, plain LRU).
     keep_prefix_s: float = 0.0
+    # A stored response's follow-up: may match the answer blocks a kept request left
+    # (GenerateRequest.continues_kept_answer); others match prefilled blocks only.
+    continues_kept_answer: bool = False
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)

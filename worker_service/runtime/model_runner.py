@@ -331,7 +331,11 @@ class BatchedModelRunner:
                    len(seq.token_ids) if keep_s > 0 else seq.req.prompt_tokens)
         until = cache.keep_until(keep_s)
         new = []
-        for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter, keep_s):
+        # Blocks holding generated tokens go under answer keys (prefix_cache.answer_key):
+        # only a stored response's follow-up matches them.
+        answer_from = seq.req.prompt_tokens // cache.block_tokens if keep_s > 0 else None
+        for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter, keep_s,
+                                        answer_from):
             block = cache.insert_pinned(key, index, self.store.export_block(row, index), until)
             if block is not None:
                 new.append(block)

@@ -21,6 +21,10 @@ A block may also be KEPT until a time (a stored Responses call, GenerateRequest.
 its prompt and answer, so the follow-up copies them instead of keeping an idle session).
 Kept is not pinned: a kept block is counted like any other and evicted under pressure,
 but only after every unkept block, so ordinary traffic does not push it out first.
+The answer's blocks (any block holding a generated token) are keyed apart (`answer_key`):
+their K/V came from decode runs, so only a lookup for the stored response's follow-up
+(`kept_answer`) matches them; any other prompt that starts the same way gets the prompt's
+blocks only, and with them the floats its miss computes.
 
 Thread-safety: every method takes the pool's lock (the pool calls `evict_locked`
 while holding it), so allocation and eviction are one decision.
@@ -38,6 +42,15 @@ import numpy as np
 from ortserve.rules import prefix_hash
 from ortserve.rules.prefix_hash import SUMMARY_DEPTH_BLOCKS, SUMMARY_MAX_HASHES
 from worker_service.runtime.kv_pool import KVPool
+
+
+def answer_key(key: int) -> int:
+    """The key a kept answer block is cached under: its chain hash, salted, so an ordinary
+    lookup (which walks the plain chain) never finds it."""
+    return prefix_hash.block_hash(key, (_ANSWER_SALT,))
+
+
+_ANSWER_SALT = 0xA5A5_A5A5  # above any vocabulary: no token run hashes the same
 
 # Prompt tokens a hit leaves to prefill: two, so the run after the copied blocks is the run
 # a miss makes there, never a one-token run over a past (core/step_scheduler.py).
@@ -128,11 +141,13 @@ class PrefixCache:
 
     # --- a sequence starts: lookup --------------------------------------------
 
-    def lookup(self, prompt_ids: Sequence[int], adapter: str = "") -> CachedPrefix | None:
+    def lookup(self, prompt_ids: Sequence[int], adapter: str = "",
+               kept_answer: bool = False) -> CachedPrefix | None:
         """Pin the longest cached block prefix of the prompt, leaving at least its last two
         tokens to prefill (its logits give the first new token, and a one-token run over a
         past would compute other floats than the miss's longer run); None on a miss. Blocks
-        are keyed under their LoRA adapter ("": the base): another adapter's never match."""
+        are keyed under their LoRA adapter ("": the base): another adapter's never match.
+        `kept_answer` (a stored response's follow-up): a kept answer's blocks match too."""
         bt = self.block_tokens
         usable = max(len(prompt_ids) - MIN_PREFILL_TOKENS, 0) // bt
         hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable, adapter)
@@ -142,6 +157,8 @@ class PrefixCache:
             found: list[CachedBlock] = []
             for key in hashes:
                 block = self._blocks.get(key)
+                if block is None and kept_answer:
+                    block = self._blocks.get(answer_key(key))
                 if block is None:
                     break
                 found.append(block)
@@ -171,14 +188,17 @@ class PrefixCache:
 
     # --- a sequence finishes: fill --------------------------------------------
 
-    def missing(self, token_ids: Sequence[int], adapter: str = "",
-                keep_s: float = 0.0) -> list[tuple[int, int]]:
-        """(block index, chain hash) of the whole blocks of `token_ids` not cached yet, at most
+    def missing(self, token_ids: Sequence[int], adapter: str = "", keep_s: float = 0.0,
+                answer_from: int | None = None) -> list[tuple[int, int]]:
+        """(block index, key) of the whole blocks of `token_ids` not cached yet, at most
         what the limit holds; the blocks already cached are touched (recently used), and
-        kept `keep_s` seconds more from now when it is longer than they were."""
+        kept `keep_s` seconds more from now when it is longer than they were. Blocks from
+        index `answer_from` on hold generated tokens: keyed by `answer_key`."""
         if self.limit_bytes == 0:
             return []
         hashes = prefix_hash.chain_hashes(token_ids, self.block_tokens, adapter=adapter)
+        if answer_from is not None:
+            hashes = hashes[:answer_from] + [answer_key(k) for k in hashes[answer_from:]]
         until = self.keep_until(keep_s)
         with self._lock:
             for key in reversed(hashes):

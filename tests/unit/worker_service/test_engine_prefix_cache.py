@@ -133,7 +133,13 @@ def test_a_kept_request_leaves_its_prompt_and_answer_for_the_follow_up(tiny_dir)
                                                keep_prefix_s=60), 120)
         assert kept.token_ids == plain.token_ids
         assert engine.prefix_cache.kept_bytes() == engine.runtime.rows.bytes_for(2 * bt)
-        again = _run(engine, follow, 2, sid="k2")
+        # The answer's blocks came from decode runs: an ordinary prompt that starts with
+        # the conversation gets the prompt's block only (a hit stays exact for it) ...
+        resent = _run(engine, follow, 2, sid="r")
+        assert resent.cached_prompt_tokens == bt
+        # ... the stored response's follow-up gets both (what its session would have held).
+        again = engine.generate(SequenceRequest("k2", tuple(follow), 2, sampling=SAMPLED,
+                                                continues_kept_answer=True), 120)
         assert again.cached_prompt_tokens == (len(prompt) + 79) // bt * bt == 2 * bt
         _physical_within_charges(engine)
         assert engine.held_bytes() == 0

@@ -285,6 +285,7 @@ def test_a_first_stored_response_is_a_plain_generate_that_keeps_its_prefix():
     plain = _Stub()
     _open(plain, {"input": "Hi", "store": False})
     assert plain.opened[-1].keep_prefix_s == 0
+    assert not stub.opened[-1].continues_kept_answer
 
 
 def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
@@ -297,6 +298,7 @@ def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
     _put(stub, prior)
     run = _open(stub, {"input": "And?"}, prior)  # the follow-up would open the session
     assert stub.calls == ["OpenSession", "Generate 3"]
+    assert stub.opened[-1].continues_kept_answer  # it may read the first's kept answer
     assert run.session_id == "" and run.session_note == {
         "kept": False, "reason": "sessions keep K/V as arena rows"}
 

@@ -184,3 +184,19 @@ def test_placement_follows_the_longest_cached_prefix_when_that_worker_can_admit(
     assert admission.decision is Decision.ADMITTED and admission.worker.worker_id == "big"
     budget = {w.geometry.worker_id: w.prefix.cached_bytes for w in ledger.snapshot()}
     assert budget == {"big": 0, "small": 320}
+
+
+def test_a_kept_answers_blocks_match_only_a_lookup_for_its_follow_up():
+    _, cache = _cache(1024, 1024)
+    tokens = [7] * 4 + [8] * 8  # one prompt block, then two holding the answer
+    until = cache.keep_until(60)
+    kept = [cache.insert_pinned(key, i, _block(), until)
+            for i, key in cache.missing(tokens, keep_s=60, answer_from=1)]
+    cache.unpin_all(kept)
+    follow = [*tokens, 1, 2]
+    ordinary = cache.lookup(follow)
+    assert ordinary is not None and ordinary.tokens == 4  # the prompt's block only
+    cache.release(ordinary)
+    continued = cache.lookup(follow, kept_answer=True)
+    assert continued is not None and continued.tokens == 12
+    cache.release(continued)
