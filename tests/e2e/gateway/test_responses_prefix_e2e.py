@@ -1,17 +1,20 @@
 """End to end (issue 55): a one-shot stored Responses call (`store: true`, the default)
 leaves no session charged; its prompt and answer wait in the worker's prefix cache, and
 a follow-up with previous_response_id copies them in (cached tokens) and answers as the
-whole conversation does. Real scheduler, worker and gateway, the tiny model (its KV
-blocks are 64 tokens: the prompts here are several blocks long)."""
+whole conversation does. And a stored response is its tenant's: another tenant's key
+finds none. Real scheduler, worker and gateway, the tiny model (its KV blocks are 64
+tokens: the prompts here are several blocks long)."""
 
 from __future__ import annotations
 
 import time
 
+import openai
 import pytest
 
 from devtools.cluster import LocalCluster, stop_service
 from ortserve.v1 import scheduler_pb2
+from scheduler_service.ledger.tenants import key_digest
 from tests.e2e.conftest import scheduler_stub
 from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway, wait_reserved_zero
 from tests.models import prepared_model_dir
@@ -92,3 +95,48 @@ def test_a_one_shot_stored_response_leaves_no_session_and_its_follow_up_reuses_i
     for response in (third, second, first):
         client.responses.delete(response.id)
     assert wait_reserved_zero(cluster.address, timeout_s=15) == 0
+
+
+KEY_A, KEY_B = "tenant-a-key-" + "a" * 20, "tenant-b-key-" + "b" * 20
+
+
+@pytest.fixture(scope="module")
+def two_tenants(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("responses-tenants")
+    keys = folder / "keys.txt"
+    keys.write_text(f"generate:{KEY_A}\ngenerate:{KEY_B}\n")
+    table = folder / "tenants.toml"
+    table.write_text(f'[tenants.a]\nquota = "50%"\nkey_sha256 = ["{key_digest(KEY_A).hex()}"]\n'
+                     f'[tenants.b]\nquota = "50%"\nkey_sha256 = ["{key_digest(KEY_B).hex()}"]\n')
+    cluster = LocalCluster(model_dir=prepared_model_dir(MODEL), kv_capacities=["64MiB"],
+                           log_dir=folder / "logs", api_key=KEY_A,
+                           scheduler_args=["--api-keys-file", str(keys),
+                                           "--tenants-file", str(table)]).start()
+    gateway = start_gateway(tmp_path_factory, cluster.address)
+    yield gateway
+    stop_service(gateway)
+    cluster.stop()
+
+
+def test_another_tenants_key_finds_no_stored_response(two_tenants):
+    a = openai.OpenAI(base_url=f"http://{two_tenants.address}/v1", api_key=KEY_A, timeout=120)
+    b = openai.OpenAI(base_url=f"http://{two_tenants.address}/v1", api_key=KEY_B, timeout=120)
+    mine = a.responses.create(model=MODEL, input="Hello there.", max_output_tokens=4,
+                              temperature=0)
+    # As if never stored: the GET's 404, the follow-up's previous_response_not_found, and
+    # a delete that finds nothing.
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(mine.id)
+    with pytest.raises(openai.BadRequestError) as follow_up:
+        b.responses.create(model=MODEL, previous_response_id=mine.id, input="And?",
+                           max_output_tokens=4, temperature=0)
+    assert follow_up.value.code == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(mine.id)
+    # Its own tenant still reads, continues and deletes it.
+    assert a.responses.retrieve(mine.id).output_text == mine.output_text
+    again = a.responses.create(model=MODEL, previous_response_id=mine.id, input="And?",
+                               max_output_tokens=4, temperature=0)
+    assert again.previous_response_id == mine.id
+    a.responses.delete(again.id)
+    a.responses.delete(mine.id)
