@@ -17,6 +17,7 @@ from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger.tenants import key_digest
 from tests.e2e.conftest import scheduler_stub
 from tests.e2e.gateway.test_gateway_e2e import openai_client, start_gateway, wait_reserved_zero
+from tests.e2e.ledger.test_request_outcomes_e2e import metrics_port, samples
 from tests.models import prepared_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -30,6 +31,7 @@ LONG = " ".join(f"Item {i}: the river flows past the old mill and the stone brid
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     cluster = LocalCluster(model_dir=prepared_model_dir(MODEL), kv_capacities=["64MiB"],
+                           worker_args=["--metrics-port", "0"],
                            log_dir=tmp_path_factory.mktemp("logs-responses-prefix")).start()
     yield cluster
     cluster.stop()
@@ -67,6 +69,9 @@ def test_a_one_shot_stored_response_leaves_no_session_and_its_follow_up_reuses_i
     assert first.model_extra["ortserve"]["session"]["kept"] is False
     assert first.model_extra["ortserve"]["session"]["prefix_kept_s"] > 0
     assert _wait_cached(cluster.address) > 0
+    # ... kept for the follow-up: the worker got the gateway's keep_prefix_s.
+    url = f"http://127.0.0.1:{metrics_port(cluster.worker_services[0])}/metrics"
+    assert samples(url)[("ortserve_worker_prefix_cache_kept_bytes", ())] > 0
     # Stored and readable as before.
     assert client.responses.retrieve(first.id).output_text == first.output_text
 
