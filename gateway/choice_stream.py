@@ -57,6 +57,8 @@ async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                     logprobs[index].add(event.chunk.logprobs)
             elif kind == "finished":
                 finished[index] = event.finished
+                if splits[index] is not None:
+                    splits[index].finished(event.finished.usage)
                 if clock is not None:
                     clock.finished(index, meta.model, event.finished)
     except grpc.RpcError as error:
@@ -185,6 +187,7 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                 generated[index] = event.finished.usage.generated_tokens
                 stop_text = _stop_text(parsed, event.finished)
                 if splits[index] is not None:
+                    splits[index].finished(event.finished.usage)
                     thought, rest = splits[index].close()
                     if thought:
                         yield out(responses.delta_chunk(meta, {"reasoning_content": thought},

@@ -148,7 +148,11 @@ class Reader:
             return []  # a character still incomplete: nothing to show yet
         return self.parser.push(chunk.text, len(chunk.token_ids))
 
-    def end(self) -> list[Piece]:
+    def end(self, finished: types_pb2.Finished | None = None) -> list[Piece]:
+        """The output ended (`finished`: its Finished event, whose usage may carry the
+        worker's exact reasoning count)."""
+        if finished is not None:
+            self.parser.finished(finished.usage)
         return self.parser.push("", final=True)
 
 
@@ -160,7 +164,7 @@ async def read_all(stream: Stream, reader: Reader) -> tuple[list[Piece], types_p
         if kind == "chunk":
             pieces += reader.chunk(event.chunk)
         elif kind == "finished":
-            return pieces + reader.end(), event.finished
+            return pieces + reader.end(event.finished), event.finished
     raise StreamBroken("the stream ended without a Finished event")
 
 

@@ -75,7 +75,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
         self._adapters = AdapterAdmin(ledger, workers)
         self._on_demand = OnDemand(config.adapter_catalog, ledger, self._adapters.load)
-        self._stored = StoredResponseRPCs()  # beside the sessions whose KV they continue
+        # Beside the sessions whose KV they continue; each record its caller's tenant's.
+        self._stored = StoredResponseRPCs(tenants=lambda: self._ledger.tenants)
 
     # -- admission -------------------------------------------------------------
 

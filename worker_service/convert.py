@@ -139,7 +139,9 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         sampling=sampling_from_pb(request.sampling), stop=tuple(request.stop),
         constraint=request_rules.constraint_spec(request, tool_format=tokenizer.tool_call_format),
         ignore_eos=request.ignore_eos, stop_token_ids=tuple(request.stop_token_ids),
-        adapter=request.adapter, speculative=not request.disable_speculation, **kwargs)
+        adapter=request.adapter, speculative=not request.disable_speculation,
+        keep_prefix_s=request.keep_prefix_s,
+        continues_kept_answer=request.continues_kept_answer, **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,
@@ -164,6 +166,8 @@ def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.L
                                           proposed_tokens=done.draft_proposed_tokens,
                                           accepted_tokens=done.draft_accepted_tokens),
     )
+    if done.reasoning_tokens is not None:
+        pb.usage.reasoning_tokens = done.reasoning_tokens
     if lease.HasField("budget_cap"):
         pb.budget_cap.CopyFrom(lease.budget_cap)
     if done.constraint_satisfied is not None:

@@ -226,7 +226,8 @@ class Engine:
             # Pinned before the charge is made, so the eviction the charge may need leaves it.
             if req.adapter:  # again under the lock: an unload may have run since check()
                 self.adapters.check(req.adapter)
-            hit = (self.prefix_cache.lookup(req.prompt_ids, req.adapter)
+            hit = (self.prefix_cache.lookup(req.prompt_ids, req.adapter,
+                                            req.continues_kept_answer)
                    if self.prefix_cache is not None else None)
             try:
                 if session_id:

@@ -186,6 +186,16 @@ class _PrefixCacheMetrics(Collector):
             "ortserve_worker_prefix_cache_evicted_bytes",
             "Bytes evicted from the prefix cache (for admissions or its bound)",
             value=stats.evicted_bytes if stats else 0)
+        # Stored responses' prompts and answers (GenerateRequest.keep_prefix_s): what waits
+        # for a follow-up, and what pressure took before its time.
+        yield GaugeMetricFamily(
+            "ortserve_worker_prefix_cache_kept_bytes",
+            "Of the prefix cache's bytes, those kept for a follow-up (keep_prefix_s) now",
+            value=cache.kept_bytes() if cache is not None else 0)
+        yield CounterMetricFamily(
+            "ortserve_worker_prefix_cache_kept_evicted_bytes",
+            "Of the evicted bytes, those evicted while still kept (pressure took them)",
+            value=stats.kept_evicted_bytes if stats else 0)
 
     def describe(self):
         return []

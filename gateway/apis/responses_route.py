@@ -2,11 +2,15 @@
 
 Where a response runs:
 - `store: false`: a plain Generate of the whole conversation, as chat's.
-- `store: true` (OpenAI's default): a session turn (docs/features/sessions.md). A first
-  response opens a session; a follow-up (`previous_response_id`) whose
-  response is its session's latest, with the same model, instructions and
-  tools, is the next turn of that session: only the new input is sent and
-  prefilled, the rest of the KV is the session's (its usage's cached_tokens).
+- `store: true` (OpenAI's default), a first response: a plain Generate too, asking its
+  worker to keep the prompt and answer in its prefix cache for the store's TTL
+  (GenerateRequest.keep_prefix_s): cache bytes, evicted under pressure, never an idle
+  session charged per one-shot call. A follow-up (`previous_response_id`) of it opens a
+  session with the whole conversation, which copies the kept blocks in (its usage's
+  cached_tokens; after an eviction it prefills them again: slower, the same answer).
+- A follow-up whose response is its session's latest, with the same model,
+  instructions and tools, is the next turn of that session (docs/features/sessions.md):
+  only the new input is sent and prefilled, the rest of the KV is the session's.
   Any other follow-up (a fork, a session expired or lost) opens a new session
   with the whole conversation. A worker that keeps no sessions (`--kv-layout
   static`) answers as `store: false` would, and `ortserve.session` says why.
@@ -41,6 +45,7 @@ from gateway.reply.responses import admission_headers
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
 from gateway.upstream import StreamBroken
+from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2
 
 log = structlog.get_logger("ortserve.gateway")
@@ -163,6 +168,14 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
         if not rr.store:
             return Run(await generation.open_generate(target, request),
                        session_note={"kept": False, "reason": "store is false"})
+        if prior is None:
+            # One-shot until a follow-up comes: its prompt and answer wait in the prefix
+            # cache (cache bytes), not in a session charged until its TTL.
+            request.keep_prefix_s = min(store.ttl_s, request_rules.MAX_KEEP_PREFIX_S)
+            return Run(await generation.open_generate(target, request), session_note={
+                "kept": False, "prefix_kept_s": request.keep_prefix_s,
+                "reason": "a first stored response keeps its prompt and answer in the prefix "
+                          "cache; a follow-up (previous_response_id) opens a session on them"})
         session = (await store.claim(prior, target)
                    if prior and _continues(prior, rr, parsed) else "")
         if session:
@@ -180,6 +193,9 @@ async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                     raise
             else:
                 return Run(stream, session, False, prior.turns + 1)
+        # A follow-up: its conversation may start with the blocks a first response kept,
+        # its answer's included (the K/V a session would have held).
+        request.continues_kept_answer = True
         return await _open_new_session(target, request, request.model, request_id)
     except grpc.RpcError as error:
         raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
@@ -308,7 +324,7 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
             if kind == "chunk":
                 new = reader.chunk(event.chunk)
             elif kind == "finished":
-                new = reader.end()
+                new = reader.end(event.finished)
             else:
                 continue
             pieces += new

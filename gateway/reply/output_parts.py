@@ -80,6 +80,11 @@ class OutputParser:
         """The output's tokens counted as reasoning so far (chat's rule)."""
         return self._reasoning.tokens if self._reasoning is not None else 0
 
+    def finished(self, usage: types_pb2.Usage) -> None:
+        """The output's Finished usage (the worker's reasoning count, where it sent one)."""
+        if self._reasoning is not None:
+            self._reasoning.finished(usage)
+
     def push(self, text: str, n_tokens: int = 0, final: bool = False) -> list[Piece]:
         """The next text of the output (`n_tokens` tokens) -> its pieces; `final` once, at
         the output's end, hands out whatever the parsers held back."""

@@ -3,12 +3,13 @@ counted (pure: no HTTP, no grpc). The parser is ortserve/output/reasoning.py's; 
 and whether the output starts inside the reasoning, the Admission says (the worker that
 counted the prompt read its model's chat template and the rendered prompt's end).
 
-Reasoning tokens are counted per chunk: a chunk's tokens are reasoning when the output
-was inside the reasoning as it began or it opened or continued it (the chunk that closes
-the block counts as reasoning, tags included). At the default stream interval a chunk is
-one token unless the gateway read behind the worker and tokens came together; such a
-chunk, or one of --stream-interval-ms, that crosses the closing tag is counted whole, as
-reasoning (the exact count needs each token's text, which a chunk does not carry).
+The count reported is the worker's where it sent one (Finished.usage.reasoning_tokens:
+it sees each token's bytes, so it is exact however tokens were chunked). Else, from an
+older worker, reasoning tokens are counted per chunk here: a chunk's tokens are reasoning
+when the output was inside the reasoning as it began or it opened or continued it (the
+chunk that closes the block counts as reasoning, tags included). A chunk of several tokens
+(the gateway read behind the worker, or --stream-interval-ms) that crosses the closing tag
+is then counted whole, as reasoning: an over-count by the answer tokens in it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class ChoiceReasoning:
 
     def close(self) -> tuple[str, str]:
         return self._parser.close()
+
+    def finished(self, usage: types_pb2.Usage) -> None:
+        """The output's Finished usage: the worker's exact count replaces the per-chunk one
+        where it sent one."""
+        if usage.HasField("reasoning_tokens"):
+            self.tokens = usage.reasoning_tokens
 
     @property
     def reasoning(self) -> str:

@@ -16,7 +16,8 @@ Qwen3 with enable_thinking): then the output starts inside the reasoning. The
 worker says which (`opens_reasoning`, from the rendered prompt's end), so the
 parser never guesses from the output.
 
-`ReasoningParser` is fed text deltas as they stream and answers (reasoning,
+`ReasoningTokenCounter` is the worker's: it counts the reasoning tokens exactly from
+each token's bytes. `ReasoningParser` is fed text deltas as they stream and answers (reasoning,
 content) deltas; a possible start of a tag is held back until the next text
 decides it, so no tag text ever leaks into either part. `close()` hands out
 what is held when the output ends (a cut tag is text, not a tag).
@@ -145,3 +146,51 @@ def _partial_suffix(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
+
+
+class ReasoningTokenCounter:
+    """One output's reasoning tokens, counted token by token from each token's bytes (the
+    worker's count, Finished.usage.reasoning_tokens): every token from the first of the
+    opening tag (from the first token when the prompt opened the reasoning) up to and
+    including the one that completes the closing tag. Whitespace before an opening tag is
+    not reasoning; an output that starts with anything else has none. Exact however the
+    tokens are later chunked, unlike a count per chunk of text (reasoning_split.py).
+    The tags are ASCII, so matching bytes never splits a character that matters."""
+
+    def __init__(self, family: str = "think", opens_reasoning: bool = False) -> None:
+        if family not in _TAGS:
+            raise ValueError(f"reasoning family {family!r} is not one of {', '.join(FAMILIES)}")
+        self._open = _TAGS[family].open.encode()
+        self._close = _TAGS[family].close.encode()
+        self._state = _State.REASONING if opens_reasoning else _State.START
+        self._seen = b""  # START: the output so far; REASONING: the bytes a tag may span
+        self._undecided = 0  # START: tokens since the first non-whitespace byte
+        self.tokens = 0
+
+    def push(self, token_bytes: bytes) -> None:
+        """The next generated token's bytes (an ending EOS is not pushed)."""
+        if self._state is _State.CONTENT:
+            return
+        if self._state is _State.START:
+            self._seen += token_bytes
+            stripped = self._seen.lstrip()
+            if not stripped:
+                return  # whitespace only: the opening tag may still come
+            self._undecided += 1
+            if stripped.startswith(self._open):
+                self._state = _State.REASONING
+                self.tokens = self._undecided
+                self._seen = stripped[len(self._open):]
+                self._closes()
+            elif not self._open.startswith(stripped):
+                self._state = _State.CONTENT  # no reasoning block: the answer began
+            return
+        self.tokens += 1
+        self._seen += token_bytes
+        self._closes()
+
+    def _closes(self) -> None:
+        if self._close in self._seen:
+            self._state = _State.CONTENT
+        else:  # only the end that may start the closing tag matters
+            self._seen = self._seen[-(len(self._close) - 1):]

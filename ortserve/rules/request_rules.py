@@ -92,6 +92,18 @@ def request_shape(request: Any, prefix: str = "") -> None:
     stream_interval(request.stream_interval_ms, prefix)
     if hasattr(request, "preferred_worker_id"):
         bounded(prefix + "preferred_worker_id", request.preferred_worker_id, MAX_WORKER_ID_CHARS)
+    keep_prefix(getattr(request, "keep_prefix_s", 0.0), prefix)
+
+
+MAX_KEEP_PREFIX_S = 86_400.0  # a day: a stored response's TTL is an hour by default
+
+
+def keep_prefix(keep_s: float, prefix: str = "") -> None:
+    """How long a request's prompt and answer stay in the prefix cache: 0 up to a day."""
+    if not (math.isfinite(keep_s) and 0 <= keep_s <= MAX_KEEP_PREFIX_S):
+        raise InvalidField(prefix + "keep_prefix_s", f"is {keep_s:g}; give 0 (not kept) up to "
+                           f"{MAX_KEEP_PREFIX_S:,.0f} seconds", keep_prefix_s=keep_s,
+                           limit_s=MAX_KEEP_PREFIX_S)
 
 
 def stream_interval(interval_ms: int, prefix: str = "") -> None:

@@ -189,7 +189,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id", "keep_prefix_s", "continues_kept_answer")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,8 @@ class GenerateRequest(_message.Message):
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     DISABLE_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PREFIX_S_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_KEPT_ANSWER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -230,7 +232,9 @@ class GenerateRequest(_message.Message):
     adapter: str
     disable_speculation: bool
     preferred_worker_id: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ...) -> None: ...
+    keep_prefix_s: float
+    continues_kept_answer: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ..., keep_prefix_s: _Optional[float] = ..., continues_kept_answer: _Optional[bool] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -465,18 +469,20 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., token_bytes: _Optional[bytes] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "generated_tokens", "max_new_tokens", "reused_prompt_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "generated_tokens", "max_new_tokens", "reused_prompt_tokens", "cached_tokens", "reasoning_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REUSED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     generated_tokens: int
     max_new_tokens: int
     reused_prompt_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    reasoning_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reused_prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "prefill_ms", "ttft_ms", "decode_ms", "decode_tokens_per_s", "total_ms")

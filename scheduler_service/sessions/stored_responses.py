@@ -13,6 +13,10 @@ A session is linear and a response chain may fork, so only a session's latest re
 while the head's turn runs, opens a new session with the whole conversation. When the
 store forgets a session's head nothing can continue the session: its id is handed back
 to be closed by the caller that opened it (its owner), rather than held until the idle TTL.
+
+A record is its tenant's (the caller's, docs/features/tenants.md): for a caller of another
+tenant it is absent, whether read, deleted, continued or written over. Without tenants
+every caller is "" and every record everyone's, as before.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Record:
     record: bytes  # the gateway's, opaque
     ttl_s: float
     stored_at_s: float = 0.0
+    tenant: str = ""  # whose it is: no other tenant's caller sees it
 
 
 class StoredResponses:
@@ -44,14 +49,19 @@ class StoredResponses:
     def __len__(self) -> int:
         return len(self._records)
 
-    def get(self, response_id: str) -> Record | None:
+    def get(self, response_id: str, tenant: str = "") -> Record | None:
+        """The record, when it is `tenant`'s (another tenant's is absent)."""
         self.expire()
-        return self._records.get(response_id)
+        record = self._records.get(response_id)
+        return record if record is not None and record.tenant == tenant else None
 
-    def put(self, record: Record, max_responses: int = 0) -> list[str]:
+    def put(self, record: Record, max_responses: int = 0) -> list[str] | None:
         """Store a record (its session's new head, when it has one); returns the sessions
-        nothing continues any more (to close). `max_responses` (0: unchanged) bounds the
-        count from now on."""
+        nothing continues any more (to close), or None when the id is another tenant's
+        (nothing stored). `max_responses` (0: unchanged) bounds the count from now on."""
+        held = self._records.get(record.id)
+        if held is not None and held.tenant != record.tenant:
+            return None
         if max_responses:
             self.max_responses = max_responses
         record.stored_at_s = self._clock()
@@ -61,25 +71,31 @@ class StoredResponses:
             self._heads[record.session_id] = record.id
         return self.expire()
 
-    def delete(self, response_id: str) -> tuple[bool, list[str]]:
-        """(found, sessions to close)."""
-        record = self._records.pop(response_id, None)
-        return record is not None, self._orphaned(record)
+    def delete(self, response_id: str, tenant: str = "") -> tuple[bool, list[str]]:
+        """(found, sessions to close); another tenant's record is not found."""
+        if self.get(response_id, tenant) is None:
+            return False, []
+        record = self._records.pop(response_id)
+        return True, self._orphaned(record)
 
-    def claim(self, response_id: str) -> str:
-        """The session to continue the response in ("" when none: not its head, or busy);
-        the session is busy until `turn_ended`."""
-        record = self.get(response_id)
+    def claim(self, response_id: str, tenant: str = "") -> str:
+        """The session to continue the response in ("" when none: not its head, or busy,
+        or another tenant's); the session is busy until `turn_ended`."""
+        record = self.get(response_id, tenant)
         session = record.session_id if record else ""
         if not session or self._heads.get(session) != record.id or session in self._busy:
             return ""
         self._busy.add(session)
         return session
 
-    def turn_ended(self, session_id: str, kept: bool) -> list[str]:
+    def turn_ended(self, session_id: str, kept: bool, tenant: str = "") -> list[str]:
         """A claimed session's turn ended; `kept`: the session still holds the head's
         conversation (its turn failed before it ran, or it ended and the new head was put).
-        Not kept: forgotten here, and returned to close."""
+        Not kept: forgotten here, and returned to close. A session whose head is another
+        tenant's is left as it is (nothing returned)."""
+        head = self._records.get(self._heads.get(session_id, ""))
+        if head is not None and head.tenant != tenant:
+            return []
         self._busy.discard(session_id)
         if kept and self._heads.get(session_id) in self._records:
             return []

@@ -108,3 +108,21 @@ def test_a_tenant_past_its_request_rate_is_resource_exhausted_tenant_rate_with_r
     quota = rich_status.unpack(details, error_details_pb2.QuotaFailure)
     assert quota.violations[0].subject == "tenant/small/requests_per_s"
     assert cluster.budget_as(KEY_SMALL).total_leases == 1  # the refused one holds nothing
+
+
+def test_a_stored_response_is_absent_to_another_tenants_key(cluster):
+    # The gateway's store: true records (GET /v1/responses/{id}, previous_response_id) are
+    # kept here; another tenant's key finds none, as if never stored (the gateway's 404).
+    stored = scheduler_pb2.StoredResponse(id="resp_1", session_id="s1", record=b"{}",
+                                          ttl_s=60)
+    cluster.stub.PutStoredResponse(stored, metadata=_as(KEY_SMALL), timeout=5)
+    ask = scheduler_pb2.StoredResponseRequest(id="resp_1")
+    assert not cluster.stub.GetStoredResponse(ask, metadata=_as(KEY_LARGE), timeout=5).found
+    assert cluster.stub.ClaimStoredResponse(ask, metadata=_as(KEY_LARGE), timeout=5).session_id == ""
+    assert not cluster.stub.DeleteStoredResponse(ask, metadata=_as(KEY_LARGE), timeout=5).found
+    with pytest.raises(grpc.RpcError) as taken:  # nor can it write over it
+        cluster.stub.PutStoredResponse(stored, metadata=_as(KEY_LARGE), timeout=5)
+    assert taken.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    mine = cluster.stub.GetStoredResponse(ask, metadata=_as(KEY_SMALL), timeout=5)
+    assert mine.found and mine.response.session_id == "s1"
+    assert cluster.stub.DeleteStoredResponse(ask, metadata=_as(KEY_SMALL), timeout=5).found

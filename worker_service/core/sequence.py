@@ -19,6 +19,7 @@ import numpy as np
 import structlog
 
 from ortserve.output.constraint_grammar import ConstraintSpec
+from ortserve.output.reasoning import ReasoningTokenCounter
 from ortserve.rules import request_rules
 from worker_service.core.errors import EngineError
 from worker_service.core.logprobs import TokenLogprobs
@@ -71,6 +72,12 @@ class SequenceRequest:
     # Speculative decoding allowed for this request (the worker's setting decides
     # whether it runs); False: every token from its own model run.
     speculative: bool = True
+    # Seconds the prompt and answer stay in the prefix cache once this sequence ends
+    # (GenerateRequest.keep_prefix_s; 0: its prompt's blocks only, plain LRU).
+    keep_prefix_s: float = 0.0
+    # A stored response's follow-up: may match the answer blocks a kept request left
+    # (GenerateRequest.continues_kept_answer); others match prefilled blocks only.
+    continues_kept_answer: bool = False
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -145,6 +152,9 @@ class Completed:
     draft_proposed_tokens: int = 0
     draft_accepted_tokens: int = 0
     speculative_mode: str = "off"  # what ran: "ngram" or "off"
+    # A reasoning model's output: tokens up to the one closing its reasoning (None: the
+    # model's template writes no reasoning, so nothing was counted).
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,14 @@ class Sequence:
         self.eos_token_ids = frozenset(() if req.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(req.stop_token_ids)
         self.stream = StopTextStream(tokenizer, req.prompt_ids, req.stop)
+        # A reasoning model (its template writes the tags): its reasoning tokens counted
+        # here, exactly, from each token's bytes (Finished.usage.reasoning_tokens).
+        self.reasoning: ReasoningTokenCounter | None = None
+        family = getattr(tokenizer, "reasoning_format", "")
+        if family:
+            self.reasoning = ReasoningTokenCounter(family,
+                                                   tokenizer.opens_reasoning(req.prompt_ids))
+            self._token_bytes = tokenizer.token_bytes
         self.token_ids = list(req.prompt_ids)  # prompt + output; the repetition penalty reads it
         self.num_computed_tokens = 0  # tokens whose K/V the cache holds
         # The runtime's objects, typed Any so the pure core imports nothing above it.
@@ -315,6 +333,8 @@ class Sequence:
         if constraint is not None:
             constraint.advance(token)  # EOS too: it is allowed only where the match is whole
             complete = constraint.complete
+        if self.reasoning is not None and token not in self.eos_token_ids:
+            self.reasoning.push(self._token_bytes(token))
         if token in self.eos_token_ids:
             # EOS counts as a generated token but adds no text.
             text = self.stream.push(None, final=True, stops_armed=armed)
@@ -351,6 +371,7 @@ class Sequence:
             draft_proposed_tokens=self.drafter.proposed_tokens if self.drafter else 0,
             draft_accepted_tokens=self.drafter.accepted_tokens if self.drafter else 0,
             speculative_mode="ngram" if self.drafter else "off",
+            reasoning_tokens=self.reasoning.tokens if self.reasoning is not None else None,
             **self._constraint_outcome(finish_reason),
         )
 

@@ -324,10 +324,19 @@ class BatchedModelRunner:
         # Prompt tokens only: generated ones were computed one at a time over a past, whose
         # floats differ from a prefill's, and a later prompt that hit them would not get
         # the K/V its miss computes (docs/features/prefix-cache.md, "A hit is exact").
-        held = min(self.store.written_tokens(row), seq.num_computed_tokens, seq.req.prompt_tokens)
+        # Unless kept (keep_prefix_s, a stored response): then the answer's too, the K/V a
+        # session would have kept for the follow-up, which is who asks for them.
+        keep_s = seq.req.keep_prefix_s
+        held = min(self.store.written_tokens(row), seq.num_computed_tokens,
+                   len(seq.token_ids) if keep_s > 0 else seq.req.prompt_tokens)
+        until = cache.keep_until(keep_s)
         new = []
-        for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter):
-            block = cache.insert_pinned(key, index, self.store.export_block(row, index))
+        # Blocks holding generated tokens go under answer keys (prefix_cache.answer_key):
+        # only a stored response's follow-up matches them.
+        answer_from = seq.req.prompt_tokens // cache.block_tokens if keep_s > 0 else None
+        for index, key in cache.missing(seq.token_ids[:held], seq.req.adapter, keep_s,
+                                        answer_from):
+            block = cache.insert_pinned(key, index, self.store.export_block(row, index), until)
             if block is not None:
                 new.append(block)
         return new

@@ -17,14 +17,24 @@ row pages were returned as its blocks were copied out), so physical bytes
 (rows' pages + every block) never pass charges + counted. Pinned blocks are
 never evicted.
 
+A block may also be KEPT until a time (a stored Responses call, GenerateRequest.keep_prefix_s:
+its prompt and answer, so the follow-up copies them instead of keeping an idle session).
+Kept is not pinned: a kept block is counted like any other and evicted under pressure,
+but only after every unkept block, so ordinary traffic does not push it out first.
+The answer's blocks (any block holding a generated token) are keyed apart (`answer_key`):
+their K/V came from decode runs, so only a lookup for the stored response's follow-up
+(`kept_answer`) matches them; any other prompt that starts the same way gets the prompt's
+blocks only, and with them the floats its miss computes.
+
 Thread-safety: every method takes the pool's lock (the pool calls `evict_locked`
 while holding it), so allocation and eviction are one decision.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +42,15 @@ import numpy as np
 from ortserve.rules import prefix_hash
 from ortserve.rules.prefix_hash import SUMMARY_DEPTH_BLOCKS, SUMMARY_MAX_HASHES
 from worker_service.runtime.kv_pool import KVPool
+
+
+def answer_key(key: int) -> int:
+    """The key a kept answer block is cached under: its chain hash, salted, so an ordinary
+    lookup (which walks the plain chain) never finds it."""
+    return prefix_hash.block_hash(key, (_ANSWER_SALT,))
+
+
+_ANSWER_SALT = 0xA5A5_A5A5  # above any vocabulary: no token run hashes the same
 
 # Prompt tokens a hit leaves to prefill: two, so the run after the copied blocks is the run
 # a miss makes there, never a one-token run over a past (core/step_scheduler.py).
@@ -47,6 +66,7 @@ class CachedBlock:
     depth: int  # its index in the prompt (0: the first block)
     kv: np.ndarray
     pins: int = 0
+    kept_until_s: float = 0.0  # the cache's clock; evicted after unkept blocks until then
 
     @property
     def nbytes(self) -> int:
@@ -74,17 +94,20 @@ class CacheStats:
     inserted_bytes: int = 0
     evicted_bytes: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
+    kept_evicted_bytes: int = 0  # of evicted_bytes, blocks still kept (pressure took them)
 
 
 class PrefixCache:
     """Cached KV blocks keyed by chain hash, LRU, bounded by `limit_bytes` and by the pool."""
 
-    def __init__(self, pool: KVPool, limit_bytes: int, block_tokens: int) -> None:
+    def __init__(self, pool: KVPool, limit_bytes: int, block_tokens: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if limit_bytes < 0:
             raise ValueError(f"the prefix cache's limit must be >= 0 bytes, got {limit_bytes}")
         self.pool = pool
         self.limit_bytes = limit_bytes
         self.block_tokens = block_tokens
+        self._clock = clock
         self._lock = pool.lock
         # Least recently used first. A chain is touched leaf first, root last, so its
         # root outlives its leaves: a lookup walks from the root and stops at a gap.
@@ -118,11 +141,13 @@ class PrefixCache:
 
     # --- a sequence starts: lookup --------------------------------------------
 
-    def lookup(self, prompt_ids: Sequence[int], adapter: str = "") -> CachedPrefix | None:
+    def lookup(self, prompt_ids: Sequence[int], adapter: str = "",
+               kept_answer: bool = False) -> CachedPrefix | None:
         """Pin the longest cached block prefix of the prompt, leaving at least its last two
         tokens to prefill (its logits give the first new token, and a one-token run over a
         past would compute other floats than the miss's longer run); None on a miss. Blocks
-        are keyed under their LoRA adapter ("": the base): another adapter's never match."""
+        are keyed under their LoRA adapter ("": the base): another adapter's never match.
+        `kept_answer` (a stored response's follow-up): a kept answer's blocks match too."""
         bt = self.block_tokens
         usable = max(len(prompt_ids) - MIN_PREFILL_TOKENS, 0) // bt
         hashes = prefix_hash.chain_hashes(prompt_ids, bt, usable, adapter)
@@ -132,6 +157,8 @@ class PrefixCache:
             found: list[CachedBlock] = []
             for key in hashes:
                 block = self._blocks.get(key)
+                if block is None and kept_answer:
+                    block = self._blocks.get(answer_key(key))
                 if block is None:
                     break
                 found.append(block)
@@ -161,26 +188,40 @@ class PrefixCache:
 
     # --- a sequence finishes: fill --------------------------------------------
 
-    def missing(self, token_ids: Sequence[int], adapter: str = "") -> list[tuple[int, int]]:
-        """(block index, chain hash) of the whole blocks of `token_ids` not cached yet, at most
-        what the limit holds; the blocks already cached are touched (recently used)."""
+    def missing(self, token_ids: Sequence[int], adapter: str = "", keep_s: float = 0.0,
+                answer_from: int | None = None) -> list[tuple[int, int]]:
+        """(block index, key) of the whole blocks of `token_ids` not cached yet, at most
+        what the limit holds; the blocks already cached are touched (recently used), and
+        kept `keep_s` seconds more from now when it is longer than they were. Blocks from
+        index `answer_from` on hold generated tokens: keyed by `answer_key`."""
         if self.limit_bytes == 0:
             return []
         hashes = prefix_hash.chain_hashes(token_ids, self.block_tokens, adapter=adapter)
+        if answer_from is not None:
+            hashes = hashes[:answer_from] + [answer_key(k) for k in hashes[answer_from:]]
+        until = self.keep_until(keep_s)
         with self._lock:
             for key in reversed(hashes):
                 if key in self._blocks:
+                    block = self._blocks[key]
+                    block.kept_until_s = max(block.kept_until_s, until)
                     self._blocks.move_to_end(key)
             room = self.limit_bytes // max(self.pool.bytes_for(self.block_tokens), 1)
             return [(i, key) for i, key in enumerate(hashes) if key not in self._blocks][:room]
 
-    def insert_pinned(self, key: int, depth: int, kv: np.ndarray) -> CachedBlock | None:
+    def keep_until(self, keep_s: float) -> float:
+        """The clock's time `keep_s` from now (0: not kept)."""
+        return self._clock() + keep_s if keep_s > 0 else 0.0
+
+    def insert_pinned(self, key: int, depth: int, kv: np.ndarray,
+                      kept_until_s: float = 0.0) -> CachedBlock | None:
         """Add a block copied out of a finishing sequence's row, pinned: that sequence's
-        charge covers it until `unpin_all` (its row's pages went as the block was copied)."""
+        charge covers it until `unpin_all` (its row's pages went as the block was copied).
+        `kept_until_s` (keep_until): evicted after every unkept block until then."""
         with self._lock:
             if key in self._blocks:
                 return None
-            block = CachedBlock(key, depth, kv, pins=1)
+            block = CachedBlock(key, depth, kv, pins=1, kept_until_s=kept_until_s)
             self._pinned_bytes += block.nbytes
             self._blocks[key] = block
             self.stats.inserted_bytes += block.nbytes
@@ -202,15 +243,27 @@ class PrefixCache:
 
     # --- eviction (under the pool's lock) -------------------------------------
 
+    def kept_bytes(self) -> int:
+        """Bytes of blocks kept past now (GenerateRequest.keep_prefix_s), pinned or not."""
+        with self._lock:
+            now = self._clock()
+            return sum(b.nbytes for b in self._blocks.values() if b.kept_until_s > now)
+
     def evict_locked(self, nbytes: int, why: str = "admission") -> int:
         """Evict unpinned blocks, least recently used first, until `nbytes` are freed (or
-        none is left); returns the bytes freed. The pool calls it before a charge grows."""
+        none is left): every unkept block before any kept one (pressure takes those too);
+        returns the bytes freed. The pool calls it before a charge grows."""
         freed = 0
-        for block in list(self._blocks.values()):
+        now = self._clock()
+        unkept = [b for b in self._blocks.values() if b.kept_until_s <= now]
+        kept = [b for b in self._blocks.values() if b.kept_until_s > now]
+        for block in unkept + kept:
             if freed >= nbytes:
                 break
             if block.pins == 0:
                 freed += block.nbytes
+                if block.kept_until_s > now:
+                    self.stats.kept_evicted_bytes += block.nbytes
                 self._drop_locked(block, why)
         return freed
 

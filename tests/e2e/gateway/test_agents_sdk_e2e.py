@@ -51,9 +51,9 @@ def model(gateway, api: str):
 
 def released(cluster, api: str, before_bytes: int) -> None:
     """Chat holds nothing after its answers: the ledger is back where it was. Responses are
-    stored (store: true, OpenAI's default, which the SDK leaves unset): their sessions keep
-    KV, charged, until deleted or idle past the TTL (docs/gateway.md), so the ledger is not
-    read for them (nor, for chat, is zero: the Responses tests' sessions may still hold)."""
+    stored (store: true, OpenAI's default, which the SDK leaves unset): a follow-up's
+    session keeps KV, charged, until deleted or idle past the TTL (docs/gateway.md), so the
+    ledger is not read for them (nor, for chat, is zero: such sessions may still hold)."""
     if api == "chat":
         deadline = time.monotonic() + 10
         while reserved_bytes(cluster.address) != before_bytes and time.monotonic() < deadline:

@@ -58,14 +58,24 @@ def think(tmp_path_factory):
     cluster.stop()
 
 
-# One token per chunk (the gateway's default coalesces the tokens of 20 ms into one event):
-# reasoning tokens are counted per chunk, so only then is the count the exact token count.
+# One token per chunk (the gateway's default coalesces the tokens of 20 ms into one event),
+# so the streamed splits below are token by token; the reasoning count is the worker's,
+# exact at any chunking (chunky_gateway).
 PER_TOKEN = ("--stream-interval-ms", "0")
 
 
 @pytest.fixture(scope="module")
 def gateway(think, tmp_path_factory):
     service = start_gateway(tmp_path_factory, think.address, PER_TOKEN)
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def chunky_gateway(think, tmp_path_factory):
+    # Two-second chunks: the forced output leaves in a few chunks, one of them crossing the
+    # closing tag (reasoning tokens, the tag, answer tokens together).
+    service = start_gateway(tmp_path_factory, think.address, ("--stream-interval-ms", "2000"))
     yield service
     stop_service(service)
 
@@ -85,10 +95,8 @@ def create(gateway, **kw):
 
 def raw_split(raw_gateway) -> tuple[str, int]:
     """The unsplit text of the forced output (from a --reasoning-parser none gateway) and
-    its tokens up to the one that completes the closing tag. The gateway counts reasoning
-    per chunk (gateway/reply/reasoning_split.py): a chunk is one token unless the gateway
-    read behind the worker and tokens came together, and then the chunk that closes the
-    reasoning counts whole; so a split's count is at least this and below the output's."""
+    its tokens up to the one that completes the closing tag: the reasoning tokens the
+    worker counts (Finished.usage.reasoning_tokens), however the tokens are chunked."""
     raw = create(raw_gateway, max_tokens=SPLIT_MAX_TOKENS, logprobs=True, extra_body=SPLIT)
     raw_text = raw.choices[0].message.content
     assert "</think>" in raw_text and raw.model_extra["ortserve"]["finished"]["constraint"][
@@ -112,7 +120,7 @@ def test_reasoning_is_split_from_the_answer_and_counted(gateway, raw_gateway, th
     assert answer.model_extra["ortserve"]["reasoning_format"] == "think"
     details = answer.usage.completion_tokens_details
     assert answer.usage.completion_tokens == raw.usage.completion_tokens
-    assert closing <= details.reasoning_tokens < answer.usage.completion_tokens
+    assert details.reasoning_tokens == closing < answer.usage.completion_tokens
     assert wait_reserved_zero(think.address) == 0
 
 
@@ -130,6 +138,24 @@ def test_streamed_reasoning_comes_apart_and_first(gateway):
     assert "".join(c or "" for c in texts) == whole.content
     assert len([t for t in thoughts if t]) > 1  # it streamed, not one block at the end
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens > 0
+
+
+def test_a_chunk_across_the_closing_tag_counts_only_its_reasoning_tokens(chunky_gateway,
+                                                                        raw_gateway):
+    # Counted per chunk (the gateway's way before the worker counted), a chunk that holds
+    # the end of the reasoning and the start of the answer counted whole, as reasoning.
+    _, closing = raw_split(raw_gateway)
+    chunks = list(create(chunky_gateway, max_tokens=SPLIT_MAX_TOKENS, stream=True,
+                         extra_body=SPLIT, stream_options={"include_usage": True}))
+    texts = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert any(texts)  # the answer came, and after the reasoning in the same chunk or later
+    usage = chunks[-1].usage
+    assert usage.completion_tokens_details.reasoning_tokens == closing < usage.completion_tokens
+    answer = create(chunky_gateway, max_tokens=SPLIT_MAX_TOKENS, extra_body=SPLIT)
+    assert answer.usage.completion_tokens_details.reasoning_tokens == closing
+    response = respond(chunky_gateway, store=False)
+    assert response.usage.output_tokens_details.reasoning_tokens == closing
+    assert response.usage.output_tokens > closing
 
 
 def test_reasoning_tokens_count_toward_the_cap_like_any_other(gateway):
@@ -178,7 +204,7 @@ def respond(gateway, **kw):
 
 def test_a_response_has_a_reasoning_item_before_its_message(gateway, raw_gateway, think):
     raw_text, closing = raw_split(raw_gateway)
-    for store in (False, True):  # a plain Generate, and a session's first turn
+    for store in (False, True):  # a plain Generate both (stored: its prefix kept)
         response = respond(gateway, store=store)
         assert [item.type for item in response.output] == ["reasoning", "message"]
         reasoning = response.output[0]
@@ -188,9 +214,9 @@ def test_a_response_has_a_reasoning_item_before_its_message(gateway, raw_gateway
         assert thought and response.output_text and "think>" not in thought + response.output_text
         assert raw_text == thought + "</think>\n\n" + response.output_text
         details = response.usage.output_tokens_details
-        assert closing <= details.reasoning_tokens < response.usage.output_tokens
-        assert response.model_extra["ortserve"]["session"]["kept"] is store
-    openai_client(gateway).responses.delete(response.id)  # its session's KV is let go
+        assert details.reasoning_tokens == closing < response.usage.output_tokens
+        assert response.model_extra["ortserve"]["session"]["kept"] is False
+    openai_client(gateway).responses.delete(response.id)
     assert wait_reserved_zero(think.address) == 0
 
 

@@ -175,7 +175,7 @@ def test_the_responses_and_messages_apis_answer_under_the_adapter_named_as_model
                                                                                 gateway):
     client = openai.OpenAI(base_url=f"http://{gateway.address}/v1", api_key="unused",
                            timeout=120, max_retries=0)
-    # store defaults to true: a session, opened on the adapter's base, runs its turn.
+    # store defaults to true: a Generate under the adapter, its prefix kept in the cache.
     answer = client.responses.create(model="random0", input="Hello", max_output_tokens=4)
     assert answer.model == "random0" and answer.status in ("completed", "incomplete")
     client.responses.delete(answer.id)  # its session's K/V goes with it (closed after)

@@ -115,3 +115,31 @@ def test_physical_kv_stays_within_charges_after_every_step_with_hits(tiny_dir):
         assert samples and all(physical <= charged <= eng.capacity_bytes
                                for physical, charged in samples)
         assert eng.held_bytes() == 0 and eng.runtime.rows.kernel_committed_bytes() == 0
+
+
+def test_a_kept_request_leaves_its_prompt_and_answer_for_the_follow_up(tiny_dir):
+    # keep_prefix_s (a stored Responses call): the answer's whole blocks are cached too,
+    # kept; without it only the prompt's are.
+    prompt = [(i * 7) % 200 + 3 for i in range(100)]
+    config = dict(model_dir=tiny_dir, intra_op_threads=2, kv_capacity_bytes=8 * 2**20)
+    with Engine(EngineConfig(**config)) as engine:
+        bt = engine.runtime.rows.block_tokens  # 64: the prompt is one whole block and a bit
+        plain = engine.generate(SequenceRequest("p", tuple(prompt), 80, ignore_eos=True), 120)
+        follow = prompt + list(plain.token_ids) + [5, 6, 7]
+        assert _run(engine, follow, 2, sid="p2").cached_prompt_tokens == bt
+        assert engine.prefix_cache.kept_bytes() == 0
+        engine.prefix_cache.clear()
+        kept = engine.generate(SequenceRequest("k", tuple(prompt), 80, ignore_eos=True,
+                                               keep_prefix_s=60), 120)
+        assert kept.token_ids == plain.token_ids
+        assert engine.prefix_cache.kept_bytes() == engine.runtime.rows.bytes_for(2 * bt)
+        # The answer's blocks came from decode runs: an ordinary prompt that starts with
+        # the conversation gets the prompt's block only (a hit stays exact for it) ...
+        resent = _run(engine, follow, 2, sid="r")
+        assert resent.cached_prompt_tokens == bt
+        # ... the stored response's follow-up gets both (what its session would have held).
+        again = engine.generate(SequenceRequest("k2", tuple(follow), 2, sampling=SAMPLED,
+                                                continues_kept_answer=True), 120)
+        assert again.cached_prompt_tokens == (len(prompt) + 79) // bt * bt == 2 * bt
+        _physical_within_charges(engine)
+        assert engine.held_bytes() == 0

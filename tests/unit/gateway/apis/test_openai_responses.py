@@ -182,6 +182,7 @@ class _Stub:
 
     def __init__(self, open_session_error=None, turn_error=None) -> None:
         self.calls: list[str] = []
+        self.opened: list = []  # the GenerateRequests of plain Generates
         self._open_error = open_session_error
         self._turn_error = turn_error
         self.stored = StoredResponseRPCs()  # the scheduler's own, in process
@@ -226,6 +227,7 @@ class _Upstream:
 
     async def open(self, request, metadata=()):
         self.stub.calls.append(f"Generate {len(request.chat.messages)}")
+        self.stub.opened.append(request)
         return types_pb2.Admission(lease_id="g1")
 
     async def resolve_adapter(self, request, metadata=()):
@@ -273,13 +275,30 @@ def _open(stub: _Stub, body: dict, prior=None):
     return asyncio.run(main())
 
 
+def test_a_first_stored_response_is_a_plain_generate_that_keeps_its_prefix():
+    stub = _Stub()
+    run = _open(stub, {"input": "Hi"})
+    assert stub.calls == ["Generate 1"]  # no session opened: nothing charged once it ends
+    assert run.session_id == "" and run.session_note["kept"] is False
+    assert run.session_note["prefix_kept_s"] == ResponseStore().ttl_s
+    assert stub.opened[-1].keep_prefix_s == ResponseStore().ttl_s
+    plain = _Stub()
+    _open(plain, {"input": "Hi", "store": False})
+    assert plain.opened[-1].keep_prefix_s == 0
+    assert not stub.opened[-1].continues_kept_answer
+
+
 def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
     import grpc
 
     stub = _Stub(open_session_error=_rpc_error(grpc.StatusCode.INVALID_ARGUMENT,
                                                details="sessions keep K/V as arena rows"))
-    run = _open(stub, {"input": "Hi"})
-    assert stub.calls == ["OpenSession", "Generate 1"]
+    prior = Stored("r1", "m", None, "", [{"role": "user", "content": "Hi"},
+                                         {"role": "assistant", "content": "Hello"}], {})
+    _put(stub, prior)
+    run = _open(stub, {"input": "And?"}, prior)  # the follow-up would open the session
+    assert stub.calls == ["OpenSession", "Generate 3"]
+    assert stub.opened[-1].continues_kept_answer  # it may read the first's kept answer
     assert run.session_id == "" and run.session_note == {
         "kept": False, "reason": "sessions keep K/V as arena rows"}
 

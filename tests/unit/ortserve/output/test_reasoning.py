@@ -80,3 +80,47 @@ def test_reasoning_tokens_are_the_chunks_inside_the_block():
     at_once.feed("<think></think>", 2)
     at_once.feed("answer", 1)
     assert at_once.tokens == 2
+
+
+def test_the_workers_count_ends_with_the_token_that_completes_the_closing_tag():
+    from ortserve.output.reasoning import ReasoningTokenCounter
+
+    # The prompt opened the reasoning; the tag comes over three tokens, the last of them
+    # with the answer's first bytes in it.
+    counter = ReasoningTokenCounter("think", opens_reasoning=True)
+    for piece in [b"hmm", b" yes", b"</", b"thi", b"nk>\n\nThe", b" answer", b"."]:
+        counter.push(piece)
+    assert counter.tokens == 5
+    # The model opens it itself (whitespace before the tag is not reasoning), and a block
+    # opened and closed in one token is one token.
+    counter = ReasoningTokenCounter("think")
+    for piece in [b"\n", b"<th", b"ink>", b"ok", b"</think>", b"Hi"]:
+        counter.push(piece)
+    assert counter.tokens == 4
+    counter = ReasoningTokenCounter("think")
+    for piece in [b"<think></think>", b"Hi"]:
+        counter.push(piece)
+    assert counter.tokens == 1
+    # No block: an answer from the first token has no reasoning; one never closed is all.
+    counter = ReasoningTokenCounter("think")
+    for piece in [b"Hi", b"<think>", b"x"]:
+        counter.push(piece)
+    assert counter.tokens == 0
+    counter = ReasoningTokenCounter("think", opens_reasoning=True)
+    for piece in [b"a", b"b", b"</thin"]:
+        counter.push(piece)
+    assert counter.tokens == 3
+
+
+def test_the_gateway_reports_the_workers_count_over_its_own_per_chunk_one():
+    from gateway.reply.reasoning_split import ChoiceReasoning
+    from ortserve.v1 import types_pb2
+
+    split = ChoiceReasoning("think", opens_reasoning=True)
+    split.feed("hmm", 1)
+    split.feed(" yes</think>\n\nThe answer.", 6)  # one chunk: 3 reasoning tokens, 3 answer
+    assert split.tokens == 7  # per chunk: the crossing chunk counted whole
+    split.finished(types_pb2.Usage(generated_tokens=7))  # an older worker: no count sent
+    assert split.tokens == 7
+    split.finished(types_pb2.Usage(generated_tokens=7, reasoning_tokens=4))
+    assert split.tokens == 4

@@ -42,3 +42,18 @@ def test_deleting_a_head_closes_its_session_and_an_older_one_does_not():
     assert store.delete("r1") == (True, [])
     assert store.delete("r2") == (True, ["s1"])
     assert store.delete("r2") == (False, [])
+
+
+def test_another_tenants_record_is_absent_to_read_delete_continue_or_overwrite():
+    store = StoredResponses()
+    mine = Record("r1", "s1", b"{}", 3_600.0, tenant="acme")
+    assert store.put(mine) == []
+    assert store.get("r1", "other") is None and store.get("r1") is None
+    assert store.claim("r1", "other") == ""
+    assert store.delete("r1", "other") == (False, [])
+    assert store.put(Record("r1", "s9", b"{}", 3_600.0, tenant="other")) is None
+    assert store.turn_ended("s1", kept=False, tenant="other") == []
+    assert store.get("r1", "acme") is mine
+    assert store.claim("r1", "acme") == "s1"
+    assert store.turn_ended("s1", kept=False, tenant="acme") == ["s1"]
+    assert store.delete("r1", "acme") == (True, [])

@@ -115,6 +115,35 @@ def test_pinned_blocks_are_never_evicted_and_their_charge_covers_them():
     pool.free(allocation)
 
 
+def test_kept_blocks_go_after_every_unkept_one_and_pressure_still_takes_them():
+    now = [100.0]
+    pool = KVPool(_Layout(), 128)
+    cache = PrefixCache(pool, 128, BT, clock=lambda: now[0])
+    until = cache.keep_until(60)  # a stored response's prompt and answer, kept a minute
+    kept = [cache.insert_pinned(key, i, _block(), until) for i, key in cache.missing([1] * 8)]
+    cache.unpin_all(kept)
+    _fill(cache, [2] * 8)  # ordinary traffic, used more recently than the kept chain
+    assert cache.kept_bytes() == 64 and cache.cached_bytes() == 128
+    allocation = pool.allocate(8)  # 64 bytes: LRU would take the kept chain; the unkept goes
+    _invariant(pool, cache)
+    assert cache.lookup([2] * 10) is None
+    hit = cache.lookup([1] * 10)
+    assert hit is not None and hit.tokens == 8
+    cache.release(hit)
+    # Kept, not pinned: more pressure takes it too (then the follow-up prefills again).
+    more = pool.allocate(8)
+    _invariant(pool, cache)
+    assert cache.cached_bytes() == 0 and cache.stats.kept_evicted_bytes == 64
+    pool.free(allocation)
+    pool.free(more)
+    # Past its time a kept block is an ordinary one again; a later keep extends it.
+    _fill(cache, [3] * 4)
+    cache.missing([3] * 4, keep_s=10)
+    assert cache.kept_bytes() == 32
+    now[0] += 11
+    assert cache.kept_bytes() == 0
+
+
 def test_the_limit_bounds_the_cache_and_zero_turns_it_off():
     pool, cache = _cache(1024, 64)
     _fill(cache, list(range(16)))  # 4 blocks, only 2 fit the limit
@@ -155,3 +184,19 @@ def test_placement_follows_the_longest_cached_prefix_when_that_worker_can_admit(
     assert admission.decision is Decision.ADMITTED and admission.worker.worker_id == "big"
     budget = {w.geometry.worker_id: w.prefix.cached_bytes for w in ledger.snapshot()}
     assert budget == {"big": 0, "small": 320}
+
+
+def test_a_kept_answers_blocks_match_only_a_lookup_for_its_follow_up():
+    _, cache = _cache(1024, 1024)
+    tokens = [7] * 4 + [8] * 8  # one prompt block, then two holding the answer
+    until = cache.keep_until(60)
+    kept = [cache.insert_pinned(key, i, _block(), until)
+            for i, key in cache.missing(tokens, keep_s=60, answer_from=1)]
+    cache.unpin_all(kept)
+    follow = [*tokens, 1, 2]
+    ordinary = cache.lookup(follow)
+    assert ordinary is not None and ordinary.tokens == 4  # the prompt's block only
+    cache.release(ordinary)
+    continued = cache.lookup(follow, kept_answer=True)
+    assert continued is not None and continued.tokens == 12
+    cache.release(continued)
