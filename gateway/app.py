@@ -1,5 +1,5 @@
 """The FastAPI app: routes only. translate/responses shape JSON, errors picks statuses,
-upstream talks gRPC, choice_stream streams or collects the answer; handlers raise
+upstream talks gRPC, apis/chat/stream streams or collects the answer; handlers raise
 HttpError and one handler renders it."""
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import choices
-from gateway.apis import anthropic_route, responses_route
-from gateway.apis.response_store import ResponseStore
+from gateway.apis.chat import n_choices as choices
+from gateway.apis.chat import reply as responses
+from gateway.apis.chat.stream import PROMPT_PARAM, collect_unless_disconnected, sse
+from gateway.apis.messages import route as anthropic_route
+from gateway.apis.responses import route as responses_route
+from gateway.apis.responses.store import ResponseStore
 from gateway.caller import passed_through
-from gateway.choice_stream import PROMPT_PARAM, collect_unless_disconnected, sse
 from gateway.config import GatewayConfig
 from gateway.direct import Workers, open_direct
 from gateway.generation import Target
 from gateway.metrics import HttpMetrics, MetricsMiddleware
-from gateway.reply import errors, responses
+from gateway.reply import errors
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.request import tokenize
 from gateway.request.translate import Kind, ParamError, ParsedRequest, parse_request
@@ -234,7 +236,7 @@ async def _generate(kind: Kind, request: Request, upstream: Upstream, workers: W
     # the request only on that model's workers.
     meta = responses.ChatReplyMeta.new(kind, parsed.model)
     metadata = passed_through(request)
-    # n choices: n Generate calls, each admitted on its own (gateway/choices.py).
+    # n choices: n Generate calls, each admitted on its own (gateway/apis/chat/n_choices.py).
     requests = [parsed.choice_request(i, meta.id if i == 0 else f"{meta.id}-{i}")
                 for i in range(parsed.n)]
     try:  # `model` naming a LoRA adapter: its base, with that adapter

@@ -84,7 +84,7 @@ class GenAiHistograms:
 
 class RequestClock:
     """One request's times at the gateway: started at its arrival, told of each choice's
-    first token and end (choice_stream.py); observes the histograms once per choice."""
+    first token and end (apis/chat/stream.py); observes the histograms once per choice."""
 
     def __init__(self, histograms: GenAiHistograms | None, operation: str,
                  request_model: str) -> None:

@@ -1,6 +1,6 @@
 """OpenAI's Responses API: the response, whole or streamed (pure: no HTTP, no grpc).
 
-The request side is openai_responses.py. A streamed and a whole response are
+The request side is request.py. A streamed and a whole response are
 built from the same output items (reasoning, message, function_call).
 """
 
@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.apis.openai_responses import ResponsesRequest
+from gateway.apis.chat.reply import FINISH_REASON, admission_extension, finished_extension
+from gateway.apis.responses.request import ResponsesRequest
 from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
-from gateway.reply.responses import FINISH_REASON, admission_extension, finished_extension
 from ortserve.v1 import types_pb2
 
 

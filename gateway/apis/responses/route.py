@@ -13,7 +13,7 @@ Where a response runs:
 The session's lease is the scheduler's like any other: charged while the
 session holds KV, reclaimable (swapped out) when idle and an admission needs
 the bytes, closed at the scheduler's --session-ttl-s or when the store
-forgets the response that could continue it (gateway/apis/response_store.py).
+forgets the response that could continue it (gateway/apis/responses/store.py).
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis import openai_responses, openai_responses_reply
-from gateway.apis.openai_responses import ResponsesRequest
-from gateway.apis.openai_responses_reply import OutputItems, ResponseMeta
-from gateway.apis.response_store import ResponseStore, Stored
+from gateway.apis.chat.reply import admission_headers
+from gateway.apis.responses import reply as openai_responses_reply
+from gateway.apis.responses import request as openai_responses
+from gateway.apis.responses.reply import OutputItems, ResponseMeta
+from gateway.apis.responses.request import ResponsesRequest
+from gateway.apis.responses.store import ResponseStore, Stored
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.reply.output_parts import Collected, OutputParser
-from gateway.reply.responses import admission_headers
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
 from gateway.upstream import StreamBroken

@@ -20,12 +20,12 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis import anthropic_messages as am
-from gateway.apis import anthropic_reply as ar
+from gateway.apis.chat.reply import admission_headers
+from gateway.apis.messages import reply as ar
+from gateway.apis.messages import request as am
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.reply.output_parts import OutputParser
-from gateway.reply.responses import admission_headers
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
 from gateway.upstream import StreamBroken

@@ -1,6 +1,6 @@
-"""The Responses API's translation (gateway/apis/openai_responses.py, its reply in
-gateway/apis/openai_responses_reply.py), the output pipeline
-(gateway/reply/output_parts.py) and the stored responses (gateway/apis/response_store.py,
+"""The Responses API's translation (gateway/apis/responses/request.py, its reply in
+gateway/apis/responses/reply.py), the output pipeline
+(gateway/reply/output_parts.py) and the stored responses (gateway/apis/responses/store.py,
 through the scheduler's own store held in process): no processes."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.apis import openai_responses as orr
-from gateway.apis import openai_responses_reply as orr_reply
-from gateway.apis.response_store import ResponseStore, Stored
+from gateway.apis.responses import reply as orr_reply
+from gateway.apis.responses import request as orr
+from gateway.apis.responses.store import ResponseStore, Stored
 from gateway.reply.output_parts import CallArguments, CallStart, OutputParser, Reasoning, Text
 from gateway.request.param_error import ParamError
 from ortserve.v1 import types_pb2
@@ -259,7 +259,7 @@ def _put(stub: _Stub, stored: Stored) -> None:
 def _open(stub: _Stub, body: dict, prior=None):
     import asyncio
 
-    from gateway.apis import responses_route
+    from gateway.apis.responses import route as responses_route
 
     rr = orr.parse({"model": "m", **body})
     parsed = rr.chat(prior.conversation if prior else [])
@@ -285,7 +285,7 @@ def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
 
 
 def test_a_follow_up_of_the_head_sends_only_its_input_with_the_sessions_call_ids():
-    from gateway.apis.responses_route import call_prefix
+    from gateway.apis.responses.route import call_prefix
 
     history = [{"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": None, "tool_calls": [

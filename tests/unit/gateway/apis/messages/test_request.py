@@ -1,4 +1,4 @@
-"""The Messages API's translation and shapes (gateway/apis/anthropic_messages.py, gateway/apis/anthropic_reply.py): pure."""
+"""The Messages API's translation and shapes (gateway/apis/messages/request.py, gateway/apis/messages/reply.py): pure."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway.apis import anthropic_messages as am
-from gateway.apis import anthropic_reply as ar
+from gateway.apis.messages import reply as ar
+from gateway.apis.messages import request as am
 from gateway.reply.errors import HttpError
 from gateway.reply.output_parts import CallArguments, CallStart, Reasoning, Text
 from gateway.request.param_error import ParamError

@@ -12,9 +12,9 @@ import grpc
 import structlog
 from fastapi import Request
 
-from gateway import choices
+from gateway.apis.chat import n_choices as choices
+from gateway.apis.chat import reply as responses
 from gateway.direct import DirectStream
-from gateway.reply import responses
 from gateway.reply.errors import HttpError, from_grpc
 from gateway.reply.logprobs_json import ChoiceLogprobs
 from gateway.reply.reasoning_split import ChoiceReasoning

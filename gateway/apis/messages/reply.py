@@ -1,6 +1,6 @@
 """Anthropic's Messages API: the response, whole or streamed (pure: no HTTP, no grpc).
 
-The request side is anthropic_messages.py. A streamed and a whole message are
+The request side is request.py. A streamed and a whole message are
 built from the same content blocks (thinking, text, tool_use).
 
 The cap: a capped request ends with stop_reason "max_tokens" (the limit that
@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gateway.apis.chat.reply import admission_extension, finished_extension
 from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
-from gateway.reply.responses import admission_extension, finished_extension
 from ortserve.v1 import types_pb2
 
 
