@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.apis.chat.reply import admission_extension, finished_extension
+from gateway.reply.ortserve_numbers import admission_extension, finished_extension
 from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
 from ortserve.v1 import types_pb2
 

@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis.chat.reply import admission_headers
 from gateway.apis.messages import reply as ar
 from gateway.apis.messages import request as am
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.reply.ortserve_numbers import admission_headers
 from gateway.reply.output_parts import OutputParser
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
@@ -74,12 +74,10 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
                                 "come as text")
     message_id = ar.new_id()
     try:
-        asked = parsed.choice_request(0, message_id)
+        asked = generation.generate_request(target, parsed, 0, message_id)
         opened = await generation.open_generate(target, asked)
-    except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages", "messages")) from None
-    except StreamBroken as error:
-        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    except (grpc.RpcError, StreamBroken) as error:
+        raise am.renamed(generation.failure(error, "messages", "messages")) from None
     adm = opened.admission
     model = asked.adapter or adm.model or parsed.model  # an adapter answers by its name
     parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
@@ -96,10 +94,8 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
     try:
         pieces, fin = await generation.unless_disconnected(
             request, generation.read_all(opened, Reader(parser)), opened.cancel, message_id)
-    except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages", "messages")) from None
-    except StreamBroken as error:
-        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    except (grpc.RpcError, StreamBroken) as error:
+        raise am.renamed(generation.failure(error, "messages", "messages")) from None
     blocks = ar.ContentBlocks()
     blocks.add(pieces)
     blocks.close()

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.apis.chat.reply import FINISH_REASON, admission_extension, finished_extension
 from gateway.apis.responses.request import ResponsesRequest
+from gateway.reply.ortserve_numbers import FINISH_REASON, admission_extension, finished_extension
 from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
 from ortserve.v1 import types_pb2
 

@@ -30,7 +30,6 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis.chat.reply import admission_headers
 from gateway.apis.responses import reply as openai_responses_reply
 from gateway.apis.responses import request as openai_responses
 from gateway.apis.responses.reply import OutputItems, ResponseMeta
@@ -38,6 +37,7 @@ from gateway.apis.responses.request import ResponsesRequest
 from gateway.apis.responses.store import ResponseStore, Stored
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.reply.ortserve_numbers import admission_headers
 from gateway.reply.output_parts import Collected, OutputParser
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
@@ -159,7 +159,7 @@ def _call_ids(run: Run):
 async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                 parsed: ParsedRequest, prior: Stored | None, request_id: str) -> Run:
     """Start the response where it runs (see the module's doc); raises the mapped HttpError."""
-    request = parsed.choice_request(0, request_id)
+    request = generation.generate_request(target, parsed, 0, request_id)
     try:
         if not rr.store:
             return Run(await generation.open_generate(target, request),

@@ -12,8 +12,8 @@ from ortserve_client.types import BudgetCap
 from starlette.applications import Starlette
 from starlette.requests import Request
 
-from gateway.apis.chat.reply import CAP_HEADER, admission_headers
 from gateway.caller import passed_through
+from gateway.reply.ortserve_numbers import CAP_HEADER, admission_headers
 from gateway.request.translate import ParamError, parse_request
 from ortserve.v1 import scheduler_pb2, types_pb2
 
