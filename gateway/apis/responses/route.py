@@ -32,7 +32,7 @@ from sse_starlette import EventSourceResponse
 from gateway import generation
 from gateway.apis.responses import reply as openai_responses_reply
 from gateway.apis.responses import request as openai_responses
-from gateway.apis.responses.reply import OutputItems, ResponseMeta
+from gateway.apis.responses.reply import OutputItems, ResponsesReplyMeta
 from gateway.apis.responses.request import ResponsesRequest
 from gateway.apis.responses.store import ResponseStore, Stored
 from gateway.generation import Reader, Stream, Target
@@ -105,7 +105,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
         parsed = replace(rr.chat(history), reasoning_mode=reasoning_mode)
     except ParamError as error:
         raise from_param_error(error) from None
-    meta = ResponseMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
+    meta = ResponsesReplyMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
     try:  # `model` naming a LoRA adapter: its base with it (a session opens on the base)
         await target.upstream.resolve_adapter(parsed.generate, target.metadata)
     except grpc.RpcError as error:
@@ -231,7 +231,7 @@ def _session_dict(run: Run, fin: types_pb2.Finished | None) -> dict | None:
     return out
 
 
-def _final(meta: ResponseMeta, parsed: ParsedRequest, run: Run, output: list[dict],
+def _final(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, output: list[dict],
            fin: types_pb2.Finished, reader: Reader) -> dict:
     status, incomplete = openai_responses_reply.status_of(fin)
     return openai_responses_reply.response_object(
@@ -293,7 +293,7 @@ def _close_all(target: Target, session_ids: list[str]) -> None:
         task.add_done_callback(_CLOSING.discard)
 
 
-async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: Reader,
+async def _events(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, reader: Reader,
                   store: ResponseStore, target: Target) -> AsyncIterator[dict]:
     items = OutputItems()
     adm = run.stream.admission
