@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +25,7 @@ from gateway.direct import DirectStream, Workers, open_direct
 from gateway.reply.errors import HttpError, from_grpc
 from gateway.reply.output_parts import OutputParser, Piece
 from gateway.request.translate import ParsedRequest
+from gateway.request_metrics import RequestClock
 from gateway.upstream import OpenStream, StreamBroken, Upstream, admitted
 from ortserve.rpc.worker_leg import relabelled
 from ortserve.status.call_errors import from_rpc_error
@@ -144,6 +145,32 @@ def reason_of(error: grpc.RpcError) -> str:
     """The ErrorInfo reason of a failed call ("" when it has none)."""
     info = from_rpc_error(error).error_info()
     return info.reason if info else ""
+
+
+class TimedStream:
+    """An admitted stream whose first token and end its request's clock sees (the GenAI
+    histograms, observed once per choice), for every API alike; a failure after the start
+    is observed with its error type."""
+
+    def __init__(self, stream: Stream, clock: RequestClock, model: str, index: int = 0) -> None:
+        self.stream, self.admission = stream, stream.admission
+        self._clock, self._model, self._index = clock, model, index
+
+    async def events(self) -> AsyncIterator[types_pb2.GenerateEvent]:
+        try:
+            async for event in self.stream.events():
+                kind = event.WhichOneof("event")
+                if kind == "chunk" and event.chunk.token_ids:
+                    self._clock.token(self._index)  # only the first one is timed
+                elif kind == "finished":
+                    self._clock.finished(self._index, self._model, event.finished)
+                yield event
+        except grpc.RpcError as error:  # gen_ai.server.request.duration with its error.type
+            self._clock.failed(self._model, error.code().name.lower())
+            raise
+
+    def cancel(self) -> None:
+        self.stream.cancel()
 
 
 class Reader:

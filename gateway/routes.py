@@ -43,13 +43,13 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/completions", lambda rq, s: chat.create(
         "completion", rq, s.target(rq), "auto", s.reporting), COMPLETION),
     Route("POST", "/v1/responses", lambda rq, s: responses.create(
-        rq, s.target(rq), s.stored, s.config.reasoning_parser), RESPONSES),
+        rq, s.target(rq), s.stored, s.config.reasoning_parser, s.reporting), RESPONSES),
     Route("GET", "/v1/responses/{response_id}", lambda rq, s: responses.get(
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("DELETE", "/v1/responses/{response_id}", lambda rq, s: responses.delete(
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("POST", "/v1/messages", lambda rq, s: messages.create(
-        rq, s.target(rq, "x-api-key"), s.config.reasoning_parser), MESSAGES),
+        rq, s.target(rq, "x-api-key"), s.config.reasoning_parser, s.reporting), MESSAGES),
     Route("POST", "/v1/messages/count_tokens", lambda rq, s: messages.count_tokens(
         rq, s.target(rq, "x-api-key")), MESSAGES),
     Route("GET", "/v1/models", server.models, CHAT),

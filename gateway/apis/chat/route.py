@@ -24,7 +24,7 @@ from gateway.generation import Target
 from gateway.reply.errors import from_param_error
 from gateway.reply.ortserve_numbers import DECISION_HEADER
 from gateway.request.translate import Kind, ParamError, ParsedRequest, parse_request
-from gateway.request_metrics import NOT_REPORTED, REQUEST_HEADER, Reporting, asked
+from gateway.request_metrics import NOT_REPORTED, Reporting
 from gateway.upstream import StreamBroken
 
 log = structlog.get_logger("ortserve.gateway")
@@ -37,7 +37,7 @@ async def create(kind: Kind, request: Request, target: Target, reasoning_parser:
     parsed = replace(_parse(kind, await generation.json_body(request)),
                      reasoning_mode=reasoning_parser)
     clock = reporting.clock(kind, parsed.model)  # the histograms count from the arrival
-    body_metrics = asked(reporting.per_request_metrics, request.headers.get(REQUEST_HEADER))
+    body_metrics = reporting.asks(request.headers)
     # NOTE: no local check of `model`: the scheduler resolves it against what its
     # workers serve now (an unknown one is its NOT_FOUND, a 404 here) and places
     # the request only on that model's workers.
@@ -53,15 +53,16 @@ async def create(kind: Kind, request: Request, target: Target, reasoning_parser:
     adm = admissions[0]
     # The model that answers, as resolved; under an adapter its name, as vLLM answers.
     meta = replace(meta, model=requests[0].adapter or adm.model or meta.model)
+    streams = [generation.TimedStream(s, clock, meta.model, i) for i, s in enumerate(streams)]
     headers = {**chat_reply.choices_headers(admissions), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, decision=headers[DECISION_HEADER],
              stream=parsed.stream, choices=len(streams))
     if parsed.stream:
-        return EventSourceResponse(sse(meta, parsed, streams, clock, body_metrics),
+        return EventSourceResponse(sse(meta, parsed, streams, body_metrics),
                                    headers=headers, sep="\n", ping=15)
     body = await generation.unless_disconnected(
-        request, collect(meta, parsed, streams, clock, body_metrics),
+        request, collect(meta, parsed, streams, body_metrics),
         partial(n_choices.cancel_all, streams), meta.id)
     return JSONResponse(body, headers=headers)
 

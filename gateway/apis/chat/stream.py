@@ -12,15 +12,14 @@ import structlog
 
 from gateway.apis.chat import n_choices as choices
 from gateway.apis.chat import reply as chat_reply
-from gateway.direct import DirectStream
-from gateway.generation import failure
+from gateway.generation import Stream, failure
 from gateway.reply.errors import HttpError
 from gateway.reply.logprobs_json import ChoiceLogprobs
 from gateway.reply.reasoning_split import ChoiceReasoning
 from gateway.request import tools
 from gateway.request.translate import ParsedRequest
-from gateway.request_metrics import RequestClock, body_metrics
-from gateway.upstream import OpenStream, StreamBroken
+from gateway.request_metrics import body_metrics
+from gateway.upstream import StreamBroken
 from ortserve.v1 import types_pb2
 
 log = structlog.get_logger("ortserve.gateway")
@@ -33,8 +32,7 @@ def _logprobs(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest, n: int
 
 
 async def collect(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
-                   streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
-                   with_metrics: bool = False) -> dict:
+                  streams: list[Stream], with_metrics: bool = False) -> dict:
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -44,8 +42,6 @@ async def collect(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
-                if clock is not None and event.chunk.token_ids:
-                    clock.token(index)
                 text = event.chunk.text
                 if splits[index] is not None:
                     text = splits[index].feed(text, len(event.chunk.token_ids))[1]
@@ -54,8 +50,6 @@ async def collect(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
                     logprobs[index].add(event.chunk.logprobs)
             elif kind == "finished":
                 finished[index] = event.finished
-                if clock is not None:
-                    clock.finished(index, meta.model, event.finished)
     except (grpc.RpcError, StreamBroken) as error:
         raise failure(error, PROMPT_PARAM[meta.kind], meta.kind) from None
     if any(f is None for f in finished):
@@ -93,8 +87,7 @@ def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
 
 
 async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
-              streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
-              with_metrics: bool = False) -> AsyncIterator[dict]:
+              streams: list[Stream], with_metrics: bool = False) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -124,8 +117,6 @@ async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
-                if clock is not None and not generated[index] and event.chunk.token_ids:
-                    clock.token(index)  # the first tokens only: nothing more per chunk
                 generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)
@@ -153,8 +144,6 @@ async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
                                   index)
             elif kind == "finished":
                 finished[index] = event.finished
-                if clock is not None:
-                    clock.finished(index, meta.model, event.finished)
                 generated[index] = event.finished.usage.generated_tokens
                 stop_text = _stop_text(parsed, event.finished)
                 if splits[index] is not None:
@@ -180,8 +169,6 @@ async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
             yield _data(chat_reply.usage_chunk(meta, finished, _reasoning_tokens(splits)))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
-        if clock is not None:  # gen_ai.server.request.duration with its error.type
-            clock.failed(meta.model, error.code().name.lower())
         # The headers are gone already: a mid-stream failure is an error event,
         # which the openai clients raise as APIError.
         yield _data(failure(error, PROMPT_PARAM[meta.kind], meta.kind).body())

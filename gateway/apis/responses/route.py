@@ -41,6 +41,7 @@ from gateway.reply.ortserve_numbers import admission_headers
 from gateway.reply.output_parts import Collected, OutputParser
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
+from gateway.request_metrics import NOT_REPORTED, Reporting, body_metrics
 from gateway.upstream import StreamBroken
 from ortserve.v1 import types_pb2
 
@@ -83,10 +84,13 @@ def _internal_ids(req: types_pb2.GenerateRequest, session_id: str) -> None:
 
 
 async def create(request: Request, target: Target, store: ResponseStore,
-                 reasoning_mode: str = "auto"):
+                 reasoning_mode: str = "auto", reporting: Reporting = NOT_REPORTED):
     """`reasoning_mode`: the gateway's --reasoning-parser (reasoning items split as chat's
-    reasoning_content is, when the Admission names the model's reasoning format)."""
+    reasoning_content is, when the Admission names the model's reasoning format);
+    `reporting`: the per-request `metrics` and the GenAI histograms, as chat's."""
     rr = _parse(await generation.json_body(request))
+    clock = reporting.clock("responses", rr.model)  # the histograms count from the arrival
+    with_metrics = reporting.asks(request.headers)
     prior = None
     if rr.previous_response_id:
         try:
@@ -114,13 +118,15 @@ async def create(request: Request, target: Target, store: ResponseStore,
     run.request, run.history, run.tools_key = rr, history, tools_key(parsed)
     adm = run.stream.admission
     meta.model = parsed.generate.adapter or adm.model or meta.model  # an adapter: its name
+    run.stream = generation.TimedStream(run.stream, clock, meta.model)
     headers = {**admission_headers(adm), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, api="responses", session_id=run.session_id,
              stream=rr.stream)
     parser = OutputParser.for_stream(parsed, adm, _call_ids(run) if run.session_id else None)
     if rr.stream:
-        return EventSourceResponse(_events(meta, parsed, run, Reader(parser), store, target),
+        return EventSourceResponse(_events(meta, parsed, run, Reader(parser), store, target,
+                                           with_metrics),
                                    headers=headers, sep="\n", ping=15)
     try:
         pieces, fin = await generation.unless_disconnected(
@@ -141,6 +147,8 @@ async def create(request: Request, target: Target, store: ResponseStore,
     items.close(status)
     body = _final(meta, parsed, run, items.items, fin, reader)
     await _settle(store, target, run, body, pieces, fin)
+    if with_metrics:  # vLLM's per-request metrics, in the answer (not in what is stored)
+        body = {**body, "metrics": body_metrics(adm, fin)}
     return JSONResponse(body, headers=headers)
 
 
@@ -294,7 +302,8 @@ def _close_all(target: Target, session_ids: list[str]) -> None:
 
 
 async def _events(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, reader: Reader,
-                  store: ResponseStore, target: Target) -> AsyncIterator[dict]:
+                  store: ResponseStore, target: Target, with_metrics: bool = False
+                  ) -> AsyncIterator[dict]:
     items = OutputItems()
     adm = run.stream.admission
     started = openai_responses_reply.response_object(
@@ -322,6 +331,8 @@ async def _events(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, rea
                     yield _sse(out)
                 body = _final(meta, parsed, run, items.items, fin, reader)
                 await _settle(store, target, run, body, pieces, fin)
+                if with_metrics:  # on the last event's response, as on chat's last chunk
+                    body = {**body, "metrics": body_metrics(adm, fin)}
                 yield _sse(items.event(f"response.{status}", response=body))
                 return
         raise StreamBroken("the stream ended without a Finished event")

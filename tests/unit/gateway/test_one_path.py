@@ -2,7 +2,8 @@
 chat, completions, Responses and Messages reaches the scheduler with the same caller
 metadata (key and --tenant-header), the same placement hint (--model-server-worker-id)
 and stream interval, and answers with the same per-request numbers (the X-Ortserve-*
-headers and the `ortserve` object's admission). The app is the real one, driven over
+headers, the `ortserve` object's admission, the `metrics` object when asked, the GenAI
+histograms). The app is the real one, driven over
 ASGI; only the scheduler is a fake (Upstream, patched where app.py opens it)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gateway import app as app_module
 from gateway.config import GatewayConfig
 from gateway.reply.ortserve_numbers import CAP_HEADER, DECISION_HEADER, MAX_TOKENS_HEADER
 from gateway.upstream import OpenStream
-from ortserve.v1 import types_pb2
+from ortserve.v1 import scheduler_pb2, types_pb2
 
 ASK = [{"role": "user", "content": "Hi"}]
 BODIES = {  # every API that generates, and a body it takes
@@ -64,19 +65,23 @@ class FakeUpstream:
             model="m", prompt_tokens=5, max_new_tokens=1, reserved_bytes=100,
             max_new_tokens_source=types_pb2.MAX_NEW_TOKENS_FROM_REQUEST, budget_cap=cap))
 
+    async def budget(self):
+        return scheduler_pb2.Budget()  # /metrics in front of one worker asks it
+
     async def close(self) -> None:
         pass
 
 
-async def _post(app, path: str, body: dict, headers: dict[str, str]):
-    """(status, headers, JSON body) of one POST through the app's ASGI interface."""
+async def _call(app, path: str, body: dict | None, headers: dict[str, str]):
+    """(status, headers, body) of one POST (GET without a body) through the app's ASGI
+    interface; a JSON body parsed."""
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "method": "POST" if body is not None else "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
              "root_path": "", "query_string": b"", "server": ("test", 80),
              "client": ("caller", 1), "app": app,
              "headers": [(b"content-type", b"application/json"),
                          *((k.lower().encode(), v.encode()) for k, v in headers.items())]}
-    incoming = [{"type": "http.request", "body": json.dumps(body).encode(),
+    incoming = [{"type": "http.request", "body": json.dumps(body or {}).encode(),
                  "more_body": False}]
     sent: list[dict] = []
 
@@ -91,8 +96,9 @@ async def _post(app, path: str, body: dict, headers: dict[str, str]):
     await app(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
     answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return (start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]},
-            json.loads(answer))
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return (start["status"], headers,
+            json.loads(answer) if "json" in headers["content-type"] else answer.decode())
 
 
 @pytest.fixture
@@ -107,8 +113,10 @@ def answers(monkeypatch):
         out = {}
         async with app.router.lifespan_context(app):
             for path, body in BODIES.items():
-                out[path] = await _post(app, path, body, {"Authorization": "Bearer k",
-                                                          "X-Team": "batch"})
+                out[path] = await _call(app, path, body, {
+                    "Authorization": "Bearer k", "X-Team": "batch",
+                    "X-Ortserve-Request-Metrics": "true"})
+            out["/metrics"] = await _call(app, "/metrics", None, {})
         return out
 
     return asyncio.run(run())
@@ -136,3 +144,22 @@ def test_every_api_answers_the_per_request_numbers_chat_answers(answers, path):
     # The cap's reason in the API's own name for max_new_tokens.
     word = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
     assert ortserve["budget_cap"]["reason"].endswith(f"lower {word}")
+
+
+@pytest.mark.parametrize("path", sorted(BODIES))
+def test_every_api_answers_the_per_request_metrics_when_asked(answers, path):
+    metrics = answers[path][2]["metrics"]
+    assert set(metrics) == {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
+                            "mean_itl_ms", "tokens_per_second"}
+
+
+def test_every_api_is_counted_in_the_genai_histograms(answers):
+    exposition = answers["/metrics"][2]
+    counted = [line for line in exposition.splitlines()
+               if line.startswith("gen_ai_server_request_duration_seconds_count")]
+    # chat, Responses and Messages are "chat" by the conventions, completions text_completion
+    assert any('gen_ai_operation_name="chat"' in line and line.endswith(" 3.0")
+               for line in counted), counted
+    assert any('gen_ai_operation_name="text_completion"' in line and line.endswith(" 1.0")
+               for line in counted), counted
+
