@@ -39,7 +39,8 @@ _CLOSE_TIMEOUT_S = 10.0
 _CLOSE_WAIT_S = 30.0
 _TURN_PREFIX = "request."
 
-Stream = OpenStream | DirectStream
+# An admitted call: relayed by the scheduler, or the worker's own (the two-step path).
+Opened = OpenStream | DirectStream
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def failure(error: grpc.RpcError | StreamBroken, prompt_param: str, route: str) 
     return from_grpc(error, prompt_param, route)
 
 
-async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> Stream:
+async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> Opened:
     """A plain Generate, admitted; raises grpc.RpcError or StreamBroken before any byte.
     Two-step where the worker is reachable, else relayed by the scheduler. `model` naming
     a LoRA adapter runs on its base with that adapter."""
@@ -152,7 +153,7 @@ class TimedStream:
     histograms, observed once per choice), for every API alike; a failure after the start
     is observed with its error type."""
 
-    def __init__(self, stream: Stream, clock: RequestClock, model: str, index: int = 0) -> None:
+    def __init__(self, stream: Opened, clock: RequestClock, model: str, index: int = 0) -> None:
         self.stream, self.admission = stream, stream.admission
         self._clock, self._model, self._index = clock, model, index
 
@@ -171,6 +172,10 @@ class TimedStream:
 
     def cancel(self) -> None:
         self.stream.cancel()
+
+
+# What the routes read: an admitted call, timed or not.
+Stream = Opened | TimedStream
 
 
 class Reader:
