@@ -100,7 +100,8 @@ async def open_generate(target: Target, request: types_pb2.GenerateRequest) -> O
 async def open_session(target: Target, model: str, request_id: str,
                        adapter: str = "") -> types_pb2.SessionInfo:
     return await target.upstream.stub.OpenSession(
-        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model, adapter=adapter),
+        scheduler_pb2.OpenSessionRequest(request_id=request_id, model=model, adapter=adapter,
+                                         preferred_worker_id=target.prefer_worker),
         timeout=target.upstream.timeout_s, metadata=target.metadata)
 
 

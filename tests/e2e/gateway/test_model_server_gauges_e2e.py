@@ -173,22 +173,25 @@ def test_a_pods_gateway_asks_for_its_own_worker_and_gets_it_while_it_fits(two_wo
 
 
 ASK = [{"role": "user", "content": "Hello"}]
-# Every API that generates, and a body asking for two tokens: each carries the pod's hint.
+# Every API that generates, and a body asking for two tokens: each carries the pod's hint
+# (a stored response's session too: it opens on the pod's worker).
 API_BODIES = {
-    "/v1/chat/completions": {"messages": ASK, "max_tokens": 2},
-    "/v1/responses": {"input": "Hello", "max_output_tokens": 2, "store": False},
-    "/v1/messages": {"messages": ASK, "max_tokens": 2},
+    "chat": ("/v1/chat/completions", {"messages": ASK, "max_tokens": 2}),
+    "responses": ("/v1/responses", {"input": "Hello", "max_output_tokens": 2, "store": False}),
+    "stored response": ("/v1/responses", {"input": "Hello", "max_output_tokens": 2}),
+    "messages": ("/v1/messages", {"messages": ASK, "max_tokens": 2}),
 }
 
 
-@pytest.mark.parametrize("path", sorted(API_BODIES))
-def test_every_api_carries_the_pods_placement_hint(two_workers, path):
+@pytest.mark.parametrize("api", sorted(API_BODIES))
+def test_every_api_carries_the_pods_placement_hint(two_workers, api):
     import json
 
     cluster, small, big, gateways, plain = two_workers
 
     def served_by(gateway) -> str:
-        body = {"model": "smollm2-135m-instruct-fp32", **API_BODIES[path]}
+        path, asked = API_BODIES[api]
+        body = {"model": "smollm2-135m-instruct-fp32", **asked}
         request = urllib.request.Request(f"http://{gateway.address}{path}", method="POST",
                                          data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"})
