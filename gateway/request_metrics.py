@@ -20,6 +20,7 @@ own exporter: one /metrics, no second pipeline, the same exposition.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -36,7 +37,10 @@ TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
 DURATION_BUCKETS_S = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                       20.48, 40.96, 81.92)
 # gen_ai.operation.name for each route kind (the conventions' well-known values).
-OPERATION = {"chat": "chat", "completion": "text_completion"}
+# The Responses and Messages APIs are chat by the conventions' words (a conversation in,
+# a message out).
+OPERATION = {"chat": "chat", "completion": "text_completion", "responses": "chat",
+             "messages": "chat"}
 _LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model",
            "gen_ai_response_model"]
 PROVIDER = "ortserve"
@@ -84,7 +88,7 @@ class GenAiHistograms:
 
 class RequestClock:
     """One request's times at the gateway: started at its arrival, told of each choice's
-    first token and end (choice_stream.py); observes the histograms once per choice."""
+    first token and end (apis/chat/stream.py); observes the histograms once per choice."""
 
     def __init__(self, histograms: GenAiHistograms | None, operation: str,
                  request_model: str) -> None:
@@ -130,6 +134,10 @@ class Reporting:
 
     def clock(self, kind: str, request_model: str) -> RequestClock:
         return RequestClock(self.histograms, OPERATION[kind], request_model)
+
+    def asks(self, headers: Mapping[str, str]) -> bool:
+        """Whether this request's answer carries `metrics` (its header, or the flag)."""
+        return asked(self.per_request_metrics, headers.get(REQUEST_HEADER))
 
 
 NOT_REPORTED = Reporting(False, None)  # metrics only when asked, no histograms

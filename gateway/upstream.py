@@ -67,6 +67,24 @@ class OpenStream:
         self.call.cancel()
 
 
+async def admitted(call: grpc.aio.UnaryStreamCall, what: str) -> OpenStream:
+    """`call` (Generate or SessionTurn) once its Admission is in: its Queued events waited
+    out, anything else first a StreamBroken; the call is cancelled on any failure."""
+    try:
+        first = await call.read()
+        # A request waiting in the admission queue hears its place first: HTTP has
+        # nowhere to put that before the status line, so the gateway waits it out.
+        while first is not grpc.aio.EOF and first.WhichOneof("event") == "queued":
+            first = await call.read()
+    except BaseException:
+        call.cancel()
+        raise
+    if first is grpc.aio.EOF or first.WhichOneof("event") != "admission":
+        call.cancel()
+        raise StreamBroken(f"the scheduler's {what} did not start with an Admission")
+    return OpenStream(call, first.admission)
+
+
 class Upstream:
     """The scheduler, seen from the gateway."""
 
@@ -90,19 +108,7 @@ class Upstream:
         """Start Generate and wait for its Admission, so HTTP status and headers can
         follow from it. Rejections raise grpc.RpcError here, before any byte is sent."""
         call = self._stub.Generate(request, timeout=self.timeout_s, metadata=tuple(metadata))
-        try:
-            first = await call.read()
-            # A request waiting in the admission queue hears its place first: HTTP has
-            # nowhere to put that before the status line, so the gateway waits it out.
-            while first is not grpc.aio.EOF and first.WhichOneof("event") == "queued":
-                first = await call.read()
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF or first.WhichOneof("event") != "admission":
-            call.cancel()
-            raise StreamBroken("the scheduler's stream did not start with an Admission")
-        return OpenStream(call, first.admission)
+        return await admitted(call, "stream")
 
     async def tokenize(self, request: types_pb2.GenerateRequest,
                        metadata: Sequence[tuple[str, str]] = ()) -> types_pb2.PromptTokens:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import grpc
 from google.rpc import error_details_pb2
 
-from gateway.request.translate import ParamError
+from gateway.reply.api_words import APIS
+from gateway.request.param_error import ParamError
 from ortserve.rpc.error_path import STATUS_DETAILS_KEY
 from ortserve.status import rich_status
 from ortserve.status.call_errors import OrtserveError, Rejected, from_rpc_error, rejection_dict
@@ -79,12 +80,10 @@ _PARAM_OF_FIELD = {
 # GenerateRequest's field names in the scheduler's sentences (a remedy's "lower
 # max_new_tokens to N", a cap's reason) as each HTTP route's callers spell them: the
 # one mapping every error and cap text of the gateway goes through (in_route_words).
+# Built from the APIs the route table names (api_words.py), never typed again.
 ROUTE_FIELDS: dict[str, dict[str, str]] = {
-    "chat": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
-    "completion": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
-    "responses": {"max_new_tokens": "max_output_tokens", "min_new_tokens": "min_tokens"},
-    "messages": {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"},
-}
+    api.name: {"max_new_tokens": api.max_tokens_param, "min_new_tokens": api.min_tokens_param}
+    for api in APIS}
 # Whole words only: the `ortserve` object's keys (requested_max_new_tokens) stay as they are.
 _FIELD_WORD = re.compile(r"\b(max_new_tokens|min_new_tokens)\b")
 

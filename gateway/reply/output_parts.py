@@ -35,19 +35,19 @@ class Text:
 
 
 @dataclass(frozen=True)
-class CallStart:
+class CallStartPiece:
     index: int  # the call's place among the output's calls (0, 1, ...)
     call_id: str
     name: str
 
 
 @dataclass(frozen=True)
-class CallArguments:
+class CallArgumentsPiece:
     index: int
     fragment: str  # the next piece of the arguments' JSON text
 
 
-Piece = Reasoning | Text | CallStart | CallArguments
+Piece = Reasoning | Text | CallStartPiece | CallArgumentsPiece
 
 
 class OutputParser:
@@ -108,15 +108,15 @@ class OutputParser:
                 function = call["function"]
                 if "id" in call:
                     call_id = self._call_id(call["index"]) if self._call_id else call["id"]
-                    pieces.append(CallStart(call["index"], call_id, function["name"]))
+                    pieces.append(CallStartPiece(call["index"], call_id, function["name"]))
                     self.called = True
                 if function.get("arguments"):
-                    pieces.append(CallArguments(call["index"], function["arguments"]))
+                    pieces.append(CallArgumentsPiece(call["index"], function["arguments"]))
         return pieces
 
 
 @dataclass
-class Call:
+class CollectedCall:
     call_id: str
     name: str
     arguments: str = ""
@@ -128,7 +128,7 @@ class Collected:
 
     reasoning: str = ""
     text: str = ""
-    calls: list[Call] | None = None
+    calls: list[CollectedCall] | None = None
 
     def add(self, pieces: list[Piece]) -> None:
         for piece in pieces:
@@ -136,8 +136,8 @@ class Collected:
                 self.reasoning += piece.text
             elif isinstance(piece, Text):
                 self.text += piece.text
-            elif isinstance(piece, CallStart):
-                self.calls = (self.calls or []) + [Call(piece.call_id, piece.name)]
+            elif isinstance(piece, CallStartPiece):
+                self.calls = (self.calls or []) + [CollectedCall(piece.call_id, piece.name)]
             else:
                 self.calls[piece.index].arguments += piece.fragment
 

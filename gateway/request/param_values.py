@@ -5,7 +5,7 @@ Booleans are not integers here (JSON's `true` is no token id or count).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gateway.request.param_error import ParamError
@@ -38,3 +38,23 @@ def bool_param(params: Mapping[str, Any], key: str, default: bool, where: str = 
     if not isinstance(value, bool):
         raise ParamError(where or key, f"{value!r} is not true or false")
     return value
+
+
+def body_params(body: object, api: str, other_api_names: Mapping[str, str],
+                refused: Collection[str]) -> dict[str, Any]:
+    """The keys of an `api` body that have a value (null is "not given", as in OpenAI's
+    and Anthropic's APIs), after refusing the OpenAI chat API's names for what `api`
+    names otherwise (`other_api_names`: chat's -> `api`'s) and the keys it does not serve."""
+    if not isinstance(body, Mapping):
+        raise ParamError("body", "the request body must be a JSON object")
+    params = {k: v for k, v in body.items() if v is not None}
+    for key in params:
+        if key in other_api_names:
+            raise ParamError(key, f"is the OpenAI chat API's; the {api} API takes "
+                             f"`{other_api_names[key]}`", code="unsupported_parameter")
+        if key in refused:
+            raise ParamError(key, f"is not supported by ortserve's {api} endpoint; remove it "
+                             "(every parameter is honoured or refused, never ignored)",
+                             code="unsupported_parameter")
+    return params
+

@@ -10,7 +10,7 @@ temperature 0: the argmax is always kept) are dropped and reported in
 `resolved`, not refused. Ranges the scheduler checks itself (stop sequences,
 penalties, logit_bias, top_logprobs) are left to it, so there is one source
 of truth; the gateway checks only what protobuf could not even hold, and `n`
-(which has no proto field: the gateway runs n requests, `gateway/choices.py`).
+(which has no proto field: the gateway runs n requests, `gateway/apis/chat/n_choices.py`).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     generate: types_pb2.GenerateRequest
-    n: int = 1  # choices: n Generate calls (gateway/choices.py)
+    n: int = 1  # choices: n Generate calls (gateway/apis/chat/n_choices.py)
     # What was accepted but not applied, and why (seed etc. under greedy decoding):
     # the `ortserve.resolved` object of the response.
     resolved: Mapping[str, str] | None = None

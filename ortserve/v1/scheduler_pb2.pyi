@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("request_id", "model", "adapter")
+    __slots__ = ("request_id", "model", "adapter", "preferred_worker_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
+    preferred_worker_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ..., preferred_worker_id: _Optional[str] = ...) -> None: ...
 
 class SessionTurnRequest(_message.Message):
     __slots__ = ("session_id", "request")

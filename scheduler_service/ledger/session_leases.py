@@ -41,18 +41,20 @@ class LedgerSessionLeases:
 
 
     def open_session_lease(self, request_id: str, model: str = "", tenant: str = "",
-                           adapter: str = "") -> Lease | None:
+                           adapter: str = "", preferred_worker: str = "") -> Lease | None:
         """A 0-byte lease for a new session on the worker of `model` ("": any) serving LoRA
-        `adapter` ("": the base) with the most free bytes; None when none is registered. Its
-        worker claims it when it opens the session."""
+        `adapter` ("": the base): `preferred_worker` where it is one of them (a placement
+        hint, as an admission's), else the one with the most free bytes; None when none is
+        registered. Its worker claims it when it opens the session."""
         with self._lock:
             self._expire_locked(self._clock())
             candidates = [w for w in placement.serving(self._workers.values(), model)
                           if w.geometry.serves_adapter(adapter)]
             if not candidates:
                 return None
-            worker = max(candidates, key=lambda w: (w.available_bytes, -len(w.leases),
-                                                    w.geometry.worker_id))
+            worker = max(candidates, key=lambda w: (
+                bool(preferred_worker) and w.geometry.worker_id == preferred_worker,
+                w.available_bytes, -len(w.leases), w.geometry.worker_id))
             lease = Lease(lease_id=self._new_lease_id(), worker_id=worker.geometry.worker_id,
                           request_id=request_id, prompt_tokens=0, max_new_tokens=0,
                           reserved_bytes=0, created_at=self._clock(), session=True,

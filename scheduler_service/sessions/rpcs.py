@@ -34,13 +34,16 @@ class SessionRPCs(SessionTurnRelay):
 
     async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
         request_rules.bounded("request_id", request.request_id, request_rules.MAX_LEASE_ID_CHARS)
+        request_rules.bounded("preferred_worker_id", request.preferred_worker_id,
+                              request_rules.MAX_WORKER_ID_CHARS)
         # The session is bound to its model here: it opens on a worker serving it.
         model = placement.resolve_model(request.model,
                                         {w.geometry.model for w in self._ledger.snapshot()})
         placement.resolve_adapter(request.adapter, model, self._ledger.snapshot())
         lease = self._ledger.open_session_lease(request.request_id or uuid.uuid4().hex[:16], model,
                                                 tenant=caller_tenant(self._ledger.tenants, context),
-                                                adapter=request.adapter)
+                                                adapter=request.adapter,
+                                                preferred_worker=request.preferred_worker_id)
         if lease is None:
             of = f" serving model {quoted(model)}" if model else ""
             raise DomainError(ErrorReason.NO_WORKER, f"no worker{of} is registered to hold a "

@@ -170,3 +170,34 @@ def test_a_pods_gateway_asks_for_its_own_worker_and_gets_it_while_it_fits(two_wo
     assert served_by(gateways[big]) == big
     (picker_view,) = gauges(gateways[small].address)[g.RUNNING]
     assert picker_view.labels["worker_id"] == small
+
+
+ASK = [{"role": "user", "content": "Hello"}]
+# Every API that generates, and a body asking for two tokens: each carries the pod's hint
+# (a stored response's session too: it opens on the pod's worker).
+API_BODIES = {
+    "chat": ("/v1/chat/completions", {"messages": ASK, "max_tokens": 2}),
+    "responses": ("/v1/responses", {"input": "Hello", "max_output_tokens": 2, "store": False}),
+    "stored response": ("/v1/responses", {"input": "Hello", "max_output_tokens": 2}),
+    "messages": ("/v1/messages", {"messages": ASK, "max_tokens": 2}),
+}
+
+
+@pytest.mark.parametrize("api", sorted(API_BODIES))
+def test_every_api_carries_the_pods_placement_hint(two_workers, api):
+    import json
+
+    cluster, small, big, gateways, plain = two_workers
+
+    def served_by(gateway) -> str:
+        path, asked = API_BODIES[api]
+        body = {"model": "smollm2-135m-instruct-fp32", **asked}
+        request = urllib.request.Request(f"http://{gateway.address}{path}", method="POST",
+                                         data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return json.loads(reply.read())["ortserve"]["worker_id"]
+
+    assert served_by(plain) == big  # the ledger alone: the most free bytes
+    assert served_by(gateways[small]) == small  # small's pod: small serves, whichever API
+

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 
 from gateway.caller import passed_through
-from gateway.reply.responses import CAP_HEADER, admission_headers
+from gateway.reply.ortserve_numbers import CAP_HEADER, admission_headers
 from gateway.request.translate import ParamError, parse_request
 from ortserve.v1 import scheduler_pb2, types_pb2
 
@@ -82,5 +82,6 @@ def test_ortserve_budget_prints_each_tenants_reserved_quota_and_queue(capsys):
     out = capsys.readouterr().out
     assert "(t.toml)" in out
     small = next(line for line in out.splitlines() if line.startswith("small"))
-    assert small.split() == ["small", "m", "2.9", "KiB", "2.9", "KiB", "1", "1", "2", "2.0", "KiB"]
+    assert small.split() == ["small", "m", "2.9", "KiB", "2.9", "KiB", "1", "1", "2", "2.0", "KiB",
+                            "0", "B"]
     assert next(line for line in out.splitlines() if line.startswith("free")).split()[4] == "none"

@@ -18,11 +18,6 @@ KNOWN = {
     # The client's typed view of the proto message beside the ledger's domain type.
     "Admission": {"clients/python/ortserve_client/types.py", "scheduler_service/ledger/types.py"},
     "BudgetCap": {"ortserve/rpc/message_views.py", "scheduler_service/ledger/types.py"},
-    # The gateway's output parts: a call id added to tool_output's parser events (near
-    # copies, to fold into one); its Call is a streamed call, chat_history's a past turn's.
-    "Call": {"gateway/reply/output_parts.py", "ortserve/output/chat_history.py"},
-    "CallArguments": {"gateway/reply/output_parts.py", "ortserve/output/tool_output.py"},
-    "CallStart": {"gateway/reply/output_parts.py", "ortserve/output/tool_output.py"},
     # The client's INVALID_ARGUMENT exception beside the worker core's domain error.
     "InvalidRequest": {"ortserve/status/call_errors.py", "worker_service/core/errors.py"},
 }

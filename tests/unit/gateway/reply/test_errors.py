@@ -92,7 +92,8 @@ def test_no_worker_is_503_and_an_invalid_field_is_400_with_its_openai_name():
 
 
 def test_a_refusal_renamed_for_the_responses_and_messages_apis_names_their_field():
-    from gateway.apis import anthropic_messages, openai_responses
+    from gateway.apis.messages import request as anthropic_messages
+    from gateway.apis.responses import request as openai_responses
 
     def refused(proto_path):
         return from_grpc(FakeRpcError(S.INVALID_ARGUMENT, f"{proto_path}: bad", [

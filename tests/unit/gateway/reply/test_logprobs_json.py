@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from gateway.apis.chat import reply as responses
 from gateway.app import unrouted
-from gateway.reply import responses
 from gateway.reply.logprobs_json import LOGPROB_FLOOR, ChoiceLogprobs
 from ortserve.v1 import types_pb2
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.apis import anthropic_messages as am
-from gateway.apis import openai_responses as orr
+from gateway.apis.messages import request as am
+from gateway.apis.responses import request as orr
 from gateway.request.param_error import ParamError
 from gateway.request.translate import parse_request
 

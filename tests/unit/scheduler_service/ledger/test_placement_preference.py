@@ -35,3 +35,11 @@ def test_the_preferred_worker_wins_over_more_free_bytes_while_it_fits_whole():
 def test_an_unknown_preference_is_no_preference():
     ledger = ledger_with(big=1_000, small=300)
     assert ledger.admit(req("r", prefer="gone")).worker.worker_id == "big"
+
+
+def test_a_session_opens_on_the_preferred_worker_and_an_unknown_one_is_no_preference():
+    ledger = ledger_with(big=1_000, small=300)
+    assert ledger.open_session_lease("plain", "m").worker_id == "big"
+    assert ledger.open_session_lease("hinted", "m", preferred_worker="small").worker_id == "small"
+    assert ledger.open_session_lease("gone", "m", preferred_worker="gone").worker_id == "big"
+

@@ -1,6 +1,6 @@
 """Anthropic's Messages API: the response, whole or streamed (pure: no HTTP, no grpc).
 
-The request side is anthropic_messages.py. A streamed and a whole message are
+The request side is request.py. A streamed and a whole message are
 built from the same content blocks (thinking, text, tool_use).
 
 The cap: a capped request ends with stop_reason "max_tokens" (the limit that
@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
-from gateway.reply.responses import admission_extension, finished_extension
+from gateway.reply.ortserve_numbers import admission_extension, finished_extension
+from gateway.reply.output_parts import CallArgumentsPiece, CallStartPiece, Piece, Reasoning, Text
 from ortserve.v1 import types_pb2
 
 
@@ -61,12 +61,12 @@ class ContentBlocks:
                 events += self._into("thinking", piece.text)
             elif isinstance(piece, Text):
                 events += self._into("text", piece.text)
-            elif isinstance(piece, CallStart):
+            elif isinstance(piece, CallStartPiece):
                 events += self._close()
                 events += self._start({"type": "tool_use", "id": piece.call_id,
                                        "name": piece.name, "input": {}})
                 self._arguments[len(self.blocks) - 1] = ""
-            elif isinstance(piece, CallArguments):
+            elif isinstance(piece, CallArgumentsPiece):
                 index = len(self.blocks) - 1
                 self._arguments[index] += piece.fragment
                 events.append(sse_event("content_block_delta", index=index, delta={

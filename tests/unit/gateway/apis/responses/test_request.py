@@ -1,6 +1,6 @@
-"""The Responses API's translation (gateway/apis/openai_responses.py, its reply in
-gateway/apis/openai_responses_reply.py), the output pipeline
-(gateway/reply/output_parts.py) and the stored responses (gateway/apis/response_store.py,
+"""The Responses API's translation (gateway/apis/responses/request.py, its reply in
+gateway/apis/responses/reply.py), the output pipeline
+(gateway/reply/output_parts.py) and the stored responses (gateway/apis/responses/store.py,
 through the scheduler's own store held in process): no processes."""
 
 from __future__ import annotations
@@ -9,10 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.apis import openai_responses as orr
-from gateway.apis import openai_responses_reply as orr_reply
-from gateway.apis.response_store import ResponseStore, Stored
-from gateway.reply.output_parts import CallArguments, CallStart, OutputParser, Reasoning, Text
+from gateway.apis.responses import reply as orr_reply
+from gateway.apis.responses import request as orr
+from gateway.apis.responses.store import ResponseStore, Stored
+from gateway.reply.output_parts import (
+    CallArgumentsPiece,
+    CallStartPiece,
+    OutputParser,
+    Reasoning,
+    Text,
+)
 from gateway.request.param_error import ParamError
 from ortserve.v1 import types_pb2
 from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
@@ -102,8 +108,8 @@ def test_chat_params_in_responses_words():
 def test_items_stream_the_events_and_end_as_the_whole_output():
     items = orr_reply.OutputItems()
     events = items.add([Reasoning("hmm"), Text("Hel"), Text("lo"),
-                        CallStart(0, "call_x", "get_weather"), CallArguments(0, '{"city"'),
-                        CallArguments(0, ': "Paris"}')])
+                        CallStartPiece(0, "call_x", "get_weather"), CallArgumentsPiece(0, '{"city"'),
+                        CallArgumentsPiece(0, ': "Paris"}')])
     events += items.close()
     kinds = [e["type"] for e in events]
     assert kinds == [
@@ -156,8 +162,8 @@ def test_the_admission_picks_the_reasoning_split_and_the_tool_format():
     pieces += parser.push("", final=True)
     assert pieces[0] == Reasoning("plan")
     assert Text("Sure. ") in pieces
-    assert CallStart(0, "id0", "f") in pieces
-    assert "".join(p.fragment for p in pieces if isinstance(p, CallArguments)) == '{"a": 1}'
+    assert CallStartPiece(0, "id0", "f") in pieces
+    assert "".join(p.fragment for p in pieces if isinstance(p, CallArgumentsPiece)) == '{"a": 1}'
     assert parser.called and parser.reasoning_text == "plan"
     assert parser.reasoning_tokens == 4  # chat's rule: the chunk that closes counts
     # --reasoning-parser none, or a model whose template writes no reasoning: all text.
@@ -174,7 +180,7 @@ def test_the_tool_call_format_is_the_admissions():
     parser = OutputParser.for_stream(parsed, types_pb2.Admission(tool_call_format="mistral"))
     pieces = parser.push('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]', 9)
     pieces += parser.push("", final=True)
-    assert [p.name for p in pieces if isinstance(p, CallStart)] == ["f"]
+    assert [p.name for p in pieces if isinstance(p, CallStartPiece)] == ["f"]
 
 
 class _Stub:
@@ -261,7 +267,7 @@ def _put(stub: _Stub, stored: Stored) -> None:
 def _open(stub: _Stub, body: dict, prior=None):
     import asyncio
 
-    from gateway.apis import responses_route
+    from gateway.apis.responses import route as responses_route
 
     rr = orr.parse({"model": "m", **body})
     parsed = rr.chat(prior.conversation if prior else [])
@@ -304,7 +310,7 @@ def test_a_worker_without_sessions_answers_as_store_false_and_says_why():
 
 
 def test_a_follow_up_of_the_head_sends_only_its_input_with_the_sessions_call_ids():
-    from gateway.apis.responses_route import call_prefix
+    from gateway.apis.responses.route import call_prefix
 
     history = [{"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": None, "tool_calls": [

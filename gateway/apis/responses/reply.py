@@ -1,6 +1,6 @@
 """OpenAI's Responses API: the response, whole or streamed (pure: no HTTP, no grpc).
 
-The request side is openai_responses.py. A streamed and a whole response are
+The request side is request.py. A streamed and a whole response are
 built from the same output items (reasoning, message, function_call).
 """
 
@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.apis.openai_responses import ResponsesRequest
-from gateway.reply.output_parts import CallArguments, CallStart, Piece, Reasoning, Text
-from gateway.reply.responses import FINISH_REASON, admission_extension, finished_extension
+from gateway.apis.responses.request import ResponsesRequest
+from gateway.reply.ortserve_numbers import FINISH_REASON, admission_extension, finished_extension
+from gateway.reply.output_parts import CallArgumentsPiece, CallStartPiece, Piece, Reasoning, Text
 from ortserve.v1 import types_pb2
 
 
@@ -44,12 +44,12 @@ class OutputItems:
                 events += self._into("reasoning", piece.text)
             elif isinstance(piece, Text):
                 events += self._into("message", piece.text)
-            elif isinstance(piece, CallStart):
+            elif isinstance(piece, CallStartPiece):
                 events += self._close()
                 events += self._start({"id": new_id("fc"), "type": "function_call",
                                        "status": "in_progress", "call_id": piece.call_id,
                                        "name": piece.name, "arguments": ""})
-            elif isinstance(piece, CallArguments):
+            elif isinstance(piece, CallArgumentsPiece):
                 item = self._open
                 item["arguments"] += piece.fragment
                 events.append(self.event("response.function_call_arguments.delta",
@@ -155,7 +155,7 @@ def usage_dict(usage: types_pb2.Usage, reasoning_tokens: int = 0) -> dict:
 
 
 @dataclass
-class ResponseMeta:
+class ResponsesReplyMeta:
     """What the response object repeats from the request."""
 
     id: str
@@ -164,7 +164,7 @@ class ResponseMeta:
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
-def response_object(meta: ResponseMeta, status: str, output: list[dict],
+def response_object(meta: ResponsesReplyMeta, status: str, output: list[dict],
                     usage: dict | None = None, incomplete: dict | None = None,
                     ortserve: dict | None = None, error: dict | None = None) -> dict:
     body = meta.request.body

@@ -34,6 +34,7 @@ from dataclasses import replace
 
 from gateway.reply.errors import HttpError, renamed_param
 from gateway.request.param_error import ParamError
+from gateway.request.param_values import body_params
 from gateway.request.translate import ParsedRequest, parse_request
 
 # Anthropic's error types by HTTP status (their API's table); others are api_error.
@@ -62,19 +63,9 @@ def parse(body: object, counting: bool = False) -> tuple[ParsedRequest, bool, st
     """(the chat request, stream, the thinking type asked: "enabled", "disabled" or None);
     raises ParamError naming the Messages field. `counting`: a count_tokens body (no
     max_tokens: nothing is generated)."""
-    if not isinstance(body, Mapping):
-        raise ParamError("body", "the request body must be a JSON object")
-    params = {k: v for k, v in body.items() if v is not None}
+    params = body_params(body, "Messages", _CHAT_ONLY, _REFUSED)
     if counting:
         params.setdefault("max_tokens", 1)
-    for key in params:
-        if key in _CHAT_ONLY:
-            raise ParamError(key, f"is the OpenAI chat API's; the Messages API takes "
-                             f"`{_CHAT_ONLY[key]}`", code="unsupported_parameter")
-        if key in _REFUSED:
-            raise ParamError(key, "is not supported by ortserve's Messages endpoint; remove it "
-                             "(every parameter is honoured or refused, never ignored)",
-                             code="unsupported_parameter")
     max_tokens = params.get("max_tokens")
     if max_tokens is None:
         raise ParamError("max_tokens", "required: the most tokens to generate (the Messages "

@@ -1,43 +1,38 @@
 """A chat or completion's choices, from their streams to the client: SSE chunks as the
-tokens arrive (`sse`), or one JSON body once every choice has finished
-(`collect_unless_disconnected`). app.py's routes open the streams and answer with these."""
+tokens arrive (`sse`), or one JSON body once every choice has finished (`collect`, which
+route.py awaits while the client is there). route.py opens the streams."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 
 import grpc
 import structlog
-from fastapi import Request
 
-from gateway import choices
-from gateway.direct import DirectStream
-from gateway.reply import responses
-from gateway.reply.errors import HttpError, from_grpc
+from gateway.apis.chat import n_choices as choices
+from gateway.apis.chat import reply as chat_reply
+from gateway.generation import Stream, failure
+from gateway.reply.errors import HttpError
 from gateway.reply.logprobs_json import ChoiceLogprobs
 from gateway.reply.reasoning_split import ChoiceReasoning
 from gateway.request import tools
 from gateway.request.translate import ParsedRequest
-from gateway.request_metrics import RequestClock, body_metrics
-from gateway.upstream import OpenStream, StreamBroken
+from gateway.request_metrics import body_metrics
+from gateway.upstream import StreamBroken
 from ortserve.v1 import types_pb2
 
 log = structlog.get_logger("ortserve.gateway")
 PROMPT_PARAM = {"chat": "messages", "completion": "prompt"}
-# How often a non-streaming handler checks that its client is still there.
-_DISCONNECT_POLL_S = 0.25
 
 
-def _logprobs(meta: responses.ChatReplyMeta, parsed: ParsedRequest, n: int
+def _logprobs(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest, n: int
               ) -> list[ChoiceLogprobs | None]:
     return [ChoiceLogprobs(meta.kind) if parsed.logprobs else None for _ in range(n)]
 
 
-async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
-                   streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
-                   with_metrics: bool = False) -> dict:
+async def collect(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
+                  streams: list[Stream], with_metrics: bool = False) -> dict:
     texts: list[list[str]] = [[] for _ in streams]
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
@@ -47,8 +42,6 @@ async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
-                if clock is not None and event.chunk.token_ids:
-                    clock.token(index)
                 text = event.chunk.text
                 if splits[index] is not None:
                     text = splits[index].feed(text, len(event.chunk.token_ids))[1]
@@ -59,12 +52,8 @@ async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                 finished[index] = event.finished
                 if splits[index] is not None:
                     splits[index].finished(event.finished.usage)
-                if clock is not None:
-                    clock.finished(index, meta.model, event.finished)
-    except grpc.RpcError as error:
-        raise from_grpc(error, PROMPT_PARAM[meta.kind], meta.kind) from None
-    except StreamBroken as error:
-        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    except (grpc.RpcError, StreamBroken) as error:
+        raise failure(error, PROMPT_PARAM[meta.kind], meta.kind) from None
     if any(f is None for f in finished):
         raise HttpError(502, "the stream ended without a Finished event", "server_error",
                         "bad_upstream_stream")
@@ -72,8 +61,8 @@ async def _collect(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
         if split is not None:
             texts[i].append(split.close()[1])
     whole = ["".join(t) + _stop_text(parsed, f) for t, f in zip(texts, finished, strict=True)]
-    body = responses.choices_response(meta, [
-        responses.Choice(whole[i], s.admission, finished[i],
+    body = chat_reply.choices_response(meta, [
+        chat_reply.Choice(whole[i], s.admission, finished[i],
                          logprobs[i].whole() if logprobs[i] is not None else None,
                          tools.ToolCallChoice(s.admission.tool_call_format).message(whole[i])
                          if parsed.tool_calls else None,
@@ -99,36 +88,13 @@ def _stop_text(parsed: ParsedRequest, fin: types_pb2.Finished) -> str:
     return ""
 
 
-async def collect_unless_disconnected(request: Request, meta: responses.ChatReplyMeta,
-                                      parsed: ParsedRequest, streams: list[OpenStream | DirectStream],
-                                      clock: RequestClock | None = None,
-                                      with_metrics: bool = False) -> dict:
-    # NOTE: a non-streaming handler is not cancelled when its client goes away;
-    # without this watch, an abandoned request would hold its lease to the end.
-    collecting = asyncio.ensure_future(_collect(meta, parsed, streams, clock, with_metrics))
-    try:
-        while True:
-            done, _ = await asyncio.wait({collecting}, timeout=_DISCONNECT_POLL_S)
-            if done:
-                return collecting.result()
-            if await request.is_disconnected():
-                log.info("client disconnected", request_id=meta.id,
-                         lease_id=streams[0].admission.lease_id)
-                raise HttpError(499, "the client disconnected", "cancelled", "client_disconnected")
-    finally:
-        if not collecting.done():
-            choices.cancel_all(streams)
-            collecting.cancel()
-
-
-async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
-              streams: list[OpenStream | DirectStream], clock: RequestClock | None = None,
-              with_metrics: bool = False) -> AsyncIterator[dict]:
+async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
+              streams: list[Stream], with_metrics: bool = False) -> AsyncIterator[dict]:
     usage = parsed.include_usage
     finished: list[types_pb2.Finished | None] = [None] * len(streams)
     logprobs = _logprobs(meta, parsed, len(streams))
     # Per choice, the chunk JSON from one template: per token only the text is encoded.
-    text_json = [responses.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
+    text_json = [chat_reply.text_chunk_encoder(meta, usage, i) for i in range(len(streams))]
     # Tools: each choice's text goes through its tool-call parser (name, then arguments).
     calls = [tools.ToolCallChoice(s.admission.tool_call_format) if parsed.tool_calls else None
              for s in streams]
@@ -147,14 +113,12 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
 
     try:
         for index, stream in enumerate(streams):
-            yield out(responses.first_chunk(meta, stream.admission, usage, index,
+            yield out(chat_reply.first_chunk(meta, stream.admission, usage, index,
                                             parsed.resolved if index == 0 else None), index)
         async for index, event in choices.merged(streams):
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
-                if clock is not None and not generated[index] and event.chunk.token_ids:
-                    clock.token(index)  # the first tokens only: nothing more per chunk
                 generated[index] += len(event.chunk.token_ids)
                 if lp is not None:
                     lp.add(event.chunk.logprobs)
@@ -162,7 +126,7 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                 if splits[index] is not None and text:
                     thought, text = splits[index].feed(text, len(event.chunk.token_ids))
                     if thought:
-                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                        yield out(chat_reply.delta_chunk(meta, {"reasoning_content": thought},
                                                         usage, index,
                                                         lp.take() if lp is not None else None),
                                   index)
@@ -177,20 +141,18 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                         # Bytes go out as they are: the SSE line, without an event object per token.
                         yield b"data: " + text_json[index](text).encode() + b"\n\n"
                     else:
-                        yield out(responses.text_chunk(meta, text, usage, index,
+                        yield out(chat_reply.text_chunk(meta, text, usage, index,
                                                        lp.take() if lp is not None else None),
                                   index)
             elif kind == "finished":
                 finished[index] = event.finished
-                if clock is not None:
-                    clock.finished(index, meta.model, event.finished)
                 generated[index] = event.finished.usage.generated_tokens
                 stop_text = _stop_text(parsed, event.finished)
                 if splits[index] is not None:
                     splits[index].finished(event.finished.usage)
                     thought, rest = splits[index].close()
                     if thought:
-                        yield out(responses.delta_chunk(meta, {"reasoning_content": thought},
+                        yield out(chat_reply.delta_chunk(meta, {"reasoning_content": thought},
                                                         usage, index), index)
                     stop_text = rest + stop_text
                 called = False
@@ -200,23 +162,21 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
                         yield chunk
                     called = calls[index].called
                 elif stop_text:
-                    yield out(responses.text_chunk(meta, stop_text, usage, index), index)
-                last = responses.final_chunk(meta, event.finished, usage, index,
+                    yield out(chat_reply.text_chunk(meta, stop_text, usage, index), index)
+                last = chat_reply.final_chunk(meta, event.finished, usage, index,
                                              lp.take() if lp is not None else None, called)
                 if with_metrics:  # vLLM's per-request metrics, on each choice's last chunk
                     last["metrics"] = body_metrics(streams[index].admission, event.finished)
                 yield out(last, index)
         if usage:
-            yield _data(responses.usage_chunk(meta, finished, _reasoning_tokens(splits)))
+            yield _data(chat_reply.usage_chunk(meta, finished, _reasoning_tokens(splits)))
         yield {"data": "[DONE]"}
     except grpc.RpcError as error:
-        if clock is not None:  # gen_ai.server.request.duration with its error.type
-            clock.failed(meta.model, error.code().name.lower())
         # The headers are gone already: a mid-stream failure is an error event,
         # which the openai clients raise as APIError.
-        yield _data(from_grpc(error, PROMPT_PARAM[meta.kind], meta.kind).body())
+        yield _data(failure(error, PROMPT_PARAM[meta.kind], meta.kind).body())
     except StreamBroken as error:
-        yield _data(HttpError(502, str(error), "server_error", "bad_upstream_stream").body())
+        yield _data(failure(error, "", meta.kind).body())
     finally:
         # The client went away (sse-starlette cancels us) or we failed: either
         # way the gRPC call must end, so the lease is freed now, not at the end.
@@ -226,7 +186,7 @@ async def sse(meta: responses.ChatReplyMeta, parsed: ParsedRequest,
             choices.cancel_all(streams)
 
 
-def _tool_chunks(meta: responses.ChatReplyMeta, parser: tools.ToolCallChoice, text: str,
+def _tool_chunks(meta: chat_reply.ChatReplyMeta, parser: tools.ToolCallChoice, text: str,
                  usage: bool, index: int, lp: ChoiceLogprobs | None, final: bool = False,
                  emit=None) -> list[dict]:
     """A choice's text as tool-call and content deltas; logprobs ride on the first chunk
@@ -234,7 +194,7 @@ def _tool_chunks(meta: responses.ChatReplyMeta, parser: tools.ToolCallChoice, te
     (chunk, index) -> SSE item; default: the chunk as it is."""
     out = []
     for delta in parser.deltas(text, final):
-        chunk = responses.delta_chunk(meta, delta, usage, index,
+        chunk = chat_reply.delta_chunk(meta, delta, usage, index,
                                       lp.take() if lp is not None else None)
         out.append(emit(chunk, index) if emit is not None else _data(chunk))
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gateway.reply import responses
-from gateway.reply.responses import CAP_HEADER, DECISION_HEADER, ChatReplyMeta
+from gateway.apis.chat import reply as responses
+from gateway.apis.chat.reply import ChatReplyMeta
+from gateway.reply.ortserve_numbers import CAP_HEADER, DECISION_HEADER
 from ortserve.v1 import types_pb2
 
 CAP = types_pb2.BudgetCap(requested_max_new_tokens=8155, admitted_max_new_tokens=91,

@@ -28,6 +28,7 @@ from typing import Any
 
 from gateway.reply.errors import HttpError, renamed_param
 from gateway.request.param_error import ParamError
+from gateway.request.param_values import body_params
 from gateway.request.translate import ParsedRequest, parse_request
 
 # Keys this module reads itself; everything else is the chat path's to honour or refuse.
@@ -79,17 +80,7 @@ class ResponsesRequest:
 
 def parse(body: object) -> ResponsesRequest:
     """Validate a Responses body; raises ParamError naming the Responses field."""
-    if not isinstance(body, Mapping):
-        raise ParamError("body", "the request body must be a JSON object")
-    params = {k: v for k, v in body.items() if v is not None}
-    for key in params:
-        if key in _CHAT_ONLY:
-            raise ParamError(key, f"is the chat API's; the Responses API takes "
-                             f"`{_CHAT_ONLY[key]}`", code="unsupported_parameter")
-        if key in _REFUSED:
-            raise ParamError(key, "is not supported by ortserve's Responses endpoint; remove it "
-                             "(every parameter is honoured or refused, never ignored)",
-                             code="unsupported_parameter")
+    params = body_params(body, "Responses", _CHAT_ONLY, _REFUSED)
     model = params.get("model")
     if not isinstance(model, str) or not model:
         raise ParamError("model", "required: the name of a model from /v1/models")

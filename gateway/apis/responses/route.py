@@ -17,7 +17,7 @@ Where a response runs:
 The session's lease is the scheduler's like any other: charged while the
 session holds KV, reclaimable (swapped out) when idle and an admission needs
 the bytes, closed at the scheduler's --session-ttl-s or when the store
-forgets the response that could continue it (gateway/apis/response_store.py).
+forgets the response that could continue it (gateway/apis/responses/store.py).
 """
 
 from __future__ import annotations
@@ -34,16 +34,18 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis import openai_responses, openai_responses_reply
-from gateway.apis.openai_responses import ResponsesRequest
-from gateway.apis.openai_responses_reply import OutputItems, ResponseMeta
-from gateway.apis.response_store import ResponseStore, Stored
+from gateway.apis.responses import reply as openai_responses_reply
+from gateway.apis.responses import request as openai_responses
+from gateway.apis.responses.reply import OutputItems, ResponsesReplyMeta
+from gateway.apis.responses.request import ResponsesRequest
+from gateway.apis.responses.store import ResponseStore, Stored
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.reply.ortserve_numbers import admission_headers
 from gateway.reply.output_parts import Collected, OutputParser
-from gateway.reply.responses import admission_headers
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
+from gateway.request_metrics import NOT_REPORTED, Reporting, body_metrics
 from gateway.upstream import StreamBroken
 from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2
@@ -87,10 +89,13 @@ def _internal_ids(req: types_pb2.GenerateRequest, session_id: str) -> None:
 
 
 async def create(request: Request, target: Target, store: ResponseStore,
-                 reasoning_mode: str = "auto"):
+                 reasoning_mode: str = "auto", reporting: Reporting = NOT_REPORTED):
     """`reasoning_mode`: the gateway's --reasoning-parser (reasoning items split as chat's
-    reasoning_content is, when the Admission names the model's reasoning format)."""
+    reasoning_content is, when the Admission names the model's reasoning format);
+    `reporting`: the per-request `metrics` and the GenAI histograms, as chat's."""
     rr = _parse(await generation.json_body(request))
+    clock = reporting.clock("responses", rr.model)  # the histograms count from the arrival
+    with_metrics = reporting.asks(request.headers)
     prior = None
     if rr.previous_response_id:
         try:
@@ -109,7 +114,7 @@ async def create(request: Request, target: Target, store: ResponseStore,
         parsed = replace(rr.chat(history), reasoning_mode=reasoning_mode)
     except ParamError as error:
         raise from_param_error(error) from None
-    meta = ResponseMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
+    meta = ResponsesReplyMeta(openai_responses_reply.new_id("resp"), rr, rr.model)
     try:  # `model` naming a LoRA adapter: its base with it (a session opens on the base)
         await target.upstream.resolve_adapter(parsed.generate, target.metadata)
     except grpc.RpcError as error:
@@ -118,13 +123,15 @@ async def create(request: Request, target: Target, store: ResponseStore,
     run.request, run.history, run.tools_key = rr, history, tools_key(parsed)
     adm = run.stream.admission
     meta.model = parsed.generate.adapter or adm.model or meta.model  # an adapter: its name
+    run.stream = generation.TimedStream(run.stream, clock, meta.model)
     headers = {**admission_headers(adm), "x-request-id": meta.id}
     log.info("admitted", request_id=meta.id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=meta.model, api="responses", session_id=run.session_id,
              stream=rr.stream)
     parser = OutputParser.for_stream(parsed, adm, _call_ids(run) if run.session_id else None)
     if rr.stream:
-        return EventSourceResponse(_events(meta, parsed, run, Reader(parser), store, target),
+        return EventSourceResponse(_events(meta, parsed, run, Reader(parser), store, target,
+                                           with_metrics),
                                    headers=headers, sep="\n", ping=15)
     try:
         pieces, fin = await generation.unless_disconnected(
@@ -145,6 +152,8 @@ async def create(request: Request, target: Target, store: ResponseStore,
     items.close(status)
     body = _final(meta, parsed, run, items.items, fin, reader)
     await _settle(store, target, run, body, pieces, fin)
+    if with_metrics:  # vLLM's per-request metrics, in the answer (not in what is stored)
+        body = {**body, "metrics": body_metrics(adm, fin)}
     return JSONResponse(body, headers=headers)
 
 
@@ -163,7 +172,7 @@ def _call_ids(run: Run):
 async def _open(target: Target, store: ResponseStore, rr: ResponsesRequest,
                 parsed: ParsedRequest, prior: Stored | None, request_id: str) -> Run:
     """Start the response where it runs (see the module's doc); raises the mapped HttpError."""
-    request = parsed.choice_request(0, request_id)
+    request = generation.generate_request(target, parsed, 0, request_id)
     try:
         if not rr.store:
             return Run(await generation.open_generate(target, request),
@@ -246,7 +255,7 @@ def _session_dict(run: Run, fin: types_pb2.Finished | None) -> dict | None:
     return out
 
 
-def _final(meta: ResponseMeta, parsed: ParsedRequest, run: Run, output: list[dict],
+def _final(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, output: list[dict],
            fin: types_pb2.Finished, reader: Reader) -> dict:
     status, incomplete = openai_responses_reply.status_of(fin)
     return openai_responses_reply.response_object(
@@ -308,8 +317,9 @@ def _close_all(target: Target, session_ids: list[str]) -> None:
         task.add_done_callback(_CLOSING.discard)
 
 
-async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: Reader,
-                  store: ResponseStore, target: Target) -> AsyncIterator[dict]:
+async def _events(meta: ResponsesReplyMeta, parsed: ParsedRequest, run: Run, reader: Reader,
+                  store: ResponseStore, target: Target, with_metrics: bool = False
+                  ) -> AsyncIterator[dict]:
     items = OutputItems()
     adm = run.stream.admission
     started = openai_responses_reply.response_object(
@@ -337,6 +347,8 @@ async def _events(meta: ResponseMeta, parsed: ParsedRequest, run: Run, reader: R
                     yield _sse(out)
                 body = _final(meta, parsed, run, items.items, fin, reader)
                 await _settle(store, target, run, body, pieces, fin)
+                if with_metrics:  # on the last event's response, as on chat's last chunk
+                    body = {**body, "metrics": body_metrics(adm, fin)}
                 yield _sse(items.event(f"response.{status}", response=body))
                 return
         raise StreamBroken("the stream ended without a Finished event")

@@ -20,24 +20,27 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
-from gateway.apis import anthropic_messages as am
-from gateway.apis import anthropic_reply as ar
+from gateway.apis.messages import reply as ar
+from gateway.apis.messages import request as am
 from gateway.generation import Reader, Stream, Target
 from gateway.reply.errors import HttpError, from_grpc, from_param_error
+from gateway.reply.ortserve_numbers import admission_headers
 from gateway.reply.output_parts import OutputParser
-from gateway.reply.responses import admission_headers
 from gateway.request.param_error import ParamError
 from gateway.request.translate import ParsedRequest
+from gateway.request_metrics import NOT_REPORTED, Reporting, body_metrics
 from gateway.upstream import StreamBroken
 
 log = structlog.get_logger("ortserve.gateway")
 
 
-async def create(request: Request, target: Target, reasoning_mode: str = "auto"):
+async def create(request: Request, target: Target, reasoning_mode: str = "auto",
+                 reporting: Reporting = NOT_REPORTED):
     """`reasoning_mode`: the gateway's --reasoning-parser (thinking blocks split as chat's
-    reasoning_content is, when the Admission names the model's reasoning format)."""
+    reasoning_content is, when the Admission names the model's reasoning format);
+    `reporting`: the per-request `metrics` and the GenAI histograms, as chat's."""
     try:
-        return await _create(request, target, reasoning_mode)
+        return await _create(request, target, reasoning_mode, reporting)
     except HttpError as error:
         return error_response(error)
 
@@ -63,23 +66,23 @@ def error_response(error: HttpError) -> JSONResponse:
     return JSONResponse(am.error_body(error), status_code=error.status, headers=error.headers())
 
 
-async def _create(request: Request, target: Target, reasoning_mode: str):
+async def _create(request: Request, target: Target, reasoning_mode: str, reporting: Reporting):
     try:
         parsed, stream, thinking = am.parse(await generation.json_body(request))
     except ParamError as error:
         raise from_param_error(error) from None
+    clock = reporting.clock("messages", parsed.model)  # the histograms count from the arrival
+    with_metrics = reporting.asks(request.headers)
     parsed = replace(parsed, reasoning_mode=reasoning_mode)
     if thinking == "enabled" and reasoning_mode == "none":
         raise _thinking_refused("the gateway runs --reasoning-parser none, so thinking would "
                                 "come as text")
     message_id = ar.new_id()
     try:
-        asked = parsed.choice_request(0, message_id)
+        asked = generation.generate_request(target, parsed, 0, message_id)
         opened = await generation.open_generate(target, asked)
-    except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages", "messages")) from None
-    except StreamBroken as error:
-        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    except (grpc.RpcError, StreamBroken) as error:
+        raise am.renamed(generation.failure(error, "messages", "messages")) from None
     adm = opened.admission
     model = asked.adapter or adm.model or parsed.model  # an adapter answers by its name
     parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
@@ -87,30 +90,32 @@ async def _create(request: Request, target: Target, reasoning_mode: str):
         opened.cancel()  # nothing was generated for the client: the lease is freed now
         raise _thinking_refused(f"model {model!r}'s chat template writes no reasoning, so it "
                                 "does not think")
+    opened = generation.TimedStream(opened, clock, model)
     headers = {**admission_headers(adm), "x-request-id": message_id}
     log.info("admitted", request_id=message_id, lease_id=adm.lease_id, worker_id=adm.worker_id,
              model=model, api="messages", stream=stream)
     if stream:
-        return EventSourceResponse(_events(message_id, model, parsed, opened, Reader(parser)),
+        return EventSourceResponse(_events(message_id, model, parsed, opened, Reader(parser),
+                                           with_metrics),
                                    headers=headers, sep="\n", ping=15)
     try:
         pieces, fin = await generation.unless_disconnected(
             request, generation.read_all(opened, Reader(parser)), opened.cancel, message_id)
-    except grpc.RpcError as error:
-        raise am.renamed(from_grpc(error, "messages", "messages")) from None
-    except StreamBroken as error:
-        raise HttpError(502, str(error), "server_error", "bad_upstream_stream") from None
+    except (grpc.RpcError, StreamBroken) as error:
+        raise am.renamed(generation.failure(error, "messages", "messages")) from None
     blocks = ar.ContentBlocks()
     blocks.add(pieces)
     blocks.close()
     body = ar.message_object(message_id, model, blocks.blocks, ar.stop_reason(fin, parser.called),
                              ar.usage_dict(fin.usage),
                              ar.ortserve_extension(adm, fin, parsed.resolved))
+    if with_metrics:  # vLLM's per-request metrics, as chat's body carries them
+        body["metrics"] = body_metrics(adm, fin)
     return JSONResponse(body, headers=headers)
 
 
 async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: Stream,
-                  reader: Reader) -> AsyncIterator[dict]:
+                  reader: Reader, with_metrics: bool = False) -> AsyncIterator[dict]:
     adm = opened.admission
     blocks = ar.ContentBlocks()
     finished = False
@@ -135,7 +140,9 @@ async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: St
                                       delta={"stop_reason": stop, "stop_sequence": sequence},
                                       usage=ar.usage_dict(fin.usage),
                                       ortserve={"finished": ar.ortserve_extension(
-                                          adm, fin)["finished"]}))
+                                          adm, fin)["finished"]},
+                                      **({"metrics": body_metrics(adm, fin)}
+                                         if with_metrics else {})))
                 yield _sse(*ar.sse_event("message_stop"))
                 return
         raise StreamBroken("the stream ended without a Finished event")

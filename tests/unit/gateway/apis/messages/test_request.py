@@ -1,4 +1,4 @@
-"""The Messages API's translation and shapes (gateway/apis/anthropic_messages.py, gateway/apis/anthropic_reply.py): pure."""
+"""The Messages API's translation and shapes (gateway/apis/messages/request.py, gateway/apis/messages/reply.py): pure."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from gateway.apis import anthropic_messages as am
-from gateway.apis import anthropic_reply as ar
+from gateway.apis.messages import reply as ar
+from gateway.apis.messages import request as am
 from gateway.reply.errors import HttpError
-from gateway.reply.output_parts import CallArguments, CallStart, Reasoning, Text
+from gateway.reply.output_parts import CallArgumentsPiece, CallStartPiece, Reasoning, Text
 from gateway.request.param_error import ParamError
 from ortserve.v1 import types_pb2
 
@@ -131,8 +131,8 @@ def test_usage_counts_cache_reads_apart_from_input():
 
 def test_blocks_stream_their_events_and_end_as_the_whole_content():
     blocks = ar.ContentBlocks()
-    events = blocks.add([Reasoning("hmm"), Text("Hi"), CallStart(0, "toolu_1", "f"),
-                         CallArguments(0, '{"a":'), CallArguments(0, " 1}")])
+    events = blocks.add([Reasoning("hmm"), Text("Hi"), CallStartPiece(0, "toolu_1", "f"),
+                         CallArgumentsPiece(0, '{"a":'), CallArgumentsPiece(0, " 1}")])
     events += blocks.close()
     assert [(kind, data.get("index")) for kind, data in events] == [
         ("content_block_start", 0), ("content_block_delta", 0), ("content_block_stop", 0),
