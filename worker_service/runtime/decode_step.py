@@ -212,12 +212,16 @@ class StepClock:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.run_s = 0.0
+        # CPU seconds of the calling thread inside the runs (the bench's "inside ONNX
+        # Runtime" share; pool threads, if any, are not in it).
+        self.run_cpu_s = 0.0
 
     def timed_run(self, session: ort.InferenceSession, binding: ort.IOBinding,
                   options: ort.RunOptions | None) -> None:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         session.run_with_iobinding(binding, options)
         self.run_s += time.perf_counter() - started
+        self.run_cpu_s += time.thread_time() - started_cpu
 
     def close(self, stats: StepStats) -> None:
         total = time.perf_counter() - self.started

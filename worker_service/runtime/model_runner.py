@@ -91,7 +91,7 @@ class BatchedModelRunner:
         try:
             buckets = self.batch.warm_graphs()
         except Exception as exc:  # noqa: BLE001 - refused capture: run uncaptured
-            self.batch.shapes = dataclasses.replace(self.batch.shapes, capture=False)
+            self.batch.buckets.shapes = dataclasses.replace(self.batch.shapes, capture=False)
             log.warning("CUDA graph capture failed; decode steps run uncaptured",
                         cause=f"{type(exc).__name__}: {exc}")
             return []
