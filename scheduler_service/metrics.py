@@ -128,7 +128,13 @@ class SchedulerMetrics:
              lambda w: int(w.draining)),
             ("ortserve_scheduler_kv_cached_bytes",
              "KV bytes a worker's prefix cache holds (its last heartbeat): inside its capacity, "
-             "evictable, so counted as available", lambda w: w.prefix.cached_bytes))))
+             "evictable, so counted as available", lambda w: w.prefix.cached_bytes),
+            ("ortserve_scheduler_decode_graph_bytes",
+             "Device memory a worker's captured CUDA decode graphs took (measured there), "
+             "already out of its KV capacity", lambda w: w.geometry.decode_graph_bytes),
+            ("ortserve_scheduler_decode_buffer_bytes",
+             "Bytes of a worker's decode buckets' fixed buffers on its KV's device, already "
+             "out of its KV capacity", lambda w: w.geometry.decode_buffer_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
         registry.register(RelayedTokens())

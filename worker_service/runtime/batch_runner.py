@@ -47,11 +47,13 @@ class BatchRunner:
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int = 512, lora: AdapterSet | None = None,
-                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1) -> None:
+                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1,
+                 mask_counts: bool | None = None) -> None:
         """`shapes`: how decode runs are shaped (decode_step.py); None: the store's own
         (padded buckets and full-width masks on device rows, every size on the arena).
         `graph_ids_from`: the CUDA graph id of the first bucket (0 is ORT's default; a
-        second runner on the same session, cuda_check's, takes other ids)."""
+        second runner on the same session, cuda_check's, takes other ids). `mask_counts`:
+        decode masks as counts (runtime/mask_counts.py); None: where the graph allows."""
         if store.spec is not spec and store.spec != spec:
             raise ValueError("the row store was made for another model spec")
         self.session = session
@@ -75,7 +77,7 @@ class BatchRunner:
         # Decode runs in buckets with fixed buffers (runtime/decode_buckets.py); a bucket's KV
         # rows [0, bucket) and buffers are bound once: row addresses never change.
         self.buckets = DecodeBuckets(session, spec, store, self.logits_dtype, self.gathers,
-                                     shapes, graph_ids_from, self._decode_logits)
+                                     shapes, graph_ids_from, self._decode_logits, mask_counts)
         # The options of every run that replays no graph (None: a session without graphs).
         self._uncaptured = self.buckets.uncaptured
         # One binding per row for prompt chunks: a row's address never changes (a
@@ -363,9 +365,10 @@ class BatchRunner:
         """How decode steps ran (the buckets' figures)."""
         return self.buckets.stats
 
-    def warm_graphs(self) -> list[int]:
-        """Capture every bucket's graph now (DecodeBuckets.warm); the buckets captured."""
-        return self.buckets.warm(self.lora is not None, self._slotted)
+    def warm_graphs(self, free_bytes: Callable[[], int] | None = None) -> list[int]:
+        """Make every bucket's fixed buffers and capture every bucket's graph now
+        (DecodeBuckets.warm; `free_bytes` measures the capture); the buckets captured."""
+        return self.buckets.warm(self.lora is not None, self._slotted, free_bytes)
 
     def _part_logits(self, rows: int) -> Callable[[], np.ndarray]:
         logits = self._decode_logits[:rows * self.spec.vocab_size].reshape(rows,
