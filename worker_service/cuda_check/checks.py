@@ -19,6 +19,7 @@ import numpy as np
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
 from worker_service.cuda_check import compare, forcing, speed
+from worker_service.cuda_check.graph_modes import graph_id_vs_sessions
 from worker_service.cuda_check.harness import Check, Context, Unmet
 from worker_service.cuda_check.memory import kv_memory_as_charged
 from worker_service.engine import Engine, EngineConfig
@@ -380,6 +381,7 @@ CHECKS: list[Check] = [
     ("session_swap_equals_fresh", session_swap_equals_fresh),
     ("prefix_cache_hit_equals_miss", prefix_cache_hit_equals_miss),
     ("captured_equals_uncaptured", lambda ctx: captured_equals_uncaptured(ctx.engine)),
+    ("graph_id_vs_sessions", graph_id_vs_sessions),
     ("ledger", ledger),
     # Before equal_to_cpu: the CPU engine on a large fp16 folder is slow, and the deadline
     # should skip the CPU comparison rather than the GPU's figures.
