@@ -214,6 +214,8 @@ def geometry_from_pb(pb: scheduler_pb2.RegisterWorkerRequest) -> WorkerGeometry:
         nodes_off_device=tuple(pb.nodes_off_device),
         adapters=tuple(sorted((a.name, a.held_bytes) for a in pb.adapters)),
         adapter_paths=tuple(sorted((a.name, a.path) for a in pb.adapters if a.path)),
+        decode_graph_bytes=pb.decode_graph_bytes,
+        decode_buffer_bytes=pb.decode_buffer_bytes,
     )
 
 
@@ -299,6 +301,8 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             adapters=adapters_pb(g),
             host_bytes=w.host_bytes,
             disk_bytes=w.disk_bytes,
+            decode_graph_bytes=g.decode_graph_bytes,
+            decode_buffer_bytes=g.decode_buffer_bytes,
         ))
     models = _models(workers)
     for m in models:

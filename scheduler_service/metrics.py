@@ -137,7 +137,13 @@ class SchedulerMetrics:
              lambda w: w.host_bytes),
             ("ortserve_scheduler_session_disk_bytes",
              "Bytes of a worker's session files in its disk tier (never in its capacity)",
-             lambda w: w.disk_bytes))))
+             lambda w: w.disk_bytes),
+            ("ortserve_scheduler_decode_graph_bytes",
+             "Device memory a worker's captured CUDA decode graphs took (measured there), "
+             "already out of its KV capacity", lambda w: w.geometry.decode_graph_bytes),
+            ("ortserve_scheduler_decode_buffer_bytes",
+             "Bytes of a worker's decode buckets' fixed buffers on its KV's device, already "
+             "out of its KV capacity", lambda w: w.geometry.decode_buffer_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
         registry.register(RelayedTokens())

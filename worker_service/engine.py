@@ -28,9 +28,9 @@ import numpy as np
 import structlog
 
 from ortserve.rules import request_rules
-from ortserve.status.units import tokens
+from ortserve.status.units import human_bytes, tokens
 from worker_service import speculation
-from worker_service.core.errors import EngineError, LeaseInUse
+from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
 from worker_service.core.ngram import Drafter
 from worker_service.core.sequence import (
     TERMINAL,
@@ -132,6 +132,7 @@ class Engine:
         self._thread.start()
         # A capture must see no other thread's CUDA calls: nothing else starts before it ends.
         self._graphs_ready.wait()
+        self._charge_decode_path()
         log.info("engine_ready", model=self.spec.name, provider=self.provider, device=self.device,
                  nodes_by_provider=self.nodes_by_provider, nodes_off_device=self.nodes_off_device,
                  intra_op_threads=self.intra_op_threads, capacity_bytes=self.capacity_bytes,
@@ -139,6 +140,31 @@ class Engine:
                  kv_reserved_bytes=self.runtime.reserved_bytes,
                  kv_charged_bytes=self.runtime.allocated_bytes,
                  kv_allocator=self.runtime.memory_strategy or "host (committed on touch)")
+
+    def _charge_decode_path(self) -> None:
+        """Take what the decode path holds beside the KV on its device (the buckets' fixed
+        buffers, the captured graphs' measured memory) off the KV capacity, before
+        anything is admitted: the capacity registered with the scheduler is what is left,
+        so what the worker holds never exceeds what the ledger charged."""
+        stats = getattr(self.runner, "step_stats", None)
+        self.decode_buffer_bytes = stats.graph_bytes if stats is not None else 0
+        self.decode_graph_bytes = stats.capture_bytes if stats is not None else 0
+        charge = self.decode_buffer_bytes + self.decode_graph_bytes
+        if charge and self.kv.take_capacity(charge) is not None:
+            capacity = self.capacity_bytes
+            self.close()
+            raise InvalidRequest(
+                "kv_capacity", f"the decode buckets' fixed buffers "
+                f"({human_bytes(self.decode_buffer_bytes)}) and captured CUDA graphs "
+                f"({human_bytes(self.decode_graph_bytes)}) take {human_bytes(charge)} "
+                f"({charge:,} bytes) of the KV capacity, which is only {human_bytes(capacity)} "
+                f"({capacity:,} bytes); raise --kv-capacity, lower --max-batch-rows, or "
+                "start with --cuda-graphs off")
+        if charge:
+            log.info("decode path charged", decode_buffer_bytes=self.decode_buffer_bytes,
+                     decode_graph_bytes=self.decode_graph_bytes,
+                     capacity_bytes=self.capacity_bytes,
+                     note="taken off the KV capacity before anything is admitted")
 
     # --- the caller's API (any thread) ---------------------------------------
 

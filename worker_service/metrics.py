@@ -148,6 +148,11 @@ class _DecodeStepMetrics(Collector):
             "ortserve_worker_decode_bucket_buffer_bytes",
             "Bytes of the decode buckets' fixed input and output buffers on the KV's device",
             value=stats.graph_bytes if stats else 0)
+        yield GaugeMetricFamily(
+            "ortserve_worker_decode_graph_capture_bytes",
+            "Device memory the captured CUDA decode graphs took (free memory before and after "
+            "the capture), charged out of the KV capacity with the bucket buffers",
+            value=stats.capture_bytes if stats else 0)
 
     def describe(self):
         return []

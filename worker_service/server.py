@@ -62,6 +62,26 @@ def check_kv_capacity(engine: Engine) -> None:
                     capacity_bytes=engine.capacity_bytes, full_context_bytes=full_context)
 
 
+def registration_request(engine: Engine, worker_id: str,
+                         address: str) -> scheduler_pb2.RegisterWorkerRequest:
+    """What the worker tells the scheduler about itself at registration."""
+    spec = engine.spec
+    return scheduler_pb2.RegisterWorkerRequest(
+        worker_id=worker_id, address=address, model=spec.name,
+        context_length=spec.context_length, bytes_per_token=spec.bytes_per_token,
+        capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
+        execution_provider=engine.provider, vocab_size=spec.vocab_size,
+        version=package_version(), device=engine.device,
+        # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
+        max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
+        nodes_off_device=engine.nodes_off_device,
+        adapters=adapter_admin.adapters_pb(engine),
+        # Already out of capacity_bytes (Engine._charge_decode_path).
+        decode_graph_bytes=engine.decode_graph_bytes,
+        decode_buffer_bytes=engine.decode_buffer_bytes,
+    )
+
+
 def advertise_address(config: WorkerConfig, port: int) -> str:
     if config.advertise_address:
         return config.advertise_address
@@ -187,17 +207,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     log.info("model loaded", model=spec.name, device=engine.device, provider=engine.provider,
              intra_op_threads=engine.intra_op_threads, capacity_bytes=engine.capacity_bytes,
              bytes_per_token=spec.bytes_per_token, context_length=spec.context_length)
-    registration = scheduler_pb2.RegisterWorkerRequest(
-        worker_id=servicer.worker_id, address=servicer.address, model=spec.name,
-        context_length=spec.context_length, bytes_per_token=spec.bytes_per_token,
-        capacity_bytes=engine.capacity_bytes, block_tokens=engine.kv.block_tokens,
-        execution_provider=engine.provider, vocab_size=spec.vocab_size,
-        version=package_version(), device=engine.device,
-        # Rows bound the batch only in a batched runtime (static: one buffer per sequence).
-        max_batch_rows=engine.max_batch_rows if engine.runtime.capabilities.batched else 0,
-        nodes_off_device=engine.nodes_off_device,
-        adapters=adapter_admin.adapters_pb(engine),
-    )
+    registration = registration_request(engine, servicer.worker_id, servicer.address)
     if config.metrics_port is not None:
         registry = new_registry()
         servicer.metrics = WorkerMetrics(registry, engine)

@@ -98,7 +98,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes", "decode_graph_bytes", "decode_buffer_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,8 @@ class WorkerBudget(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -149,7 +151,9 @@ class WorkerBudget(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
     host_bytes: int
     disk_bytes: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+    decode_graph_bytes: int
+    decode_buffer_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s", "total_host_bytes", "total_disk_bytes")
@@ -236,7 +240,7 @@ class ModelBudget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., context_length: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ..., queue_length: _Optional[int] = ..., waiting_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows", "nodes_off_device", "adapters")
+    __slots__ = ("worker_id", "address", "model", "context_length", "bytes_per_token", "capacity_bytes", "block_tokens", "live_leases", "execution_provider", "vocab_size", "version", "device", "live_sessions", "max_batch_rows", "nodes_off_device", "adapters", "decode_graph_bytes", "decode_buffer_bytes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +257,8 @@ class RegisterWorkerRequest(_message.Message):
     MAX_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     NODES_OFF_DEVICE_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -269,7 +275,9 @@ class RegisterWorkerRequest(_message.Message):
     max_batch_rows: int
     nodes_off_device: _containers.RepeatedScalarFieldContainer[str]
     adapters: _containers.RepeatedCompositeFieldContainer[_types_pb2.LoraAdapter]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ..., max_batch_rows: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ...) -> None: ...
+    decode_graph_bytes: int
+    decode_buffer_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., context_length: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., block_tokens: _Optional[int] = ..., live_leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., vocab_size: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., live_sessions: _Optional[_Iterable[_Union[LiveSession, _Mapping]]] = ..., max_batch_rows: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ...) -> None: ...
 
 class LiveSession(_message.Message):
     __slots__ = ("session_id", "lease_id", "kind", "messages", "token_ids", "turns", "history_tokens", "tools")

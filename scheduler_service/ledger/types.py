@@ -76,6 +76,10 @@ class WorkerGeometry:
     # Where each came from on the worker, (name, path) sorted by name: reported (GetBudget),
     # not acted on; an adapter a worker did not give a path for has none here.
     adapter_paths: tuple[tuple[str, str], ...] = ()
+    # What the worker's decode path holds beside the KV on its device, measured there and
+    # already out of capacity_bytes (reported): captured CUDA graphs, the buckets' buffers.
+    decode_graph_bytes: int = 0
+    decode_buffer_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.worker_id:

@@ -51,7 +51,8 @@ def test_info_reports_kv_reserved_as_charged_plus_the_stated_overhead(tiny_dir, 
                                 max_context_tokens=512, kv_capacity_bytes=8 * 2**20,
                                 intra_op_threads=1))
     assert info.kv_layout == "device-rows"
-    assert info.kv_allocated_bytes == info.capacity_bytes > 0
+    # The decode buckets' fixed buffers are charged out of what was allocated (engine.py).
+    assert info.kv_allocated_bytes > info.capacity_bytes > 0
     assert info.kv_reserved_bytes == info.kv_allocated_bytes + info.kv_reserved_overhead_bytes
     # Rounding to 256 bytes per tensor and two scratch tokens: bytes, not a power of two.
     assert 0 < info.kv_reserved_overhead_bytes <= 256 * (2 * info.num_layers + 3)

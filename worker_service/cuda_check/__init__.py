@@ -21,8 +21,14 @@ order of checks.CHECKS:
 - captured_equals_uncaptured: decode in a padded bucket with fixed buffers (a CUDA
   graph where the session has them) equals plain decode, teacher-forced: bit for
   bit on the CPU, max logit difference <= 0.05 on CUDA (runtime/graph_check.py);
-- ledger: the device memory allocated is the pool's capacity; what the rows held
-  never exceeded what was charged, nor the charge the capacity;
+- graph_id_vs_sessions: a CUDA graph per bucket by gpu_graph_id in one session
+  against one captured session per bucket: ms per step at 1, 8, 32 rows and the
+  device memory each took (graph_modes.py; on the dry run the path runs, the ids
+  equal bit for bit, and the figures mean nothing);
+- ledger: the device memory allocated is the pool's capacity plus what the decode
+  path holds beside it (bucket buffers, captured graphs: taken off the capacity at
+  start); what the rows held never exceeded what was charged, nor the charge the
+  capacity;
 - decode_speed (GPU only): decode tokens/s at 1, 8, 32, 64, 128 streams, beside
   onnxruntime-genai where it is installed;
 - equal_to_cpu: the device against the CPU provider on the same folder.

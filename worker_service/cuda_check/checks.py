@@ -19,9 +19,11 @@ import numpy as np
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
 from worker_service.cuda_check import compare, forcing, speed
+from worker_service.cuda_check.graph_modes import graph_id_vs_sessions
 from worker_service.cuda_check.harness import Check, Context, Unmet
 from worker_service.cuda_check.memory import kv_memory_as_charged
 from worker_service.engine import Engine, EngineConfig
+from worker_service.runtime.decode_step import bucket_buffer_bytes_bound
 from worker_service.runtime.device_rows import DeviceRows
 from worker_service.runtime.graph_check import captured_equals_uncaptured
 from worker_service.runtime.model import load_model_spec
@@ -53,6 +55,9 @@ def engine_config(ctx: Context) -> EngineConfig:
     rows = DRY_RUN_ROWS if ctx.dry_run else max(ctx.streams)
     row, block = DeviceRows.row_bytes_for(spec), DeviceRows.block_bytes_for(spec)
     cache = max(256 * block, rows * row // 8)
+    # The decode buckets' fixed buffers are charged out of the capacity (engine.py): the
+    # block area is allocated that much larger, so the rows' and the cache's room stays.
+    cache += bucket_buffer_bytes_bound(spec, rows, spec.context_length)
     return EngineConfig(model_dir=ctx.model_dir, device=ctx.device, device_id=ctx.device_id,
                         kv_layout="device-rows", max_batch_rows=rows,
                         max_context_tokens=spec.context_length,
@@ -302,17 +307,23 @@ def prefix_cache_hit_equals_miss(ctx: Context) -> dict:
 
 
 def ledger(ctx: Context) -> dict:
-    """The device memory allocated is the pool's capacity; what the rows held never
-    exceeded what was charged, nor the charge the capacity (sampled in batched_equals_solo)."""
+    """The device memory allocated is the pool's capacity plus what the decode path holds
+    beside it (bucket buffers, captured graphs: charged out of the capacity at start); what
+    the rows held never exceeded what was charged, nor the charge the capacity (sampled in
+    batched_equals_solo)."""
     engine = ctx.engine
     seen = ctx.shared.get("ledger")
     if not seen:
         raise Unmet("batched_equals_solo did not run: nothing was sampled")
     allocated = engine.runtime.allocated_bytes
-    return {"ok": (allocated == engine.capacity_bytes > 0 and seen.get("held_above_charged") == 0
+    decode = engine.decode_buffer_bytes + engine.decode_graph_bytes
+    return {"ok": (allocated == engine.capacity_bytes + decode and engine.capacity_bytes > 0
+                   and seen.get("held_above_charged") == 0
                    and seen.get("charged_above_capacity") == 0
                    and seen.get("max_charged_bytes", 0) > 0),
             "allocated_bytes": allocated, "capacity_bytes": engine.capacity_bytes,
+            "decode_buffer_bytes": engine.decode_buffer_bytes,
+            "decode_graph_bytes": engine.decode_graph_bytes,
             "held_bytes_now": engine.held_bytes(), **seen}
 
 
@@ -370,6 +381,7 @@ CHECKS: list[Check] = [
     ("session_swap_equals_fresh", session_swap_equals_fresh),
     ("prefix_cache_hit_equals_miss", prefix_cache_hit_equals_miss),
     ("captured_equals_uncaptured", lambda ctx: captured_equals_uncaptured(ctx.engine)),
+    ("graph_id_vs_sessions", graph_id_vs_sessions),
     ("ledger", ledger),
     # Before equal_to_cpu: the CPU engine on a large fp16 folder is slow, and the deadline
     # should skip the CPU comparison rather than the GPU's figures.

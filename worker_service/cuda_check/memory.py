@@ -5,8 +5,6 @@ probe allocation too (cudaMemGetInfo through the CUDA runtime ORT loaded)."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from worker_service.cuda_check.harness import Context
@@ -26,11 +24,15 @@ def kv_memory_as_charged(ctx: Context) -> dict:
     tensors += [rows.token_bytes] * 2  # the span copier's scratch tokens
     expected = sum(device_memory.rounded_bytes(n) for n in tensors)
     charged, reserved = engine.runtime.allocated_bytes, engine.runtime.reserved_bytes
+    # The decode path's buckets and graphs are charged out of the same capacity (engine.py).
+    decode = engine.decode_buffer_bytes + engine.decode_graph_bytes
     out = {"charged_bytes": charged, "capacity_bytes": engine.capacity_bytes,
+           "decode_buffer_bytes": engine.decode_buffer_bytes,
+           "decode_graph_bytes": engine.decode_graph_bytes,
            "reserved_bytes": reserved, "overhead_bytes": reserved - charged,
            "expected_reserved_bytes": expected, "tensors": len(tensors),
            "allocator": engine.runtime.memory_strategy}
-    ok = (reserved == expected and charged == engine.capacity_bytes
+    ok = (reserved == expected and charged == engine.capacity_bytes + decode
           and engine.runtime.memory_strategy == "same-as-requested")
     if not ctx.dry_run:
         out["measured"] = _probe_device_reservation(ctx)
@@ -45,24 +47,9 @@ PROBE_BYTES = 96 * 2**20 + 4096  # next power of two: 128 MiB, far from what is 
 def _probe_device_reservation(ctx: Context) -> dict:
     """Free device memory (cudaMemGetInfo) before and after one KV-allocator tensor of
     PROBE_BYTES: it must drop by about that, not by the next power of two."""
-    cudart = None
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            cudart = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    if cudart is None:
+    free_bytes = device_memory.cuda_free_bytes(ctx.device_id)
+    if free_bytes is None:
         return {"ok": True, "not_measured": "no libcudart to ask for free memory"}
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-
-    def free_bytes() -> int:
-        cudart.cudaSetDevice(ctx.device_id)
-        cudart.cudaDeviceSynchronize()
-        if cudart.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-            raise RuntimeError("cudaMemGetInfo failed")
-        return free.value
-
     before = free_bytes()
     probe = device_memory.KVMemory(ctx.device, ctx.device_id)
     value = probe.tensor([PROBE_BYTES], np.uint8)

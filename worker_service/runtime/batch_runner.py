@@ -20,7 +20,7 @@ mask and logits are preallocated once; returned logits are views into them,
 valid until the next call.
 
 Decode runs in batch-size buckets with fixed buffers bound once per bucket
-(decode_step.py): padded rows on device rows, every size on the host arena;
+(decode_step.py), held by a `DecodeBuckets` (decode_buckets.py): padded rows on device rows, every size on the host arena;
 `decode_rows` hands back each row's greedy id (the graph's `next_ids` on a
 device, numpy's float32 argmax of the host logits on the CPU) and the logits
 only when asked for.
@@ -30,45 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.runtime.decode_step import (
-    WARM_RUNS,
-    DecodeBuffers,
-    DecodeShapes,
-    StepClock,
-    StepStats,
-    bucket_for,
-    graphs_enabled,
-    run_options,
-)
-from worker_service.runtime.last_logits import LOGITS_POSITIONS, NEXT_IDS
+from worker_service.runtime.decode_buckets import DecodeBuckets, Decoded
+from worker_service.runtime.decode_step import DecodeBuffers, DecodeShapes, StepClock, StepStats
+from worker_service.runtime.last_logits import LOGITS_POSITIONS
 from worker_service.runtime.lora import BASE, SLOT_INPUT, AdapterSet, lora_inputs
 from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowStore
-
-
-@dataclass
-class Decoded:
-    """A decode run's results for rows [0, rows)."""
-
-    rows: int
-    # Each row's greedy choice (the first maximum of its logits): the graph's next_ids on a
-    # device, numpy's float32 argmax of the host logits where the graph has none (the
-    # CPU, a run split by adapter groups).
-    next_ids: np.ndarray
-    _fetch: Callable[[], np.ndarray]
-    _logits: np.ndarray | None = None
-
-    def logits(self) -> np.ndarray:
-        """[rows, vocab] float32 on the host: a view of the run's output buffer on the CPU
-        (valid until the next run), one copy and one cast for the batch from a device."""
-        if self._logits is None:
-            self._logits = self._fetch()
-        return self._logits
 
 
 class BatchRunner:
@@ -76,12 +47,13 @@ class BatchRunner:
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int = 512, lora: AdapterSet | None = None,
-                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1) -> None:
+                 shapes: DecodeShapes | None = None, graph_ids_from: int = 1,
+                 mask_counts: bool | None = None) -> None:
         """`shapes`: how decode runs are shaped (decode_step.py); None: the store's own
         (padded buckets and full-width masks on device rows, every size on the arena).
         `graph_ids_from`: the CUDA graph id of the first bucket (0 is ORT's default; a
-        second runner on the same session, cuda_check's, takes other ids)."""
-        self.graph_ids_from = graph_ids_from
+        second runner on the same session, cuda_check's, takes other ids). `mask_counts`:
+        decode masks as counts (runtime/mask_counts.py); None: where the graph allows."""
         if store.spec is not spec and store.spec != spec:
             raise ValueError("the row store was made for another model spec")
         self.session = session
@@ -102,21 +74,12 @@ class BatchRunner:
         # Row b's position within the run whose logits it reads, when the graph gathers.
         self.gathers = LOGITS_POSITIONS in {i.name for i in session.get_inputs()}
         self._logits_at = np.zeros(max(rows, max_chunk_tokens), dtype=np.int64)
-        # Decode runs in buckets with fixed buffers (runtime/decode_step.py); a bucket's KV
+        # Decode runs in buckets with fixed buffers (runtime/decode_buckets.py); a bucket's KV
         # rows [0, bucket) and buffers are bound once: row addresses never change.
-        self.graphs = graphs_enabled(session)
-        self.shapes = shapes or DecodeShapes.for_store(store, capture=self.graphs)
-        self._buckets: dict[int, DecodeBuffers] = {}
-        self.has_next_ids = NEXT_IDS in {o.name for o in session.get_outputs()}
-        self._next_ids = np.zeros(rows, dtype=np.int64)  # the host buckets' shared output
-        self._lengths = np.zeros(rows, dtype=np.int64)
-        self._pad_id = spec.eos_token_ids[0] if spec.eos_token_ids else 0  # any valid id
-        self.step_stats = StepStats()
-        self._graph_run_options: dict[int, ort.RunOptions] = {}
-        # Every other run on a graph-enabled session says -1 (uncaptured): ORT would
-        # otherwise capture its default graph (id 0) on the third run of any shape.
-        self._skip_graph = run_options(-1)
-        self._uncaptured = self._skip_graph if self.graphs else None
+        self.buckets = DecodeBuckets(session, spec, store, self.logits_dtype, self.gathers,
+                                     shapes, graph_ids_from, self._decode_logits, mask_counts)
+        # The options of every run that replays no graph (None: a session without graphs).
+        self._uncaptured = self.buckets.uncaptured
         # One binding per row for prompt chunks: a row's address never changes (a
         # moved row lands in another row's place), so a row's KV is bound once.
         self._prefill_bindings: dict[int, ort.IOBinding] = {}
@@ -149,7 +112,7 @@ class BatchRunner:
         freed row's place is taken by the last row: every binding still points at live or
         free rows); for a caller that replaced the store's memory. Captured graphs keep
         their addresses: replacing the memory under them needs a new session."""
-        self._buckets.clear()
+        self.buckets.clear()
         self._prefill_bindings.clear()
         self._first_bindings.clear()
         self._decode_part_bindings.clear()
@@ -363,108 +326,49 @@ class BatchRunner:
             else:
                 self.store.note_written(b, int(past[b]), touched_tokens=int(past[b]) + 1)
         self.largest_batch = max(self.largest_batch, rows)
+        self.ort_cpu_s += clock.run_cpu_s
         clock.close(self.step_stats)
         return decoded
 
-    def _bucket(self, bucket: int) -> DecodeBuffers:
-        buffers = self._buckets.get(bucket)
-        if buffers is None:
-            shapes = self.shapes
-            buffers = self._buckets[bucket] = DecodeBuffers(
-                self.session, self.spec, self.store, bucket,
-                self.store.seq_tokens if shapes.full_width else None, self.logits_dtype,
-                self.gathers, slots=self.lora is not None and self.lora.per_row,
-                next_ids=self.has_next_ids,
-                shared=None if shapes.full_width else (self._decode_logits, self._next_ids))
-            self.step_stats.graph_bytes += buffers.nbytes if shapes.full_width else 0
-        return buffers
-
     def _decode_bucket(self, clock: StepClock, rows: int, past: np.ndarray, ids: np.ndarray,
                        adapter: str, per_row: Sequence[str] | None) -> Decoded:
-        """One run over rows [0, bucket): the rows, then padding (see decode_step.py)."""
-        spec, shapes = self.spec, self.shapes
-        bucket = bucket_for(rows, shapes.ladder)
-        buffers = self._bucket(bucket)
-        binding = buffers.binding
-        self._bind_adapter(binding, adapter)
-        buffers.ids.host[:rows, 0] = ids
-        buffers.ids.host[rows:, 0] = self._pad_id
-        if buffers.positions is not None:
-            buffers.positions.host[:rows, 0] = past
-            buffers.positions.host[rows:, 0] = 0
-        if buffers.slots is not None and self.lora is not None:
-            buffers.slots.host[:rows] = [self.lora.slot(a) for a in (per_row or [adapter] * rows)]
-            buffers.slots.host[rows:] = self.lora.slot(BASE)
-        lengths = self._lengths[:bucket]
-        np.add(past, 1, out=lengths[:rows])
-        lengths[rows:] = 1  # a padded row holds position 0: its scratch goes there
-        if buffers.mask is not None:
-            np.less(self._columns[:buffers.width], lengths[:, None], out=buffers.mask.host,
-                    casting="unsafe")
-        else:
-            width = int(past.max()) + 1
-            mask = self._mask[:bucket * width].reshape(bucket, width)
-            np.less(self._columns[:width], lengths[:, None], out=mask, casting="unsafe")
-            binding.bind_cpu_input(spec.attention_mask_name, mask)
-        buffers.upload()
-        reason = self._uncaptured_reason(buffers)
-        options = self._graph_options(bucket) if reason is None else self._uncaptured
-        started_s = time.thread_time()
-        clock.timed_run(self.session, binding, options)
-        self.ort_cpu_s += time.thread_time() - started_s
+        """One run over rows [0, bucket) (runtime/decode_buckets.py)."""
+        lora = self.lora
+
+        def bind_lora(buffers: DecodeBuffers) -> None:
+            self._bind_adapter(buffers.binding, adapter)
+            if buffers.slots is not None and lora is not None:
+                buffers.slots.host[:rows] = [lora.slot(a) for a in (per_row or [adapter] * rows)]
+                buffers.slots.host[rows:] = lora.slot(BASE)
+        decoded = self.buckets.run(clock, rows, past, ids, lora is not None, self._slotted,
+                                   bind_lora)
         self.runs += 1
-        self.step_stats.ran(reason)
-        self.step_stats.padded_rows += bucket - rows
-        logits = buffers.logits
+        return decoded
 
-        def fetch() -> np.ndarray:
-            host = logits.download()[:rows].reshape(rows, spec.vocab_size)
-            # One cast for the batch: no host code ever scans half floats row by row.
-            return host if host.dtype == np.float32 else host.astype(np.float32)
-        if buffers.next_ids is not None:  # chosen on the device: only ids come down
-            return Decoded(rows, buffers.next_ids.download()[:rows, 0], fetch)
-        # No device argmax (the CPU: numpy's float32 argmax beats ORT's CPU ArgMax ~100x;
-        # or an unedited graph): one host call over the batch's float32 logits.
-        host = fetch()
-        return Decoded(rows, np.argmax(host, axis=1), fetch, host)
+    @property
+    def _slotted(self) -> bool:
+        """Whether decode binds per-row adapter slots (a per-row LoRA graph)."""
+        return self.lora is not None and self.lora.per_row
 
-    def _uncaptured_reason(self, buffers: DecodeBuffers) -> str | None:
-        """None when this run replays (or captures) its bucket's graph; else why not."""
-        if not self.shapes.capture:
-            return "no capture on this device" if self.store.device == "cpu" else "graphs off"
-        if self.lora is not None:
-            return "LoRA inputs"  # rebound when adapters change: a graph would keep old ones
-        return None
+    @property
+    def shapes(self) -> DecodeShapes:
+        """How decode runs are shaped (the buckets')."""
+        return self.buckets.shapes
 
-    def _graph_options(self, bucket: int) -> ort.RunOptions:
-        options = self._graph_run_options.get(bucket)
-        if options is None:
-            # Graph ids from 1 (0 is ORT's default annotation), one per bucket.
-            options = self._graph_run_options[bucket] = run_options(
-                self.graph_ids_from + self.shapes.ladder.index(bucket))
-        return options
+    @property
+    def graphs(self) -> bool:
+        """Whether the session's CUDA provider has graphs enabled."""
+        return self.buckets.graphs
 
-    def warm_graphs(self) -> list[int]:
-        """Capture every bucket's graph now (ORT captures on a graph id's third run, on the
-        calling thread: the engine thread calls this before its first step). Runs over
-        free rows only, so it needs an empty store; returns the buckets captured."""
-        if not self.shapes.capture or self.lora is not None:
-            return []  # nothing replays: graphs off, the CPU, or LoRA inputs (uncaptured)
-        if self.store.rows:
-            raise RuntimeError("graphs are captured before any sequence has a row")
-        for bucket in self.shapes.ladder:
-            buffers = self._bucket(bucket)
-            buffers.ids.host[:] = self._pad_id
-            if buffers.positions is not None:
-                buffers.positions.host[:] = 0
-            assert buffers.mask is not None
-            buffers.mask.host[:] = 0
-            buffers.mask.host[:, 0] = 1
-            buffers.upload()
-            for _ in range(WARM_RUNS):
-                self.session.run_with_iobinding(buffers.binding, self._graph_options(bucket))
-            self.step_stats.captured_buckets.append(bucket)
-        return list(self.step_stats.captured_buckets)
+    @property
+    def step_stats(self) -> StepStats:
+        """How decode steps ran (the buckets' figures)."""
+        return self.buckets.stats
+
+    def warm_graphs(self, free_bytes: Callable[[], int] | None = None) -> list[int]:
+        """Make every bucket's fixed buffers and capture every bucket's graph now
+        (DecodeBuckets.warm; `free_bytes` measures the capture); the buckets captured."""
+        return self.buckets.warm(self.lora is not None, self._slotted, free_bytes)
 
     def _part_logits(self, rows: int) -> Callable[[], np.ndarray]:
         logits = self._decode_logits[:rows * self.spec.vocab_size].reshape(rows,
@@ -497,9 +401,7 @@ class BatchRunner:
         logits = self._decode_logits[start * spec.vocab_size:stop * spec.vocab_size]
         binding.bind_output(spec.logits_name, "cpu", 0, self.logits_dtype,
                             [n, 1, spec.vocab_size], logits.ctypes.data)
-        started_s = time.thread_time()
         clock.timed_run(self.session, binding, self._uncaptured)
-        self.ort_cpu_s += time.thread_time() - started_s
         self.runs += 1
 
     def _bind_slots(self, binding: ort.IOBinding, adapters: Sequence[str]) -> None:

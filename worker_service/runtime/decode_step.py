@@ -38,6 +38,7 @@ the host after the run: they do not change the run's shapes (graph-safe).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +65,14 @@ def bucket_ladder(max_rows: int, pads: bool) -> tuple[int, ...]:
     if not pads:
         return tuple(range(1, max_rows + 1))
     return tuple(b for b in BUCKETS if b < max_rows) + (max_rows,)
+
+
+def bucket_buffer_bytes_bound(spec: ModelSpec, max_rows: int, width: int) -> int:
+    """At most what padded buckets' fixed buffers (`DecodeBuffers`) over max_rows rows of
+    `width` tokens hold: every optional buffer counted, logits as float32. For a caller
+    sizing a KV capacity that must leave room for them (they are charged out of it)."""
+    per_row = spec.vocab_size * 4 + width * 8 + 6 * 8  # logits, the mask, six [b, 1] int64s
+    return sum(bucket_ladder(max_rows, pads=True)) * per_row
 
 
 def bucket_for(rows: int, ladder: tuple[int, ...]) -> int:
@@ -98,6 +107,11 @@ def graphs_enabled(session: ort.InferenceSession) -> bool:
     return str(options.get("enable_cuda_graph", "0")).lower() in ("1", "true")
 
 
+# Copies column 0 of a C-contiguous host [rows, width] array to the same place of a
+# device array of that shape at a device pointer (device_memory.cuda_column_copier).
+ColumnCopier = Callable[[int, np.ndarray], None]
+
+
 class _Buffer:
     """A fixed tensor: a host staging array and the OrtValue ORT is bound to. On the CPU they
     are one memory; on a device, `upload` copies the array into the OrtValue in place
@@ -111,10 +125,23 @@ class _Buffer:
         self.value = (ort.OrtValue.ortvalue_from_numpy(self.host) if self.on_host else
                       ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device,
                                                                 device_id))
+        self.synced = self.on_host  # whether the device holds the whole host array
 
     def upload(self) -> None:
         if not self.on_host:
             self.value.update_inplace(self.host)
+        self.synced = True
+
+    def upload_first_column(self, copy_column: ColumnCopier | None) -> None:
+        """Copy column 0 of this [rows, width] buffer to the device: one strided copy of
+        rows x 8 bytes where a copier is at hand and the device already holds the rest of
+        the array (a full copy before that, and where none is at hand)."""
+        if self.on_host:
+            return
+        if copy_column is None or not self.synced:
+            self.upload()
+            return
+        copy_column(self.value.data_ptr(), self.host)
 
     def download(self) -> np.ndarray:
         return self.host if self.on_host else self.value.numpy()
@@ -131,14 +158,19 @@ class DecodeBuffers:
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  bucket: int, width: int | None, logits_dtype: np.dtype, gathers: bool,
-                 slots: bool, next_ids: bool, shared: tuple[np.ndarray, np.ndarray] | None = None
-                 ) -> None:
+                 slots: bool, next_ids: bool, shared: tuple[np.ndarray, np.ndarray] | None = None,
+                 mask_counts: bool = False, copy_column: ColumnCopier | None = None) -> None:
         """`width`: the mask's fixed width (None: the step's own, bound each step).
         `shared`: flat host arrays (logits, next ids) every bucket's outputs are prefixes
         of: on the host, where buckets are every size and nothing is captured, one
-        buffer serves them all (a [rows, vocab] buffer per size would be rows^2/2 rows)."""
+        buffer serves them all (a [rows, vocab] buffer per size would be rows^2/2 rows).
+        `mask_counts`: the graph reads the mask only as row sums and its width
+        (mask_counts.py): each row's length stands in its first column, zeros in the rest,
+        and only that column is copied to a device each step (by `copy_column`)."""
         device, device_id = store.device, getattr(store, "device_id", 0)
         self.bucket, self.width = bucket, width
+        self.mask_counts = mask_counts and width is not None
+        self._copy_column = copy_column
 
         def buffer(shape, dtype=np.int64):
             return _Buffer(shape, np.dtype(dtype), device, device_id)
@@ -178,9 +210,24 @@ class DecodeBuffers:
                                       self.slots, self.logits, self.next_ids) if b is not None)
 
     def upload(self) -> None:
-        for b in (self.ids, self.positions, self.mask, self.slots):
+        for b in (self.ids, self.positions, self.slots):
             if b is not None:
                 b.upload()
+        if self.mask is not None:
+            if self.mask_counts:
+                self.mask.upload_first_column(self._copy_column)
+            else:
+                self.mask.upload()
+
+    def set_lengths(self, lengths: np.ndarray, columns: np.ndarray) -> None:
+        """Write each row's length (its positions to attend, padding rows' 1) into the fixed
+        mask: as a count in column 0 (mask_counts), else as a right-padded row of ones."""
+        assert self.mask is not None
+        if self.mask_counts:
+            self.mask.host[:, 0] = lengths
+        else:
+            np.less(columns[:self.width], lengths[:, None], out=self.mask.host,
+                    casting="unsafe")
 
 
 @dataclass
@@ -195,6 +242,9 @@ class StepStats:
     host_s: float = 0.0  # wall seconds of decode steps outside the session run
     device_s: float = 0.0  # wall seconds inside it (the device's work and its launches)
     graph_bytes: int = 0  # fixed buffers of the buckets made so far (on the store's device)
+    # Device memory ORT took while capturing the buckets' graphs (the device's free memory
+    # before and after; 0 where nothing is captured or nothing could be asked).
+    capture_bytes: int = 0
     captured_buckets: list[int] = field(default_factory=list)
 
     def ran(self, reason: str | None) -> None:
@@ -212,12 +262,16 @@ class StepClock:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.run_s = 0.0
+        # CPU seconds of the calling thread inside the runs (the bench's "inside ONNX
+        # Runtime" share; pool threads, if any, are not in it).
+        self.run_cpu_s = 0.0
 
     def timed_run(self, session: ort.InferenceSession, binding: ort.IOBinding,
                   options: ort.RunOptions | None) -> None:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         session.run_with_iobinding(binding, options)
         self.run_s += time.perf_counter() - started
+        self.run_cpu_s += time.thread_time() - started_cpu
 
     def close(self, stats: StepStats) -> None:
         total = time.perf_counter() - self.started

@@ -29,8 +29,9 @@ two), never silently.
 
 from __future__ import annotations
 
+import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -120,3 +121,66 @@ class KVMemory:
         self.reserved_bytes += (rounded_bytes(nbytes) if self.strategy == "same-as-requested"
                                 else next_power_of_two(nbytes))
         return value
+
+
+CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+
+
+def cuda_free_bytes(device_id: int) -> Callable[[], int] | None:
+    """A probe of the GPU's free memory now (cudaMemGetInfo through the CUDA runtime ORT
+    loaded, after a device synchronize), or None where no CUDA runtime can be loaded.
+    Why: ORT keeps a captured CUDA graph's memory in its own arena and reports it
+    nowhere; the drop in free memory around the capture is what it took."""
+    cudart = _cudart()
+    if cudart is None:
+        return None
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+
+    def free_bytes() -> int:
+        cudart.cudaSetDevice(device_id)
+        cudart.cudaDeviceSynchronize()
+        if cudart.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+            raise RuntimeError(f"cudaMemGetInfo failed on GPU {device_id}")
+        return free.value
+    return free_bytes
+
+
+CUDA_MEMCPY_HOST_TO_DEVICE = 1  # cudaMemcpyKind
+
+
+def cuda_column_copier(device_id: int) -> Callable[[int, np.ndarray], None] | None:
+    """A copy of column 0 of a C-contiguous host [rows, width] array to the same place of a
+    device array of that shape at a pointer: one cudaMemcpy2D of rows x itemsize bytes
+    (pitch width x itemsize on both sides), through the CUDA runtime ORT loaded; None
+    where none can be loaded (the caller copies the whole array). Synchronous, as
+    OrtValue.update_inplace is: a step's run sees it."""
+    cudart = _cudart()
+    if cudart is None:
+        return None
+    copy = cudart.cudaMemcpy2D
+    copy.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                     ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    return column_copier(copy, cudart.cudaSetDevice, device_id)
+
+
+def column_copier(copy2d, set_device, device_id: int) -> Callable[[int, np.ndarray], None]:
+    """`cuda_column_copier`'s copy over a cudaMemcpy2D-like function (a fake in tests)."""
+    def copy_column(device_ptr: int, host: np.ndarray) -> None:
+        rows, width = host.shape
+        pitch = width * host.itemsize
+        set_device(device_id)
+        status = copy2d(device_ptr, pitch, host.ctypes.data, pitch, host.itemsize, rows,
+                        CUDA_MEMCPY_HOST_TO_DEVICE)
+        if status != 0:
+            raise RuntimeError(f"cudaMemcpy2D of a {rows}-row mask column to GPU {device_id} "
+                               f"failed (cudaError {status})")
+    return copy_column
+
+
+def _cudart():
+    for name in CUDART_NAMES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None

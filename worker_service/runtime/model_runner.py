@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -25,6 +26,7 @@ import structlog
 
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
+from worker_service.runtime import device_memory
 from worker_service.runtime.batch_runner import BatchRunner, adapter_groups
 from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.lora import AdapterSet
@@ -83,23 +85,35 @@ class BatchedModelRunner:
         """Decode steps: captured or not (and why), host vs device seconds (metrics)."""
         return self.batch.step_stats
 
-    def warm_graphs(self) -> list[int]:
-        """Capture a CUDA graph per decode bucket, on the calling (engine) thread, before
-        the first step; [] where nothing is captured (the CPU, graphs off). A capture ORT
-        refuses turns graphs off for this runner, and the log says why: the steps run
-        uncaptured (and the metrics count them so)."""
+    def warm_graphs(self, free_bytes: Callable[[], int] | None = None) -> list[int]:
+        """Make the decode buckets' fixed buffers and capture a CUDA graph per bucket, on the
+        calling (engine) thread, before the first step; [] where nothing is captured (the
+        CPU, graphs off). `free_bytes`: the device's free memory (default on CUDA: asked of
+        the CUDA runtime) read around the capture, whose drop is charged with the buffers
+        (`decode_charged_bytes`). A capture ORT refuses turns graphs off for this runner,
+        and the log says why: the steps run uncaptured (and the metrics count them so)."""
+        if free_bytes is None and self.store.device == "cuda":
+            free_bytes = device_memory.cuda_free_bytes(getattr(self.store, "device_id", 0))
         try:
-            buckets = self.batch.warm_graphs()
+            buckets = self.batch.warm_graphs(free_bytes)
         except Exception as exc:  # noqa: BLE001 - refused capture: run uncaptured
-            self.batch.shapes = dataclasses.replace(self.batch.shapes, capture=False)
+            self.batch.buckets.shapes = dataclasses.replace(self.batch.shapes, capture=False)
             log.warning("CUDA graph capture failed; decode steps run uncaptured",
-                        cause=f"{type(exc).__name__}: {exc}")
+                        cause=f"{type(exc).__name__}: {exc}",
+                        capture_bytes=self.step_stats.capture_bytes)
             return []
         if buckets:
             log.info("CUDA graphs captured", buckets=buckets,
-                     fixed_buffer_bytes=self.batch.step_stats.graph_bytes,
-                     note="ORT's graph memory is inside its CUDA arena (not reported apart)")
+                     fixed_buffer_bytes=self.step_stats.graph_bytes,
+                     capture_bytes=self.step_stats.capture_bytes,
+                     measured="the GPU's free memory before and after the capture"
+                     if free_bytes is not None else "not measured: no CUDA runtime to ask")
         return buckets
+
+    @property
+    def decode_charged_bytes(self) -> int:
+        """Bytes the decode path holds beside the KV on its device (buffers + graphs)."""
+        return self.batch.buckets.charged_bytes
 
     def can_start(self, seq: Sequence, starting: list[Sequence]) -> bool:
         return self.store.can_allocate(seq.kv.max_tokens, [s.kv.max_tokens for s in starting])

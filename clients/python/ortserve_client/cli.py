@@ -126,6 +126,9 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
         print(f"{w.worker_id:<24} {human_bytes(w.capacity_bytes):>12} {human_bytes(w.reserved_bytes):>12} "
               f"{human_bytes(w.available_bytes):>12} {w.lease_count:>6} {human_bytes(w.host_bytes):>10} "
               f"{human_bytes(w.disk_bytes):>10}  {w.execution_provider}")
+        if w.decode_graph_bytes or w.decode_buffer_bytes:
+            print(f"  decode path holds {human_bytes(w.decode_graph_bytes)} of CUDA graphs and "
+                  f"{human_bytes(w.decode_buffer_bytes)} of bucket buffers (out of capacity)")
         for lease in w.leases:
             print(f"  lease {lease.lease_id} request {lease.request_id} {human_bytes(lease.reserved_bytes)}"
                   f" max_new_tokens {lease.max_new_tokens:,}{' CAPPED' if lease.HasField('budget_cap') else ''}")

@@ -16,7 +16,8 @@ from tests.models import prepared_model_dir
 
 EVERY_CHECK = ["session_starts", "heavy_nodes_on_the_device", "kv_on_device",
                "kv_memory_as_charged", "batched_equals_solo", "session_swap_equals_fresh",
-               "prefix_cache_hit_equals_miss", "captured_equals_uncaptured", "ledger",
+               "prefix_cache_hit_equals_miss", "captured_equals_uncaptured",
+               "graph_id_vs_sessions", "ledger",
                "decode_speed", "equal_to_cpu"]
 
 
@@ -39,7 +40,9 @@ def assert_every_check_judged(summary: dict) -> None:
     memory = checks["kv_memory_as_charged"]
     assert memory["reserved_bytes"] == memory["charged_bytes"] + memory["overhead_bytes"]
     assert memory["reserved_bytes"] == memory["expected_reserved_bytes"]
-    assert memory["charged_bytes"] == memory["capacity_bytes"]
+    # The decode buckets' buffers are charged out of the allocation; no graphs on the CPU.
+    assert memory["decode_buffer_bytes"] > 0 and memory["decode_graph_bytes"] == 0
+    assert memory["charged_bytes"] == memory["capacity_bytes"] + memory["decode_buffer_bytes"]
     assert 0 < memory["overhead_bytes"] <= 256 * memory["tensors"]
     batched = checks["batched_equals_solo"]
     assert batched["largest_batch"] >= 5 and batched["tokens"]["ok"]
@@ -54,7 +57,11 @@ def assert_every_check_judged(summary: dict) -> None:
     assert session["state_after_swap_out"] == "swapped" and session["kept_kv"]["ok"]
     assert session["reused_prompt_tokens"] > 0 and session["logits_vs_fresh"]["ok"]
     assert checks["prefix_cache_hit_equals_miss"]["cached_prompt_tokens"] > 0
-    assert checks["ledger"]["allocated_bytes"] == checks["ledger"]["capacity_bytes"]
+    modes = checks["graph_id_vs_sessions"]
+    assert modes["same_greedy_ids"] and set(modes["id"]["ms_per_step"]) == {"1", "4"}
+    assert set(modes["sessions"]["ms_per_step"]) == {"1", "4"} and not modes["captured"]
+    ledger = checks["ledger"]
+    assert ledger["allocated_bytes"] == ledger["capacity_bytes"] + ledger["decode_buffer_bytes"]
     # Sized from the model: the rows hold ROW_TOKENS of this model, not a constant.
     starts = checks["session_starts"]
     assert starts["capacity_bytes"] >= starts["rows"] * starts["row_bytes"]

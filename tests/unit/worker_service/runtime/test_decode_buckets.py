@@ -55,11 +55,13 @@ def test_shapes_follow_the_store(tiny):
         rows.close()
 
 
-def _decode_three(spec, session, shapes: DecodeShapes | None, steps: int):
+def _decode_three(spec, session, shapes: DecodeShapes | None, steps: int,
+                  mask_counts: bool | None = None):
     """Three prompts of different lengths prefilled into rows 0..2 of CPU device rows, then
     `steps` greedy decode steps (the device's ids fed back); the logits and ids of each."""
     store = DeviceRows(spec, 8, "cpu")
-    runner = BatchRunner(session, spec, store, max_chunk_tokens=16, shapes=shapes)
+    runner = BatchRunner(session, spec, store, max_chunk_tokens=16, shapes=shapes,
+                         mask_counts=mask_counts)
     assert runner.warm_graphs() == ([] if shapes is None or not shapes.capture
                                     else list(shapes.ladder))
     past, ids = [], []
@@ -123,5 +125,70 @@ def test_capture_refuses_a_store_with_rows_and_names_why(tiny):
         store.allocate(8)
         with pytest.raises(RuntimeError, match="before any sequence has a row"):
             runner.warm_graphs()
+    finally:
+        store.close()
+
+
+def test_warm_up_makes_every_buckets_buffers_and_measures_the_capture_with_the_probe(tiny):
+    """The CUDA measurement path on CPU device rows with a fake free-memory probe: the
+    buffers of every bucket exist before the first step (their bytes known at start) and the
+    capture's cost is the drop in free memory read before and after it."""
+    spec, session = tiny
+    store = DeviceRows(spec, 8, "cpu")
+    try:
+        runner = BatchRunner(session, spec, store, max_chunk_tokens=16,
+                             shapes=DecodeShapes((1, 2, 4, 8), True, True))
+        readings = iter([10_000_000, 9_250_000])  # free bytes before, after
+        asked = []
+
+        def free_bytes() -> int:
+            asked.append(len(asked))
+            return next(readings)
+        assert runner.warm_graphs(free_bytes) == [1, 2, 4, 8]
+        stats = runner.step_stats
+        assert len(asked) == 2 and stats.capture_bytes == 750_000
+        expected = sum(runner.buckets.buffers(b, False).nbytes for b in (1, 2, 4, 8))
+        assert stats.graph_bytes == expected > 8 * spec.vocab_size * 4
+        assert runner.buckets.charged_bytes == expected + 750_000
+    finally:
+        store.close()
+
+
+def test_uncaptured_device_rows_still_make_their_buffers_at_start_and_the_arena_none(tiny):
+    spec, session = tiny
+    store = DeviceRows(spec, 4, "cpu")
+    try:
+        runner = BatchRunner(session, spec, store, max_chunk_tokens=16)
+        assert runner.warm_graphs(lambda: 1 / 0) == []  # no capture: the probe is not asked
+        assert runner.step_stats.graph_bytes > 0 and runner.step_stats.capture_bytes == 0
+    finally:
+        store.close()
+    arena = KVArena(spec, max_rows=4, capacity_bytes=2**30)
+    runner = BatchRunner(session, spec, arena, max_chunk_tokens=16)
+    assert runner.warm_graphs() == [] and runner.buckets.charged_bytes == 0
+
+
+def test_counts_in_the_masks_first_column_give_the_rows_of_ones_tokens_bit_for_bit(tiny):
+    """The builder graph reads the mask only as row sums and its width (mask_counts.py):
+    each row's length as a count in column 0 gives the same logits as right-padded rows of
+    ones, bit for bit, and the step writes one int64 per row."""
+    spec, session = tiny
+    shapes = DecodeShapes((1, 2, 4, 8), True, False)
+    counted = _decode_three(spec, session, shapes, steps=6, mask_counts=True)
+    ones = _decode_three(spec, session, shapes, steps=6, mask_counts=False)
+    for got, want in zip(counted[0], ones[0], strict=True):
+        assert np.array_equal(got, want)
+    assert counted[1] == ones[1] and counted[2] == ones[2]
+    # By default the runner reads the graph and counts (tiny-llama is a builder graph).
+    store = DeviceRows(spec, 4, "cpu")
+    try:
+        runner = BatchRunner(session, spec, store, max_chunk_tokens=16)
+        assert runner.buckets.mask_counts
+        runner.warm_graphs()
+        row = store.allocate(32)
+        runner.prefill(row, 0, PROMPTS[0])
+        runner.decode_rows(1, [len(PROMPTS[0])], [7])
+        mask = runner.buckets.buffers(1, False).mask.host
+        assert mask[0, 0] == len(PROMPTS[0]) + 1 and not mask[0, 1:].any()
     finally:
         store.close()

@@ -4,6 +4,8 @@ out and in, and the batched runner over them equal to each sequence alone."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -146,15 +148,25 @@ def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_i
     with Engine(config) as engine:  # 5 rows; the half row left over holds cache blocks
         assert engine.kv_layout == "device-rows" and engine.max_batch_rows == 5
         slots = (row // 2) // block
-        assert engine.capacity_bytes == engine.runtime.allocated_bytes == 5 * row + slots * block
+        # The capacity is the allocation less the decode buckets' fixed buffers (charged at
+        # start); on the CPU nothing is captured, so no graph bytes.
+        assert engine.decode_buffer_bytes > 0 and engine.decode_graph_bytes == 0
+        assert engine.capacity_bytes + engine.decode_buffer_bytes == (
+            engine.runtime.allocated_bytes) == 5 * row + slots * block
         assert engine.prefix_cache.limit_bytes == slots * block
         assert engine.sessions is not None and engine.prefix_cache is not None
         assert engine.kv.parks_on_host and engine.runtime.kv_device_names() == {"cpu"}
+    # Shorter rows: more of them in the same bytes. 64 rows' decode buckets hold ~24 MiB of
+    # fixed buffers (mostly [bucket, vocab] float32 logits), charged out of the capacity:
+    # with tiny-llama's 100-token rows they outweigh the KV, so the capacity has room.
     short = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
                          max_batch_rows=64, max_context_tokens=100,
-                         kv_capacity_bytes=5 * row + row // 2)
-    with Engine(short) as engine:  # shorter rows: more of them in the same bytes
-        assert engine.spec.context_length == 100 and engine.max_batch_rows > 5 * 8
+                         kv_capacity_bytes=5 * row + row // 2 + 64 * 2**20)
+    with Engine(short) as engine:
+        assert engine.spec.context_length == 100 and engine.max_batch_rows == 64
+        assert engine.capacity_bytes == engine.runtime.allocated_bytes - engine.decode_buffer_bytes
+    with pytest.raises(InvalidRequest, match="decode buckets' fixed buffers"):
+        Engine(dataclasses.replace(short, kv_capacity_bytes=5 * row + row // 2))
     reserved = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
                             max_batch_rows=64, kv_capacity_bytes=5 * row + row // 2,
                             prefix_cache_bytes=2 * row)  # the cache's area first, rows after
@@ -217,7 +229,10 @@ def test_64_sequences_decode_in_one_run_over_64_device_rows(tiny):
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(dataclasses.replace(spec, context_length=64))
     config = EngineConfig(model_dir=spec.model_dir, intra_op_threads=2, kv_layout="device-rows",
-                          max_batch_rows=64, max_context_tokens=64, kv_capacity_bytes=64 * row)
+                          max_batch_rows=64, max_context_tokens=64,
+                          # Room for the 64 rows' decode buckets (~24 MiB of fixed buffers,
+                          # charged out of the capacity: engine.py).
+                          kv_capacity_bytes=64 * row + 64 * 2**20)
     with Engine(config) as engine:
         assert engine.max_batch_rows == 64
         reqs = [SequenceRequest(f"s{i}", (1 + i % 7, 5, 9 + i % 3), 6, min_new_tokens=6,
