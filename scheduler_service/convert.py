@@ -62,13 +62,16 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         two_step=two_step,
         adapter=request.adapter,
         preferred_worker=request.preferred_worker_id,
+        max_itl_ms=request.max_itl_ms,
+        max_ttft_ms=request.max_ttft_ms,
     )
 
 
 # The proto's names, one for one (the enum `limit` converted on its own).
 _CAP_FIELDS = tuple(name for name in BudgetCap.__dataclass_fields__ if name != "limit")
 _CAP_LIMIT = {CapLimit.WORKER: types_pb2.CAP_LIMIT_WORKER,
-              CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA}
+              CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA,
+              CapLimit.DEADLINE: types_pb2.CAP_LIMIT_DEADLINE}
 
 
 def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
@@ -79,8 +82,8 @@ def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
 
 
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
-    limit = (CapLimit.TENANT_QUOTA if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA
-             else CapLimit.WORKER)
+    limit = next((domain for domain, number in _CAP_LIMIT.items() if number == pb.limit),
+                 CapLimit.WORKER)
     cap = BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS
                        if name != "requested_source"}, limit=limit)
     if pb.requested_source:  # unset: a lease from a scheduler older than the field
@@ -115,6 +118,14 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         tenant_reserved_bytes=rejection.tenant_reserved_bytes,
         tenant_requests_per_s=rejection.tenant_requests_per_s,
         tenant_burst=rejection.tenant_burst,
+        worker_id=rejection.worker_id,
+        predicted_step_ms=rejection.predicted_step_ms,
+        itl_goal_ms=rejection.itl_goal_ms,
+        ttft_goal_ms=rejection.ttft_goal_ms,
+        fastest_step_ms=rejection.fastest_step_ms,
+        streams=rejection.streams,
+        estimated_wait_ms=rejection.estimated_wait_s * 1e3,
+        deadline_ms=rejection.deadline_ms,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))

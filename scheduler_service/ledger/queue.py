@@ -62,7 +62,8 @@ _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
 
 def _can_wait(rejection: Rejection) -> bool:
     """A newcomer's refusal that the queue can cure: the pool busy, or the tenant's room."""
-    return rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
+    return (rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
+            or rejection.waits_for_time)
 
 
 class AdmissionQueue:
@@ -161,7 +162,7 @@ class AdmissionQueue:
                     if rejection.waits_for_tenant_room:
                         held_back.add((head.request.model, head.request.tenant))
                         continue
-                    if (rejection.cause in _WAITABLE
+                    if ((rejection.cause in _WAITABLE or rejection.waits_for_time)
                             and not (head.lease_id and rejection.cause is Cause.NO_WORKER)):
                         # It blocks its model's line (a session whose lease is gone never
                         # will fit, so it does not block).
