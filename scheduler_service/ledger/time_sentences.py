@@ -15,8 +15,7 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         remedy = (f"loosen max_itl_ms to at least {int(r.fastest_step_ms) + 1:,}, or use a "
                   "smaller model or faster workers")
         return message, remedy
-    goal = (f"the strictest gap goal among them and this request is {r.itl_goal_ms:,} ms"
-            if r.itl_goal_ms else "")
+    goal = f"{r.itl_goal_ms:,} ms, the strictest gap goal among them and this request"
     if r.predicted_step_ms and r.itl_goal_ms and r.predicted_step_ms > r.itl_goal_ms:
         message = (f"worker {r.worker_id} serves {r.streams:,} streams; one more would make its "
                    f"decode step {r.predicted_step_ms:.1f} ms, over {goal}; enough of them end in "
