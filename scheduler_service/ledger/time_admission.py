@@ -71,7 +71,8 @@ def _refused(req: AdmissionRequest, decision: Admission, checks: list[TimeCheck]
 
 
 def _rejected(req: AdmissionRequest, decision: Admission, check: TimeCheck, cause: Cause,
-              retry_after_s: float, waits: bool = False) -> Admission:
+              retry_after_s: float, waits: bool = False, fit: int | None = None) -> Admission:
+    """`fit`: the new tokens its deadline fits (a deadline refusal); None: a goal refusal."""
     g = decision.worker
     assert g is not None
     requested = (decision.budget_cap.requested_max_new_tokens if decision.budget_cap
@@ -79,7 +80,8 @@ def _rejected(req: AdmissionRequest, decision: Admission, check: TimeCheck, caus
     rejection = sentences.rendered(Rejection(
         cause=cause, prompt_tokens=req.prompt_tokens, min_new_tokens=req.min_new_tokens,
         requested_max_new_tokens=requested,
-        admissible_max_new_tokens=decision.max_new_tokens,
+        admissible_max_new_tokens=decision.max_new_tokens if fit is None else fit,
+        cap_refused=fit is not None and fit >= req.floor_new_tokens,
         context_length=g.context_length, bytes_per_token=g.bytes_per_token,
         capacity_bytes=g.capacity_bytes,
         # The bytes its floor needs: what a queue ticket for it waits on besides time.
@@ -101,7 +103,7 @@ def _within_deadline(decision: Admission, req: AdmissionRequest, workers: list,
     if fit >= decision.max_new_tokens:
         return decision
     if fit < req.floor_new_tokens or req.strict:
-        return _rejected(req, decision, chosen, Cause.TIME_BUSY, retry_after_s)
+        return _rejected(req, decision, chosen, Cause.TIME_BUSY, retry_after_s, fit=fit)
     g = decision.worker
     assert g is not None
     state = next(w for w in workers if w.geometry.worker_id == g.worker_id)

@@ -32,13 +32,21 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
                   "or use another model or more workers")
         return message, remedy
     floor = max(r.min_new_tokens, 1)
-    message = (f"its deadline ({r.deadline_ms / 1e3:.2f} s left) fits fewer than min_new_tokens "
-               f"{floor:,} at worker {r.worker_id}'s predicted decode step of "
-               f"{r.predicted_step_ms:.1f} ms with {r.streams:,} streams running"
-               + (" (cap policy STRICT refuses a smaller ceiling)"
-                  if r.requested_max_new_tokens > floor else ""))
-    remedy = (f"allow a later deadline (at least {(floor + 1) * r.predicted_step_ms / 1e3:.2f} s), "
-              f"or retry in {r.retry_after_s:.1f} s when fewer streams run, or lower min_new_tokens")
+    at = (f"at worker {r.worker_id}'s predicted decode step of {r.predicted_step_ms:.1f} ms with "
+          f"{r.streams:,} streams running")
+    if r.cap_refused:
+        message = (f"its deadline ({r.deadline_ms / 1e3:.2f} s left) fits "
+                   f"{r.admissible_max_new_tokens:,} of max_new_tokens "
+                   f"{r.requested_max_new_tokens:,} {at}, and cap policy STRICT refuses a "
+                   "smaller ceiling")
+        wanted = r.requested_max_new_tokens
+        fewer = f"accept a cap (max_new_tokens <= {r.admissible_max_new_tokens:,} fits)"
+    else:
+        message = (f"its deadline ({r.deadline_ms / 1e3:.2f} s left) fits fewer than "
+                   f"min_new_tokens {floor:,} {at}")
+        wanted, fewer = floor, "lower min_new_tokens"
+    remedy = (f"allow a later deadline (at least {(wanted + 1) * r.predicted_step_ms / 1e3:.2f} s),"
+              f" or retry in {r.retry_after_s:.1f} s when fewer streams run, or {fewer}")
     return message, remedy
 
 

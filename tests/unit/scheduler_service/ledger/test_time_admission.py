@@ -160,3 +160,15 @@ def test_the_time_budget_view_shows_streams_steps_and_goals():
     assert view.measured and view.streams == 2 and view.itl_goal_ms == 45
     assert view.step_ms == pytest.approx(30.0) and view.next_step_ms == pytest.approx(40.0)
     assert view.steps_measured == 8 and view.table[0] == (1, pytest.approx(20.0))
+
+
+def test_strict_refuses_a_deadline_cap_naming_what_fits():
+    clock = FakeClock()
+    ledger = measured_ledger()
+    ledger._clock = clock
+    adm = ledger.admit(ask(max_itl_ms=1_000, max_new_tokens=500, strict=True,
+                           deadline_at=clock.now + 1.0))
+    r = adm.rejection
+    assert r.cause is Cause.TIME_BUSY and r.cap_refused and r.admissible_max_new_tokens == 49
+    assert "fits 49 of max_new_tokens 500" in r.message and "STRICT" in r.message
+    assert "accept a cap (max_new_tokens <= 49 fits)" in r.remedy
