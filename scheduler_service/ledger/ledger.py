@@ -423,6 +423,7 @@ class Ledger(LedgerSessionLeases):
                 expired += [Expired(lease, "worker silent", now - lease.created_at)
                             for lease in worker.leases.values()]
                 self._forget(worker)
+                self._step_models.pop(worker_id, None)  # a worker back later measures anew
                 continue
             for lease in list(worker.leases.values()):
                 if not lease.claimed and now - lease.created_at > self.claim_ttl_s:

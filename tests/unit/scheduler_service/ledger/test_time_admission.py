@@ -172,3 +172,12 @@ def test_strict_refuses_a_deadline_cap_naming_what_fits():
     assert r.cause is Cause.TIME_BUSY and r.cap_refused and r.admissible_max_new_tokens == 49
     assert "fits 49 of max_new_tokens 500" in r.message and "STRICT" in r.message
     assert "accept a cap (max_new_tokens <= 49 fits)" in r.remedy
+
+
+def test_a_worker_gone_silent_takes_its_measurements_with_it():
+    ledger = measured_ledger()
+    ledger._clock.now += ledger.lease_ttl_s + 1
+    ledger.expire()
+    ledger.register(geometry())
+    (view,) = ledger.worker_times()
+    assert not view.measured and view.steps_measured == 0
