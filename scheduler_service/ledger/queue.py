@@ -107,7 +107,9 @@ class AdmissionQueue:
                 return self._rate_refusal(request, tenant, wait_s_for_token)
             line = self._line(request.model)
             waiting = bool(line)
-            attempt = self._decide(self._effective(request, mode), lease_id, dry_run=waiting)
+            # The requests already in line come first: a wait for time counts them (time_budget).
+            attempt = self._decide(self._effective(replace(request, queued_ahead=len(line)), mode),
+                                   lease_id, dry_run=waiting)
             if (mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                     and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
                 # Never whole on any worker: waiting for it is pointless, cap as ALLOW does.

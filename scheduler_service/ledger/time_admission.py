@@ -45,7 +45,7 @@ def decided(decision: Admission, req: AdmissionRequest, workers: list,
     deadline_s = None if req.deadline_at is None else max(0.0, req.deadline_at - now)
     checks = {w.geometry.worker_id: time_budget.check(
         w.geometry.worker_id, models.get(w.geometry.worker_id), w.leases.values(), itl, ttft,
-        deadline_s, now) for w in placement.serving(workers, req.model)}
+        deadline_s, now, req.queued_ahead) for w in placement.serving(workers, req.model)}
     chosen = checks[decision.worker.worker_id]
     if chosen.verdict is not Verdict.OK:
         keeping = [w for w in workers if checks.get(w.geometry.worker_id, chosen).verdict

@@ -22,8 +22,9 @@ every step longer. The rule (docs/features/time-budget.md):
 Before a worker's first measurement nothing is predicted and it is admitted by
 bytes alone. The estimated wait is the time until enough of its streams end,
 each at the predicted step times what its lease may still generate (its
-max_new_tokens less what the time since admission could have produced): an
-upper bound for streams that stop early. No preemption: nothing here ever ends
+max_new_tokens less what the time since admission could have produced), the
+requests already waiting in line taking their departures first: an upper bound
+for streams that stop early. No preemption: nothing here ever ends
 or slows an admitted stream.
 """
 
@@ -110,9 +111,10 @@ def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]
 
 
 def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,
-          ttft_goal_ms: int, deadline_s: float | None, now: float) -> TimeCheck:
+          ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0) -> TimeCheck:
     """May a request with these goals (already resolved against the server's) start on this
-    worker now? See the module docstring for the rule."""
+    worker now? `ahead`: requests waiting in line before it, each taking a departure first.
+    See the module docstring for the rule."""
     streams = streams_of(leases)
     n = len(streams)
     binding = strictest([itl_goal_ms, *(s.max_itl_ms for s in streams)])
@@ -130,10 +132,25 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
                     if (model.predict_ms(n + 1 - k) or 0.0) <= binding), n)
     step_s = (model.predict_ms(n) or predicted) / 1e3
     ends_s = sorted(max(0.0, s.max_new_tokens * step_s - (now - s.created_at)) for s in streams)
-    wait_s = ends_s[leaving - 1] if ends_s else 0.0
+    wait_s = _departure_s(ends_s, leaving - 1 + ahead, _mean_tokens(streams) * step_s)
     too_late = ((ttft_goal_ms and wait_s * 1e3 > ttft_goal_ms)
                 or (deadline_s is not None and wait_s >= deadline_s))
     return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait_s)
+
+
+def _mean_tokens(streams: list[Lease]) -> float:
+    return sum(s.max_new_tokens for s in streams) / len(streams) if streams else 0.0
+
+
+def _departure_s(ends_s: list[float], index: int, stream_s: float) -> float:
+    """When the `index`-th stream (0: the first) to end from now leaves: one of those
+    running now, or beyond them, one more every stream_s / n (n streams each lasting about
+    stream_s, as those that take their rows do)."""
+    if not ends_s:
+        return 0.0
+    if index < len(ends_s):
+        return ends_s[index]
+    return ends_s[-1] + (index - len(ends_s) + 1) * stream_s / len(ends_s)
 
 
 def _with(base: TimeCheck, verdict: Verdict, fastest_ms: float, wait_s: float) -> TimeCheck:

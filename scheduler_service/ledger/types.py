@@ -149,6 +149,9 @@ class AdmissionRequest:
     max_ttft_ms: int = 0
     # When the call's deadline passes, on the ledger's clock (Generate's); None: none known.
     deadline_at: float | None = None
+    # Requests ahead of it in its model's line in the admission queue when it arrived: its
+    # wait for time is theirs first (time_budget.check).
+    queued_ahead: int = 0
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

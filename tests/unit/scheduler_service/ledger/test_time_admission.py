@@ -181,3 +181,17 @@ def test_a_worker_gone_silent_takes_its_measurements_with_it():
     ledger.register(geometry())
     (view,) = ledger.worker_times()
     assert not view.measured and view.steps_measured == 0
+
+
+def test_the_wait_counts_the_requests_already_in_line():
+    ledger = measured_ledger()
+    queue = AdmissionQueue(ledger, max_wait_s=60.0)
+    # one stream of 100 tokens at 20 ms: it ends in 2 s
+    assert queue.submit(ask("a", max_itl_ms=25)).decision is Decision.ADMITTED
+    first = queue.submit(ask("b", max_itl_ms=25, max_ttft_ms=3_000))
+    assert isinstance(first, Ticket)  # next in line: about 2 s, within 3 s
+    second = queue.submit(ask("c", max_itl_ms=25, max_ttft_ms=3_000))
+    # behind b: a's end and then b's own (about 4 s), past 3 s: refused at once
+    assert second.decision is Decision.REJECTED and second.rejection.cause is Cause.TIME_BUSY
+    assert second.rejection.estimated_wait_s == pytest.approx(4.0)
+    assert len(queue) == 1
