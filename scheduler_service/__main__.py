@@ -80,6 +80,20 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                    help="the longest a request waits for KV budget (its deadline may be "
                         "shorter); then QUEUE_TIMEOUT; 0: never wait "
                         "(env ORTSERVE_SCHEDULER_MAX_QUEUE_WAIT_S)")
+    goal_ms = Checked(int, _not_negative)
+    p.add_argument("--max-itl-ms", type=goal_ms,
+                   default=_env(p, "max_itl_ms", d.max_itl_ms, kind=goal_ms),
+                   help="the default gap goal between a stream's tokens, ms, for requests that "
+                        "set no max_itl_ms: a request starts only where the worker's measured "
+                        "decode step with it keeps every stream's goal, else it waits or is "
+                        "refused (docs/features/time-budget.md); 0 (the default): no goal, "
+                        "admission by KV bytes alone (env ORTSERVE_SCHEDULER_MAX_ITL_MS)")
+    p.add_argument("--max-ttft-ms", type=goal_ms,
+                   default=_env(p, "max_ttft_ms", d.max_ttft_ms, kind=goal_ms),
+                   help="the default time-to-first-token goal, ms, for requests that set no "
+                        "max_ttft_ms: a request whose estimated wait passes it is refused at "
+                        "once (TIME_BUSY) rather than left waiting; 0 (the default): none "
+                        "(env ORTSERVE_SCHEDULER_MAX_TTFT_MS)")
     aging_s = Checked(float, _not_negative)
     p.add_argument("--queue-aging-s", type=aging_s,
                    default=_env(p, "queue_aging_s", d.queue_aging_s, kind=aging_s),
@@ -159,6 +173,7 @@ def parse_config(argv: list[str] | None = None) -> SchedulerConfig:
                            session_ttl_s=a.session_ttl_s, default_max_new_tokens=defaults, relay_calls=a.relay_calls,
                            worker_keepalive_s=a.worker_keepalive_s,
                            queue_aging_s=a.queue_aging_s, tenants_file=a.tenants_file,
+                           max_itl_ms=a.max_itl_ms, max_ttft_ms=a.max_ttft_ms,
                            tenants=table, adapter_catalog=catalog,
                            otlp_traces_endpoint=a.otlp_traces_endpoint)
 

@@ -32,6 +32,10 @@ class SchedulerConfig:
     worker_keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
     max_queue_length: int = 256  # requests waiting for budget at once; more: QUEUE_FULL
     max_queue_wait_s: float = 30.0  # the longest one request waits for budget; then QUEUE_TIMEOUT
+    # The default latency goals of a request that sets none (ms; 0: none, admission by
+    # bytes alone, the default): docs/features/time-budget.md.
+    max_itl_ms: int = 0
+    max_ttft_ms: int = 0
     # A request waiting this long goes ahead of every priority and tenant share.
     queue_aging_s: float = 10.0
     # The tenants file (docs/features/tenants.md), read at start and on SIGHUP; "": no tenants.

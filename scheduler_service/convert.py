@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ortserve.process.version import package_version
+from ortserve.status.errors import InvalidField
 from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import (
     Admission,
@@ -27,6 +28,8 @@ from scheduler_service.ledger.queue import (
     QueueStats,
     TenantQueueStats,
 )
+from scheduler_service.ledger.step_model import StepSample
+from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 
 _DECISION = {
     Decision.ADMITTED: types_pb2.ADMITTED,
@@ -62,13 +65,29 @@ def admission_request(request: types_pb2.GenerateRequest, prompt_tokens: int,
         two_step=two_step,
         adapter=request.adapter,
         preferred_worker=request.preferred_worker_id,
+        max_itl_ms=request.max_itl_ms,
+        max_ttft_ms=request.max_ttft_ms,
     )
+
+
+def step_samples(timings) -> list[StepSample]:
+    """HeartbeatRequest.step_timings as the ledger's samples; a malformed one is refused
+    naming the field (a worker bug, never silently dropped)."""
+    samples = []
+    for i, t in enumerate(timings):
+        try:
+            samples.append(StepSample(rows=t.rows, steps=t.steps, seconds=t.seconds))
+        except ValueError as error:
+            raise InvalidField(f"step_timings[{i}]", str(error), rows=t.rows, steps=t.steps,
+                               seconds=t.seconds) from None
+    return samples
 
 
 # The proto's names, one for one (the enum `limit` converted on its own).
 _CAP_FIELDS = tuple(name for name in BudgetCap.__dataclass_fields__ if name != "limit")
 _CAP_LIMIT = {CapLimit.WORKER: types_pb2.CAP_LIMIT_WORKER,
-              CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA}
+              CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA,
+              CapLimit.DEADLINE: types_pb2.CAP_LIMIT_DEADLINE}
 
 
 def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
@@ -79,8 +98,8 @@ def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
 
 
 def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
-    limit = (CapLimit.TENANT_QUOTA if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA
-             else CapLimit.WORKER)
+    limit = next((domain for domain, number in _CAP_LIMIT.items() if number == pb.limit),
+                 CapLimit.WORKER)
     cap = BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS
                        if name != "requested_source"}, limit=limit)
     if pb.requested_source:  # unset: a lease from a scheduler older than the field
@@ -115,6 +134,14 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         tenant_reserved_bytes=rejection.tenant_reserved_bytes,
         tenant_requests_per_s=rejection.tenant_requests_per_s,
         tenant_burst=rejection.tenant_burst,
+        worker_id=rejection.worker_id,
+        predicted_step_ms=rejection.predicted_step_ms,
+        itl_goal_ms=rejection.itl_goal_ms,
+        ttft_goal_ms=rejection.ttft_goal_ms,
+        fastest_step_ms=rejection.fastest_step_ms,
+        streams=rejection.streams,
+        estimated_wait_ms=rejection.estimated_wait_s * 1e3,
+        deadline_ms=rejection.deadline_ms,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
@@ -325,6 +352,22 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
         max_queue_wait_s=queue.max_wait_s if queue else 0.0,
         scheduler_version=package_version(),
     )
+
+
+def time_to_pb(budget: scheduler_pb2.Budget, times: list[WorkerTime], goals: TimeGoals) -> None:
+    """Each worker's time budget (Ledger.worker_times) and the server's goals into `budget`,
+    beside its bytes (docs/features/time-budget.md)."""
+    by_id = {t.worker_id: t for t in times}
+    budget.max_itl_ms, budget.max_ttft_ms = goals.max_itl_ms, goals.max_ttft_ms
+    for w in budget.workers:
+        t = by_id.get(w.worker_id)
+        if t is None:
+            continue
+        w.time_measured, w.streams, w.step_ms, w.next_step_ms = (
+            t.measured, t.streams, t.step_ms, t.next_step_ms)
+        w.itl_goal_ms, w.steps_measured = t.itl_goal_ms, t.steps_measured
+        w.step_means.extend(scheduler_pb2.StepTiming(rows=rows, steps=1, seconds=ms / 1e3)
+                            for rows, ms in t.table)
 
 
 def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.ModelBudget]:

@@ -76,7 +76,10 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
                                                         request.batch_rows, request.largest_batch),
                                        prefix=PrefixCacheReport(
                                            request.cached_bytes,
-                                           frozenset(request.cached_prefix_hashes)))
+                                           frozenset(request.cached_prefix_hashes)),
+                                       steps=convert.step_samples(request.step_timings))
+        if known and request.step_timings:
+            self._kick()  # a new measurement may let a request waiting on time start
         if known:
             lost = self._ledger.reconcile(request.worker_id, request.live_lease_ids,
                                           grace_s=2 * self._config.heartbeat_interval_s)

@@ -116,6 +116,34 @@ class TenantGauges(Collector):
         return [GaugeMetricFamily(name, "", labels=["tenant", "model"]) for name, _ in self._NAMES]
 
 
+class TimeGauges(Collector):
+    """Per worker, at scrape time: its time budget (docs/features/time-budget.md), the
+    ledger's own numbers as GetBudget shows them. A worker not measured yet shows 0 steps."""
+
+    _NAMES = (("ortserve_scheduler_worker_step_ms",
+               "A worker's decode step predicted at its streams now, from its measured steps"),
+              ("ortserve_scheduler_worker_next_step_ms",
+               "A worker's decode step predicted with one more stream (what admission checks)"),
+              ("ortserve_scheduler_worker_itl_goal_ms",
+               "The strictest gap goal among a worker's streams (0: none)"),
+              ("ortserve_scheduler_worker_steps_measured",
+               "Decode steps a worker has reported (0: time admission does not apply yet)"))
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def collect(self):
+        families = [GaugeMetricFamily(name, text, labels=["worker_id"]) for name, text in self._NAMES]
+        for t in self._ledger.worker_times():
+            for family, value in zip(families, (t.step_ms, t.next_step_ms, t.itl_goal_ms,
+                                                t.steps_measured), strict=True):
+                family.add_metric([t.worker_id], float(value))
+        yield from families
+
+    def describe(self):
+        return [GaugeMetricFamily(name, "", labels=["worker_id"]) for name, _ in self._NAMES]
+
+
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry, ledger: Ledger,
                  queue: AdmissionQueue | None = None) -> None:
@@ -146,6 +174,7 @@ class SchedulerMetrics:
              "out of its KV capacity", lambda w: w.geometry.decode_buffer_bytes))))
         registry.register(KvReservedRatio(ledger.snapshot))
         registry.register(TenantGauges(ledger, queue))
+        registry.register(TimeGauges(ledger))
         registry.register(RelayedTokens())
         # What an inference gateway's endpoint picker reads (docs/operations/inference-gateway.md).
         registry.register(ModelServerGauges(ledger, queue))

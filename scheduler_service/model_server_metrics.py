@@ -22,9 +22,11 @@ def ledger_budget(ledger: Ledger, queue: AdmissionQueue | None,
     answer before its tenant rows)."""
     snapshot = ledger.snapshot()
     models = sorted({w.geometry.model for w in snapshot})
-    return convert.budget_to_pb(snapshot, include_leases, time.monotonic(),
-                                queue.stats() if queue is not None else None,
-                                queue.model_stats(models) if queue is not None else None)
+    budget = convert.budget_to_pb(snapshot, include_leases, time.monotonic(),
+                                  queue.stats() if queue is not None else None,
+                                  queue.model_stats(models) if queue is not None else None)
+    convert.time_to_pb(budget, ledger.worker_times(), ledger.time_goals)
+    return budget
 
 
 class ModelServerGauges(Collector):

@@ -24,6 +24,7 @@ from scheduler_service.decision_log import log_decided, log_expired
 from scheduler_service.internal_servicer import SchedulerInternalServicer
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
+from scheduler_service.ledger.time_budget import TimeGoals
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.relay import QueueWaiter
 from scheduler_service.servicer import SchedulerServicer
@@ -96,6 +97,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     ledger = ledger or Ledger(lease_ttl_s=config.lease_ttl_s, claim_ttl_s=config.claim_ttl_s,
                               retry_after_s=config.retry_after_s)
     ledger.set_tenants(config.tenants)
+    ledger.time_goals = TimeGoals(config.max_itl_ms, config.max_ttft_ms)
     queue = AdmissionQueue(ledger, max_length=config.max_queue_length,
                            max_wait_s=config.max_queue_wait_s, retry_after_s=config.retry_after_s,
                            aging_s=config.queue_aging_s)

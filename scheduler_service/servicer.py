@@ -124,6 +124,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         domain = convert.admission_request(request, len(prompt.token_ids), model,
                                            prompt_ids=prompt.token_ids, tenant=tenant,
                                            default_max_new_tokens=default, two_step=two_step)
+        if deadline_s is not None and not two_step:
+            # Generate's deadline bounds its whole stream: a time cap may fit max_new_tokens
+            # to it (time_budget.py). Admit's bounds only the admission, not the stream after.
+            domain = replace(domain, deadline_at=time.monotonic() + deadline_s)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:

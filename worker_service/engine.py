@@ -57,6 +57,7 @@ from worker_service.runtime.session_disk import SessionDisk
 from worker_service.runtime.session_file import ModelIdentity, fingerprint_of
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 from worker_service.runtime.session_turns import SessionKVTurns
+from worker_service.step_times import StepTimes
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +108,7 @@ class Engine:
         self.speculative, self.verify_drift, self.speculative_note = speculation.resolve(
             config, self.runner, self.kv_layout)
         self._costs = VerifyCosts()
+        self.step_times = StepTimes()  # the heartbeat reports them (the time budget)
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start)
         # Output constraints: llguidance's tokenizer is built on the first constrained request.
@@ -417,6 +419,8 @@ class Engine:
         wait_for_masks()
         self._costs.record(output.decode_rows, output.decode_s, output.verify_s)
         self._postprocess(output)
+        # The whole step, prompt chunks and postprocessing included: a stream's token gap.
+        self.step_times.record(output.decode_rows, time.perf_counter() - now)
 
     def _postprocess(self, output: StepOutput) -> None:
         """Apply the step's output (postprocess.py), then free what failed or finished."""

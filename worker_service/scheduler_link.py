@@ -83,6 +83,9 @@ class SchedulerLink:
         # (bytes the prefix cache holds, its summary's chain hashes), sent with every
         # heartbeat: the ledger shows the bytes, placement follows the hashes.
         self.prefix_cache: Callable[[], tuple[int, list[int]]] = lambda: (0, [])
+        # (rows, steps, seconds) of its decoding steps since the last heartbeat (engine
+        # StepTimes.drain): the scheduler's time budget.
+        self.step_timings: Callable[[], list[tuple[int, int, float]]] = lambda: []
 
     @property
     def worker_id(self) -> str:
@@ -146,7 +149,9 @@ class SchedulerLink:
         return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
             worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining,
             running_sequences=running, batch_rows=rows, largest_batch=largest,
-            cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes), timeout=5.0)
+            cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes,
+            step_timings=[scheduler_pb2.StepTiming(rows=rows, steps=steps, seconds=seconds)
+                          for rows, steps, seconds in self.step_timings()]), timeout=5.0)
 
     async def announce_draining(self) -> None:
         """Tell the scheduler now (not at the next heartbeat) to place nothing more here."""

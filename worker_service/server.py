@@ -223,6 +223,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     servicer.leases = LeaseLifecycle(servicer.worker_id, engine, link)
     link.live_sessions = servicer.live_sessions
     link.prefix_cache = engine.prefix_cache_report
+    link.step_timings = engine.step_times.drain
     link.drop_sessions = servicer.drop_sessions
     link.stop_unrestored = servicer.stop_unrestored
     parking = None

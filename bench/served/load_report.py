@@ -72,6 +72,8 @@ def print_table(doc: dict) -> None:
             print(f"{row['rate_per_s']:>7.2f} {name:<13} {run['goodput_per_s']:>8.2f} "
                   f"{run['throughput_tokens_per_s']:>7.0f} {fmt(t['p50']) + '/' + fmt(t['p99']):>17} "
                   f"{fmt(i['p50']) + '/' + fmt(i['p99']):>15}  "
-                  + " ".join(f"{k}={v}" for k, v in run["outcomes"].items() if v))
+                  + " ".join(f"{k}={v}" for k, v in run["outcomes"].items() if v)
+                  + (f" (refused with a remedy {run['refused']['with_remedy']})"
+                     if run["refused"].get("with_remedy") else ""))
     for key in ("goodput_vs_llama_server", "goodput_vs_genai_engine"):
         print(f"{key}: {json.dumps(doc[key])}")

@@ -129,10 +129,18 @@ def summarize(records: list[RequestRecord], goal: Goal, offered_rate_per_s: floa
         "refused": {"by_reason": dict(Counter(f"{r.status} {r.reason.split(':')[0]}" for r in refused)),
                     "time_to_refusal_ms": _quantiles([r.e2e_ms for r in refused]),
                     "with_retry_after": sum(1 for r in refused if r.retry_after_s > 0),
+                    # Told when to come back or what to change (Retry-After, or a message that
+                    # names a retry): refused with a remedy, against left to time out below.
+                    "with_remedy": sum(1 for r in refused if r.retry_after_s > 0
+                                       or "retry" in r.reason.lower()),
                     "first": refused[0].reason[:300] if refused else None},
         "capped": {"tokens_short": sum(r.wanted_tokens - r.admitted_tokens for r in capped),
                    "first": ({"wanted": capped[0].wanted_tokens, "admitted": capped[0].admitted_tokens}
                              if capped else None)},
+        # The rest side by side: refused at once with a remedy, or left to wait and time out.
+        "refused_with_remedy_vs_timed_out": [
+            sum(1 for r in refused if r.retry_after_s > 0 or "retry" in r.reason.lower()),
+            counts.get("timed_out", 0)],
         "errors_first": [r.reason[:300] for r in records if r.outcome == "error"][:3],
         "missed_goal": {"ttft": sum(1 for r in served if r.ttft_ms > goal.ttft_ms),
                         "itl": sum(1 for r in served if r.itl_p99_ms() > goal.itl_p99_ms),

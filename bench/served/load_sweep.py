@@ -6,6 +6,9 @@
 
 Systems, each on the same int4 SmolLM2 (the tiny model with --quick), one at a time:
 - `ortserve`: gateway -> scheduler -> one CPU worker (devtools.cluster), `--threads T`;
+  each request carries the goal that judges goodput as its admission goals (max_itl_ms,
+  max_ttft_ms: docs/features/time-budget.md), so it is admitted, queued or refused with a
+  remedy by time as well as bytes (`--no-time-goals`: bytes alone, the A/B);
 - `llama_server`: llama.cpp's llama-server on the Q4_0 requant of the same GGUF
   (bench/peers/llama_peer.py; `--parallel 16`, 4,096 tokens per slot, `-t T`),
   skipped with the reason where it is not built (`python -m bench.peers.llama_peer
@@ -55,8 +58,12 @@ class Systems:
     """The three servers, started once, stopped together; `targets` those that run, `skipped`
     the others with the reason."""
 
-    def __init__(self, model_dir: Path, threads: int, quick: bool, log_dir: Path):
+    def __init__(self, model_dir: Path, threads: int, quick: bool, log_dir: Path,
+                 admission_goals: dict | None = None):
         self.model_dir, self.threads, self.quick, self.log_dir = model_dir, threads, quick, log_dir
+        # ortserve's latency goals for admission (docs/features/time-budget.md), sent as the
+        # request's max_itl_ms / max_ttft_ms; None or {}: bytes-only admission.
+        self.admission_goals = admission_goals or {}
         self.targets: dict[str, LoadTarget] = {}
         self.skipped: dict[str, str] = {}
         self.notes: dict[str, dict] = {}
@@ -87,9 +94,12 @@ class Systems:
         gateway = start_gateway(cluster.address, self.log_dir)
         self._stops.append(lambda: stop_service(gateway))
         self.targets["ortserve"] = LoadTarget("ortserve", f"http://{gateway.address}",
-                                          served_model(gateway.address))
+                                          served_model(gateway.address),
+                                          extra=dict(self.admission_goals))
         self.notes["ortserve"] = {"what": "gateway -> scheduler -> one CPU worker",
-                                  "kv_capacity": "2GiB", "threads": self.threads}
+                                  "kv_capacity": "2GiB", "threads": self.threads,
+                                  "admission_goals": dict(self.admission_goals) or
+                                  "none: admission by KV bytes alone"}
 
     def _llama(self) -> None:
         from bench.peers import llama_peer
@@ -158,6 +168,12 @@ class Systems:
             "genai_version": banner["genai_version"], "threads": self.threads}
 
 
+def admission_goals(goal: Goal) -> dict:
+    """The goal that judges goodput as ortserve's admission input: the gap goal (a request's
+    p99 gap) as max_itl_ms, the TTFT goal as max_ttft_ms (gateway body keys)."""
+    return {"max_itl_ms": max(1, round(goal.itl_p99_ms)), "max_ttft_ms": max(1, round(goal.ttft_ms))}
+
+
 def ratios(by_rate: list[dict], peer: str, saturation: float, skipped: dict) -> dict:
     """ortserve's goodput over the peer's at each offered rate at or past saturation, keyed
     by the rate as a multiple of saturation ("2x"); the peer's skip reason instead."""
@@ -175,11 +191,13 @@ def ratios(by_rate: list[dict], peer: str, saturation: float, skipped: dict) -> 
 def sweep(model_dir: Path, threads: int, mix: str, duration_s: float, goal: Goal,
           fractions: list[float] | None, rates: list[float] | None, closed_users: list[int],
           saturation_users: int, timeout_s: float, seed: int, quick: bool, log_dir: Path,
-          scale: float = 1.0) -> dict:
-    """The `load` section: systems, saturation, each rate's summary per system, the ratios."""
+          scale: float = 1.0, time_goals: bool = True) -> dict:
+    """The `load` section: systems, saturation, each rate's summary per system, the ratios.
+    `time_goals`: ortserve admits with the goal that judges goodput (admission_goals)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with Systems(model_dir, threads, quick, log_dir) as systems:
+    with Systems(model_dir, threads, quick, log_dir,
+                 admission_goals(goal) if time_goals else None) as systems:
         names = [s for s in SYSTEMS if s in systems.targets]
         for name in names:  # warm-up: threads, arenas, connections
             load_run(systems.targets[name], mix, seed + 999, 2.0, goal, users=2, timeout_s=timeout_s,
@@ -270,6 +288,9 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, help="per request, send to end (120; --quick 30)")
     p.add_argument("--goal-ttft-ms", type=float, default=Goal.ttft_ms)
     p.add_argument("--goal-itl-p99-ms", type=float, default=Goal.itl_p99_ms)
+    p.add_argument("--no-time-goals", dest="time_goals", action="store_false",
+                   help="ortserve admits by KV bytes alone (the default sends the goal above as "
+                        "each request's max_itl_ms / max_ttft_ms: docs/features/time-budget.md)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "results.json")
@@ -288,7 +309,8 @@ def main() -> None:
                 Goal(a.goal_ttft_ms, a.goal_itl_p99_ms),
                 None if a.rates else (a.fractions or q["fractions"]), a.rates, a.closed_users,
                 a.saturation_users or q["saturation_users"], a.timeout_s or q["timeout_s"], a.seed,
-                a.quick, ROOT / "logs" / "bench-load", scale=a.scale or q["scale"])
+                a.quick, ROOT / "logs" / "bench-load", scale=a.scale or q["scale"],
+                time_goals=a.time_goals)
     doc["command"] = " ".join(["python -m bench.served.load_sweep", *sys.argv[1:]])
     doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     doc["load_average_end"] = os.getloadavg()

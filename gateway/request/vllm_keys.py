@@ -15,6 +15,8 @@ gateway's (the Finished event names the stop sequence matched), as is
 `stream_options.continuous_usage_stats` (gateway/request/translate.py). `skip_special_tokens`:
 ortserve's text always skips them, so only true is accepted. `priority` is the admission
 queue's order (gateway/request/translate.py; docs/features/tenants.md), not handled here.
+`max_itl_ms` / `max_ttft_ms` are ortserve's own, read the same way: the request's latency
+goals for admission (docs/features/time-budget.md).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from ortserve.rules.request_rules import MAX_STOP_TOKEN_IDS
 from ortserve.status.errors import InvalidField
 from ortserve.v1 import types_pb2
 
+_GOALS = ("max_itl_ms", "max_ttft_ms")  # ortserve's latency goals (GenerateRequest's fields)
 KEYS = {"structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens"}
+        "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        *_GOALS}
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
 _STRUCTURED = {"json", "regex", "choice", "grammar", "json_object"}
@@ -65,6 +69,13 @@ def apply(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool:
             raise ParamError("stop_token_ids", f"has {len(ids):,} ids, more than the "
                              f"{MAX_STOP_TOKEN_IDS} allowed; send fewer")
         req.stop_token_ids.extend(ids)
+    for key in _GOALS:
+        goal = params.get(key)
+        if goal is not None:
+            if not is_int(goal) or not 0 <= goal < 2**32:
+                raise ParamError(key, "must be a whole number of milliseconds from 0 (0: the "
+                                 "server's default goal)")
+            setattr(req, key, goal)
     if not bool_param(params, "skip_special_tokens", True):
         raise ParamError("skip_special_tokens", "false is not supported: ortserve's text always "
                          "leaves special tokens out (vLLM's default); the ids are in logprobs "

@@ -30,12 +30,17 @@ class BudgetCap:
     # Where requested_max_new_tokens came from: "request", "server_default" or
     # "context_window" ("" from a scheduler that does not say).
     requested_source: str = ""
+    # "deadline": the call's deadline at the predicted decode step bound it (time, not bytes:
+    # docs/features/time-budget.md); then these two say the numbers.
+    predicted_step_ms: float = 0.0
+    deadline_ms: float = 0.0
 
     @classmethod
     def from_pb(cls, pb: types_pb2.BudgetCap) -> BudgetCap:
         fields = {f: getattr(pb, f) for f in cls.__dataclass_fields__
                   if f not in ("limit", "requested_source")}
-        limit = ("tenant_quota" if pb.limit == types_pb2.CAP_LIMIT_TENANT_QUOTA else "worker")
+        limit = {types_pb2.CAP_LIMIT_TENANT_QUOTA: "tenant_quota",
+                 types_pb2.CAP_LIMIT_DEADLINE: "deadline"}.get(pb.limit, "worker")
         return cls(**fields, limit=limit, requested_source=max_tokens_source(pb.requested_source))
 
 

@@ -208,6 +208,12 @@ def rejection_error(r: types_pb2.Rejection) -> DomainError:
     if cause == "TENANT_RATE":
         numbers.update(tenant=r.tenant, tenant_requests_per_s=r.tenant_requests_per_s,
                        tenant_burst=r.tenant_burst)
+    if cause in ("TIME_BUSY", "TIME_GOAL_UNREACHABLE"):
+        numbers.update(worker_id=r.worker_id, predicted_step_ms=round(r.predicted_step_ms, 1),
+                       itl_goal_ms=r.itl_goal_ms, ttft_goal_ms=r.ttft_goal_ms,
+                       fastest_step_ms=round(r.fastest_step_ms, 1), streams=r.streams,
+                       estimated_wait_ms=round(r.estimated_wait_ms, 1),
+                       deadline_ms=round(r.deadline_ms, 1))
     if cause == "TENANT_QUOTA":
         numbers.update(tenant=r.tenant, tenant_quota_bytes=r.tenant_quota_bytes,
                        tenant_reserved_bytes=r.tenant_reserved_bytes)
@@ -221,6 +227,11 @@ def rejection_error(r: types_pb2.Rejection) -> DomainError:
         details.append(rich_status.quota_failure(
             "kv_cache_bytes", f"needs {human_bytes(r.needed_bytes)}, "
             f"{human_bytes(r.available_bytes)} free of {human_bytes(r.capacity_bytes)}"))
+    if cause in ("TIME_BUSY", "TIME_GOAL_UNREACHABLE"):
+        details.append(rich_status.quota_failure(
+            f"worker/{r.worker_id}/decode_step_ms",
+            f"{r.predicted_step_ms:.1f} ms predicted with one more stream; goal "
+            f"{r.itl_goal_ms:,} ms; {r.streams:,} streams running"))
     if cause == "TENANT_RATE":
         details.append(rich_status.quota_failure(
             f"tenant/{r.tenant}/requests_per_s",

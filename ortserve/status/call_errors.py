@@ -82,6 +82,15 @@ class BudgetBusy(Rejected):
     """The budget is held by other requests now; retry after `.retry_after_s`."""
 
 
+class TimeBusy(Rejected):
+    """One more stream would pass a latency goal, and the wait would pass the request's TTFT
+    goal or deadline; retry after `.retry_after_s` (the estimated wait)."""
+
+
+class TimeGoalUnreachable(Rejected):
+    """The request's max_itl_ms is below a worker's step with one stream: loosen it."""
+
+
 class NoWorker(Rejected):
     """No worker is registered and healthy."""
 
@@ -114,10 +123,12 @@ _BY_CAUSE = {
     types_pb2.NO_WORKER: NoWorker,
     types_pb2.QUEUE_FULL: QueueFull,
     types_pb2.QUEUE_TIMEOUT: QueueTimeout,
+    types_pb2.TIME_BUSY: TimeBusy,
+    types_pb2.TIME_GOAL_UNREACHABLE: TimeGoalUnreachable,
 }
 
 # Worth retrying after RetryInfo's delay: the same request may be admitted later.
-RETRYABLE = (BudgetBusy, NoWorker, QueueFull, QueueTimeout)
+RETRYABLE = (BudgetBusy, NoWorker, QueueFull, QueueTimeout, TimeBusy)
 
 
 def from_rpc_error(error: grpc.RpcError) -> OrtserveError:

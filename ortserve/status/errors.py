@@ -61,6 +61,10 @@ class ErrorReason(enum.StrEnum):
     # The caller's admitted lease is gone from the worker serving it (the scheduler restarted
     # without it, or it expired): not the caller's fault; admit again.
     LEASE_LOST = "LEASE_LOST"
+    # Time (docs/features/time-budget.md): one more stream would pass a latency goal and the
+    # wait would pass the request's TTFT goal or deadline; retry after the estimated wait.
+    TIME_BUSY = "TIME_BUSY"
+    TIME_GOAL_UNREACHABLE = "TIME_GOAL_UNREACHABLE"  # a gap goal below one stream's step
 
 
 def clip(value: object, limit: int = ECHO_LIMIT) -> str:

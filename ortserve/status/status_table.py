@@ -31,6 +31,10 @@ STATUS_OF_REASON: Mapping[ErrorReason, grpc.StatusCode] = MappingProxyType({
     # A per-caller quota is what RESOURCE_EXHAUSTED names (RetryInfo when waiting cures it).
     ErrorReason.TENANT_QUOTA: S.RESOURCE_EXHAUSTED,
     ErrorReason.TENANT_RATE: S.RESOURCE_EXHAUSTED,
+    # Time as bytes: busy now (a wait cures it) is RESOURCE_EXHAUSTED with RetryInfo, a
+    # goal the system can never meet (EXCEEDS_CAPACITY's kind) is FAILED_PRECONDITION.
+    ErrorReason.TIME_BUSY: S.RESOURCE_EXHAUSTED,
+    ErrorReason.TIME_GOAL_UNREACHABLE: S.FAILED_PRECONDITION,
     ErrorReason.WORKER_KV_FULL: S.RESOURCE_EXHAUSTED,
     ErrorReason.ADAPTER_NO_ROOM: S.RESOURCE_EXHAUSTED,
     ErrorReason.DEADLINE_EXCEEDED: S.DEADLINE_EXCEEDED,

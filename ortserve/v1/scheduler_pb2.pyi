@@ -98,7 +98,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes", "decode_graph_bytes", "decode_buffer_bytes")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes", "decode_graph_bytes", "decode_buffer_bytes", "time_measured", "streams", "step_ms", "next_step_ms", "itl_goal_ms", "steps_measured", "step_means")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,13 @@ class WorkerBudget(_message.Message):
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODE_GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODE_BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIME_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    ITL_GOAL_MS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    STEP_MEANS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -153,10 +160,17 @@ class WorkerBudget(_message.Message):
     disk_bytes: int
     decode_graph_bytes: int
     decode_buffer_bytes: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ...) -> None: ...
+    time_measured: bool
+    streams: int
+    step_ms: float
+    next_step_ms: float
+    itl_goal_ms: int
+    steps_measured: int
+    step_means: _containers.RepeatedCompositeFieldContainer[StepTiming]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ..., time_measured: _Optional[bool] = ..., streams: _Optional[int] = ..., step_ms: _Optional[float] = ..., next_step_ms: _Optional[float] = ..., itl_goal_ms: _Optional[int] = ..., steps_measured: _Optional[int] = ..., step_means: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
 
 class Budget(_message.Message):
-    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "models", "tenants", "tenants_source", "queue_aging_s", "total_host_bytes", "total_disk_bytes")
+    __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "max_itl_ms", "max_ttft_ms", "models", "tenants", "tenants_source", "queue_aging_s", "total_host_bytes", "total_disk_bytes")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +182,8 @@ class Budget(_message.Message):
     MAX_QUEUE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -185,13 +201,15 @@ class Budget(_message.Message):
     max_queue_length: int
     max_queue_wait_s: float
     scheduler_version: str
+    max_itl_ms: int
+    max_ttft_ms: int
     models: _containers.RepeatedCompositeFieldContainer[ModelBudget]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantBudget]
     tenants_source: str
     queue_aging_s: float
     total_host_bytes: int
     total_disk_bytes: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantBudget, _Mapping]]] = ..., tenants_source: _Optional[str] = ..., queue_aging_s: _Optional[float] = ..., total_host_bytes: _Optional[int] = ..., total_disk_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerBudget, _Mapping]]] = ..., total_capacity_bytes: _Optional[int] = ..., total_reserved_bytes: _Optional[int] = ..., total_available_bytes: _Optional[int] = ..., total_leases: _Optional[int] = ..., queue_length: _Optional[int] = ..., queue_oldest_wait_s: _Optional[float] = ..., queue_waiting_bytes: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., max_queue_wait_s: _Optional[float] = ..., scheduler_version: _Optional[str] = ..., max_itl_ms: _Optional[int] = ..., max_ttft_ms: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelBudget, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantBudget, _Mapping]]] = ..., tenants_source: _Optional[str] = ..., queue_aging_s: _Optional[float] = ..., total_host_bytes: _Optional[int] = ..., total_disk_bytes: _Optional[int] = ...) -> None: ...
 
 class TenantBudget(_message.Message):
     __slots__ = ("tenant", "model", "reserved_bytes", "quota_bytes", "weight", "leases", "queue_length", "queue_waiting_bytes", "host_bytes", "disk_bytes")
@@ -312,7 +330,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ..., dropped_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch", "cached_bytes", "cached_prefix_hashes")
+    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch", "cached_bytes", "cached_prefix_hashes", "step_timings")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LIVE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +339,7 @@ class HeartbeatRequest(_message.Message):
     LARGEST_BATCH_FIELD_NUMBER: _ClassVar[int]
     CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHED_PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     live_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
@@ -329,7 +348,18 @@ class HeartbeatRequest(_message.Message):
     largest_batch: int
     cached_bytes: int
     cached_prefix_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    step_timings: _containers.RepeatedCompositeFieldContainer[StepTiming]
+    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ..., step_timings: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
+
+class StepTiming(_message.Message):
+    __slots__ = ("rows", "steps", "seconds")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    steps: int
+    seconds: float
+    def __init__(self, rows: _Optional[int] = ..., steps: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

@@ -29,6 +29,7 @@ class CapLimit(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAP_LIMIT_UNSPECIFIED: _ClassVar[CapLimit]
     CAP_LIMIT_WORKER: _ClassVar[CapLimit]
     CAP_LIMIT_TENANT_QUOTA: _ClassVar[CapLimit]
+    CAP_LIMIT_DEADLINE: _ClassVar[CapLimit]
 
 class MaxNewTokensSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,8 @@ class RejectionCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUEUE_TIMEOUT: _ClassVar[RejectionCause]
     TENANT_QUOTA: _ClassVar[RejectionCause]
     TENANT_RATE: _ClassVar[RejectionCause]
+    TIME_BUSY: _ClassVar[RejectionCause]
+    TIME_GOAL_UNREACHABLE: _ClassVar[RejectionCause]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -77,6 +80,7 @@ REJECTED: Decision
 CAP_LIMIT_UNSPECIFIED: CapLimit
 CAP_LIMIT_WORKER: CapLimit
 CAP_LIMIT_TENANT_QUOTA: CapLimit
+CAP_LIMIT_DEADLINE: CapLimit
 MAX_NEW_TOKENS_SOURCE_UNSPECIFIED: MaxNewTokensSource
 MAX_NEW_TOKENS_FROM_REQUEST: MaxNewTokensSource
 MAX_NEW_TOKENS_FROM_SERVER_DEFAULT: MaxNewTokensSource
@@ -90,6 +94,8 @@ QUEUE_FULL: RejectionCause
 QUEUE_TIMEOUT: RejectionCause
 TENANT_QUOTA: RejectionCause
 TENANT_RATE: RejectionCause
+TIME_BUSY: RejectionCause
+TIME_GOAL_UNREACHABLE: RejectionCause
 FINISH_REASON_UNSPECIFIED: FinishReason
 LENGTH: FinishReason
 EOS: FinishReason
@@ -189,7 +195,7 @@ class LogprobsOptions(_message.Message):
     def __init__(self, top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id", "keep_prefix_s", "continues_kept_answer")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "max_new_tokens", "min_new_tokens", "sampling", "stop", "cap_policy", "max_queue_wait_ms", "model", "constraint", "logprobs", "stream_interval_ms", "priority", "ignore_eos", "stop_token_ids", "adapter", "disable_speculation", "preferred_worker_id", "keep_prefix_s", "continues_kept_answer", "max_itl_ms", "max_ttft_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +218,8 @@ class GenerateRequest(_message.Message):
     PREFERRED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     KEEP_PREFIX_S_FIELD_NUMBER: _ClassVar[int]
     CONTINUES_KEPT_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -234,7 +242,9 @@ class GenerateRequest(_message.Message):
     preferred_worker_id: str
     keep_prefix_s: float
     continues_kept_answer: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ..., keep_prefix_s: _Optional[float] = ..., continues_kept_answer: _Optional[bool] = ...) -> None: ...
+    max_itl_ms: int
+    max_ttft_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., cap_policy: _Optional[_Union[CapPolicy, str]] = ..., max_queue_wait_ms: _Optional[int] = ..., model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., logprobs: _Optional[_Union[LogprobsOptions, _Mapping]] = ..., stream_interval_ms: _Optional[int] = ..., priority: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., adapter: _Optional[str] = ..., disable_speculation: _Optional[bool] = ..., preferred_worker_id: _Optional[str] = ..., keep_prefix_s: _Optional[float] = ..., continues_kept_answer: _Optional[bool] = ..., max_itl_ms: _Optional[int] = ..., max_ttft_ms: _Optional[int] = ...) -> None: ...
 
 class Constraint(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "tool_call")
@@ -269,7 +279,7 @@ class ConstraintResult(_message.Message):
     def __init__(self, satisfied: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BudgetCap(_message.Message):
-    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "limit", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "requested_source")
+    __slots__ = ("requested_max_new_tokens", "admitted_max_new_tokens", "requested_was_unset", "requested_bytes", "admitted_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "prompt_tokens", "worker_id", "reason", "limit", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "requested_source", "predicted_step_ms", "deadline_ms")
     REQUESTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_WAS_UNSET_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +296,8 @@ class BudgetCap(_message.Message):
     TENANT_QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
     TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     requested_max_new_tokens: int
     admitted_max_new_tokens: int
     requested_was_unset: bool
@@ -302,10 +314,12 @@ class BudgetCap(_message.Message):
     tenant_quota_bytes: int
     tenant_reserved_bytes: int
     requested_source: MaxNewTokensSource
-    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., limit: _Optional[_Union[CapLimit, str]] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., requested_source: _Optional[_Union[MaxNewTokensSource, str]] = ...) -> None: ...
+    predicted_step_ms: float
+    deadline_ms: float
+    def __init__(self, requested_max_new_tokens: _Optional[int] = ..., admitted_max_new_tokens: _Optional[int] = ..., requested_was_unset: _Optional[bool] = ..., requested_bytes: _Optional[int] = ..., admitted_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., limit: _Optional[_Union[CapLimit, str]] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., requested_source: _Optional[_Union[MaxNewTokensSource, str]] = ..., predicted_step_ms: _Optional[float] = ..., deadline_ms: _Optional[float] = ...) -> None: ...
 
 class Rejection(_message.Message):
-    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "tenant_requests_per_s", "tenant_burst")
+    __slots__ = ("cause", "message", "remedy", "cap_refused", "prompt_tokens", "min_new_tokens", "requested_max_new_tokens", "admissible_max_new_tokens", "context_length", "needed_bytes", "available_bytes", "capacity_bytes", "bytes_per_token", "retry_after", "prompt_tokens_unknown", "queue_length", "max_queue_length", "requests_ahead", "bytes_ahead", "waited_ms", "max_queue_wait_ms", "tenant", "tenant_quota_bytes", "tenant_reserved_bytes", "tenant_requests_per_s", "tenant_burst", "worker_id", "predicted_step_ms", "itl_goal_ms", "ttft_goal_ms", "fastest_step_ms", "streams", "estimated_wait_ms", "deadline_ms")
     CAUSE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REMEDY_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +346,14 @@ class Rejection(_message.Message):
     TENANT_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TENANT_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     TENANT_BURST_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    ITL_GOAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_GOAL_MS_FIELD_NUMBER: _ClassVar[int]
+    FASTEST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     cause: RejectionCause
     message: str
     remedy: str
@@ -358,7 +380,15 @@ class Rejection(_message.Message):
     tenant_reserved_bytes: int
     tenant_requests_per_s: float
     tenant_burst: int
-    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., tenant_requests_per_s: _Optional[float] = ..., tenant_burst: _Optional[int] = ...) -> None: ...
+    worker_id: str
+    predicted_step_ms: float
+    itl_goal_ms: int
+    ttft_goal_ms: int
+    fastest_step_ms: float
+    streams: int
+    estimated_wait_ms: float
+    deadline_ms: float
+    def __init__(self, cause: _Optional[_Union[RejectionCause, str]] = ..., message: _Optional[str] = ..., remedy: _Optional[str] = ..., cap_refused: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., requested_max_new_tokens: _Optional[int] = ..., admissible_max_new_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., needed_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., prompt_tokens_unknown: _Optional[bool] = ..., queue_length: _Optional[int] = ..., max_queue_length: _Optional[int] = ..., requests_ahead: _Optional[int] = ..., bytes_ahead: _Optional[int] = ..., waited_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., tenant: _Optional[str] = ..., tenant_quota_bytes: _Optional[int] = ..., tenant_reserved_bytes: _Optional[int] = ..., tenant_requests_per_s: _Optional[float] = ..., tenant_burst: _Optional[int] = ..., worker_id: _Optional[str] = ..., predicted_step_ms: _Optional[float] = ..., itl_goal_ms: _Optional[int] = ..., ttft_goal_ms: _Optional[int] = ..., fastest_step_ms: _Optional[float] = ..., streams: _Optional[int] = ..., estimated_wait_ms: _Optional[float] = ..., deadline_ms: _Optional[float] = ...) -> None: ...
 
 class Admission(_message.Message):
     __slots__ = ("decision", "request_id", "lease_id", "worker_id", "worker_address", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "rejection", "dry_run", "queue_wait_ms", "lease_secret", "model", "reasoning_format", "prompt_opens_reasoning", "tool_call_format", "max_new_tokens_source", "template_kwargs_unread")

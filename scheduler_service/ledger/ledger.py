@@ -24,10 +24,12 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from scheduler_service.ledger import errors, placement, tenant_holdings
+from scheduler_service.ledger import errors, placement, tenant_holdings, time_admission, time_budget
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
 from scheduler_service.ledger.session_leases import LedgerSessionLeases
+from scheduler_service.ledger.step_model import StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
+from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
     Admission,
     AdmissionRequest,
@@ -78,6 +80,10 @@ class Ledger(LedgerSessionLeases):
         self._tenants = TenantTable()
         # NOTE: expiry happens inside admit() too; recording here lets one place log them all.
         self._expired: list[Expired] = []
+        # Time beside bytes (time_budget.py): the server's default goals (0: none, the
+        # default: bytes alone) and each worker's measured step time by rows, by worker id.
+        self.time_goals = TimeGoals()
+        self._step_models: dict[str, StepModel] = {}
 
     # -- workers -------------------------------------------------------------
 
@@ -114,8 +120,12 @@ class Ledger(LedgerSessionLeases):
 
     def heartbeat(self, worker_id: str, draining: bool = False,
                   batch: BatchStats | None = None,
-                  prefix: PrefixCacheReport | None = None) -> bool:
+                  prefix: PrefixCacheReport | None = None,
+                  steps: Iterable[StepSample] = ()) -> bool:
         """Renew a worker and all its leases. False: unknown, it must register again.
+
+        `steps`: its decode steps' wall time by rows since its last heartbeat, for the
+        time budget (step_model.py).
 
         `draining` is sticky: a worker that said it is shutting down gets no new
         placements until it registers again.
@@ -131,6 +141,8 @@ class Ledger(LedgerSessionLeases):
                 worker.batch = batch
             if prefix is not None:
                 worker.prefix = prefix
+            for sample in steps:
+                self._step_models.setdefault(worker_id, StepModel()).observe(sample)
             return True
 
     def unreachable(self, worker_id: str) -> bool:
@@ -205,6 +217,10 @@ class Ledger(LedgerSessionLeases):
                                            request, self.retry_after_s)
                 decision = placement.within_quota(decision, limited, request, room,
                                                   self.retry_after_s)
+            decision = time_admission.decided(
+                decision, request, open_workers, self._step_models, self.time_goals,
+                self._clock(), self.retry_after_s,
+                lambda subset: placement.decide(subset, request, self.retry_after_s))
             decision = replace(decision, tenant=request.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
@@ -221,6 +237,7 @@ class Ledger(LedgerSessionLeases):
                 created_at=self._clock(),
                 tenant=request.tenant,
                 two_step=request.two_step,
+                max_itl_ms=time_admission.goals_of(request, self.time_goals)[0],
             )
             self._hold(worker, lease)
             tenant_holdings.check_room(room, lease.reserved_bytes)
@@ -332,6 +349,14 @@ class Ledger(LedgerSessionLeases):
                 for w in sorted(self._workers.values(), key=lambda w: w.geometry.worker_id)
             ]
 
+    def worker_times(self) -> list[WorkerTime]:
+        """Each worker's time budget now (GetBudget, the metrics), by worker id."""
+        with self._lock:
+            return [time_budget.worker_time(w.geometry.worker_id,
+                                            self._step_models.get(w.geometry.worker_id),
+                                            w.leases.values())
+                    for w in sorted(self._workers.values(), key=lambda w: w.geometry.worker_id)]
+
     def reserved_bytes(self) -> int:
         with self._lock:
             return sum(w.reserved_bytes for w in self._workers.values())
@@ -398,6 +423,7 @@ class Ledger(LedgerSessionLeases):
                 expired += [Expired(lease, "worker silent", now - lease.created_at)
                             for lease in worker.leases.values()]
                 self._forget(worker)
+                self._step_models.pop(worker_id, None)  # a worker back later measures anew
                 continue
             for lease in list(worker.leases.values()):
                 if not lease.claimed and now - lease.created_at > self.claim_ttl_s:

@@ -62,7 +62,8 @@ _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
 
 def _can_wait(rejection: Rejection) -> bool:
     """A newcomer's refusal that the queue can cure: the pool busy, or the tenant's room."""
-    return rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
+    return (rejection.cause is Cause.BUDGET_BUSY or rejection.waits_for_tenant_room
+            or rejection.waits_for_time)
 
 
 class AdmissionQueue:
@@ -106,7 +107,9 @@ class AdmissionQueue:
                 return self._rate_refusal(request, tenant, wait_s_for_token)
             line = self._line(request.model)
             waiting = bool(line)
-            attempt = self._decide(self._effective(request, mode), lease_id, dry_run=waiting)
+            # The requests already in line come first: a wait for time counts them (time_budget).
+            attempt = self._decide(self._effective(replace(request, queued_ahead=len(line)), mode),
+                                   lease_id, dry_run=waiting)
             if (mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                     and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
                 # Never whole on any worker: waiting for it is pointless, cap as ALLOW does.
@@ -161,7 +164,7 @@ class AdmissionQueue:
                     if rejection.waits_for_tenant_room:
                         held_back.add((head.request.model, head.request.tenant))
                         continue
-                    if (rejection.cause in _WAITABLE
+                    if ((rejection.cause in _WAITABLE or rejection.waits_for_time)
                             and not (head.lease_id and rejection.cause is Cause.NO_WORKER)):
                         # It blocks its model's line (a session whose lease is gone never
                         # will fit, so it does not block).

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ortserve.status.errors import ContextWindowFull, quoted
 from ortserve.status.units import human_bytes, human_bytes_at_least, tokens
+from scheduler_service.ledger import time_sentences
 from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, NewTokensSource, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
@@ -24,6 +25,8 @@ def cap_reason(cap: BudgetCap) -> str:
              if cap.requested_source is NewTokensSource.SERVER_DEFAULT
              else f"max_new_tokens unset (the remaining context window: {tokens(requested)})"
              if cap.requested_was_unset else f"max_new_tokens {requested:,}")
+    if cap.limit is CapLimit.DEADLINE:
+        return time_sentences.cap_reason(cap, f"prompt {tokens(cap.prompt_tokens)} + {asked}")
     if cap.limit is CapLimit.TENANT_QUOTA:
         return (f"prompt {tokens(cap.prompt_tokens)} + {asked} needs "
                 f"{human_bytes(cap.requested_bytes)} of KV at {cap.bytes_per_token:,} B/token, but "
@@ -80,6 +83,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         return _queue_text(r, floor)
     if r.cause is Cause.TENANT_QUOTA:
         return _tenant_text(r, floor)
+    if r.cause in (Cause.TIME_BUSY, Cause.TIME_GOAL_UNREACHABLE):
+        return time_sentences.rejection_text(r)
     if r.cause is Cause.TENANT_RATE:
         return (f"tenant {quoted(r.tenant)} may start {r.tenant_requests_per_s:g} requests a "
                 f"second (bursts of {r.tenant_burst:,}) and has none left now; "

@@ -41,6 +41,10 @@ class Cause(enum.Enum):
     QUEUE_TIMEOUT = "queue_timeout"  # RESOURCE_EXHAUSTED + RetryInfo (admission_queue)
     TENANT_QUOTA = "tenant_quota"  # RESOURCE_EXHAUSTED (+ RetryInfo when its quota can hold it)
     TENANT_RATE = "tenant_rate"  # RESOURCE_EXHAUSTED + RetryInfo (its requests_per_s bucket is empty)
+    # Time (time_budget.py): one more stream would pass a latency goal, and the wait for
+    # streams to end would pass its TTFT goal or deadline (or its deadline fits too few tokens).
+    TIME_BUSY = "time_busy"  # RESOURCE_EXHAUSTED + RetryInfo (the estimated wait)
+    TIME_GOAL_UNREACHABLE = "time_goal_unreachable"  # FAILED_PRECONDITION: below one row's step
 
 
 class CapLimit(enum.Enum):
@@ -48,6 +52,7 @@ class CapLimit(enum.Enum):
 
     WORKER = "worker"
     TENANT_QUOTA = "tenant_quota"
+    DEADLINE = "deadline"  # the call's deadline at the predicted step time (time_budget.py)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,14 @@ class AdmissionRequest:
     # A placement hint (GenerateRequest.preferred_worker_id): among whole fits, this worker
     # after a free row and before a cached prefix; "": none. Never changes the decision.
     preferred_worker: str = ""
+    # Latency goals (time_budget.py): the request's own, 0 = the server's default (if any).
+    max_itl_ms: int = 0
+    max_ttft_ms: int = 0
+    # When the call's deadline passes, on the ledger's clock (Generate's); None: none known.
+    deadline_at: float | None = None
+    # Requests ahead of it in its model's line in the admission queue when it arrived: its
+    # wait for time is theirs first (time_budget.check).
+    queued_ahead: int = 0
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +214,9 @@ class BudgetCap:
     tenant_reserved_bytes: int = 0  # TENANT_QUOTA: what its other leases held just before
     # Where requested_max_new_tokens came from (requested_was_unset: the default or the window).
     requested_source: NewTokensSource = NewTokensSource.REQUEST
+    # DEADLINE: the predicted step and the call's time left that bound it.
+    predicted_step_ms: float = 0.0
+    deadline_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -227,6 +243,7 @@ class Lease:
     # Never in reserved_bytes: admission and the capacity invariant do not see them.
     host_bytes: int = 0
     disk_bytes: int = 0
+    max_itl_ms: int = 0  # the gap goal admission keeps it within (0: none; time_budget.py)
 
 
 @dataclass(frozen=True)
@@ -293,11 +310,26 @@ class Rejection:
     tenant_quota_text: str = ""  # TENANT_QUOTA: how the quota was set ("30 % of 1.0 GiB = ...")
     tenant_requests_per_s: float = 0.0  # TENANT_RATE: the tenant's rate
     tenant_burst: int = 0  # TENANT_RATE: its bucket's size
+    # TIME_*: the time budget's numbers (time_budget.TimeCheck)
+    worker_id: str = ""  # the worker the numbers are of
+    predicted_step_ms: float = 0.0  # the step with one more stream
+    itl_goal_ms: int = 0  # the strictest gap goal it would have to keep
+    ttft_goal_ms: int = 0  # the request's TTFT goal (0: none)
+    fastest_step_ms: float = 0.0  # the step with one stream alone
+    streams: int = 0  # streams on that worker now
+    estimated_wait_s: float = 0.0  # until enough of them end
+    deadline_ms: float = 0.0  # the call's time left (0: no deadline)
+    time_waits: bool = False  # TIME_BUSY that the queue can cure (the wait fits its goals)
 
     @property
     def waits_for_tenant_room(self) -> bool:
         """TENANT_QUOTA that the tenant's own leases ending would cure (it fits the quota)."""
         return self.cause is Cause.TENANT_QUOTA and self.needed_bytes <= self.tenant_quota_bytes
+
+    @property
+    def waits_for_time(self) -> bool:
+        """TIME_BUSY whose estimated wait fits its TTFT goal and deadline: it queues."""
+        return self.cause is Cause.TIME_BUSY and self.time_waits
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def _request_kwargs(a: argparse.Namespace) -> dict:
     for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "min_p", "logprobs", "stop", "request_id",
                  "stream_interval_ms", "json_schema", "json_object", "regex", "grammar",
-                 "priority"):
+                 "priority", "max_itl_ms", "max_ttft_ms"):
         value = getattr(a, name, None)
         if value is not None:
             kw[name] = value
@@ -113,6 +113,15 @@ def cmd_admit(client: Client, a: argparse.Namespace) -> int:
     return EXIT_REJECTED if adm.decision == "REJECTED" else EXIT_OK
 
 
+def time_line(w) -> str:
+    """A worker's time budget in one line (docs/features/time-budget.md)."""
+    if not w.time_measured:
+        return "time: not measured yet (admitted by bytes alone until its first decode steps)"
+    goal = f"goal {w.itl_goal_ms:,} ms" if w.itl_goal_ms else "no goal"
+    return (f"time: {w.streams:,} streams, step {w.step_ms:.1f} ms, with one more "
+            f"{w.next_step_ms:.1f} ms, {goal} ({w.steps_measured:,} steps measured)")
+
+
 def cmd_budget(client: Client, a: argparse.Namespace) -> int:
     budget = client.budget(include_leases=a.leases)
     if a.json:
@@ -129,6 +138,7 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
         if w.decode_graph_bytes or w.decode_buffer_bytes:
             print(f"  decode path holds {human_bytes(w.decode_graph_bytes)} of CUDA graphs and "
                   f"{human_bytes(w.decode_buffer_bytes)} of bucket buffers (out of capacity)")
+        print(f"  {time_line(w)}")
         for lease in w.leases:
             print(f"  lease {lease.lease_id} request {lease.request_id} {human_bytes(lease.reserved_bytes)}"
                   f" max_new_tokens {lease.max_new_tokens:,}{' CAPPED' if lease.HasField('budget_cap') else ''}")
@@ -136,6 +146,9 @@ def cmd_budget(client: Client, a: argparse.Namespace) -> int:
           f"{human_bytes(budget.total_reserved_bytes):>12} {human_bytes(budget.total_available_bytes):>12} "
           f"{budget.total_leases:>6} {human_bytes(budget.total_host_bytes):>10} "
           f"{human_bytes(budget.total_disk_bytes):>10}")
+    goals = [f"{name} {value:,}" for name, value in (("max_itl_ms", budget.max_itl_ms),
+                                                      ("max_ttft_ms", budget.max_ttft_ms)) if value]
+    print("time goals: " + (", ".join(goals) if goals else "none (admission by KV bytes alone)"))
     if budget.tenants:
         print(f"\n{'tenant':<16} {'model':<20} {'reserved':>10} {'quota':>10} {'weight':>6} "
               f"{'leases':>6} {'queued':>6} {'waits for':>10} {'disk':>10}   ({budget.tenants_source})")
@@ -204,6 +217,15 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", type=int, default=None,
                    help="the admission queue's order when it waits: lower is sooner (unset: 0); "
                         "nothing admitted is preempted")
+    p.add_argument("--max-itl-ms", type=flags.uint32, default=None,
+                   help="a latency goal: the longest gap between tokens, ms; admission starts the "
+                        "request only where every stream keeps its goal, else it waits or is "
+                        "refused with the numbers (docs/features/time-budget.md); unset or 0: "
+                        "the scheduler's default")
+    p.add_argument("--max-ttft-ms", type=flags.uint32, default=None,
+                   help="a latency goal: the longest wait for the first token, ms; a request whose "
+                        "estimated wait passes it is refused at once (retry after the wait); "
+                        "unset or 0: the scheduler's default")
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")

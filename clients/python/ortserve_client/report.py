@@ -25,6 +25,12 @@ def notice(text: str, file: TextIO | None = None) -> None:
 
 def cap_notice(cap: BudgetCap) -> str:
     """One line saying that and why the KV budget reduced max_new_tokens, with the numbers."""
+    if cap.limit == "deadline":
+        return (f"CAPPED by the deadline: max_new_tokens {cap.requested_max_new_tokens:,}"
+                f"{_unset(cap) if cap.requested_was_unset else ''}"
+                f" -> {cap.admitted_max_new_tokens:,} at a predicted decode step of "
+                f"{cap.predicted_step_ms:.1f} ms with {cap.deadline_ms / 1e3:.2f} s left on "
+                f"worker {cap.worker_id}. {cap.reason}")
     if cap.limit == "tenant_quota":
         return (f"CAPPED by tenant {cap.tenant}'s KV quota: max_new_tokens "
                 f"{cap.requested_max_new_tokens:,}"
@@ -92,7 +98,9 @@ def stats_lines(result: GenerateResult) -> list[str]:
                      + (f" limit=tenant_quota tenant={cap.tenant} "
                         f"tenant_quota_bytes={cap.tenant_quota_bytes:,} "
                         f"tenant_reserved_bytes={cap.tenant_reserved_bytes:,}"
-                        if cap.limit == "tenant_quota" else ""))
+                        if cap.limit == "tenant_quota" else "")
+                     + (f" limit=deadline predicted_step_ms={cap.predicted_step_ms:.1f} "
+                        f"deadline_ms={cap.deadline_ms:.0f}" if cap.limit == "deadline" else ""))
     if result.constraint is not None:
         c = result.constraint
         lines.append(f"stats: constraint satisfied={str(c.satisfied).lower()}"

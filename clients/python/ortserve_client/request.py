@@ -42,6 +42,8 @@ def build_request(
     stream_interval_ms: int = 0,
     priority: int | None = None,
     speculative: bool = True,
+    max_itl_ms: int = 0,
+    max_ttft_ms: int = 0,
 ) -> types_pb2.GenerateRequest:
     """A GenerateRequest: `prompt` is text or token ids; `chat` is (role, content) turns.
 
@@ -60,11 +62,14 @@ def build_request(
     `priority`: the admission queue's order, lower sooner (unset: 0; docs/features/tenants.md).
     `speculative=False`: no speculative decoding for this request (disable_speculation);
     True: the worker's --speculative decides (GenerateResult.speculation says what ran).
+    `max_itl_ms`, `max_ttft_ms`: latency goals for admission (docs/features/time-budget.md);
+    0: the scheduler's default goals (none unless it sets --max-itl-ms / --max-ttft-ms).
     """
     req = types_pb2.GenerateRequest(request_id=request_id, min_new_tokens=min_new_tokens,
                                     stop=list(stop), model=model, adapter=adapter,
                                     stream_interval_ms=stream_interval_ms,
-                                    disable_speculation=not speculative)
+                                    disable_speculation=not speculative,
+                                    max_itl_ms=max_itl_ms, max_ttft_ms=max_ttft_ms)
     if chat is not None:
         req.chat.messages.extend(types_pb2.ChatMessage(role=r, content=c) for r, c in chat)
     elif isinstance(prompt, str):

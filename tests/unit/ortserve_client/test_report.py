@@ -38,3 +38,26 @@ def test_print_stats_writes_to_stderr_only(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "ortserve: stats: finish_reason=LENGTH" in captured.err
+
+
+def test_a_deadline_cap_and_the_time_budget_are_said_with_their_numbers():
+    from ortserve_client.cli import time_line
+    from ortserve_client.report import cap_notice
+    from ortserve_client.types import BudgetCap
+
+    from ortserve.v1 import scheduler_pb2, types_pb2
+
+    cap = BudgetCap.from_pb(types_pb2.BudgetCap(
+        requested_max_new_tokens=1_500, admitted_max_new_tokens=99, worker_id="w1",
+        limit=types_pb2.CAP_LIMIT_DEADLINE, predicted_step_ms=23.4, deadline_ms=2_349.0,
+        reason="why"))
+    assert cap.limit == "deadline"
+    line = cap_notice(cap)
+    assert line.startswith("CAPPED by the deadline: max_new_tokens 1,500 -> 99")
+    assert "23.4 ms" in line and "2.35 s left" in line and line.endswith("why")
+    fresh = scheduler_pb2.WorkerBudget(worker_id="w1")
+    assert "not measured yet" in time_line(fresh)
+    busy = scheduler_pb2.WorkerBudget(worker_id="w1", time_measured=True, streams=3, step_ms=30,
+                                      next_step_ms=40, itl_goal_ms=45, steps_measured=1_200)
+    assert time_line(busy) == ("time: 3 streams, step 30.0 ms, with one more 40.0 ms, goal 45 ms "
+                               "(1,200 steps measured)")

@@ -65,3 +65,20 @@ def test_an_empty_figure_is_null_not_nan_so_the_json_stays_standard():
                     None, 0.0)
     assert doc["ttft_ms"]["p50"] is None and doc["goodput_per_s"] == 0.0
     json.loads(json.dumps(doc), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+
+
+def test_refused_with_a_remedy_is_counted_beside_timed_out():
+    told = record(0, outcome="refused", status=429, retry_after_s=3.0,
+                  reason="time_busy: rejected (time_busy): one more stream ...; retry in 3.0 s")
+    bare = record(1, outcome="refused", status=503, reason="503: Service Unavailable")
+    doc = summarize([told, bare, record(2, outcome="timed_out"), record(3, outcome="timed_out")],
+                    Goal(), 1.0, 10.0)
+    assert doc["refused"]["with_remedy"] == 1
+    assert doc["refused_with_remedy_vs_timed_out"] == [1, 2]
+
+
+def test_the_sweep_sends_the_goodput_goal_as_ortserve_s_admission_goals():
+    from bench.served.load_sweep import admission_goals
+
+    assert admission_goals(Goal(ttft_ms=2_000, itl_p99_ms=200)) == {"max_itl_ms": 200,
+                                                                   "max_ttft_ms": 2_000}

@@ -96,3 +96,14 @@ def test_chat_template_kwargs_and_reasoning_effort_become_template_variables():
     with pytest.raises(ParamError) as info:  # completions have no template
         parse_request("completion", {"model": "m", "prompt": "x", "reasoning_effort": "low"})
     assert info.value.param == "reasoning_effort"
+
+
+def test_latency_goals_are_carried_and_a_bad_one_is_refused_naming_the_key():
+    parsed = parse_request("completion", {"model": "m", "prompt": "Hi", "max_itl_ms": 250,
+                                          "max_ttft_ms": 2_000})
+    assert parsed.generate.max_itl_ms == 250 and parsed.generate.max_ttft_ms == 2_000
+    assert parse_request("chat", chat()).generate.max_itl_ms == 0  # the server's default
+    for bad in (-1, 2.5, "fast", 2**32):
+        with pytest.raises(ParamError) as info:
+            parse_request("chat", chat(max_ttft_ms=bad))
+        assert info.value.param == "max_ttft_ms" and "milliseconds" in info.value.message

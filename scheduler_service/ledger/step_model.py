@@ -1,0 +1,97 @@
+"""One worker's decode rate as measured: engine step time by batch rows (pure).
+
+Workers report, with each heartbeat, the wall time of the engine steps that
+decoded since the last one, summed per number of decoding rows (a step is what
+one inter-token gap of every running stream costs: its decode run, the prompt
+chunks that share it, sampling and postprocessing). The model keeps an
+exponentially weighted mean per row count and predicts the step at any row
+count from them:
+
+- a measured row count: its mean;
+- between two measured counts: the straight line between them;
+- above the largest measured count: proportional to rows from it (pessimistic:
+  batching makes a row cheaper than the step's mean share; with a straight line
+  fitted through the measured points, one quick load sweep let a worker reach 41
+  streams, a 110 ms step, against a 40 ms goal before its measurements caught up);
+  admission thus grows a worker's streams only as far as its measurements reach,
+  by at most goal / step a heartbeat;
+- below the smallest: the smallest's mean (pessimistic too);
+
+and never less than any measured mean at fewer rows, so a prediction does not
+fall as rows grow because one mean was noisy. Before the first measurement it
+predicts nothing (None): admission is then by bytes alone, and GetBudget says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """What a worker measured since its last report at one row count."""
+
+    rows: int  # rows that decoded in each of these steps
+    steps: int  # how many such steps
+    seconds: float  # their wall time summed
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.steps < 1 or not math.isfinite(self.seconds) or self.seconds < 0:
+            raise ValueError(f"a step sample needs rows >= 1, steps >= 1 and finite seconds >= 0, "
+                             f"got rows {self.rows}, steps {self.steps}, seconds {self.seconds}")
+
+
+class StepModel:
+    """Mean step milliseconds by rows, as measured (see the module docstring).
+
+    `weight` is what one step's measurement moves its row count's mean by: a
+    report of n steps moves it by 1 - (1 - weight)^n, so a report of many steps
+    counts for more than a report of one, and a slow machine's older figures fade
+    in a few reports."""
+
+    def __init__(self, weight: float = 0.1) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight}")
+        self.weight = weight
+        self._ms: dict[int, float] = {}
+        self.steps = 0  # steps measured in all
+
+    def observe(self, sample: StepSample) -> None:
+        mean_ms = sample.seconds * 1e3 / sample.steps
+        before = self._ms.get(sample.rows)
+        if before is None:
+            self._ms[sample.rows] = mean_ms
+        else:
+            moved = 1.0 - (1.0 - self.weight) ** sample.steps
+            self._ms[sample.rows] = before + moved * (mean_ms - before)
+        self.steps += sample.steps
+
+    @property
+    def measured(self) -> bool:
+        return bool(self._ms)
+
+    def table(self) -> tuple[tuple[int, float], ...]:
+        """(rows, mean step ms) for each measured row count, by rows."""
+        return tuple(sorted(self._ms.items()))
+
+    def predict_ms(self, rows: int) -> float | None:
+        """The step's milliseconds with `rows` decoding rows; None before any measurement."""
+        if not self._ms:
+            return None
+        rows = max(rows, 1)
+        points = self.table()
+        below = [ms for r, ms in points if r <= rows]
+        floor = max(below) if below else 0.0
+        if rows in self._ms:
+            guess = self._ms[rows]
+        elif rows < points[0][0]:
+            guess = points[0][1]
+        elif rows > points[-1][0]:
+            guess = points[-1][1] * rows / points[-1][0]
+        else:
+            (r0, ms0), (r1, ms1) = next(
+                (a, b) for a, b in zip(points, points[1:], strict=False) if a[0] < rows < b[0])
+            guess = ms0 + (ms1 - ms0) * (rows - r0) / (r1 - r0)
+        return max(guess, floor)
+

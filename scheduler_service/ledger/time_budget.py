@@ -1,0 +1,169 @@
+"""Time in the ledger beside bytes: may one more stream start on a worker now (pure)?
+
+A worker's engine advances every running stream by one token per step, so the
+gap between a stream's tokens is the step's time, and one more stream makes
+every step longer. The rule (docs/features/time-budget.md):
+
+- goals: a request's own `max_itl_ms` / `max_ttft_ms`, else the server's
+  (`--max-itl-ms`, `--max-ttft-ms`); 0 is no goal. With no goal anywhere (the
+  default) nothing here applies: admission is by bytes alone, as before.
+- admit while the step predicted with one more row (step_model.py) is within the
+  gap goal of every stream it would serve: the newcomer's and each admitted
+  stream's (never slow the admitted below their goal);
+- otherwise the request waits in the admission queue for streams to end, unless
+  the estimated wait would pass its TTFT goal or its deadline: then it is refused
+  at once (TIME_BUSY, retry after the estimated wait);
+- a gap goal below what the worker's step takes with one row (the request alone)
+  can never be met: TIME_GOAL_UNREACHABLE;
+- a deadline shorter than max_new_tokens at the predicted rate caps
+  max_new_tokens to what fits (said like the byte cap), or refuses when not even
+  min_new_tokens fit.
+
+Before a worker's first measurement nothing is predicted and it is admitted by
+bytes alone. The estimated wait is the time until enough of its streams end,
+each at the predicted step times what its lease may still generate (its
+max_new_tokens less what the time since admission could have produced), the
+requests already waiting in line taking their departures first: an upper bound
+for streams that stop early. No preemption: nothing here ever ends
+or slows an admitted stream.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler_service.ledger.step_model import StepModel
+from scheduler_service.ledger.types import Lease
+
+
+@dataclass(frozen=True)
+class TimeGoals:
+    """The server's default goals (0: none), for requests that set none."""
+
+    max_itl_ms: int = 0
+    max_ttft_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_itl_ms", "max_ttft_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no goal), got {getattr(self, name)}")
+
+
+class Verdict(enum.Enum):
+    OK = "ok"  # within every goal now (or no goal, or not measured yet)
+    WAIT = "wait"  # not now; the estimated wait fits its TTFT goal and deadline: queue
+    BUSY = "busy"  # not now, and the wait would pass its TTFT goal or deadline: refuse now
+    UNREACHABLE = "unreachable"  # its gap goal is below the step with it alone
+
+
+@dataclass(frozen=True)
+class TimeCheck:
+    """One worker's answer on time for one request, with the numbers a message needs."""
+
+    verdict: Verdict
+    worker_id: str
+    streams: int = 0  # streams the worker serves now (leases holding a batch row)
+    predicted_step_ms: float = 0.0  # the step with one more row (0: not measured)
+    itl_goal_ms: int = 0  # the strictest gap goal among the newcomer and the admitted
+    ttft_goal_ms: int = 0  # the newcomer's TTFT goal (0: none)
+    fastest_step_ms: float = 0.0  # the step with one row: no gap goal below it can be met
+    estimated_wait_s: float = 0.0  # until enough streams end for the step to fit the goal
+    deadline_s: float | None = None  # time left on the request's call when it arrived
+
+
+@dataclass(frozen=True)
+class WorkerTime:
+    """A worker's time budget now, for GetBudget and the metrics."""
+
+    worker_id: str
+    measured: bool
+    streams: int
+    step_ms: float  # predicted at its streams now (0: not measured, or no stream)
+    next_step_ms: float  # predicted with one more stream (0: not measured)
+    itl_goal_ms: int  # the strictest gap goal among its streams (0: none)
+    steps_measured: int
+    table: tuple[tuple[int, float], ...]  # (rows, mean step ms) as measured
+
+
+def streams_of(leases: Iterable[Lease]) -> list[Lease]:
+    """The leases that hold a batch row: a session's lease between turns decodes nothing."""
+    return [lease for lease in leases if not lease.session]
+
+
+def strictest(goals: Iterable[int]) -> int:
+    """The smallest goal set (> 0), or 0 when none is."""
+    return min((g for g in goals if g > 0), default=0)
+
+
+def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]) -> WorkerTime:
+    streams = streams_of(leases)
+    n = len(streams)
+    step = model.predict_ms(n) if model is not None and n else None
+    after = model.predict_ms(n + 1) if model is not None else None
+    return WorkerTime(worker_id=worker_id, measured=bool(model and model.measured), streams=n,
+                      step_ms=step or 0.0, next_step_ms=after or 0.0,
+                      itl_goal_ms=strictest(s.max_itl_ms for s in streams),
+                      steps_measured=model.steps if model else 0,
+                      table=model.table() if model else ())
+
+
+def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,
+          ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0) -> TimeCheck:
+    """May a request with these goals (already resolved against the server's) start on this
+    worker now? `ahead`: requests waiting in line before it, each taking a departure first.
+    See the module docstring for the rule."""
+    streams = streams_of(leases)
+    n = len(streams)
+    binding = strictest([itl_goal_ms, *(s.max_itl_ms for s in streams)])
+    predicted = model.predict_ms(n + 1) if model is not None else None
+    base = TimeCheck(Verdict.OK, worker_id, streams=n, predicted_step_ms=predicted or 0.0,
+                     itl_goal_ms=binding, ttft_goal_ms=ttft_goal_ms, deadline_s=deadline_s)
+    if predicted is None or not binding or predicted <= binding:
+        return base
+    assert model is not None
+    fastest = model.predict_ms(1) or 0.0
+    if itl_goal_ms and fastest > itl_goal_ms:
+        return _with(base, Verdict.UNREACHABLE, fastest, 0.0)
+    # How many streams must end before the step with this one fits the strictest goal.
+    leaving = next((k for k in range(1, n + 1)
+                    if (model.predict_ms(n + 1 - k) or 0.0) <= binding), n)
+    step_s = (model.predict_ms(n) or predicted) / 1e3
+    ends_s = sorted(max(0.0, s.max_new_tokens * step_s - (now - s.created_at)) for s in streams)
+    wait_s = _departure_s(ends_s, leaving - 1 + ahead, _mean_tokens(streams) * step_s)
+    too_late = ((ttft_goal_ms and wait_s * 1e3 > ttft_goal_ms)
+                or (deadline_s is not None and wait_s >= deadline_s))
+    return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait_s)
+
+
+def _mean_tokens(streams: list[Lease]) -> float:
+    return sum(s.max_new_tokens for s in streams) / len(streams) if streams else 0.0
+
+
+def _departure_s(ends_s: list[float], index: int, stream_s: float) -> float:
+    """When the `index`-th stream (0: the first) to end from now leaves: one of those
+    running now, or beyond them, one more every stream_s / n (n streams each lasting about
+    stream_s, as those that take their rows do)."""
+    if not ends_s:
+        return 0.0
+    if index < len(ends_s):
+        return ends_s[index]
+    return ends_s[-1] + (index - len(ends_s) + 1) * stream_s / len(ends_s)
+
+
+def _with(base: TimeCheck, verdict: Verdict, fastest_ms: float, wait_s: float) -> TimeCheck:
+    return TimeCheck(verdict, base.worker_id, streams=base.streams,
+                     predicted_step_ms=base.predicted_step_ms, itl_goal_ms=base.itl_goal_ms,
+                     ttft_goal_ms=base.ttft_goal_ms, fastest_step_ms=fastest_ms,
+                     estimated_wait_s=wait_s, deadline_s=base.deadline_s)
+
+
+def tokens_within_deadline(deadline_s: float, step_ms: float) -> int:
+    """New tokens that fit `deadline_s` at `step_ms` a token, the prompt's prefill counted as
+    one more step (a low estimate: a long prompt's chunks take several, so a capped request
+    with a long prompt may still reach its deadline; the cap never cuts what decode fits)."""
+    if step_ms <= 0:
+        return 2**31 - 1
+    return max(0, math.floor(deadline_s * 1e3 / step_ms) - 1)

@@ -1,0 +1,59 @@
+"""The time budget's sentences (time_budget.py), rendered from a Rejection's or a cap's
+numbers: the cause, the numbers and a next step, as sentences.py does for bytes."""
+
+from __future__ import annotations
+
+from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
+
+
+def rejection_text(r: Rejection) -> tuple[str, str]:
+    """(message, remedy) of a TIME_BUSY or TIME_GOAL_UNREACHABLE rejection."""
+    if r.cause is Cause.TIME_GOAL_UNREACHABLE:
+        message = (f"the gap goal max_itl_ms {r.itl_goal_ms:,} is below the decode step worker "
+                   f"{r.worker_id} takes with one stream alone ({r.fastest_step_ms:.1f} ms "
+                   "predicted from its measured steps): no wait can meet it")
+        remedy = (f"loosen max_itl_ms to at least {int(r.fastest_step_ms) + 1:,}, or use a "
+                  "smaller model or faster workers")
+        return message, remedy
+    goal = f"{r.itl_goal_ms:,} ms, the strictest gap goal among them and this request"
+    if r.predicted_step_ms and r.itl_goal_ms and r.predicted_step_ms > r.itl_goal_ms:
+        message = (f"worker {r.worker_id} serves {r.streams:,} streams; one more would make its "
+                   f"decode step {r.predicted_step_ms:.1f} ms, over {goal}; enough of them end in "
+                   f"about {r.estimated_wait_s:.1f} s")
+        late = []
+        if r.ttft_goal_ms and r.estimated_wait_s * 1e3 > r.ttft_goal_ms:
+            late.append(f"its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}")
+        if r.deadline_ms and r.estimated_wait_s * 1e3 >= r.deadline_ms:
+            late.append(f"its deadline ({r.deadline_ms / 1e3:.1f} s left)")
+        if late:
+            message += ", past " + " and ".join(late)
+        remedy = (f"retry in {r.retry_after_s:.1f} s, or loosen max_itl_ms (> "
+                  f"{int(r.predicted_step_ms):,} admits it now), or ask for fewer max_new_tokens, "
+                  "or use another model or more workers")
+        return message, remedy
+    floor = max(r.min_new_tokens, 1)
+    at = (f"at worker {r.worker_id}'s predicted decode step of {r.predicted_step_ms:.1f} ms with "
+          f"{r.streams:,} streams running")
+    if r.cap_refused:
+        message = (f"its deadline ({r.deadline_ms / 1e3:.2f} s left) fits "
+                   f"{r.admissible_max_new_tokens:,} of max_new_tokens "
+                   f"{r.requested_max_new_tokens:,} {at}, and cap policy STRICT refuses a "
+                   "smaller ceiling")
+        wanted = r.requested_max_new_tokens
+        fewer = f"accept a cap (max_new_tokens <= {r.admissible_max_new_tokens:,} fits)"
+    else:
+        message = (f"its deadline ({r.deadline_ms / 1e3:.2f} s left) fits fewer than "
+                   f"min_new_tokens {floor:,} {at}")
+        wanted, fewer = floor, "lower min_new_tokens"
+    remedy = (f"allow a later deadline (at least {(wanted + 1) * r.predicted_step_ms / 1e3:.2f} s),"
+              f" or retry in {r.retry_after_s:.1f} s when fewer streams run, or {fewer}")
+    return message, remedy
+
+
+def cap_reason(cap: BudgetCap, asked: str) -> str:
+    """Why a deadline capped max_new_tokens, for BudgetCap.reason."""
+    return (f"{asked} at worker {cap.worker_id}'s predicted decode step of "
+            f"{cap.predicted_step_ms:.1f} ms needs more than the call's deadline "
+            f"({cap.deadline_ms / 1e3:.2f} s left); capped to max_new_tokens "
+            f"{cap.admitted_max_new_tokens:,} (what fits it): allow a later deadline for the full "
+            "ceiling, or set cap_policy STRICT to be refused instead")

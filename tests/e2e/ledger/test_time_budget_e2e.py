@@ -1,0 +1,107 @@
+"""Time beside bytes through real processes: a scheduler and one worker on the tiny model.
+
+The worker measures its decode steps and reports them with its heartbeats; the
+scheduler predicts the step from them (docs/features/time-budget.md). A gap goal
+below the worker's one-stream step is refused with the numbers, a deadline too
+short for max_new_tokens caps them (said in the first event, before any token),
+and a request without goals is served as before (goals are off by default).
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from devtools.cluster import LocalCluster
+from ortserve.status import rich_status
+from ortserve.v1 import scheduler_pb2, types_pb2
+from tests.e2e.conftest import scheduler_stub
+from tests.models import prepared_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cluster = LocalCluster(model_dir=prepared_model_dir("tiny-llama"),
+                           log_dir=tmp_path_factory.mktemp("logs-time-budget"),
+                           kv_capacities=[str(1 << 20)],
+                           scheduler_args=["--heartbeat-interval-s", "0.5"]).start()
+    yield cluster
+    cluster.stop()
+
+
+def measured(stub, timeout_s: float = 120.0) -> scheduler_pb2.WorkerBudget:
+    """Decode until the scheduler holds a measured step for the worker (waits on the state,
+    not on a time: the worker reports with its next heartbeat)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (worker,) = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10).workers
+        if worker.time_measured or time.monotonic() > deadline:
+            break
+        list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8), timeout=60))
+    assert worker.time_measured, f"no step measured in {timeout_s:g} s: {worker}"
+    return worker
+
+
+def test_the_budget_shows_the_measured_step_and_goals_are_off_by_default(tiny):
+    stub = scheduler_stub(tiny.address)
+    worker = measured(stub)
+    budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10)
+    assert budget.max_itl_ms == 0 and budget.max_ttft_ms == 0
+    assert worker.steps_measured > 0 and worker.next_step_ms > 0
+    assert [m.rows for m in worker.step_means][0] >= 1
+    # No goal anywhere: the request is admitted by bytes, whole, as before.
+    events = list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8,
+                                                          ignore_eos=True), timeout=60))
+    assert events[0].admission.decision == types_pb2.ADMITTED
+    assert not events[-1].finished.HasField("budget_cap")
+    assert events[-1].finished.usage.generated_tokens == 8
+
+
+def test_a_gap_goal_below_one_streams_step_is_refused_with_the_numbers(tiny):
+    stub = scheduler_stub(tiny.address)
+    worker = measured(stub)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8, max_itl_ms=1),
+                           timeout=60))
+    error = err.value
+    # A goal the worker can never meet: the system as it is cannot serve it (400 at the gateway).
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    rejection = rich_status.unpack(rich_status.details_of(error), types_pb2.Rejection)
+    assert rejection.cause == types_pb2.TIME_GOAL_UNREACHABLE
+    assert rejection.worker_id == worker.worker_id and rejection.itl_goal_ms == 1
+    assert rejection.fastest_step_ms > 1
+    assert "max_itl_ms 1 " in error.details() and "loosen max_itl_ms" in error.details()
+    info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+    assert info.reason == "TIME_GOAL_UNREACHABLE" and float(info.metadata["fastest_step_ms"]) > 1
+    # Admit answers the same as a decision, nothing reserved.
+    answer = stub.Admit(scheduler_pb2.AdmitRequest(
+        request=types_pb2.GenerateRequest(text="Hi", max_new_tokens=8, max_itl_ms=1)), timeout=60)
+    assert answer.decision == types_pb2.REJECTED
+    assert answer.rejection.cause == types_pb2.TIME_GOAL_UNREACHABLE
+
+
+def test_a_deadline_too_short_for_max_new_tokens_caps_them_before_the_first_token(tiny):
+    stub = scheduler_stub(tiny.address)
+    worker = measured(stub)
+    # About 100 steps at the step the scheduler predicts for one stream: far fewer than
+    # the 1,500 tokens asked, whatever this machine's speed.
+    deadline_s = max(worker.next_step_ms * 100 / 1e3, 0.5)
+    call = stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=1_500,
+                                                   ignore_eos=True, max_itl_ms=60_000),
+                         timeout=deadline_s)
+    try:
+        first = next(call)
+    finally:
+        call.cancel()  # the cap is what this test reads; the stream may run to its deadline
+    assert first.admission.decision == types_pb2.CAPPED
+    cap = first.admission.budget_cap
+    assert cap.limit == types_pb2.CAP_LIMIT_DEADLINE
+    assert cap.requested_max_new_tokens == 1_500
+    assert 0 < cap.admitted_max_new_tokens < 1_500
+    assert first.admission.max_new_tokens == cap.admitted_max_new_tokens
+    # The time left as the scheduler read it (gRPC's timeout header rounds up a little).
+    assert cap.predicted_step_ms > 0 and 0 < cap.deadline_ms <= deadline_s * 1e3 * 1.05
+    assert "deadline" in cap.reason and f"{cap.admitted_max_new_tokens:,}" in cap.reason

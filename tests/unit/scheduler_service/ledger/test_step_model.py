@@ -1,0 +1,60 @@
+"""The measured step-time model (step_model.py), with synthetic measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_service.ledger.step_model import StepModel, StepSample
+
+
+def test_unmeasured_model_predicts_nothing():
+    model = StepModel()
+    assert not model.measured
+    assert model.predict_ms(1) is None
+
+
+def test_measured_rows_predict_their_mean_and_between_is_the_line():
+    model = StepModel()
+    model.observe(StepSample(rows=1, steps=10, seconds=0.100))  # 10 ms
+    model.observe(StepSample(rows=5, steps=4, seconds=0.120))  # 30 ms
+    assert model.predict_ms(1) == pytest.approx(10.0)
+    assert model.predict_ms(5) == pytest.approx(30.0)
+    assert model.predict_ms(3) == pytest.approx(20.0)
+
+
+def test_above_the_largest_is_proportional_to_rows_and_below_the_smallest_is_its_mean():
+    one = StepModel()
+    one.observe(StepSample(rows=2, steps=1, seconds=0.020))
+    assert one.predict_ms(4) == pytest.approx(40.0)  # pessimistic: proportional to rows
+    assert one.predict_ms(1) == pytest.approx(20.0)  # below: the smallest's mean
+    two = StepModel()
+    two.observe(StepSample(rows=1, steps=1, seconds=0.010))
+    two.observe(StepSample(rows=3, steps=1, seconds=0.014))
+    # not the measured line's 18 ms: beyond what was measured, no batching gain is assumed
+    assert two.predict_ms(6) == pytest.approx(28.0)
+
+
+def test_a_noisy_mean_never_makes_more_rows_predict_less():
+    model = StepModel()
+    model.observe(StepSample(rows=4, steps=1, seconds=0.040))
+    model.observe(StepSample(rows=6, steps=1, seconds=0.030))  # measured on a quiet moment
+    assert model.predict_ms(6) == pytest.approx(40.0)
+    assert model.predict_ms(8) >= 40.0
+
+
+def test_a_report_of_many_steps_moves_the_mean_more_than_one_step():
+    few, many = StepModel(weight=0.1), StepModel(weight=0.1)
+    for model in (few, many):
+        model.observe(StepSample(rows=1, steps=1, seconds=0.010))
+    few.observe(StepSample(rows=1, steps=1, seconds=0.020))
+    many.observe(StepSample(rows=1, steps=50, seconds=1.0))
+    assert few.predict_ms(1) == pytest.approx(11.0)
+    assert many.predict_ms(1) > 19.0
+    assert many.steps == 51
+
+
+@pytest.mark.parametrize("rows, steps, seconds", [(0, 1, 0.1), (1, 0, 0.1), (1, 1, -1.0),
+                                                  (1, 1, float("nan"))])
+def test_a_bad_sample_is_refused(rows, steps, seconds):
+    with pytest.raises(ValueError):
+        StepSample(rows=rows, steps=steps, seconds=seconds)
