@@ -76,11 +76,10 @@ def assert_tool_turn_renders_the_whole_history(stub, session_id: str, f1, reply1
     return f2, text2
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, "session-tools", kv_capacities=["512MiB"])
-    yield cluster
-    cluster.stop()
+@pytest.fixture()
+def cluster(roomy):
+    """The shared roomy cluster (512 MiB, the default model), drained before and after."""
+    return roomy
 
 
 def test_a_tool_call_its_answer_and_the_next_turn_render_the_history_they_were_given(cluster):
