@@ -70,9 +70,12 @@ def roomy(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shared_roomy(tmp_path_factory):
-    """roomy's cluster, started once for the whole run: the folders whose tests leave it as
-    they found it (paths/, ledger/) take it through drained_roomy instead of starting one per
-    module. The gateway's modules keep their own: their stored responses hold sessions."""
+    """roomy's cluster, started once for the whole run: the modules whose tests leave it as
+    they found it (paths/, ledger/test_session_tools) take it through drained_roomy instead of
+    starting one per module. The gateway's modules keep their own (their stored responses hold
+    sessions), and so does ledger/test_ledger_integrity: the duplicate worker it starts and
+    stops leaves the live worker taking no new requests (no_worker), which a drained ledger
+    does not show."""
     cluster = start_cluster(tmp_path_factory, "shared-roomy", kv_capacities=["512MiB"])
     yield cluster
     cluster.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from devtools.cluster import LocalCluster
-from tests.e2e.conftest import drained_roomy, wait_drained
+from tests.e2e.conftest import wait_drained
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,3 @@ def ledger_drained(request):
             continue
         if isinstance(value, LocalCluster) and value.services:
             wait_drained(value)
-
-
-# The shared roomy cluster, drained before and after each test (tests/e2e/conftest.py).
-roomy = pytest.fixture(drained_roomy, name="roomy")
