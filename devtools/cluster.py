@@ -114,7 +114,7 @@ def wait_serving(service: Service, health_service: str = "", timeout_s: float = 
         status = check(service.address, health_service, timeout_s=2.0, credentials=credentials)
         if status == "SERVING":
             return
-        time.sleep(0.2)
+        time.sleep(0.05)  # cheap to ask, and every cluster start waits on it
     raise ClusterError(f"{service.name} not SERVING after {timeout_s:g} s (last: {status}); "
                        f"see {service.log_path}:\n{service.log_tail()}")
 
@@ -122,11 +122,16 @@ def wait_serving(service: Service, health_service: str = "", timeout_s: float = 
 def stop_service(service: Service, timeout_s: float = 10.0) -> int:
     if service.process.poll() is None:
         service.process.send_signal(signal.SIGTERM)
-        try:
-            service.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            service.process.kill()
-            service.process.wait()
+    return _wait_stopped(service, timeout_s)
+
+
+def _wait_stopped(service: Service, timeout_s: float) -> int:
+    """Its exit status once it has gone (killed if it outlives timeout_s after SIGTERM)."""
+    try:
+        service.process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        service.process.kill()
+        service.process.wait()
     return service.process.returncode
 
 
@@ -235,13 +240,21 @@ class LocalCluster:
                                         metadata=metadata)
                 if len(budget.workers) >= n_workers:
                     return
-                time.sleep(0.2)
+                time.sleep(0.05)  # cheap to ask, and every cluster start waits on it
         raise ClusterError(f"only {len(budget.workers)} of {n_workers} workers registered "
                            f"after {timeout_s:g} s; see the logs in {self.log_dir}")
 
     def stop(self) -> None:
-        for service in reversed(self.services):
-            stop_service(service)
+        # The workers first and all at once (each drains on its own: one after another, a
+        # cluster's stop took the sum of them), then the scheduler their drains reported to.
+        workers = self.services[1:]
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in reversed(workers):
+            _wait_stopped(worker, 10.0)
+        if self.services:
+            stop_service(self.services[0])
         self.services.clear()
 
     def __enter__(self) -> LocalCluster:

@@ -68,6 +68,28 @@ def roomy(tmp_path_factory):
     cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def shared_roomy(tmp_path_factory):
+    """roomy's cluster, started once for the whole run: the modules whose tests leave it as
+    they found it (paths/, ledger/test_session_tools) take it through drained_roomy instead of
+    starting one per module. The gateway's modules keep their own (their stored responses hold
+    sessions), and so does ledger/test_ledger_integrity: the duplicate worker it starts and
+    stops leaves the live worker taking no new requests (no_worker), which a drained ledger
+    does not show."""
+    cluster = start_cluster(tmp_path_factory, "shared-roomy", kv_capacities=["512MiB"])
+    yield cluster
+    cluster.stop()
+
+
+def drained_roomy(shared_roomy: LocalCluster):
+    """shared_roomy for one test, drained before it and after it: a lease, a session or a
+    queued call a test leaves behind fails that test's teardown (wait_drained names the
+    bytes), not a later test's numbers."""
+    wait_drained(shared_roomy)
+    yield shared_roomy
+    wait_drained(shared_roomy)
+
+
 def scheduler_stub(address: str) -> scheduler_pb2_grpc.SchedulerStub:
     return scheduler_pb2_grpc.SchedulerStub(grpc.insecure_channel(address))
 

@@ -16,7 +16,12 @@ import pytest
 
 from ortserve.output import tool_output
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import kill_and_restart_scheduler, scheduler_stub, start_cluster
+from tests.e2e.conftest import (
+    drained_roomy,
+    kill_and_restart_scheduler,
+    scheduler_stub,
+    start_cluster,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -76,11 +81,10 @@ def assert_tool_turn_renders_the_whole_history(stub, session_id: str, f1, reply1
     return f2, text2
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, "session-tools", kv_capacities=["512MiB"])
-    yield cluster
-    cluster.stop()
+@pytest.fixture()
+def cluster(shared_roomy):
+    """The run's shared roomy cluster (512 MiB, the default model), drained before and after."""
+    yield from drained_roomy(shared_roomy)
 
 
 def test_a_tool_call_its_answer_and_the_next_turn_render_the_history_they_were_given(cluster):

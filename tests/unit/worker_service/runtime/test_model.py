@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.models import prepared_model_dir
@@ -23,11 +21,14 @@ def test_header_of_the_tiny_model_lists_its_inputs_outputs_and_ops():
     assert "GroupQueryAttention" in header.op_types
 
 
-def test_header_is_read_in_milliseconds_without_the_weights():
+def test_header_is_read_without_the_weights(tmp_path):
+    """The graph file alone, its external weights (model.onnx.data) not beside it, gives the
+    same header: the read never touches the weights (was: a 0.5 s bound)."""
     model_file = prepared_model_dir("tiny-llama") / "model.onnx"
-    start_s = time.perf_counter()
-    read_graph_header(model_file)
-    assert time.perf_counter() - start_s < 0.5
+    assert (model_file.parent / "model.onnx.data").exists()  # the weights are external
+    alone = tmp_path / "model.onnx"
+    alone.write_bytes(model_file.read_bytes())
+    assert read_graph_header(alone) == read_graph_header(model_file)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
