@@ -72,6 +72,7 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
 
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest, context):
         known = self._ledger.heartbeat(request.worker_id, draining=request.draining,
+                                       address=request.address,
                                        batch=BatchStats(request.running_sequences,
                                                         request.batch_rows, request.largest_batch),
                                        prefix=PrefixCacheReport(

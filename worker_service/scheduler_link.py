@@ -147,7 +147,8 @@ class SchedulerLink:
         running, rows, largest = self._batch_stats()
         cached_bytes, cached_hashes = self.prefix_cache()
         return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, live_lease_ids=live_lease_ids, draining=self.draining,
+            worker_id=self.worker_id, address=self._registration.address,
+            live_lease_ids=live_lease_ids, draining=self.draining,
             running_sequences=running, batch_rows=rows, largest_batch=largest,
             cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes,
             step_timings=[scheduler_pb2.StepTiming(rows=rows, steps=steps, seconds=seconds)

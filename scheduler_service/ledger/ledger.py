@@ -118,7 +118,7 @@ class Ledger(LedgerSessionLeases):
             self._workers[geometry.worker_id] = worker
         return refused
 
-    def heartbeat(self, worker_id: str, draining: bool = False,
+    def heartbeat(self, worker_id: str, draining: bool = False, address: str = "",
                   batch: BatchStats | None = None,
                   prefix: PrefixCacheReport | None = None,
                   steps: Iterable[StepSample] = ()) -> bool:
@@ -129,10 +129,15 @@ class Ledger(LedgerSessionLeases):
 
         `draining` is sticky: a worker that said it is shutting down gets no new
         placements until it registers again.
+
+        `address`: where the sender registered. Another address is another process
+        under this id (registration refused it: WORKER_ID_IN_USE), so it is treated as
+        unknown and changes nothing: a refused duplicate that stops must not drain the
+        live worker. Empty: not checked.
         """
         with self._lock:
             worker = self._workers.get(worker_id)
-            if worker is None:
+            if worker is None or (address and address != worker.geometry.address):
                 return False
             worker.last_heartbeat = self._clock()
             worker.draining = worker.draining or draining

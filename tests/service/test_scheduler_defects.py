@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -187,3 +188,28 @@ def test_unknown_chat_role_is_invalid_argument_naming_the_turn(cluster):
     error = failure(cluster.stub.Generate, types_pb2.GenerateRequest(chat=chat))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field(error) == "chat.messages[1].role" and len(error.details()) < 400
+
+
+def test_a_refused_duplicates_heartbeat_neither_drains_the_live_worker_nor_drops_its_leases():
+    # The refused process under the same --worker-id heartbeats as it stops: draining,
+    # with no live leases. Keyed on the id alone, that drained the live worker for good
+    # (every later request NO_WORKER) and, past the grace, released its running leases.
+    c = Cluster(heartbeat_interval_s=0.01)  # reconcile's grace: 2 x 0.01 s
+    try:
+        c.register(worker_id="w1")
+        adm = c.stub.Admit(scheduler_pb2.AdmitRequest(request=ids(1, 2)), timeout=5)
+        c.internal.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id,
+                                                              worker_id="w1"), timeout=5)
+        time.sleep(0.1)  # a lower bound: the claim is now older than the grace
+        reply = c.internal.Heartbeat(scheduler_pb2.HeartbeatRequest(
+            worker_id="w1", address="10.0.0.9:7000", draining=True), timeout=5)
+        assert not reply.known
+        assert c.reserved_bytes() == 12 * BPT  # the live worker's lease kept
+        [worker] = c.stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).workers
+        assert not worker.draining
+        c.stub.Admit(scheduler_pb2.AdmitRequest(request=ids(3, 4)), timeout=5)  # still placed on
+        assert c.internal.Heartbeat(scheduler_pb2.HeartbeatRequest(
+            worker_id="w1", address=c.worker_address, live_lease_ids=[adm.lease_id]),
+            timeout=5).known
+    finally:
+        c.close()

@@ -318,3 +318,16 @@ def test_an_unreachable_worker_gets_no_placement_until_it_heartbeats():
     assert again.worker.worker_id == "w2"
     ledger.register(geometry("w1"))  # a registration clears it too
     assert not any(w.unreachable for w in ledger.snapshot())
+
+
+def test_a_heartbeat_from_another_address_under_the_same_id_changes_nothing():
+    # A second process under a live worker's id is refused at registration; when it
+    # stops, its draining heartbeat must not drain the live worker.
+    ledger = ledger_with(geometry("w1"))
+    assert not ledger.heartbeat("w1", draining=True, address="impostor:2")
+    [worker] = ledger.snapshot()
+    assert not worker.draining
+    assert ledger.heartbeat("w1", address="w1:1")  # its own address: renewed
+    assert ledger.heartbeat("w1")  # no address (an older worker): not checked
+    again = ledger.admit(AdmissionRequest("r2", prompt_tokens=10, max_new_tokens=10))
+    assert again.worker.worker_id == "w1"
