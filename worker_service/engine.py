@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import structlog
 
 from ortserve.rules import request_rules
@@ -54,7 +53,7 @@ from worker_service.runtime.model import ModelSpec, load_model_spec
 from worker_service.runtime.prefix_cache import CachedPrefix, PrefixCache
 from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_disk import SessionDisk
-from worker_service.runtime.session_file import ModelIdentity, fingerprint_of
+from worker_service.runtime.session_file import ModelIdentity
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
 from worker_service.runtime.session_turns import SessionKVTurns
 from worker_service.step_times import StepTimes
@@ -121,10 +120,12 @@ class Engine:
         self._cond = threading.Condition()
         self.adapters = EngineAdapters(served, self._step_lock, self._cond, self._using_adapter,
                                        self.prefix_cache)
-        # Sessions keep K/V between turns as host copies of their rows (session_turns.py).
+        # Sessions keep K/V between turns as host copies of their rows (session_turns.py),
+        # parked on disk with --session-dir, its files valid for this model's K/V only.
+        disk = (SessionDisk(Path(config.session_dir), config.session_disk_bytes,
+                            ModelIdentity.of(self.spec)) if config.session_dir else None)
         self.session_turns = SessionKVTurns(
-            SessionTable(self.kv, disk=self._session_disk(config))
-            if self.runtime.capabilities.sessions else None,
+            SessionTable(self.kv, disk=disk) if self.runtime.capabilities.sessions else None,
             self.kv_layout, self._cond)
         self._inbox: list[Sequence] = []  # guarded by _cond: submitted, not yet scheduled
         self._live: dict[str, Sequence] = {}  # guarded by _cond
@@ -297,17 +298,6 @@ class Engine:
         return event
 
     # --- sessions (any thread; session_turns.py) ------------------------------
-
-    def _session_disk(self, config: EngineConfig) -> SessionDisk | None:
-        """The disk tier (--session-dir), its files only valid for this model's K/V."""
-        if not config.session_dir:
-            return None
-        spec = self.spec
-        identity = ModelIdentity(
-            name=spec.name, fingerprint=fingerprint_of(spec.model_dir, spec.model_file),
-            num_layers=spec.num_layers, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
-            kv_dtype=str(np.dtype(spec.kv_dtype)))
-        return SessionDisk(Path(config.session_dir), config.session_disk_bytes, identity)
 
     def open_session(self, session_id: str) -> SessionInfo:
         return self.session_turns.open(session_id)

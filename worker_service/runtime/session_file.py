@@ -59,6 +59,13 @@ class ModelIdentity:
     head_dim: int
     kv_dtype: str  # numpy's name, e.g. "float32"
 
+    @classmethod
+    def of(cls, spec) -> ModelIdentity:
+        """The identity of a loaded model (runtime/model.py's ModelSpec)."""
+        return cls(name=spec.name, fingerprint=fingerprint_of(spec.model_dir, spec.model_file),
+                   num_layers=spec.num_layers, kv_heads=spec.kv_heads, head_dim=spec.head_dim,
+                   kv_dtype=str(np.dtype(spec.kv_dtype)))
+
     def as_dict(self) -> dict:
         return {"name": self.name, "fingerprint": self.fingerprint,
                 "num_layers": self.num_layers, "kv_heads": self.kv_heads,
