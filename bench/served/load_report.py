@@ -75,5 +75,14 @@ def print_table(doc: dict) -> None:
                   + " ".join(f"{k}={v}" for k, v in run["outcomes"].items() if v)
                   + (f" (refused with a remedy {run['refused']['with_remedy']})"
                      if run["refused"].get("with_remedy") else ""))
-    for key in ("goodput_vs_llama_server", "goodput_vs_genai_engine"):
-        print(f"{key}: {json.dumps(doc[key])}")
+    for row in doc.get("closed_loop", []):
+        for name, run in row["systems"].items():
+            t = run["ttft_ms"]
+            fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+            print(f"{str(row['users']) + ' users':>9} {name:<13} {run['throughput_tokens_per_s']:>7.0f} tok/s "
+                  f"TTFT p50/p99 {fmt(t['p50'])}/{fmt(t['p99'])} ms  "
+                  + " ".join(f"{k}={v}" for k, v in run["outcomes"].items() if v))
+    for key in ("goodput_vs_llama_server", "goodput_vs_genai_engine", "throughput_vs_llama_server",
+                "throughput_vs_genai_engine"):
+        if key in doc:
+            print(f"{key}: {json.dumps(doc[key])}")

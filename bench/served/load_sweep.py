@@ -190,6 +190,20 @@ def ratios(by_rate: list[dict], peer: str, saturation: float, skipped: dict) -> 
     return out
 
 
+def closed_ratios(closed: list[dict], peer: str, skipped: dict) -> dict:
+    """ortserve's tokens/s over the peer's in each closed-loop run, keyed by users ("8u");
+    the peer's skip reason instead; {} where no closed loop ran."""
+    if peer in skipped:
+        return {"skipped": skipped[peer]}
+    out = {}
+    for row in closed:
+        if peer in row["systems"]:
+            ours = row["systems"]["ortserve"]["throughput_tokens_per_s"]
+            theirs = row["systems"][peer]["throughput_tokens_per_s"]
+            out[f"{row['users']}u"] = ours / theirs if theirs > 0 else None
+    return out
+
+
 def sweep(model_dir: Path, threads: int, mix: str, duration_s: float, goal: Goal,
           fractions: list[float] | None, rates: list[float] | None, closed_users: list[int],
           saturation_users: int, timeout_s: float, seed: int, quick: bool, log_dir: Path,
@@ -233,8 +247,14 @@ def sweep(model_dir: Path, threads: int, mix: str, duration_s: float, goal: Goal
             row = {"users": users, "systems": {}}
             for name in names:
                 _progress(f"{name}: closed loop, {users} users for {duration_s:g} s")
-                row["systems"][name] = load_run(systems.targets[name], mix, seed, duration_s, goal,
+                # Throughput, not goodput: ortserve admits by bytes alone here, as the peers
+                # do (with goals a closed loop past saturation is mostly refused by design).
+                target = systems.targets[name]
+                if name == "ortserve":
+                    target = replace(target, extra={})
+                row["systems"][name] = load_run(target, mix, seed, duration_s, goal,
                                                 users=users, timeout_s=timeout_s, scale=scale)
+                row["systems"][name]["load_average_1m"] = os.getloadavg()[0]
             closed.append(row)
         doc = {"mix": mix, "scale": scale, "duration_s_per_rate": duration_s, "timeout_s": timeout_s,
                "seed": seed, "goal": goal.describe(), "model": str(model_dir),
@@ -247,6 +267,8 @@ def sweep(model_dir: Path, threads: int, mix: str, duration_s: float, goal: Goal
                                      for run in row["systems"].values())
     doc["goodput_vs_llama_server"] = ratios(by_rate, "llama_server", saturation, systems.skipped)
     doc["goodput_vs_genai_engine"] = ratios(by_rate, "genai_engine", saturation, systems.skipped)
+    doc["throughput_vs_llama_server"] = closed_ratios(closed, "llama_server", systems.skipped)
+    doc["throughput_vs_genai_engine"] = closed_ratios(closed, "genai_engine", systems.skipped)
     doc["wall_s"] = time.perf_counter() - t0
     return doc
 
@@ -286,7 +308,8 @@ def main() -> None:
                        help="offered rates as multiples of the saturation rate (0.5 1 2 4; --quick 0.5 2)")
     rates.add_argument("--rates", type=float, nargs="+", help="offered rates, requests/s")
     p.add_argument("--closed-users", type=int, nargs="*", default=[],
-                   help="closed-loop runs with these user counts too (e.g. 1 8 16 32)")
+                   help="closed-loop runs with these user counts too (e.g. 1 8 16 32): tokens/s "
+                        "with ortserve admitting by bytes alone, throughput_vs_* in the JSON")
     p.add_argument("--saturation-users", type=int, help="(16; --quick 4)")
     p.add_argument("--scale", type=float, default=None,
                    help="every prompt and output length times this, 0 < x <= 1 (default 1; --quick 0.1)")

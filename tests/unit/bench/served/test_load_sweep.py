@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bench.served.load_sweep import merge_into, ratios
+from bench.served.load_sweep import closed_ratios, merge_into, ratios
 
 
 def row(fraction, ours, llama=None):
@@ -23,6 +23,16 @@ def test_ratios_are_taken_at_and_past_saturation_keyed_by_the_multiple():
 def test_a_skipped_peer_gives_its_reason_instead_of_ratios():
     got = ratios([row(1.0, 1.0)], "genai_engine", 2.0, {"genai_engine": "no .venv-tools"})
     assert got == {"skipped": "no .venv-tools"}
+
+
+def test_closed_loop_ratios_are_tokens_per_second_keyed_by_users():
+    def closed(users, ours, llama):
+        return {"users": users, "systems": {"ortserve": {"throughput_tokens_per_s": ours},
+                                            "llama_server": {"throughput_tokens_per_s": llama}}}
+    got = closed_ratios([closed(1, 30.0, 40.0), closed(8, 90.0, 0.0)], "llama_server", {})
+    assert got == {"1u": 0.75, "8u": None}
+    assert closed_ratios([], "genai_engine", {"genai_engine": "no .venv-tools"}) == {
+        "skipped": "no .venv-tools"}
 
 
 def test_the_load_section_merges_into_the_results_keeping_the_rest(tmp_path):
