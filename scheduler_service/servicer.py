@@ -1,7 +1,7 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
 The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
-the session RPCs are sessions/rpcs.py's, composed in and delegated to.
+the session RPCs are sessions/rpcs.py's, composed in (sessions/build.py) and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.rpc.error_path maps every failure
 through the one table (ortserve.status.status_table) in one place.
 """
@@ -43,7 +43,7 @@ from scheduler_service.prompt_count import count_prompt, noted_by_worker
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
-from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.sessions.build import Sessions
 from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
 from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
@@ -64,7 +64,7 @@ def _under(prefix: str) -> Iterator[None]:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, sessions: SessionRPCs, metrics=None,
+                 waiter: QueueWaiter, sessions: Sessions, metrics=None,
                  secrets: LeaseSecrets | None = None) -> None:
         self._config = config
         self._secrets = secrets or LeaseSecrets()
@@ -131,7 +131,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
-            await self._sessions.make_room(domain)  # idle sessions' bytes before a cap
+            await self._sessions.reclaimer.make_room(domain)  # idle sessions' bytes before a cap
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
             if isinstance(admission, Ticket):
@@ -364,19 +364,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- sessions (sessions/rpcs.py), delegated --------------------------------------
 
     async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
-        return await self._sessions.OpenSession(request, context)
+        return await self._sessions.rpcs.OpenSession(request, context)
 
     def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
-        return self._sessions.SessionTurn(request, context)
+        return self._sessions.rpcs.SessionTurn(request, context)
 
     async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.GetSession(request, context)
+        return await self._sessions.rpcs.GetSession(request, context)
 
     async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.SwapOutSession(request, context)
+        return await self._sessions.rpcs.SwapOutSession(request, context)
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.CloseSession(request, context)
+        return await self._sessions.rpcs.CloseSession(request, context)
 
     # -- stored responses (sessions/stored_rpcs.py: the gateway's `store: true`) --
 
