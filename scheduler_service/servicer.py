@@ -23,12 +23,13 @@ from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
 from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert, spans, worker_patience
+from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.adapter_catalog import OnDemand
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
+from scheduler_service.least_busy import NoneAnswered, on_least_busy
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (
     Admission,
@@ -227,28 +228,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _on_a_worker(self, model: str, call):
         """`call(worker stub)` on the least busy worker of `model` that answers (one model,
         one tokenizer); a worker's judgement (INVALID_ARGUMENT, ...) is relayed as is."""
-        last: grpc.aio.AioRpcError | None = None
-        unanswered: list[str] = []
-        for worker in sorted(placement.serving(self._ledger.snapshot(), model),
-                             key=lambda w: (w.unreachable, len(w.leases))):
-            address = worker.geometry.address
-            try:
-                return await worker_patience.answer(
-                    call(self._workers.stub(address)), self._workers.channel(address),
-                    worker.geometry.worker_id, "the call")
-            except worker_patience.Unanswered as error:
-                self._ledger.unreachable(worker.geometry.worker_id)
-                unanswered.append(str(error))
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise Relayed(error) from None
-                last = error
-        if last is not None:
-            raise Relayed(last) from None
-        if unanswered:
-            raise DomainError(ErrorReason.NO_WORKER, "no worker of the model answered: "
-                              + "; ".join(unanswered) + "; retry when one does",
-                              metadata={"model": model})
+        try:
+            # Unreachable workers last: one may have come back before its heartbeat says so.
+            return await on_least_busy(self._ledger, self._workers,
+                                       placement.serving(self._ledger.snapshot(), model), call,
+                                       "the call", first=lambda w: w.unreachable)
+        except grpc.aio.AioRpcError as error:
+            raise Relayed(error) from None
+        except NoneAnswered as none:
+            if none.unavailable is not None:
+                raise Relayed(none.unavailable) from None
+            if none.reasons:
+                raise DomainError(ErrorReason.NO_WORKER, "no worker of the model answered: "
+                                  + "; ".join(none.reasons) + "; retry when one does",
+                                  metadata={"model": model}) from None
         raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to tokenize with; "
                           "start a worker (or wait for one to register) and retry",
                           metadata={"model": model})
