@@ -14,7 +14,7 @@ from ortserve.status.errors import clip
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service.least_busy import NoneAnswered, on_least_busy
 from scheduler_service.ledger import placement
-from scheduler_service.ledger.ledger import Admission, Decision, Ledger
+from scheduler_service.ledger.ledger import AdmissionDecision, Decision, Ledger
 from scheduler_service.rejections import window_refused_prompt_tokens
 from scheduler_service.worker_clients import WorkerClients
 
@@ -36,7 +36,7 @@ class Prompt:
     template_kwargs_unread: tuple[str, ...] = ()
 
 
-def noted_by_worker(admission: Admission, noted: dict) -> Admission:
+def noted_by_worker(admission: AdmissionDecision, noted: dict) -> AdmissionDecision:
     """The admission with what the counting worker said of the prompt (not REJECTED)."""
     if admission.decision is Decision.REJECTED or not noted:
         return admission

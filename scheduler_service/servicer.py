@@ -32,7 +32,7 @@ from scheduler_service.lease_secrets import LeaseSecrets
 from scheduler_service.least_busy import NoneAnswered, on_least_busy
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     Cause,
     Decision,
     Ledger,
@@ -89,7 +89,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
                      context=None, two_step: bool = False,
-                     ) -> tuple[Admission | Ticket, list[int], dict]:
+                     ) -> tuple[AdmissionDecision | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
         prompt's ids; what the Admission passes on of the prompt (`noted_by_worker`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
@@ -144,7 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                              "template_kwargs_unread":
                                                  prompt.template_kwargs_unread}
 
-    async def _wait(self, ticket: Ticket, bound) -> Admission:
+    async def _wait(self, ticket: Ticket, bound) -> AdmissionDecision:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
         async with aclosing(self._waiter.news(ticket, bound)) as news:
             async for item in news:
@@ -158,7 +158,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The request's one outcome, counted at its exit (request_outcome.py)."""
         return request_outcome(rpc, context, self._metrics)
 
-    def _count(self, admission: Admission) -> None:
+    def _count(self, admission: AdmissionDecision) -> None:
         if self._metrics is not None:
             self._metrics.admission(admission)
 
@@ -307,9 +307,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             leg.bound.warning("worker unreachable: no placements on it until its next heartbeat",
                               address=leg.address)
 
-    async def _place_again(self, first: Admission, asked: types_pb2.GenerateRequest,
+    async def _place_again(self, first: AdmissionDecision, asked: types_pb2.GenerateRequest,
                            prompt_ids: list[int], bound, outcome: RequestOutcome,
-                           noted: dict) -> tuple[Admission, Leg] | None:
+                           noted: dict) -> tuple[AdmissionDecision, Leg] | None:
         """The request once more through the ledger, now that its first worker could not be
         reached (and is skipped); None where no other worker takes it now."""
         model = first.worker.model
@@ -323,7 +323,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return None
         return admission, self._generate_leg(admission, asked, prompt_ids, bound, outcome)
 
-    def _generate_leg(self, admission: Admission, asked: types_pb2.GenerateRequest,
+    def _generate_leg(self, admission: AdmissionDecision, asked: types_pb2.GenerateRequest,
                       prompt_ids: list[int], bound, outcome: RequestOutcome) -> Leg:
         """The request's worker side for the relay: its outcome and a log line at Finished;
         on every exit, the lease released if no worker ever claimed it."""

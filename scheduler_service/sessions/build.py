@@ -1,5 +1,5 @@
-"""The session parts built together: one SessionState held by a reclaimer, a turn relay
-holding both, and the RPC surface over them. The servicer calls each by name (the RPCs
+"""The session parts built together: one SharedSessionState held by a reclaimer, a turn
+relay holding both, and the RPC surface over them. The servicer calls each by name (the RPCs
 on `rpcs`, a plain admission's room on `reclaimer`); server.py runs `reclaimer`'s sweep."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from scheduler_service.relay import QueueWaiter
 from scheduler_service.sessions.reclaim import SessionReclaimer
 from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.rpcs import SessionRPCs
-from scheduler_service.sessions.state import SessionState
+from scheduler_service.sessions.state import SharedSessionState
 from scheduler_service.sessions.turn import SessionTurnRelay
 from scheduler_service.worker_clients import WorkerClients
 
@@ -21,7 +21,7 @@ from scheduler_service.worker_clients import WorkerClients
 class Sessions:
     """The scheduler's session parts, each reached by name."""
 
-    state: SessionState
+    state: SharedSessionState
     reclaimer: SessionReclaimer
     turns: SessionTurnRelay
     rpcs: SessionRPCs
@@ -31,7 +31,7 @@ def build_sessions(config: SchedulerConfig, ledger: Ledger, workers: WorkerClien
                    waiter: QueueWaiter, registry: SessionRegistry | None = None,
                    metrics=None) -> Sessions:
     """The parts over one state; `registry` is shared with registration (restored sessions)."""
-    state = SessionState(config, ledger, workers, registry=registry, metrics=metrics)
+    state = SharedSessionState(config, ledger, workers, registry=registry, metrics=metrics)
     reclaimer = SessionReclaimer(state)
     turns = SessionTurnRelay(state, reclaimer, waiter)
     return Sessions(state=state, reclaimer=reclaimer, turns=turns,

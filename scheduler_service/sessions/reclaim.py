@@ -11,13 +11,13 @@ from ortserve.status.errors import DomainError
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
     CapLimit,
     Cause,
     Decision,
 )
-from scheduler_service.sessions.state import SessionState
+from scheduler_service.sessions.state import SharedSessionState
 
 log = structlog.get_logger("scheduler")
 
@@ -25,7 +25,7 @@ log = structlog.get_logger("scheduler")
 class SessionReclaimer:
     """Idle sessions' bytes given back (swap-out) when an admission needs them."""
 
-    def __init__(self, state: SessionState) -> None:
+    def __init__(self, state: SharedSessionState) -> None:
         self._state = state
 
     async def reclaim(self, worker_id: str, exclude: str = "", tenant: str | None = None) -> bool:
@@ -97,7 +97,7 @@ class SessionReclaimer:
                 await state.close(session)
 
 
-def tenant_bound(admission: Admission) -> bool:
+def tenant_bound(admission: AdmissionDecision) -> bool:
     """Whether the tenant's quota, not the worker's bytes, held `admission` back."""
     cap, rejection = admission.budget_cap, admission.rejection
     return ((cap is not None and cap.limit is CapLimit.TENANT_QUOTA)

@@ -26,7 +26,7 @@ from ortserve.output import chat_history
 from ortserve.output.chat_history import Message, ToolSpec
 from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.status.units import tokens
-from scheduler_service.ledger.types import BudgetCap
+from scheduler_service.ledger.types import NewTokensCap
 
 LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)
 # Ids of sessions closed (by CloseSession or the idle TTL): a retried CloseSession answers
@@ -48,7 +48,7 @@ class Session:
     turns: int = 0
     history_tokens: int = 0  # the last turn's whole prompt + its output (for messages)
     turn_in_flight: bool = False
-    last_budget_cap: BudgetCap | None = None  # the last turn's cap: across swap and turns
+    last_budget_cap: NewTokensCap | None = None  # the last turn's cap: across swap and turns
     last_used: float = 0.0
 
     def remember_turn(self, kind: str, new_messages: list[Message], prompt_ids: list[int],

@@ -4,7 +4,7 @@ SchedulerServicer holds the session parts (built in build.py) and delegates the
 session RPCs to SessionRPCs; a turn's stream goes through relay.py like a Generate. The
 policy (who swaps out, what is kept) is in registry.py; a turn's steps are in
 turn.py (SessionTurnRelay), the reclaiming of idle sessions in reclaim.py
-(SessionReclaimer), the state they share in state.py (SessionState).
+(SessionReclaimer), the state they share in state.py (SharedSessionState).
 
 Every turn goes through an ordinary admission (Ledger.resize: reserve-at-most on
 the session's own lease) in the one admission queue, so a turn is ADMITTED,
@@ -23,7 +23,7 @@ from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger import placement
 from scheduler_service.sessions.registry import Session
-from scheduler_service.sessions.state import SessionState
+from scheduler_service.sessions.state import SharedSessionState
 from scheduler_service.sessions.turn import SessionTurnRelay
 from scheduler_service.tenant_of import caller_tenant
 
@@ -34,7 +34,7 @@ class SessionRPCs:
     """OpenSession, SessionTurn, GetSession, SwapOutSession, CloseSession (the servicer
     delegates them here): a turn is the turn relay's, the rest the state's calls."""
 
-    def __init__(self, state: SessionState, turns: SessionTurnRelay) -> None:
+    def __init__(self, state: SharedSessionState, turns: SessionTurnRelay) -> None:
         self._state = state
         self._turns = turns
         # What the RPCs read, by the names they use (the state's own objects).

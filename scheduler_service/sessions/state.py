@@ -1,8 +1,9 @@
 """What the session parts share: their state (the ledger, the registry, the workers' stubs)
 and their calls to a session's worker.
 
-One SessionState is held by the reclaimer (reclaim.py), the turn relay (turn.py) and the
-RPC surface (rpcs.py); build.py makes the four and hands them to the servicer by name.
+One SharedSessionState is held by the reclaimer (reclaim.py), the turn relay (turn.py) and
+the RPC surface (rpcs.py); build.py makes the four and hands them to the servicer by name.
+(Every session's, not one session's: worker_service's SessionState is one session's KV.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from scheduler_service.worker_clients import WorkerClients
 log = structlog.get_logger("scheduler")
 
 
-class SessionState:
+class SharedSessionState:
     """The session parts' state and their calls to a session's worker."""
 
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,

@@ -23,7 +23,7 @@ from ortserve.status.errors import ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from scheduler_service import convert, spans
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
     Decision,
 )
@@ -37,7 +37,7 @@ from scheduler_service.sessions.registry import (
     context_full,
     worker_lost,
 )
-from scheduler_service.sessions.state import SessionState
+from scheduler_service.sessions.state import SharedSessionState
 
 log = structlog.get_logger("scheduler")
 
@@ -47,7 +47,7 @@ TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a s
 class SessionTurnRelay:
     """SessionTurn and the steps of a turn."""
 
-    def __init__(self, state: SessionState, reclaimer: SessionReclaimer,
+    def __init__(self, state: SharedSessionState, reclaimer: SessionReclaimer,
                  waiter: QueueWaiter) -> None:
         self._state = state
         self._reclaimer = reclaimer  # idle sessions' bytes for a turn that does not fit whole
@@ -183,7 +183,7 @@ class SessionTurnRelay:
         with request_outcome("session_turn", context, self._metrics) as outcome:
             self._state.owned(request.session_id, context)  # before the turn is marked in flight
             session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
-            granted: Admission | None = None  # a grown lease no worker has been called for yet
+            granted: AdmissionDecision | None = None  # a grown lease no worker was called for yet
             before_bytes = 0
             bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                              worker_id=session.worker_id)
