@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ortserve.output import chat_history
-from ortserve.output.chat_history import Message, ToolSpec
+from ortserve.output import conversation
+from ortserve.output.conversation import Message, ToolSpec
 from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.status.units import tokens
 from scheduler_service.ledger.types import NewTokensCap
@@ -58,13 +58,13 @@ class Session:
 
         `kind` is the turn's prompt ("chat" or "token_ids"), `prompt_ids` its whole prompt,
         `tools` the turn's (the session's, once set: SessionRPCs refuses a turn that changes
-        them). With tools, the reply remembered carries the calls it made (chat_history.reply:
+        them). With tools, the reply remembered carries the calls it made (conversation.reply:
         the worker's copy names them the same).
         """
         self.kind = kind
         if kind == "chat":
             self.messages += [*new_messages,
-                              chat_history.reply(reply_text, bool(tools), self.turns + 1)]
+                              conversation.reply(reply_text, bool(tools), self.turns + 1)]
             self.tools = tools
         else:
             self.token_ids = [*prompt_ids, *reply_ids]

@@ -14,7 +14,7 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 
-from ortserve.output import chat_history
+from ortserve.output import conversation
 from ortserve.rpc.error_path import Relayed
 from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
@@ -81,7 +81,7 @@ class SessionTurnRelay:
             return full, ids, {}
         full.chat.ClearField("messages")
         for message in session.messages:  # whole, so the history renders as it rendered before
-            chat_history.add_message(full.chat.messages, message)
+            conversation.add_message(full.chat.messages, message)
         full.chat.messages.extend(inner.chat.messages)  # chat.tools: _session_tools set them
         try:
             answer = await self._state.worker(session).Tokenize(
@@ -111,10 +111,10 @@ class SessionTurnRelay:
         prompts rendered with them and its past calls were made against them."""
         if inner.WhichOneof("prompt") != "chat" or session.kind != "chat":
             return  # the first chat turn sets them (or a token-id turn, refused by _render)
-        sent = tuple(chat_history.tool_of(t) for t in inner.chat.tools)
+        sent = tuple(conversation.tool_of(t) for t in inner.chat.tools)
         if not sent:
             for tool in session.tools:
-                chat_history.add_tool(inner.chat.tools, tool)
+                conversation.add_tool(inner.chat.tools, tool)
         elif sent != session.tools:
             names = ", ".join(t.name for t in session.tools) or "none"
             raise InvalidField(
@@ -254,9 +254,9 @@ class SessionTurnRelay:
 
         def on_finished(finished: types_pb2.Finished) -> None:
             session.remember_turn(inner.WhichOneof("prompt"),
-                                  [chat_history.message_of(m) for m in inner.chat.messages], ids,
+                                  [conversation.message_of(m) for m in inner.chat.messages], ids,
                                   "".join(text), generated,
-                                  tuple(chat_history.tool_of(t) for t in full.chat.tools))
+                                  tuple(conversation.tool_of(t) for t in full.chat.tools))
             finished.session.CopyFrom(self._state.info_pb(session, finished.session))
             finished.session.turn_in_flight = False
             outcome.finished(finished)
