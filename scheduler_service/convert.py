@@ -8,13 +8,13 @@ from ortserve.process.version import package_version
 from ortserve.status.errors import InvalidField
 from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
-    BudgetCap,
     CapLimit,
     Cause,
     Decision,
     Lease,
+    NewTokensCap,
     NewTokensSource,
     Rejection,
     TenantUsage,
@@ -84,23 +84,23 @@ def step_samples(timings) -> list[StepSample]:
 
 
 # The proto's names, one for one (the enum `limit` converted on its own).
-_CAP_FIELDS = tuple(name for name in BudgetCap.__dataclass_fields__ if name != "limit")
+_CAP_FIELDS = tuple(name for name in NewTokensCap.__dataclass_fields__ if name != "limit")
 _CAP_LIMIT = {CapLimit.WORKER: types_pb2.CAP_LIMIT_WORKER,
               CapLimit.TENANT_QUOTA: types_pb2.CAP_LIMIT_TENANT_QUOTA,
               CapLimit.DEADLINE: types_pb2.CAP_LIMIT_DEADLINE}
 
 
-def budget_cap_to_pb(cap: BudgetCap | None) -> types_pb2.BudgetCap | None:
+def budget_cap_to_pb(cap: NewTokensCap | None) -> types_pb2.BudgetCap | None:
     if cap is None:
         return None
     return types_pb2.BudgetCap(**{name: getattr(cap, name) for name in _CAP_FIELDS},
                                limit=_CAP_LIMIT[cap.limit])
 
 
-def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> BudgetCap:
+def budget_cap_from_pb(pb: types_pb2.BudgetCap) -> NewTokensCap:
     limit = next((domain for domain, number in _CAP_LIMIT.items() if number == pb.limit),
                  CapLimit.WORKER)
-    cap = BudgetCap(**{name: getattr(pb, name) for name in _CAP_FIELDS
+    cap = NewTokensCap(**{name: getattr(pb, name) for name in _CAP_FIELDS
                        if name != "requested_source"}, limit=limit)
     if pb.requested_source:  # unset: a lease from a scheduler older than the field
         cap = replace(cap, requested_source=NewTokensSource(pb.requested_source))
@@ -148,7 +148,7 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
     return pb
 
 
-def admission_to_pb(admission: Admission) -> types_pb2.Admission:
+def admission_to_pb(admission: AdmissionDecision) -> types_pb2.Admission:
     pb = types_pb2.Admission(
         decision=_DECISION[admission.decision],
         request_id=admission.request_id,

@@ -19,7 +19,7 @@ from ortserve.process.metrics import (
     callback_gauge,
 )
 from ortserve.v1 import types_pb2
-from scheduler_service.ledger.ledger import Admission, Decision, Ledger
+from scheduler_service.ledger.ledger import AdmissionDecision, Decision, Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.ledger.types import WorkerSnapshot
 from scheduler_service.model_server_metrics import ModelServerGauges
@@ -222,7 +222,7 @@ class SchedulerMetrics:
             "code (docs/operations/operations.md)", ["rpc", "outcome", "cause"], registry=registry)
         self.latency = RequestLatency(registry, "ortserve_scheduler", "scheduler")
 
-    def admission(self, admission: Admission) -> None:
+    def admission(self, admission: AdmissionDecision) -> None:
         if admission.dry_run:
             return
         cause = admission.rejection.cause.value if admission.rejection else ""

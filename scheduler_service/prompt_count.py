@@ -7,19 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import grpc
-import structlog
 
 from ortserve.rpc.error_path import Relayed
 from ortserve.rules import request_rules
 from ortserve.status.errors import clip
 from ortserve.v1 import types_pb2, worker_pb2
-from scheduler_service import worker_patience
+from scheduler_service.least_busy import NoneAnswered, on_least_busy
 from scheduler_service.ledger import placement
-from scheduler_service.ledger.ledger import Admission, Decision, Ledger
+from scheduler_service.ledger.ledger import AdmissionDecision, Decision, Ledger
 from scheduler_service.rejections import window_refused_prompt_tokens
 from scheduler_service.worker_clients import WorkerClients
-
-log = structlog.get_logger("scheduler")
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class Prompt:
     template_kwargs_unread: tuple[str, ...] = ()
 
 
-def noted_by_worker(admission: Admission, noted: dict) -> Admission:
+def noted_by_worker(admission: AdmissionDecision, noted: dict) -> AdmissionDecision:
     """The admission with what the counting worker said of the prompt (not REJECTED)."""
     if admission.decision is Decision.REJECTED or not noted:
         return admission
@@ -68,39 +65,26 @@ async def count_prompt(request: types_pb2.GenerateRequest, model: str, ledger: L
             return Prompt(ids, known=True)
     if not snapshot:
         return "no worker registered"
-    last_error = "none"
     reachable = [w for w in snapshot if not w.unreachable]
     if not reachable:  # the ledger places nothing on them either: say so now, not after a wait
         return ("every worker of the model is marked unreachable (a call to it went "
                 "unanswered) until its next heartbeat: "
                 + ", ".join(clip(w.geometry.worker_id, 40) for w in snapshot))
-    # NOTE: any worker of the model will do: one model, one tokenizer.
-    # A worker serving the request's adapter: Tokenize checks the request as Generate would.
-    for worker in sorted(reachable, key=lambda w: (not w.geometry.serves_adapter(request.adapter),
-                                                   len(w.leases))):
-        address = worker.geometry.address
-        try:
-            answer = await worker_patience.answer(
-                workers.stub(address).Tokenize(worker_pb2.TokenizeRequest(request=request),
-                                               timeout=10.0),
-                workers.channel(address), worker.geometry.worker_id, "Tokenize")
-            return Prompt(list(answer.token_ids), known=True,
-                           reasoning_format=answer.reasoning_format,
-                           opens_reasoning=answer.prompt_opens_reasoning,
-                           tool_call_format=answer.tool_call_format,
-                           template_kwargs_unread=tuple(answer.template_kwargs_unread))
-        except worker_patience.Unanswered as unanswered:
-            if ledger.unreachable(worker.geometry.worker_id):
-                log.warning("worker unanswered: no placements on it until its next heartbeat",
-                            worker_id=worker.geometry.worker_id, address=address,
-                            waited_s=worker_patience.PATIENCE_S + worker_patience.PROBE_S)
-            last_error = str(unanswered)
-        except grpc.aio.AioRpcError as error:
-            if error.code() != grpc.StatusCode.UNAVAILABLE:
-                counted = window_refused_prompt_tokens(error)
-                if counted is not None:
-                    return Prompt([], known=True, window_refusal=error,
-                                   window_refused_tokens=counted)
-                raise Relayed(error) from None  # the worker judged the request: pass it on
-            last_error = f"{worker.geometry.worker_id}: {clip(error.details(), 120)}"
-    return last_error
+    try:
+        # A worker serving the request's adapter first: Tokenize checks the request as
+        # Generate would.
+        answer = await on_least_busy(
+            ledger, workers, reachable,
+            lambda stub: stub.Tokenize(worker_pb2.TokenizeRequest(request=request), timeout=10.0),
+            "Tokenize", first=lambda w: not w.geometry.serves_adapter(request.adapter))
+    except NoneAnswered as none:
+        return none.reasons[-1]
+    except grpc.aio.AioRpcError as error:
+        counted = window_refused_prompt_tokens(error)
+        if counted is not None:
+            return Prompt([], known=True, window_refusal=error, window_refused_tokens=counted)
+        raise Relayed(error) from None  # the worker judged the request: pass it on
+    return Prompt(list(answer.token_ids), known=True, reasoning_format=answer.reasoning_format,
+                  opens_reasoning=answer.prompt_opens_reasoning,
+                  tool_call_format=answer.tool_call_format,
+                  template_kwargs_unread=tuple(answer.template_kwargs_unread))

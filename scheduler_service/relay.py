@@ -38,7 +38,7 @@ from ortserve.status.errors import ErrorReason, clip
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
 from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
-from scheduler_service.ledger.types import Admission
+from scheduler_service.ledger.types import AdmissionDecision
 from scheduler_service.worker_clients import RelayingWorkerStub
 
 
@@ -78,7 +78,7 @@ class QueueWaiter:
         for event in self._events.values():
             event.set()
 
-    async def next(self, ticket: Ticket) -> Place | Admission:
+    async def next(self, ticket: Ticket) -> Place | AdmissionDecision:
         """The ticket's next news: a changed Place (rate-limited) or its final Admission.
 
         Raises the DomainError for the caller's own deadline passing.
@@ -101,7 +101,7 @@ class QueueWaiter:
             event.clear()
             await _wake(event, min(PLACE_INTERVAL_S, ticket.deadline - now))
 
-    async def news(self, ticket: Ticket, bound: Any) -> AsyncIterator[Place | Admission]:
+    async def news(self, ticket: Ticket, bound: Any) -> AsyncIterator[Place | AdmissionDecision]:
         """A queued request's news: each changed Place, then its Admission, last.
 
         Generate sends the Places on as Queued events, Admit skips them. An exit
@@ -110,7 +110,7 @@ class QueueWaiter:
         """
         admission = None
         try:
-            while not isinstance(item := await self.next(ticket), Admission):
+            while not isinstance(item := await self.next(ticket), AdmissionDecision):
                 yield item
             admission = item
         finally:
@@ -186,7 +186,7 @@ class Leg:
 
 # A second placement for a request whose worker could not be reached: its Admission
 # and Leg on another worker, or None where none takes it (the first failure stands).
-Replace = Callable[[], Awaitable[tuple[Admission, Leg] | None]]
+Replace = Callable[[], Awaitable[tuple[AdmissionDecision, Leg] | None]]
 
 
 class _Unreached(Exception):
@@ -204,7 +204,7 @@ def unreached(error: grpc.aio.AioRpcError, frames: int) -> bool:
     return frames == 0 and not_reached(error)
 
 
-async def relay(admission: Admission, leg: Leg, arrived_s: float,
+async def relay(admission: AdmissionDecision, leg: Leg, arrived_s: float,
                 time_remaining: Callable[[], float | None],
                 replace: Replace | None = None,
                 on_unreached: Callable[[Leg], None] = lambda leg: None,
@@ -247,7 +247,7 @@ async def relay(admission: Admission, leg: Leg, arrived_s: float,
             yield item
 
 
-async def _relay_leg(admission: Admission, leg: Leg, arrived_s: float,
+async def _relay_leg(admission: AdmissionDecision, leg: Leg, arrived_s: float,
                      time_remaining: Callable[[], float | None], defer: bool, replaceable: bool,
                      ) -> AsyncIterator[types_pb2.GenerateEvent | bytes]:
     """One worker's stream; `defer`: our Admission goes just before its first frame;

@@ -28,8 +28,8 @@ from scheduler_service.ledger.time_budget import TimeGoals
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.relay import QueueWaiter
 from scheduler_service.servicer import SchedulerServicer
+from scheduler_service.sessions.build import build_sessions
 from scheduler_service.sessions.registry import SessionRegistry
-from scheduler_service.sessions.rpcs import SessionRPCs
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -119,8 +119,8 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
                     address=f"{config.host}:{config.port}")
     server = new_server([ApiKeyInterceptor(config.api_keys)])
     session_registry = SessionRegistry()  # the session RPCs' and registration's (restored)
-    sessions = SessionRPCs(config, ledger, workers, waiter, registry=session_registry,
-                           metrics=metrics)
+    sessions = build_sessions(config, ledger, workers, waiter, registry=session_registry,
+                              metrics=metrics)
     register_service(server, SERVICE,
                      SchedulerServicer(config, ledger, workers, waiter, sessions, metrics))
     health = add_health_and_reflection(server, [SERVICE_NAME])
@@ -144,7 +144,7 @@ async def build_server(config: SchedulerConfig, ledger: Ledger | None = None) ->
     await health.set(SERVICE_NAME, NOT_SERVING)
     expiry = asyncio.create_task(_maintain_forever(ledger, waiter, health, metrics,
                                                    config.expiry_interval_s))
-    session_sweep = asyncio.create_task(sessions.sweep_forever())
+    session_sweep = asyncio.create_task(sessions.reclaimer.sweep_forever())
     log.info("scheduler serving", address=f"{config.host}:{port}",
              internal_address=f"{config.host}:{internal_port}", tls=files.enabled,
              api_keys=len(config.api_keys), lease_ttl_s=config.lease_ttl_s,

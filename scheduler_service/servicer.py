@@ -1,7 +1,7 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
 The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
-the session RPCs are sessions/rpcs.py's, composed in and delegated to.
+the session RPCs are sessions/rpcs.py's, composed in (sessions/build.py) and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.rpc.error_path maps every failure
 through the one table (ortserve.status.status_table) in one place.
 """
@@ -23,15 +23,16 @@ from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
 from ortserve.status.errors import DomainError, ErrorReason, InvalidField
 from ortserve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2, worker_pb2
-from scheduler_service import convert, spans, worker_patience
+from scheduler_service import convert, spans
 from scheduler_service.adapter_admin import AdapterAdmin
 from scheduler_service.adapter_catalog import OnDemand
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.lease_secrets import LeaseSecrets
+from scheduler_service.least_busy import NoneAnswered, on_least_busy
 from scheduler_service.ledger import placement
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     Cause,
     Decision,
     Ledger,
@@ -43,7 +44,7 @@ from scheduler_service.prompt_count import count_prompt, noted_by_worker
 from scheduler_service.rejections import rejection_error
 from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
-from scheduler_service.sessions.rpcs import SessionRPCs
+from scheduler_service.sessions.build import Sessions
 from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
 from scheduler_service.tenant_of import caller_tenant
 from scheduler_service.worker_clients import WorkerClients
@@ -64,7 +65,7 @@ def _under(prefix: str) -> Iterator[None]:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, sessions: SessionRPCs, metrics=None,
+                 waiter: QueueWaiter, sessions: Sessions, metrics=None,
                  secrets: LeaseSecrets | None = None) -> None:
         self._config = config
         self._secrets = secrets or LeaseSecrets()
@@ -88,7 +89,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
                      context=None, two_step: bool = False,
-                     ) -> tuple[Admission | Ticket, list[int], dict]:
+                     ) -> tuple[AdmissionDecision | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
         prompt's ids; what the Admission passes on of the prompt (`noted_by_worker`)."""
         # Every rule the request alone is held to (sampling ranges included), before a
@@ -131,7 +132,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
-            await self._sessions.make_room(domain)  # idle sessions' bytes before a cap
+            await self._sessions.reclaimer.make_room(domain)  # idle sessions' bytes before a cap
             admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
                                                   wait_s=wait_s, deadline_s=deadline_s)
             if isinstance(admission, Ticket):
@@ -143,7 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                              "template_kwargs_unread":
                                                  prompt.template_kwargs_unread}
 
-    async def _wait(self, ticket: Ticket, bound) -> Admission:
+    async def _wait(self, ticket: Ticket, bound) -> AdmissionDecision:
         """Await a queued request's Admission (Admit's way: no Queued events)."""
         async with aclosing(self._waiter.news(ticket, bound)) as news:
             async for item in news:
@@ -157,7 +158,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The request's one outcome, counted at its exit (request_outcome.py)."""
         return request_outcome(rpc, context, self._metrics)
 
-    def _count(self, admission: Admission) -> None:
+    def _count(self, admission: AdmissionDecision) -> None:
         if self._metrics is not None:
             self._metrics.admission(admission)
 
@@ -227,28 +228,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _on_a_worker(self, model: str, call):
         """`call(worker stub)` on the least busy worker of `model` that answers (one model,
         one tokenizer); a worker's judgement (INVALID_ARGUMENT, ...) is relayed as is."""
-        last: grpc.aio.AioRpcError | None = None
-        unanswered: list[str] = []
-        for worker in sorted(placement.serving(self._ledger.snapshot(), model),
-                             key=lambda w: (w.unreachable, len(w.leases))):
-            address = worker.geometry.address
-            try:
-                return await worker_patience.answer(
-                    call(self._workers.stub(address)), self._workers.channel(address),
-                    worker.geometry.worker_id, "the call")
-            except worker_patience.Unanswered as error:
-                self._ledger.unreachable(worker.geometry.worker_id)
-                unanswered.append(str(error))
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise Relayed(error) from None
-                last = error
-        if last is not None:
-            raise Relayed(last) from None
-        if unanswered:
-            raise DomainError(ErrorReason.NO_WORKER, "no worker of the model answered: "
-                              + "; ".join(unanswered) + "; retry when one does",
-                              metadata={"model": model})
+        try:
+            # Unreachable workers last: one may have come back before its heartbeat says so.
+            return await on_least_busy(self._ledger, self._workers,
+                                       placement.serving(self._ledger.snapshot(), model), call,
+                                       "the call", first=lambda w: w.unreachable)
+        except grpc.aio.AioRpcError as error:
+            raise Relayed(error) from None
+        except NoneAnswered as none:
+            if none.unavailable is not None:
+                raise Relayed(none.unavailable) from None
+            if none.reasons:
+                raise DomainError(ErrorReason.NO_WORKER, "no worker of the model answered: "
+                                  + "; ".join(none.reasons) + "; retry when one does",
+                                  metadata={"model": model}) from None
         raise DomainError(ErrorReason.NO_WORKER, "no worker is registered to tokenize with; "
                           "start a worker (or wait for one to register) and retry",
                           metadata={"model": model})
@@ -314,9 +307,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             leg.bound.warning("worker unreachable: no placements on it until its next heartbeat",
                               address=leg.address)
 
-    async def _place_again(self, first: Admission, asked: types_pb2.GenerateRequest,
+    async def _place_again(self, first: AdmissionDecision, asked: types_pb2.GenerateRequest,
                            prompt_ids: list[int], bound, outcome: RequestOutcome,
-                           noted: dict) -> tuple[Admission, Leg] | None:
+                           noted: dict) -> tuple[AdmissionDecision, Leg] | None:
         """The request once more through the ledger, now that its first worker could not be
         reached (and is skipped); None where no other worker takes it now."""
         model = first.worker.model
@@ -330,7 +323,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return None
         return admission, self._generate_leg(admission, asked, prompt_ids, bound, outcome)
 
-    def _generate_leg(self, admission: Admission, asked: types_pb2.GenerateRequest,
+    def _generate_leg(self, admission: AdmissionDecision, asked: types_pb2.GenerateRequest,
                       prompt_ids: list[int], bound, outcome: RequestOutcome) -> Leg:
         """The request's worker side for the relay: its outcome and a log line at Finished;
         on every exit, the lease released if no worker ever claimed it."""
@@ -364,19 +357,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- sessions (sessions/rpcs.py), delegated --------------------------------------
 
     async def OpenSession(self, request: scheduler_pb2.OpenSessionRequest, context):
-        return await self._sessions.OpenSession(request, context)
+        return await self._sessions.rpcs.OpenSession(request, context)
 
     def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
-        return self._sessions.SessionTurn(request, context)
+        return self._sessions.rpcs.SessionTurn(request, context)
 
     async def GetSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.GetSession(request, context)
+        return await self._sessions.rpcs.GetSession(request, context)
 
     async def SwapOutSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.SwapOutSession(request, context)
+        return await self._sessions.rpcs.SwapOutSession(request, context)
 
     async def CloseSession(self, request: scheduler_pb2.SessionRequest, context):
-        return await self._sessions.CloseSession(request, context)
+        return await self._sessions.rpcs.CloseSession(request, context)
 
     # -- stored responses (sessions/stored_rpcs.py: the gateway's `store: true`) --
 

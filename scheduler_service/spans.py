@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 
 from ortserve.process import tracing
-from scheduler_service.ledger.types import Admission
+from scheduler_service.ledger.types import AdmissionDecision
 
 
-def decision_attributes(admission: Admission) -> dict[str, object]:
+def decision_attributes(admission: AdmissionDecision) -> dict[str, object]:
     """What the ledger decided, as span attributes (ortserve.*; a cap's numbers under cap.)."""
     cap, rejection, lease = admission.budget_cap, admission.rejection, admission.lease
     attributes: dict[str, object] = {
@@ -39,7 +39,8 @@ def decision_attributes(admission: Admission) -> dict[str, object]:
     return {k if k.startswith("ortserve.") else f"ortserve.{k}": v for k, v in attributes.items()}
 
 
-def decided(admission: Admission, arrived_perf_s: float, queued_perf_s: float | None) -> None:
+def decided(admission: AdmissionDecision, arrived_perf_s: float,
+            queued_perf_s: float | None) -> None:
     """The request's admission is final: an `admission` span from its arrival to its first
     answer (the prompt counted, the ledger asked), a `queue_wait` span if it waited, and
     the decision on the RPC's own span."""

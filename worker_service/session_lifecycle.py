@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from ortserve.output import chat_history
-from ortserve.output.chat_history import Message, ToolSpec
+from ortserve.output import conversation
+from ortserve.output.conversation import Message, ToolSpec
 from ortserve.status.errors import quoted
 from ortserve.v1 import scheduler_pb2, types_pb2
 from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
@@ -77,9 +77,9 @@ class Conversation:
         session's tools) + its reply, with the calls it made (named as the scheduler does)."""
         self.kind = request.WhichOneof("prompt") or ""
         if self.kind == "chat":
-            self.tools = tuple(chat_history.tool_of(t) for t in request.chat.tools)
-            self.messages = [*(chat_history.message_of(m) for m in request.chat.messages),
-                             chat_history.reply(reply_text, bool(self.tools), self.turns + 1)]
+            self.tools = tuple(conversation.tool_of(t) for t in request.chat.tools)
+            self.messages = [*(conversation.message_of(m) for m in request.chat.messages),
+                             conversation.reply(reply_text, bool(self.tools), self.turns + 1)]
         else:
             self.token_ids = [*prompt_ids, *reply_ids]
         self.history_tokens = len(prompt_ids) + len(reply_ids)
@@ -90,15 +90,15 @@ class Conversation:
             session_id=session_id, lease_id=lease_id, kind=self.kind, token_ids=self.token_ids,
             turns=self.turns, history_tokens=self.history_tokens)
         for message in self.messages:
-            chat_history.add_message(pb.messages, message)
+            conversation.add_message(pb.messages, message)
         for tool in self.tools:
-            chat_history.add_tool(pb.tools, tool)
+            conversation.add_tool(pb.tools, tool)
         return pb
 
     @classmethod
     def from_pb(cls, pb: scheduler_pb2.LiveSession) -> Conversation:
-        return cls(kind=pb.kind, messages=[chat_history.message_of(m) for m in pb.messages],
-                   tools=tuple(chat_history.tool_of(t) for t in pb.tools),
+        return cls(kind=pb.kind, messages=[conversation.message_of(m) for m in pb.messages],
+                   tools=tuple(conversation.tool_of(t) for t in pb.tools),
                    token_ids=list(pb.token_ids), turns=pb.turns,
                    history_tokens=pb.history_tokens)
 

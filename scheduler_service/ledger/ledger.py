@@ -9,7 +9,7 @@ reserving it under one lock hold (reserve-at-most); it never reads the free
 bytes in one step and reserves in another, and never reserves less than the
 admitted ceiling needs.
 
-Running out of budget is a returned value (an `Admission` with a `Rejection`),
+Running out of budget is a returned value (an `AdmissionDecision` with a `Rejection`),
 not an exception; misuse (bad geometry, negative counts, releasing a lease a
 worker is serving, a second live worker under one id) raises a DomainError (errors.py).
 Every change of a worker's reserved bytes goes through `_hold` or `_release`,
@@ -31,15 +31,15 @@ from scheduler_service.ledger.step_model import StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
     BatchStats,
-    BudgetCap,
     CapLimit,
     Cause,
     Decision,
     Expired,
     Lease,
+    NewTokensCap,
     NewTokensSource,
     PrefixCacheReport,
     Rejection,
@@ -206,7 +206,7 @@ class Ledger(LedgerSessionLeases):
 
     # -- leases --------------------------------------------------------------
 
-    def admit(self, request: AdmissionRequest, dry_run: bool = False) -> Admission:
+    def admit(self, request: AdmissionRequest, dry_run: bool = False) -> AdmissionDecision:
         """Decide ADMITTED / CAPPED / REJECTED and, unless dry_run, reserve.
 
         The decision and the reservation happen under one lock hold.

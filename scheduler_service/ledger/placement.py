@@ -18,14 +18,14 @@ from typing import Any
 from ortserve.status.units import human_bytes
 from scheduler_service.ledger import errors, sentences
 from scheduler_service.ledger.types import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
-    BudgetCap,
     CapLimit,
     Cause,
     Decision,
     Expired,
     Lease,
+    NewTokensCap,
     NewTokensSource,
     Rejection,
     TenantRoom,
@@ -83,7 +83,7 @@ def serving(workers: Iterable, model: str) -> list:
     return [w for w in workers if not model or w.geometry.model == model]
 
 
-def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admission:
+def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> AdmissionDecision:
     """ADMITTED, CAPPED or REJECTED for `req` over the (non-draining) workers' state now.
 
     NOTE: only the request's model's workers: another model's free bytes would
@@ -113,7 +113,7 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
             o.worker.available_bytes, -len(o.worker.leases), o.worker.geometry.worker_id))
         g = best.worker.geometry
         n_new = best.requested_max_new_tokens
-        return Admission(
+        return AdmissionDecision(
             decision=Decision.ADMITTED, request_id=req.request_id,
             prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
             reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
@@ -139,8 +139,8 @@ def decide(workers: list, req: AdmissionRequest, retry_after_s: float) -> Admiss
     return reject(req, cause, options, retry_after_s=retry_after_s)
 
 
-def within_quota(pool: Admission, limited: Admission, req: AdmissionRequest, room: TenantRoom,
-                 retry_after_s: float) -> Admission:
+def within_quota(pool: AdmissionDecision, limited: AdmissionDecision, req: AdmissionRequest,
+                 room: TenantRoom, retry_after_s: float) -> AdmissionDecision:
     """The decision for a tenant's request: `pool`'s, unless its room in its quota binds.
 
     `limited` is the same decision over the workers as if each had at most the tenant's
@@ -192,7 +192,7 @@ def has_free_row(worker) -> bool:
     return sum(1 for lease in worker.leases.values() if not lease.session) < rows
 
 
-def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
+def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> AdmissionDecision:
     """ADMITTED, CAPPED or REJECTED for `req` on this one worker, whose context it fits.
 
     A session turn's decision on its own lease's worker: the ledger passes the
@@ -202,7 +202,7 @@ def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> Admission:
     g = worker.geometry
     if o.fits_whole:
         n_new = o.requested_max_new_tokens
-        return Admission(
+        return AdmissionDecision(
             decision=Decision.ADMITTED, request_id=req.request_id,
             prompt_tokens=req.prompt_tokens, max_new_tokens=n_new,
             reserved_bytes=g.bytes_for(req.prompt_tokens + n_new), worker=g,
@@ -245,12 +245,12 @@ def option(req: AdmissionRequest, worker) -> Option:
     return Option(worker, requested, admissible, fits_whole=admissible == requested,
                   source=source)
 
-def capped(req: AdmissionRequest, best: Option) -> Admission:
+def capped(req: AdmissionRequest, best: Option) -> AdmissionDecision:
     g = best.worker.geometry
     n_new = best.admissible_max_new_tokens
     requested = best.requested_max_new_tokens
     admitted_bytes = g.bytes_for(req.prompt_tokens + n_new)
-    cap = BudgetCap(
+    cap = NewTokensCap(
         requested_max_new_tokens=requested, admitted_max_new_tokens=n_new,
         requested_was_unset=req.max_new_tokens is None,
         requested_bytes=g.bytes_for(req.prompt_tokens + requested),
@@ -259,13 +259,13 @@ def capped(req: AdmissionRequest, best: Option) -> Admission:
         prompt_tokens=req.prompt_tokens, worker_id=g.worker_id, requested_source=best.source,
     )
     cap = replace(cap, reason=sentences.cap_reason(cap))
-    return Admission(
+    return AdmissionDecision(
         decision=Decision.CAPPED, request_id=req.request_id, prompt_tokens=req.prompt_tokens,
         max_new_tokens=n_new, reserved_bytes=admitted_bytes, worker=g, budget_cap=cap,
         max_new_tokens_source=best.source,
     )
 
-def reject_context(req: AdmissionRequest, widest) -> Admission:
+def reject_context(req: AdmissionRequest, widest) -> AdmissionDecision:
     g = widest.geometry
     ctx = g.context_length
     rejection = sentences.rendered(Rejection(
@@ -275,11 +275,11 @@ def reject_context(req: AdmissionRequest, widest) -> Admission:
         context_length=ctx, bytes_per_token=g.bytes_per_token,
         capacity_bytes=g.capacity_bytes, available_bytes=widest.available_bytes,
     ))
-    return Admission(decision=Decision.REJECTED, request_id=req.request_id,
+    return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 
 def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
-           cap_refused: bool = False, retry_after_s: float = 0.0) -> Admission:
+           cap_refused: bool = False, retry_after_s: float = 0.0) -> AdmissionDecision:
     if cause is Cause.NO_WORKER:
         return no_worker_rejection(req.request_id, req.prompt_tokens, req.min_new_tokens,
                                    retry_after_s, model=req.model)
@@ -300,13 +300,13 @@ def reject(req: AdmissionRequest, cause: Cause, options: Iterable[Option] = (),
         largest_worker_id=biggest.worker_id,
         max_fit_new_tokens=max(biggest.tokens_within(biggest.capacity_bytes) - req.prompt_tokens, 0),
     ))
-    return Admission(decision=Decision.REJECTED, request_id=req.request_id,
+    return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 
 
 def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int,
                         retry_after_s: float, registered_workers: int = 0,
-                        worker_error: str = "", model: str = "") -> Admission:
+                        worker_error: str = "", model: str = "") -> AdmissionDecision:
     """NO_WORKER, the one shape for "no worker registered" and "none answered Tokenize"
     (`model`: the request's, when no worker of it is left).
 
@@ -317,5 +317,5 @@ def no_worker_rejection(request_id: str, prompt_tokens: int, min_new_tokens: int
         retry_after_s=retry_after_s, prompt_tokens_unknown=prompt_tokens == 0,
         registered_workers=registered_workers, worker_error=worker_error, model=model,
     ))
-    return Admission(decision=Decision.REJECTED, request_id=request_id,
+    return AdmissionDecision(decision=Decision.REJECTED, request_id=request_id,
                      prompt_tokens=prompt_tokens, rejection=rejection)

@@ -54,7 +54,13 @@ from scheduler_service.ledger.tickets import (  # noqa: F401 - re-exported: the 
     Ticket,
     queue_deadline_exceeded,
 )
-from scheduler_service.ledger.types import Admission, AdmissionRequest, Cause, Decision, Rejection
+from scheduler_service.ledger.types import (
+    AdmissionDecision,
+    AdmissionRequest,
+    Cause,
+    Decision,
+    Rejection,
+)
 
 # Ledger causes that mean "could start later": the request keeps waiting.
 _WAITABLE = (Cause.BUDGET_BUSY, Cause.NO_WORKER)
@@ -92,7 +98,7 @@ class AdmissionQueue:
 
     def submit(self, request: AdmissionRequest, mode: Mode = Mode.ALLOW,
                wait_s: float | None = None, deadline_s: float | None = None,
-               lease_id: str = "") -> Admission | Ticket:
+               lease_id: str = "") -> AdmissionDecision | Ticket:
         """Decide now (an Admission, reserved unless REJECTED) or wait (a Ticket).
 
         `wait_s` is the caller's own bound (None: the server's), `deadline_s`
@@ -282,12 +288,13 @@ class AdmissionQueue:
             return replace(request, strict=not final)
         return replace(request, strict=mode is Mode.STRICT)
 
-    def _decide(self, request: AdmissionRequest, lease_id: str, dry_run: bool = False) -> Admission:
+    def _decide(self, request: AdmissionRequest, lease_id: str,
+                dry_run: bool = False) -> AdmissionDecision:
         if lease_id:
             return self.ledger.resize(lease_id, request, dry_run=dry_run)
         return self.ledger.admit(request, dry_run=dry_run)
 
-    def _attempt(self, ticket: Ticket, final: bool) -> Admission:
+    def _attempt(self, ticket: Ticket, final: bool) -> AdmissionDecision:
         attempt = self._decide(self._effective(ticket.request, ticket.mode, final), ticket.lease_id)
         if (ticket.mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                 and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
@@ -326,7 +333,8 @@ class AdmissionQueue:
         wait, bound = min(bounds, key=lambda b: b[0])
         return max(wait, 0.0), bound
 
-    def _needed_bytes(self, request: AdmissionRequest, mode: Mode, attempt: Admission) -> int:
+    def _needed_bytes(self, request: AdmissionRequest, mode: Mode,
+                      attempt: AdmissionDecision) -> int:
         """What the ticket waits for: ALLOW its floor; STRICT and WAIT_FULL the whole reservation."""
         if attempt.decision is not Decision.REJECTED:
             if mode is Mode.ALLOW:
@@ -347,18 +355,18 @@ class AdmissionQueue:
         return max(whole.rejection.needed_bytes, rejection.needed_bytes)
 
     @staticmethod
-    def _rate_refusal(request: AdmissionRequest, tenant, wait_s: float) -> Admission:
+    def _rate_refusal(request: AdmissionRequest, tenant, wait_s: float) -> AdmissionDecision:
         rejection = sentences.rendered(Rejection(
             cause=Cause.TENANT_RATE, prompt_tokens=request.prompt_tokens,
             min_new_tokens=request.min_new_tokens, retry_after_s=wait_s, tenant=tenant.name,
             tenant_requests_per_s=tenant.requests_per_s, tenant_burst=tenant.burst))
-        return Admission(decision=Decision.REJECTED, request_id=request.request_id,
+        return AdmissionDecision(decision=Decision.REJECTED, request_id=request.request_id,
                          prompt_tokens=request.prompt_tokens, rejection=rejection,
                          tenant=request.tenant)
 
     def _refusal(self, request: AdmissionRequest, cause: Cause, needed: int, mode: Mode,
                  requests_ahead: int = 0, waited_s: float = 0.0, max_wait_s: float = 0.0,
-                 bytes_ahead: int | None = None, tenant: str = "") -> Admission:
+                 bytes_ahead: int | None = None, tenant: str = "") -> AdmissionDecision:
         workers = placement.serving(self.ledger.snapshot(), request.model)
         widest = max(workers, key=lambda w: w.geometry.capacity_bytes, default=None)
         rejection = sentences.rendered(Rejection(
@@ -381,6 +389,6 @@ class AdmissionQueue:
                 rejection, tenant=tenant,
                 queue_length=sum(1 for t in self._entries if t.request.tenant == tenant),
                 max_queue_length=self._share_of_places(tenant)))
-        return Admission(decision=Decision.REJECTED, request_id=request.request_id,
+        return AdmissionDecision(decision=Decision.REJECTED, request_id=request.request_id,
                          prompt_tokens=request.prompt_tokens, rejection=rejection,
                          tenant=request.tenant)

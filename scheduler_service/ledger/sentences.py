@@ -12,13 +12,13 @@ from dataclasses import replace
 from ortserve.status.errors import ContextWindowFull, quoted
 from ortserve.status.units import human_bytes, human_bytes_at_least, tokens
 from scheduler_service.ledger import time_sentences
-from scheduler_service.ledger.types import BudgetCap, CapLimit, Cause, NewTokensSource, Rejection
+from scheduler_service.ledger.types import CapLimit, Cause, NewTokensCap, NewTokensSource, Rejection
 
 START_WORKER = ("start a worker (ortserve-worker --scheduler HOST:PORT) or check that workers "
                 "can reach the scheduler")
 
 
-def cap_reason(cap: BudgetCap) -> str:
+def cap_reason(cap: NewTokensCap) -> str:
     """Why max_new_tokens was reduced, for BudgetCap.reason."""
     n_new, requested = cap.admitted_max_new_tokens, cap.requested_max_new_tokens
     asked = (f"max_new_tokens unset (the server default: {tokens(requested)})"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from scheduler_service.ledger import placement, tenant_holdings
 from scheduler_service.ledger.types import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
     Cause,
     Decision,
@@ -62,7 +62,8 @@ class LedgerSessionLeases:
             self._hold(worker, lease)
             return lease
 
-    def resize(self, lease_id: str, request: AdmissionRequest, dry_run: bool = False) -> Admission:
+    def resize(self, lease_id: str, request: AdmissionRequest,
+               dry_run: bool = False) -> AdmissionDecision:
         """A session turn's admission on its own lease's worker: reserve-at-most.
 
         The lease's current bytes count as available to it (they are its own),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.status.units import human_bytes, tokens
-from scheduler_service.ledger.types import Admission, AdmissionRequest
+from scheduler_service.ledger.types import AdmissionDecision, AdmissionRequest
 
 
 class Mode(enum.Enum):
@@ -44,7 +44,7 @@ class Ticket:
     enqueued_at: float
     deadline: float
     bound: Bound
-    outcome: Admission | None = None
+    outcome: AdmissionDecision | None = None
     deadline_exceeded: bool = False  # the call's own deadline ended the wait
     # A session turn's: the lease it grows on its own worker (Ledger.resize), not a new one.
     lease_id: str = ""

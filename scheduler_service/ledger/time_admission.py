@@ -18,12 +18,12 @@ from scheduler_service.ledger import placement, sentences, time_budget
 from scheduler_service.ledger.step_model import StepModel
 from scheduler_service.ledger.time_budget import TimeCheck, TimeGoals, Verdict
 from scheduler_service.ledger.types import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
-    BudgetCap,
     CapLimit,
     Cause,
     Decision,
+    NewTokensCap,
     NewTokensSource,
     Rejection,
 )
@@ -34,9 +34,9 @@ def goals_of(req: AdmissionRequest, goals: TimeGoals) -> tuple[int, int]:
     return req.max_itl_ms or goals.max_itl_ms, req.max_ttft_ms or goals.max_ttft_ms
 
 
-def decided(decision: Admission, req: AdmissionRequest, workers: list,
+def decided(decision: AdmissionDecision, req: AdmissionRequest, workers: list,
             models: Mapping[str, StepModel], goals: TimeGoals, now: float,
-            retry_after_s: float, decide: Callable[[list], Admission]) -> Admission:
+            retry_after_s: float, decide: Callable[[list], AdmissionDecision]) -> AdmissionDecision:
     """`decision` (the bytes') as time allows. `workers`: the open workers' state;
     `decide(subset)`: the bytes' decision over a subset of them."""
     if decision.decision is Decision.REJECTED or decision.worker is None:
@@ -59,8 +59,8 @@ def decided(decision: Admission, req: AdmissionRequest, workers: list,
     return _within_deadline(decision, req, workers, chosen, deadline_s, retry_after_s)
 
 
-def _refused(req: AdmissionRequest, decision: Admission, checks: list[TimeCheck],
-             retry_after_s: float) -> Admission:
+def _refused(req: AdmissionRequest, decision: AdmissionDecision, checks: list[TimeCheck],
+             retry_after_s: float) -> AdmissionDecision:
     order = {Verdict.WAIT: 0, Verdict.BUSY: 1, Verdict.UNREACHABLE: 2}
     best = min((c for c in checks if c.verdict is not Verdict.OK),
                key=lambda c: (order[c.verdict], c.estimated_wait_s, c.fastest_step_ms))
@@ -70,8 +70,9 @@ def _refused(req: AdmissionRequest, decision: Admission, checks: list[TimeCheck]
                      waits=best.verdict is Verdict.WAIT)
 
 
-def _rejected(req: AdmissionRequest, decision: Admission, check: TimeCheck, cause: Cause,
-              retry_after_s: float, waits: bool = False, fit: int | None = None) -> Admission:
+def _rejected(req: AdmissionRequest, decision: AdmissionDecision, check: TimeCheck, cause: Cause,
+              retry_after_s: float, waits: bool = False,
+              fit: int | None = None) -> AdmissionDecision:
     """`fit`: the new tokens its deadline fits (a deadline refusal); None: a goal refusal."""
     g = decision.worker
     assert g is not None
@@ -93,12 +94,13 @@ def _rejected(req: AdmissionRequest, decision: Admission, check: TimeCheck, caus
         fastest_step_ms=check.fastest_step_ms, streams=check.streams,
         estimated_wait_s=check.estimated_wait_s,
         deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits))
-    return Admission(decision=Decision.REJECTED, request_id=req.request_id,
+    return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 
 
-def _within_deadline(decision: Admission, req: AdmissionRequest, workers: list,
-                     chosen: TimeCheck, deadline_s: float, retry_after_s: float) -> Admission:
+def _within_deadline(decision: AdmissionDecision, req: AdmissionRequest, workers: list,
+                     chosen: TimeCheck, deadline_s: float,
+                     retry_after_s: float) -> AdmissionDecision:
     fit = time_budget.tokens_within_deadline(deadline_s, chosen.predicted_step_ms)
     if fit >= decision.max_new_tokens:
         return decision
@@ -110,7 +112,7 @@ def _within_deadline(decision: Admission, req: AdmissionRequest, workers: list,
     before = decision.budget_cap
     requested = before.requested_max_new_tokens if before else decision.max_new_tokens
     source = decision.max_new_tokens_source or NewTokensSource.REQUEST
-    cap = BudgetCap(
+    cap = NewTokensCap(
         requested_max_new_tokens=requested, admitted_max_new_tokens=fit,
         requested_was_unset=source is not NewTokensSource.REQUEST,
         requested_bytes=g.bytes_for(req.prompt_tokens + requested),

@@ -3,7 +3,7 @@ numbers: the cause, the numbers and a next step, as sentences.py does for bytes.
 
 from __future__ import annotations
 
-from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
+from scheduler_service.ledger.types import Cause, NewTokensCap, Rejection
 
 
 def rejection_text(r: Rejection) -> tuple[str, str]:
@@ -50,7 +50,7 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     return message, remedy
 
 
-def cap_reason(cap: BudgetCap, asked: str) -> str:
+def cap_reason(cap: NewTokensCap, asked: str) -> str:
     """Why a deadline capped max_new_tokens, for BudgetCap.reason."""
     return (f"{asked} at worker {cap.worker_id}'s predicted decode step of "
             f"{cap.predicted_step_ms:.1f} ms needs more than the call's deadline "

@@ -194,8 +194,9 @@ class AdmissionRequest:
 
 
 @dataclass(frozen=True)
-class BudgetCap:
-    """How and why max_new_tokens was reduced; travels with the lease."""
+class NewTokensCap:
+    """How and why max_new_tokens was reduced; travels with the lease (convert.py sends it
+    as the BudgetCap message; the clients' BudgetCap is their view of that message)."""
 
     requested_max_new_tokens: int
     admitted_max_new_tokens: int
@@ -229,7 +230,7 @@ class Lease:
     prompt_tokens: int
     max_new_tokens: int
     reserved_bytes: int
-    budget_cap: BudgetCap | None = None
+    budget_cap: NewTokensCap | None = None
     created_at: float = 0.0
     claimed: bool = False
     claimed_at: float = 0.0
@@ -342,7 +343,10 @@ class Expired:
 
 
 @dataclass(frozen=True)
-class Admission:
+class AdmissionDecision:
+    """The ledger's answer to an AdmissionRequest: the decision, its numbers and the lease
+    (convert.py sends it as the Admission message; the client's Admission is its view)."""
+
     decision: Decision
     request_id: str
     prompt_tokens: int
@@ -350,7 +354,7 @@ class Admission:
     reserved_bytes: int = 0
     worker: WorkerGeometry | None = None
     lease: Lease | None = None  # None when rejected or dry_run
-    budget_cap: BudgetCap | None = None
+    budget_cap: NewTokensCap | None = None
     rejection: Rejection | None = None
     dry_run: bool = False
     queue_wait_s: float = 0.0  # time spent in the admission queue before this decision

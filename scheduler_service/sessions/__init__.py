@@ -1,1 +1,1 @@
-"""Sessions: the registry (pure) and the session RPCs, composed into the servicer."""
+"""Sessions: the registry (pure) and the session parts (build.py), composed into the servicer."""

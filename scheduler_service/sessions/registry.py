@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ortserve.output import chat_history
-from ortserve.output.chat_history import Message, ToolSpec
+from ortserve.output import conversation
+from ortserve.output.conversation import Message, ToolSpec
 from ortserve.status.errors import DomainError, ErrorReason, quoted
 from ortserve.status.units import tokens
-from scheduler_service.ledger.types import BudgetCap
+from scheduler_service.ledger.types import NewTokensCap
 
 LOST_KEPT = 10_000  # tombstones of sessions lost with their worker (oldest dropped first)
 # Ids of sessions closed (by CloseSession or the idle TTL): a retried CloseSession answers
@@ -48,7 +48,7 @@ class Session:
     turns: int = 0
     history_tokens: int = 0  # the last turn's whole prompt + its output (for messages)
     turn_in_flight: bool = False
-    last_budget_cap: BudgetCap | None = None  # the last turn's cap: across swap and turns
+    last_budget_cap: NewTokensCap | None = None  # the last turn's cap: across swap and turns
     last_used: float = 0.0
 
     def remember_turn(self, kind: str, new_messages: list[Message], prompt_ids: list[int],
@@ -58,13 +58,13 @@ class Session:
 
         `kind` is the turn's prompt ("chat" or "token_ids"), `prompt_ids` its whole prompt,
         `tools` the turn's (the session's, once set: SessionRPCs refuses a turn that changes
-        them). With tools, the reply remembered carries the calls it made (chat_history.reply:
+        them). With tools, the reply remembered carries the calls it made (conversation.reply:
         the worker's copy names them the same).
         """
         self.kind = kind
         if kind == "chat":
             self.messages += [*new_messages,
-                              chat_history.reply(reply_text, bool(tools), self.turns + 1)]
+                              conversation.reply(reply_text, bool(tools), self.turns + 1)]
             self.tools = tools
         else:
             self.token_ids = [*prompt_ids, *reply_ids]

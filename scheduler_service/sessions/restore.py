@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import structlog
 
-from ortserve.output import chat_history
+from ortserve.output import conversation
 from ortserve.v1 import scheduler_pb2
 from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.sessions.registry import Session, SessionRegistry
@@ -32,8 +32,8 @@ def restore_sessions(registry: SessionRegistry, ledger: Ledger,
             continue
         session = Session(session_id=live.session_id, worker_id=request.worker_id,
                           address=request.address, lease_id=live.lease_id, kind=live.kind,
-                          messages=[chat_history.message_of(m) for m in live.messages],
-                          tools=tuple(chat_history.tool_of(t) for t in live.tools),
+                          messages=[conversation.message_of(m) for m in live.messages],
+                          tools=tuple(conversation.tool_of(t) for t in live.tools),
                           token_ids=list(live.token_ids), turns=live.turns,
                           history_tokens=live.history_tokens, last_budget_cap=lease.budget_cap)
         if not registry.restore(session):

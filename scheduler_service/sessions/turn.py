@@ -14,7 +14,7 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2
 
-from ortserve.output import chat_history
+from ortserve.output import conversation
 from ortserve.rpc.error_path import Relayed
 from ortserve.rpc.worker_leg import worker_request
 from ortserve.rules import request_rules
@@ -23,28 +23,39 @@ from ortserve.status.errors import ErrorReason, InvalidField, clip, quoted
 from ortserve.v1 import scheduler_pb2, types_pb2, worker_pb2
 from scheduler_service import convert, spans
 from scheduler_service.ledger.ledger import (
-    Admission,
+    AdmissionDecision,
     AdmissionRequest,
     Decision,
 )
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, relay
+from scheduler_service.relay import Leg, QueueWaiter, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
-from scheduler_service.sessions.reclaim import SessionReclaim, tenant_bound
+from scheduler_service.sessions.reclaim import SessionReclaimer, tenant_bound
 from scheduler_service.sessions.registry import (
     Session,
     context_full,
     worker_lost,
 )
+from scheduler_service.sessions.state import SharedSessionState
 
 log = structlog.get_logger("scheduler")
 
 TURN_END_WAIT_S = 30.0  # a cancelled turn's worker frees and shrinks within a step or two
 
 
-class SessionTurnRelay(SessionReclaim):
+class SessionTurnRelay:
     """SessionTurn and the steps of a turn."""
+
+    def __init__(self, state: SharedSessionState, reclaimer: SessionReclaimer,
+                 waiter: QueueWaiter) -> None:
+        self._state = state
+        self._reclaimer = reclaimer  # idle sessions' bytes for a turn that does not fit whole
+        self._waiter = waiter  # the admission queue a busy turn waits in, as a Generate does
+        self._queued: dict[str, Ticket] = {}  # session id -> its turn's ticket while it waits
+        # What every turn reads, by the names the steps below use (the state's own objects).
+        self._config, self._ledger = state.config, state.ledger
+        self._registry, self._metrics = state.registry, state.metrics
 
     async def _render(self, session: Session, inner: types_pb2.GenerateRequest,
                       ) -> tuple[types_pb2.GenerateRequest, list[int], dict]:
@@ -70,11 +81,11 @@ class SessionTurnRelay(SessionReclaim):
             return full, ids, {}
         full.chat.ClearField("messages")
         for message in session.messages:  # whole, so the history renders as it rendered before
-            chat_history.add_message(full.chat.messages, message)
+            conversation.add_message(full.chat.messages, message)
         full.chat.messages.extend(inner.chat.messages)  # chat.tools: _session_tools set them
         try:
-            answer = await self._worker(session).Tokenize(worker_pb2.TokenizeRequest(request=full),
-                                                          timeout=10.0)
+            answer = await self._state.worker(session).Tokenize(
+                worker_pb2.TokenizeRequest(request=full), timeout=10.0)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise worker_lost(session, "does not answer Tokenize") from None
@@ -100,10 +111,10 @@ class SessionTurnRelay(SessionReclaim):
         prompts rendered with them and its past calls were made against them."""
         if inner.WhichOneof("prompt") != "chat" or session.kind != "chat":
             return  # the first chat turn sets them (or a token-id turn, refused by _render)
-        sent = tuple(chat_history.tool_of(t) for t in inner.chat.tools)
+        sent = tuple(conversation.tool_of(t) for t in inner.chat.tools)
         if not sent:
             for tool in session.tools:
-                chat_history.add_tool(inner.chat.tools, tool)
+                conversation.add_tool(inner.chat.tools, tool)
         elif sent != session.tools:
             names = ", ".join(t.name for t in session.tools) or "none"
             raise InvalidField(
@@ -134,8 +145,9 @@ class SessionTurnRelay(SessionReclaim):
         # Not whole: idle sessions on this worker give their bytes back first.
         while ((probe := self._ledger.resize(session.lease_id, request, dry_run=True)).decision
                is not Decision.ADMITTED
-               and await self._reclaim(session.worker_id, exclude=session.session_id,
-                                       tenant=request.tenant if tenant_bound(probe) else None)):
+               and await self._reclaimer.reclaim(
+                   session.worker_id, exclude=session.session_id,
+                   tenant=request.tenant if tenant_bound(probe) else None)):
             pass
         wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
         admission = self._waiter.queue.submit(request, convert.queue_mode(inner), wait_s=wait_s,
@@ -166,17 +178,17 @@ class SessionTurnRelay(SessionReclaim):
                      session_id=session.session_id, reserved_bytes=lease.reserved_bytes)
             self._waiter.kick()
 
-    async def SessionTurn(self, request: scheduler_pb2.SessionTurnRequest, context):
+    async def turn(self, request: scheduler_pb2.SessionTurnRequest, context):
         arrived = time.perf_counter()
         with request_outcome("session_turn", context, self._metrics) as outcome:
-            self._owned(request.session_id, context)  # before the turn is marked in flight
+            self._state.owned(request.session_id, context)  # before the turn is marked in flight
             session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
-            granted: Admission | None = None  # a grown lease no worker has been called for yet
+            granted: AdmissionDecision | None = None  # a grown lease no worker was called for yet
             before_bytes = 0
             bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                              worker_id=session.worker_id)
             try:
-                self._alive(session)
+                self._state.alive(session)
                 inner = types_pb2.GenerateRequest()
                 inner.CopyFrom(request.request)
                 inner.request_id = inner.request_id or uuid.uuid4().hex[:16]
@@ -206,7 +218,7 @@ class SessionTurnRelay(SessionReclaim):
                 self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
                 spans.decided(admission, arrived, None)
                 if admission.decision is Decision.REJECTED:
-                    self._alive(session)  # a lease gone while it waited: its worker died, say so
+                    self._state.alive(session)  # a lease gone while it waited: its worker died
                     bound.info("turn rejected", cause=admission.rejection.cause.value)
                     raise rejection_error(admission.rejection)
                 granted = admission = replace(admission, **noted)
@@ -242,10 +254,10 @@ class SessionTurnRelay(SessionReclaim):
 
         def on_finished(finished: types_pb2.Finished) -> None:
             session.remember_turn(inner.WhichOneof("prompt"),
-                                  [chat_history.message_of(m) for m in inner.chat.messages], ids,
+                                  [conversation.message_of(m) for m in inner.chat.messages], ids,
                                   "".join(text), generated,
-                                  tuple(chat_history.tool_of(t) for t in full.chat.tools))
-            finished.session.CopyFrom(self._info_pb(session, finished.session))
+                                  tuple(conversation.tool_of(t) for t in full.chat.tools))
+            finished.session.CopyFrom(self._state.info_pb(session, finished.session))
             finished.session.turn_in_flight = False
             outcome.finished(finished)
             bound.info("turn finished", generated_tokens=finished.usage.generated_tokens,
@@ -256,7 +268,7 @@ class SessionTurnRelay(SessionReclaim):
                 await self._wait_turn_over(session)
 
         return Leg(worker_id=session.worker_id, address=session.address,
-                   stub=self._worker(session),
+                   stub=self._state.worker(session),
                    request=worker_request(full, session.lease_id, max_new_tokens,
                                           prompt_token_ids=ids, session_id=session.session_id),
                    bound=bound, on_finished=on_finished, on_chunk=on_chunk, on_exit=on_exit)
@@ -267,7 +279,7 @@ class SessionTurnRelay(SessionReclaim):
         deadline = time.monotonic() + TURN_END_WAIT_S
         while time.monotonic() < deadline:
             try:
-                info = await self._worker(session).GetSession(
+                info = await self._state.worker(session).GetSession(
                     worker_pb2.WorkerSessionRequest(session_id=session.session_id), timeout=5.0)
                 if not info.turn_in_flight:
                     return

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from gateway.apis.chat import n_choices as choices
+from gateway.apis.chat import n_choices
 from gateway.apis.chat import reply as chat_reply
 from gateway.generation import Stream, failure
 from gateway.reply.errors import HttpError
@@ -39,7 +39,7 @@ async def collect(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
     splits = [ChoiceReasoning.for_choice(meta.kind, s.admission, parsed.reasoning_mode)
               for s in streams]
     try:
-        async for index, event in choices.merged(streams):
+        async for index, event in n_choices.merged(streams):
             kind = event.WhichOneof("event")
             if kind == "chunk":
                 text = event.chunk.text
@@ -115,7 +115,7 @@ async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
         for index, stream in enumerate(streams):
             yield out(chat_reply.first_chunk(meta, stream.admission, usage, index,
                                             parsed.resolved if index == 0 else None), index)
-        async for index, event in choices.merged(streams):
+        async for index, event in n_choices.merged(streams):
             kind = event.WhichOneof("event")
             lp = logprobs[index]
             if kind == "chunk":
@@ -183,7 +183,7 @@ async def sse(meta: chat_reply.ChatReplyMeta, parsed: ParsedRequest,
         if any(f is None for f in finished):
             log.info("stream ended early", request_id=meta.id,
                      lease_id=streams[0].admission.lease_id)
-            choices.cancel_all(streams)
+            n_choices.cancel_all(streams)
 
 
 def _tool_chunks(meta: chat_reply.ChatReplyMeta, parser: tools.ToolCallChoice, text: str,

@@ -1,8 +1,6 @@
-"""One class per name in the tree (generated code under ortserve/v1 and tests aside): two
-classes of one name make a reader, a traceback and a grep guess which is meant.
-
-KNOWN holds the pairs that were here when this test came (issue 53), each to be renamed
-by its own work; it may only shrink: a name in it that is no longer defined twice fails.
+"""One class per name in the tree (generated code under ortserve/v1 and tests aside; the
+clients' library counts): two classes of one name make a reader, a traceback and a grep
+guess which is meant. No exceptions are listed: rename one side to say what it holds.
 """
 
 from __future__ import annotations
@@ -12,15 +10,6 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-
-# name -> where it is defined (relative paths), as found when this test came.
-KNOWN = {
-    # The client's typed view of the proto message beside the ledger's domain type.
-    "Admission": {"clients/python/ortserve_client/types.py", "scheduler_service/ledger/types.py"},
-    "BudgetCap": {"ortserve/rpc/message_views.py", "scheduler_service/ledger/types.py"},
-    # The client's INVALID_ARGUMENT exception beside the worker core's domain error.
-    "InvalidRequest": {"ortserve/status/call_errors.py", "worker_service/core/errors.py"},
-}
 
 
 def skipped(parts: tuple[str, ...]) -> bool:
@@ -41,17 +30,8 @@ def classes_by_name(root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def test_no_two_classes_share_a_name():
-    twice = {name: where for name, where in classes_by_name().items() if len(where) > 1}
-    new = {name: sorted(where) for name, where in twice.items() if KNOWN.get(name) != where}
-    assert new == {}, "rename so each name says what it holds (or, for a pair in KNOWN, "\
-                      "update KNOWN: it may only shrink)"
-
-
-def test_known_pairs_still_exist():
-    """A pair renamed away leaves KNOWN with it."""
-    found = classes_by_name()
-    gone = sorted(name for name in KNOWN if len(found.get(name, ())) < 2)
-    assert gone == []
+    twice = {name: sorted(where) for name, where in classes_by_name().items() if len(where) > 1}
+    assert twice == {}, "rename one side of each so its name says what it holds"
 
 
 def test_the_scan_sees_a_pair_and_skips_tests_and_generated_code(tmp_path):

@@ -4,7 +4,9 @@
   worker_service/: the engine, the servicer, the configs): the runtime is built from
   what it is given, never reaches up;
 - the gateway imports nothing from the client library (what both need lives in ortserve/);
-- ortserve/ (shared by every service) imports no service package.
+- ortserve/ (shared by every service) imports no service package;
+- no service imports another, nor the client library another service: they meet only
+  on the wire (protos/) and in ortserve/.
 
 An import inside a function or under TYPE_CHECKING counts too: it is still an arrow.
 """
@@ -72,6 +74,15 @@ def test_gateway_imports_nothing_from_the_client_library():
 
 def test_ortserve_imports_no_service_package():
     assert arrows("ortserve", lambda m: m.split(".")[0] in SERVICES) == []
+
+
+@pytest.mark.parametrize("folder", ["scheduler_service", "worker_service", "gateway",
+                                    "clients/python"])
+def test_no_service_imports_another(folder):
+    own = "ortserve_client" if folder == "clients/python" else folder
+    others = {"scheduler_service", "worker_service", "gateway", "ortserve_client",
+              "clients"} - {own}
+    assert arrows(folder, lambda m: m.split(".")[0] in others) == []
 
 
 def test_the_rules_see_an_arrow(tmp_path):

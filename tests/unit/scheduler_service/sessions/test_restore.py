@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ortserve.output import chat_history
-from ortserve.output.chat_history import Call, Message, ToolSpec
+from ortserve.output import conversation
+from ortserve.output.conversation import Call, Message, ToolSpec
 from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import Lease, Ledger, WorkerGeometry
 from scheduler_service.sessions.registry import Session, SessionRegistry
@@ -78,7 +78,7 @@ def test_tool_calls_ids_and_tools_survive_both_copies_and_agree():
     # What the scheduler's registry renders into the next request is what the worker saw.
     rendered = types_pb2.ChatMessages()
     for message in theirs.messages[:3]:
-        chat_history.add_message(rendered.messages, message)
+        conversation.add_message(rendered.messages, message)
     assert list(rendered.messages) == list(second.chat.messages)
 
 
@@ -143,19 +143,19 @@ def test_a_later_turn_takes_the_sessions_tools_and_may_not_change_them():
     import pytest
 
     from ortserve.status.errors import InvalidField
-    from scheduler_service.sessions.rpcs import SessionRPCs
+    from scheduler_service.sessions.turn import SessionTurnRelay
 
     session = Session(session_id="s", worker_id="w1", address="w1:1", lease_id="l", kind="chat",
-                      tools=(chat_history.tool_of(WEATHER),))
+                      tools=(conversation.tool_of(WEATHER),))
     later = types_pb2.GenerateRequest(chat=types_pb2.ChatMessages(messages=[
         types_pb2.ChatMessage(role="tool", content="21", tool_call_id="call_1_0")]))
-    SessionRPCs._session_tools(session, later)
+    SessionTurnRelay._session_tools(session, later)
     assert list(later.chat.tools) == [WEATHER]  # none sent: the session's apply
-    SessionRPCs._session_tools(session, later)  # the same list again: accepted as is
+    SessionTurnRelay._session_tools(session, later)  # the same list again: accepted as is
     assert list(later.chat.tools) == [WEATHER]
     later.chat.tools.add(name="get_time")
     with pytest.raises(InvalidField) as info:
-        SessionRPCs._session_tools(session, later)
+        SessionTurnRelay._session_tools(session, later)
     assert info.value.field == "request.chat.tools"
 
 

@@ -1,8 +1,9 @@
-"""What the session RPCs share: their state (the ledger, the registry, the workers' stubs,
-the admission queue) and their calls to a session's worker.
+"""What the session parts share: their state (the ledger, the registry, the workers' stubs)
+and their calls to a session's worker.
 
-rpcs.py builds on it: SessionRPCs (the RPCs) <- SessionTurnRelay (turn.py) <- SessionReclaim
-(reclaim.py) <- SessionBase (here), one class whose rooms are split by idea.
+One SharedSessionState is held by the reclaimer (reclaim.py), the turn relay (turn.py) and
+the RPC surface (rpcs.py); build.py makes the four and hands them to the servicer by name.
+(Every session's, not one session's: worker_service's SessionState is one session's KV.)
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from scheduler_service import convert
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.decision_log import log_expired
 from scheduler_service.ledger.ledger import Ledger
-from scheduler_service.ledger.queue import Ticket
-from scheduler_service.relay import QueueWaiter
 from scheduler_service.sessions.registry import (
     Session,
     SessionRegistry,
@@ -31,49 +30,46 @@ from scheduler_service.worker_clients import WorkerClients
 log = structlog.get_logger("scheduler")
 
 
-class SessionBase:
-    """The session RPCs' state and their calls to a session's worker."""
+class SharedSessionState:
+    """The session parts' state and their calls to a session's worker."""
 
     def __init__(self, config: SchedulerConfig, ledger: Ledger, workers: WorkerClients,
-                 waiter: QueueWaiter, registry: SessionRegistry | None = None,
-                 metrics=None) -> None:
-        self._config = config
-        self._ledger = ledger
-        self._workers = workers
-        self._waiter = waiter  # the admission queue a busy turn waits in, as a Generate does
-        self._registry = registry if registry is not None else SessionRegistry()  # len() 0 is falsy
-        self._metrics = metrics  # SchedulerMetrics when --metrics-port is set
-        self._queued: dict[str, Ticket] = {}  # session id -> its turn's ticket while it waits
+                 registry: SessionRegistry | None = None, metrics=None) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.workers = workers
+        self.registry = registry if registry is not None else SessionRegistry()  # len() 0 is falsy
+        self.metrics = metrics  # SchedulerMetrics when --metrics-port is set
 
-    def _worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
-        return self._workers.stub(session.address)
+    def worker(self, session: Session) -> worker_pb2_grpc.WorkerStub:
+        return self.workers.stub(session.address)
 
-    def _owned(self, session_id: str, context) -> None:
+    def owned(self, session_id: str, context) -> None:
         """A session answers only the tenant it is charged to (its lease's, which a
         restored lease keeps); to another tenant it does not exist (SESSION_NOT_FOUND,
         saying nothing of whose it is). Without tenants every caller is ""."""
-        session = self._registry.get(session_id)  # SESSION_NOT_FOUND when not open
-        lease = self._ledger.lease(session.lease_id)
-        if lease is not None and lease.tenant != caller_tenant(self._ledger.tenants, context):
+        session = self.registry.get(session_id)  # SESSION_NOT_FOUND when not open
+        lease = self.ledger.lease(session.lease_id)
+        if lease is not None and lease.tenant != caller_tenant(self.ledger.tenants, context):
             raise not_found(session_id)
 
-    def _alive(self, session: Session) -> None:
+    def alive(self, session: Session) -> None:
         """The session's lease lives only while its worker does: gone means the worker died."""
-        log_expired(self._ledger.expire(), self._metrics)  # expire() hands each lease once
-        if self._ledger.lease(session.lease_id) is None:
-            raise self._registry.mark_lost(session, "stopped heartbeating (its leases expired)")
+        log_expired(self.ledger.expire(), self.metrics)  # expire() hands each lease once
+        if self.ledger.lease(session.lease_id) is None:
+            raise self.registry.mark_lost(session, "stopped heartbeating (its leases expired)")
 
-    def _info_pb(self, session: Session, worker: types_pb2.SessionInfo | None) -> types_pb2.SessionInfo:
-        lease = self._ledger.lease(session.lease_id)
-        geometry = self._ledger.geometry(session.worker_id)
+    def info_pb(self, session: Session, worker: types_pb2.SessionInfo | None) -> types_pb2.SessionInfo:
+        lease = self.ledger.lease(session.lease_id)
+        geometry = self.ledger.geometry(session.worker_id)
         return convert.session_info_to_pb(
             session, worker, reserved_bytes=lease.reserved_bytes if lease else 0,
             model=geometry.model if geometry else "",  # its worker's: the one it is bound to
-            idle_s=0.0 if session.turn_in_flight else self._registry.idle_s(session))
+            idle_s=0.0 if session.turn_in_flight else self.registry.idle_s(session))
 
-    async def _call_worker(self, session: Session, method: str, why: str):
+    async def call_worker(self, session: Session, method: str, why: str):
         try:
-            return await getattr(self._worker(session), method)(
+            return await getattr(self.worker(session), method)(
                 worker_pb2.WorkerSessionRequest(session_id=session.session_id,
                                                 lease_id=session.lease_id), timeout=10.0)
         except grpc.aio.AioRpcError as error:
@@ -82,15 +78,14 @@ class SessionBase:
                                   f"{clip(error.details(), 200)})") from None
             raise Relayed(error, f"worker {session.worker_id}: {clip(error.details(), 600)}") from None
 
-
-    async def _close(self, session: Session) -> None:
+    async def close(self, session: Session) -> None:
         """The worker frees the KV, then releases the lease (once); then the session is gone."""
         try:
-            await self._call_worker(session, "CloseSession", "CloseSession")
+            await self.call_worker(session, "CloseSession", "CloseSession")
         except DomainError as error:
             # Unreachable: the lease goes when the worker's heartbeats stop reporting it.
             log.warning("session close: worker did not answer", session_id=session.session_id,
                         error=error.message)
         finally:
-            self._registry.remove(session.session_id)
+            self.registry.remove(session.session_id)
         log.info("session closed", session_id=session.session_id, lease_id=session.lease_id)
