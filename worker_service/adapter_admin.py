@@ -22,7 +22,7 @@ import structlog
 
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import InvalidRequest
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.runtime.lora import Adapter, AdapterNoRoom
 from worker_service.scheduler_link import SchedulerLink
 

@@ -19,7 +19,7 @@ from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from worker_service import adapter_admin, convert
 from worker_service.core.errors import InvalidRequest, NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions

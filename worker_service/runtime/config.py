@@ -1,6 +1,6 @@
 """How the runtime runs on its device: the fields factory.py builds a runtime from.
 
-The engine's config (worker_service/engine_config.py) is this plus what only the engine
+The engine's config (worker_service/engine/config.py) is this plus what only the engine
 reads (the model folder, chunking, speculation, adapters), so runtime/ takes what it
 needs from below and never imports the worker's edge.
 """

@@ -78,12 +78,12 @@ def test_the_rules_see_an_arrow(tmp_path):
     """The reader catches what the rules refuse: absolute, from-package and relative."""
     folder = tmp_path / "worker_service" / "runtime"
     folder.mkdir(parents=True)
-    (folder / "probe.py").write_text("from worker_service.engine_config import EngineConfig\n"
+    (folder / "probe.py").write_text("from worker_service.engine.config import EngineConfig\n"
                                      "from worker_service import server\n"
                                      "from .. import servicer\n"
                                      "from . import kv_pool\n"
                                      "import worker_service.core.errors\n")
     found = arrows("worker_service/runtime", is_worker_edge, tmp_path)
     assert [a.split(" imports ")[1] for a in found] == [
-        "worker_service.engine_config", "worker_service.engine_config.EngineConfig",
+        "worker_service.engine.config", "worker_service.engine.config.EngineConfig",
         "worker_service.server", "worker_service.servicer"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from worker_service.core.errors import InvalidRequest
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.kv_pool import HostBudget, KVPool
 

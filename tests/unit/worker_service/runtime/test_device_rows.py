@@ -138,7 +138,7 @@ def test_first_chunks_prefill_together_into_device_rows(tiny):
 
 def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_is_it(tiny):
     from worker_service.core.errors import InvalidRequest
-    from worker_service.engine import Engine, EngineConfig
+    from worker_service.engine.engine import Engine, EngineConfig
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(spec)
@@ -186,7 +186,7 @@ def test_the_static_per_sequence_layout_is_built_only_when_named(tiny, monkeypat
                                                                  layout, kind):
     """A cuda runtime is device rows unless static is asked for by name (the rows are made
     on the CPU here: no GPU; the choice is the factory's, above any memory)."""
-    from worker_service.engine_config import EngineConfig
+    from worker_service.engine.config import EngineConfig
     from worker_service.runtime import factory
 
     spec, session = tiny
@@ -207,7 +207,7 @@ def test_the_static_per_sequence_layout_is_built_only_when_named(tiny, monkeypat
 
 def test_the_host_arena_is_refused_on_cuda(tiny):
     from worker_service.core.errors import InvalidRequest
-    from worker_service.engine_config import EngineConfig
+    from worker_service.engine.config import EngineConfig
     from worker_service.runtime.factory import build_runtime
 
     spec, session = tiny
@@ -224,14 +224,14 @@ def test_64_sequences_decode_in_one_run_over_64_device_rows(tiny):
 
     from worker_service.core.sampling import SamplingConfig
     from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-    from worker_service.engine import Engine, EngineConfig
+    from worker_service.engine.engine import Engine, EngineConfig
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(dataclasses.replace(spec, context_length=64))
     config = EngineConfig(model_dir=spec.model_dir, intra_op_threads=2, kv_layout="device-rows",
                           max_batch_rows=64, max_context_tokens=64,
                           # Room for the 64 rows' decode buckets (~24 MiB of fixed buffers,
-                          # charged out of the capacity: engine.py).
+                          # charged out of the capacity: engine/engine.py).
                           kv_capacity_bytes=64 * row + 64 * 2**20)
     with Engine(config) as engine:
         assert engine.max_batch_rows == 64

@@ -22,7 +22,7 @@ from tests.unit.worker_service.runtime.test_batch_runner import (
     session_for,
 )
 from worker_service.core.sequence import TERMINAL, SequenceRequest, TokenDelta
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.last_logits import (

@@ -16,7 +16,7 @@ import pytest
 from tests.models import prepared_model_dir
 from worker_service.core.errors import InvalidRequest
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.batch_runner import adapter_groups
 from worker_service.runtime.lora import AdapterNotFound
 

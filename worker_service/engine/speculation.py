@@ -17,7 +17,7 @@ from worker_service.core.errors import InvalidRequest
 from worker_service.core.sequence import FinishReason, Sequence, TokenDelta
 from worker_service.core.speculative import VerifyCosts
 from worker_service.core.step_scheduler import StepPlan
-from worker_service.engine_config import EngineConfig
+from worker_service.engine.config import EngineConfig
 from worker_service.runtime.runner import Runner, SequenceStep
 
 log = structlog.get_logger("worker_service.engine")  # the engine's lines, as before the split
