@@ -28,7 +28,7 @@ import structlog
 
 from ortserve.rules import request_rules
 from ortserve.status.units import human_bytes, tokens
-from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.errors import EngineError, InvalidWorkerField, LeaseInUse
 from worker_service.core.ngram import Drafter
 from worker_service.core.sequence import (
     TERMINAL,
@@ -156,7 +156,7 @@ class Engine:
         if charge and self.kv.take_capacity(charge) is not None:
             capacity = self.capacity_bytes
             self.close()
-            raise InvalidRequest(
+            raise InvalidWorkerField(
                 "kv_capacity", f"the decode buckets' fixed buffers "
                 f"({human_bytes(self.decode_buffer_bytes)}) and captured CUDA graphs "
                 f"({human_bytes(self.decode_graph_bytes)}) take {human_bytes(charge)} "

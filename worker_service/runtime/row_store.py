@@ -13,7 +13,7 @@ What they share is pure bookkeeping, kept here in `RowTable` (rows, their
 charges, written and touched tokens, and the rule that the last row moves into
 a freed one so rows stay [0, n)); what differs is only the memory: how a row
 is bound, moved, copied out and in. `RowStore` is what the runners
-(batch_runner.py, model_runner.py) ask of either; `RowTableMixin` gives a
+(ort_rows.py, rows_runner.py) ask of either; `RowTableMixin` gives a
 memory class the table's side of it.
 """
 

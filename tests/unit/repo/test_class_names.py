@@ -18,8 +18,6 @@ KNOWN = {
     # The client's typed view of the proto message beside the ledger's domain type.
     "Admission": {"clients/python/ortserve_client/types.py", "scheduler_service/ledger/types.py"},
     "BudgetCap": {"ortserve/rpc/message_views.py", "scheduler_service/ledger/types.py"},
-    # The client's INVALID_ARGUMENT exception beside the worker core's domain error.
-    "InvalidRequest": {"ortserve/status/call_errors.py", "worker_service/core/errors.py"},
 }
 
 
