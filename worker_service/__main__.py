@@ -23,7 +23,7 @@ from ortserve.rpc.tls import TlsFiles
 from ortserve.rpc.tls import add_arguments as add_tls_arguments
 from ortserve.status.units import parse_bytes
 from worker_service.config import WorkerConfig
-from worker_service.core.errors import EngineError, InvalidRequest
+from worker_service.core.errors import EngineError, InvalidWorkerField
 from worker_service.runtime import lora
 from worker_service.runtime.rate_set_runner import BENCH_ENV
 from worker_service.server import build_server
@@ -45,7 +45,7 @@ def _lora_flag(text: str) -> tuple[str, str]:
     """--lora NAME=PATH (and each item of ORTSERVE_WORKER_LORA) -> (name, path)."""
     try:
         return lora.parse_lora_flag(text)
-    except InvalidRequest as error:
+    except InvalidWorkerField as error:
         raise argparse.ArgumentTypeError(error.message.removeprefix("--lora: ")) from None
 
 

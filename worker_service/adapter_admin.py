@@ -21,8 +21,8 @@ import grpc
 import structlog
 
 from ortserve.v1 import types_pb2
-from worker_service.core.errors import InvalidRequest
-from worker_service.engine import Engine
+from worker_service.core.errors import InvalidWorkerField
+from worker_service.engine.engine import Engine
 from worker_service.runtime.lora import Adapter, AdapterNoRoom
 from worker_service.scheduler_link import SchedulerLink
 
@@ -40,7 +40,7 @@ def adapter_pb(adapter: Adapter) -> types_pb2.LoraAdapter:
 
 async def load(engine: Engine, link: SchedulerLink, name: str, path: str) -> types_pb2.AdapterChange:
     if engine.adapters.served is None:
-        raise InvalidRequest("path", f"adapter {name!r}: this worker's model "
+        raise InvalidWorkerField("path", f"adapter {name!r}: this worker's model "
                              f"{engine.spec.name!r} takes no LoRA weights as inputs (or its KV "
                              "layout runs no adapters), so it serves none; load adapters on a "
                              "worker of a base built by `python -m model_tools.lora`")

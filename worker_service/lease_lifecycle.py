@@ -29,8 +29,8 @@ from worker_service.core.errors import (
     SchedulerUnreachable,
 )
 from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceRequest, TokenDelta
-from worker_service.engine import Engine
-from worker_service.event_mailbox import EventMailbox, coalesced
+from worker_service.engine.engine import Engine
+from worker_service.engine.event_mailbox import EventMailbox, coalesced
 from worker_service.scheduler_link import SchedulerLink
 from worker_service.session_leases import SessionLeaseTable
 

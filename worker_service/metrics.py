@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from ortserve.process.metrics import RequestLatency, callback_gauge
 from worker_service.core.sequence import Completed
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.relay_call import SENT
 
 

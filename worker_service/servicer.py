@@ -17,9 +17,9 @@ from ortserve.rpc.error_path import at_deadline
 from ortserve.rules import request_rules
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from worker_service import adapter_admin, convert
-from worker_service.core.errors import InvalidRequest, NotReady
+from worker_service.core.errors import InvalidWorkerField, NotReady
 from worker_service.core.sequence import Cancelled, Completed, Failed, TokenDelta
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.relay_call import RelayCall
 from worker_service.session_lifecycle import WorkerSessions
@@ -153,7 +153,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         leases = self._ready()
         request_rules.bounded("name", request.name, request_rules.MAX_WORKER_ID_CHARS)
         if not request.name or not request.path:
-            raise InvalidRequest("name" if not request.name else "path",
+            raise InvalidWorkerField("name" if not request.name else "path",
                                  "required: the adapter's name and its .onnx_adapter file's path")
         return await adapter_admin.load(leases.engine, leases.link, request.name, request.path)
 

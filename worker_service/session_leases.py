@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ortserve.status.errors import quoted
 from ortserve.v1 import types_pb2
 from worker_service.core.errors import LeaseMismatch
-from worker_service.engine import Engine
+from worker_service.engine.engine import Engine
 from worker_service.runtime.session_kv import SessionBusy, SessionNotFound
 from worker_service.scheduler_link import SchedulerLink
 

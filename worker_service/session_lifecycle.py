@@ -38,7 +38,7 @@ from ortserve.output import conversation
 from ortserve.output.conversation import Message, ToolSpec
 from ortserve.status.errors import quoted
 from ortserve.v1 import scheduler_pb2, types_pb2
-from worker_service.core.errors import InvalidRequest, NoLiveLease, SchedulerUnreachable
+from worker_service.core.errors import InvalidWorkerField, NoLiveLease, SchedulerUnreachable
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.runtime.session_kv import (
     DiskMeta,
@@ -115,7 +115,7 @@ class WorkerSessions:
 
     def _lease(self, session_id: str) -> types_pb2.Lease:
         if not session_id:
-            raise InvalidRequest("session_id", "session_id is empty: use the id OpenSession gave")
+            raise InvalidWorkerField("session_id", "session_id is empty: use the id OpenSession gave")
         lease = self.sessions.leases.get(session_id)
         if lease is None:
             raise SessionNotFound(session_id)
@@ -143,7 +143,7 @@ class WorkerSessions:
     async def open(self, session_id: str, lease_id: str) -> types_pb2.SessionInfo:
         """Claim the session's (0-byte) lease and open an empty session in the engine."""
         if not session_id or not lease_id:
-            raise InvalidRequest("session_id" if not session_id else "lease_id",
+            raise InvalidWorkerField("session_id" if not session_id else "lease_id",
                                  "OpenSession needs the session id and its lease id")
         if session_id in self.sessions.leases:
             return self.info_pb(session_id)  # a retried open

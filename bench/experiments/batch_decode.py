@@ -27,9 +27,9 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from devtools.cluster import model_cache
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.model import ModelSpec, load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 PROMPTS = ["Write a long story about a dragon who learns to paint.",
            "What is the capital of France? Answer in one sentence.",
@@ -53,7 +53,7 @@ def prompts_for(spec: ModelSpec, batch: int) -> list[list[int]]:
 class Streams:
     """B sequences prefilled into their own rows [first, first + B) of a runner's arena."""
 
-    def __init__(self, runner: BatchRunner, prompts: list[list[int]], new_tokens: int) -> None:
+    def __init__(self, runner: OrtRows, prompts: list[list[int]], new_tokens: int) -> None:
         self.runner = runner
         self.first = runner.arena.rows
         self.past, self.next, self.out = [], [], []
@@ -85,13 +85,13 @@ class Streams:
         return len(self.past) * (len(self.out[0]) - 1) / self.seconds
 
 
-def clear(runner: BatchRunner) -> None:
+def clear(runner: OrtRows) -> None:
     while runner.arena.rows:
         runner.arena.free(runner.arena.rows - 1)
     runner.invalidate()
 
 
-def paired(runner: BatchRunner, prompts: list[list[int]], new_tokens: int) -> dict:
+def paired(runner: OrtRows, prompts: list[list[int]], new_tokens: int) -> dict:
     """Batched and round-robin decode of the same prompts, alternating step by step.
 
     The two share the machine's load moment by moment, so their ratio holds even
@@ -116,7 +116,7 @@ def bench_model(name: str, args) -> dict:
     session = session_for(spec, args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     arena = KVArena(spec, max_rows=max(*batches, 2), capacity_bytes=2**40)  # the warm-up runs 2
-    runner = BatchRunner(session, spec, arena)
+    runner = OrtRows(session, spec, arena)
     paired(runner, prompts_for(spec, 2), 4)  # warm-up
     result: dict = {"model": name, "by_batch": {}}
     for batch in batches:
@@ -142,8 +142,8 @@ def long_vs_small(spec: ModelSpec, session, args) -> dict:
     """B=8 batched decode: arena rows of the full context vs rows of 256 tokens, interleaved."""
     prompts = prompts_for(spec, 8)
     small_spec = replace(spec, context_length=256)
-    full = BatchRunner(session, spec, KVArena(spec, 8, 2**40))
-    small = BatchRunner(session, small_spec, KVArena(small_spec, 8, 2**40))
+    full = OrtRows(session, spec, KVArena(spec, 8, 2**40))
+    small = OrtRows(session, small_spec, KVArena(small_spec, 8, 2**40))
     ratios = []
     rates: dict[str, list[float]] = {"full": [], "small": []}
     for _ in range(args.repeats):

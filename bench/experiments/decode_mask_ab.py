@@ -25,16 +25,16 @@ import time
 import numpy as np
 
 from tests.models import prepared_model_dir
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.device import create_session
 from worker_service.runtime.device_rows import DeviceRows
 from worker_service.runtime.model import load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 
 def _arm(session, spec, rows: int, mask_counts: bool):
     store = DeviceRows(spec, rows, "cpu")
-    runner = BatchRunner(session, spec, store, max_chunk_tokens=64, mask_counts=mask_counts)
+    runner = OrtRows(session, spec, store, max_chunk_tokens=64, mask_counts=mask_counts)
     runner.warm_graphs()
     for _ in range(rows):
         store.allocate(spec.context_length)

@@ -33,9 +33,9 @@ def ours(model_dir: Path, batch: int, steps: int, threads: int, prefix: str) -> 
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from worker_service.runtime.batch_runner import BatchRunner
     from worker_service.runtime.kv_arena import KVArena
     from worker_service.runtime.model import load_model_spec
+    from worker_service.runtime.ort_rows import OrtRows
 
     spec = load_model_spec(model_dir)
     options = ort.SessionOptions()
@@ -47,7 +47,7 @@ def ours(model_dir: Path, batch: int, steps: int, threads: int, prefix: str) -> 
     arena = KVArena(spec, batch, 2**31)
     for _ in range(batch):
         arena.allocate(len(ids) + steps + 1)
-    runner = BatchRunner(session, spec, arena, max_chunk_tokens=batch * len(ids))
+    runner = OrtRows(session, spec, arena, max_chunk_tokens=batch * len(ids))
     next_ids = np.argmax(runner.prefill_first(0, [ids] * batch), axis=1).tolist()
     past = [len(ids)] * batch
     start = time.perf_counter()

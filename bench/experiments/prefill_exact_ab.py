@@ -35,7 +35,7 @@ def one_pass(seed: int) -> dict:
     from devtools.cluster import model_cache
     from worker_service.core.sampling import SamplingConfig
     from worker_service.core.sequence import SequenceRequest
-    from worker_service.engine import Engine, EngineConfig
+    from worker_service.engine.engine import Engine, EngineConfig
 
     rng = random.Random(seed)
     out: dict = {}

@@ -107,7 +107,7 @@ class Arm:
 
     def __init__(self, model_dir: Path, threads: int, speculative: str,
                  max_logit_drift: float) -> None:
-        from worker_service.engine import Engine, EngineConfig
+        from worker_service.engine.engine import Engine, EngineConfig
 
         self.name = speculative
         self.engine = Engine(EngineConfig(model_dir=model_dir, device="cpu",

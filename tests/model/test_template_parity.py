@@ -14,7 +14,7 @@ import pytest
 
 from tests.model.test_parity import run_tools
 from tests.models import prepared_model_dir
-from worker_service.core.errors import InvalidRequest
+from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.tokenizer import Tokenizer
 
 CONVERSATIONS = [
@@ -61,7 +61,7 @@ def folder_with_template(root: Path, name: str, template: str | None) -> Path:
 def ours(folder: Path, conversation: list[list[str]]) -> object:
     try:
         return Tokenizer(folder).render_chat([tuple(turn) for turn in conversation])
-    except InvalidRequest as exc:
+    except InvalidWorkerField as exc:
         return {"error": str(exc)}
 
 

@@ -11,7 +11,7 @@ from ortserve.rpc.error_path import register_service
 from ortserve.v1 import worker_pb2, worker_pb2_grpc
 from tests.aio_thread import LoopThread
 from tests.service.test_worker_service import FakeLink
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.server import SERVICE
 from worker_service.servicer import WorkerServicer
@@ -51,7 +51,7 @@ def test_info_reports_kv_reserved_as_charged_plus_the_stated_overhead(tiny_dir, 
                                 max_context_tokens=512, kv_capacity_bytes=8 * 2**20,
                                 intra_op_threads=1))
     assert info.kv_layout == "device-rows"
-    # The decode buckets' fixed buffers are charged out of what was allocated (engine.py).
+    # The decode buckets' fixed buffers are charged out of what was allocated (engine/engine.py).
     assert info.kv_allocated_bytes > info.capacity_bytes > 0
     assert info.kv_reserved_bytes == info.kv_allocated_bytes + info.kv_reserved_overhead_bytes
     # Rounding to 256 bytes per tensor and two scratch tokens: bytes, not a power of two.

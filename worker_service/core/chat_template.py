@@ -24,7 +24,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ortserve.output import reasoning, tool_calls, tool_formats
-from worker_service.core.errors import InvalidRequest, ModelLoadError
+from worker_service.core.errors import InvalidWorkerField, ModelLoadError
 
 # The named special tokens transformers passes to every chat template (its
 # SPECIAL_TOKENS_ATTRIBUTES), when the tokenizer config sets them.
@@ -111,7 +111,7 @@ class ChatTemplate:
                     return self._render([merged, *turns[2:]], tools, kwargs)
                 except TemplateError:
                     pass
-            raise InvalidRequest("chat", f"the chat template refused the messages: {exc}") from exc
+            raise InvalidWorkerField("chat", f"the chat template refused the messages: {exc}") from exc
 
     def _render(self, turns: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]],
                 kwargs: Mapping[str, Any]) -> str:
@@ -133,12 +133,12 @@ class ChatTemplate:
         unread = []
         for name in kwargs:
             if name in _SET_BY_WORKER or name in self.special_tokens:
-                raise InvalidRequest(where + name, f"{name!r} is set by ortserve itself; "
+                raise InvalidWorkerField(where + name, f"{name!r} is set by ortserve itself; "
                                      "remove it from the template variables")
             if name not in self.variables:
                 if name in required:
                     reads = sorted(self.variables - _SET_BY_WORKER - set(self.special_tokens))
-                    raise InvalidRequest(where + name, f"this model's chat template does not "
+                    raise InvalidWorkerField(where + name, f"this model's chat template does not "
                                          f"read {name!r}, so it would change nothing; it reads "
                                          f"{', '.join(reads) or 'no other variables'}")
                 unread.append(name)

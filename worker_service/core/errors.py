@@ -27,7 +27,7 @@ class EngineError(DomainError):
         super().__init__(type(self).reason, message, metadata=metadata, field=field)
 
 
-class InvalidRequest(EngineError, InvalidField):
+class InvalidWorkerField(EngineError, InvalidField):
     """A worker-only field is malformed (INVALID_ARGUMENT): the chat template, a session
     on a layout without sessions. An InvalidField like every request rule's error
     (ortserve.rules.request_rules), and an EngineError like the worker's other errors."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from ortserve.output import constraint_grammar as constraints
 from ortserve.output.constraint_grammar import ConstraintSpec
-from worker_service.core.errors import EngineError, InvalidRequest
+from worker_service.core.errors import EngineError, InvalidWorkerField
 
 MATCHER_CACHE_ENTRIES = 64
 _BITS = 32  # llguidance packs the mask into int32 words, bit i of word w = token 32w + i
@@ -131,7 +131,7 @@ class ConstraintCompiler:
         return self._tokenizer
 
     def compile(self, spec: ConstraintSpec) -> Constraint:
-        """A fresh Constraint for `spec`; InvalidRequest naming the field when it cannot compile."""
+        """A fresh Constraint for `spec`; InvalidWorkerField naming the field when it cannot compile."""
         grammar = constraints.check(spec)  # the scheduler's rule, cached by text
         with self._lock:
             pristine = self._cache.get(grammar)
@@ -145,7 +145,7 @@ class ConstraintCompiler:
             # NOTE: outside the lock: construction releases the GIL and may take ms.
             pristine = LLMatcher(tokenizer, grammar, log_level=0)
             if pristine.is_error():
-                raise InvalidRequest(spec.field, f"{constraints.library_version()} cannot compile "
+                raise InvalidWorkerField(spec.field, f"{constraints.library_version()} cannot compile "
                                      f"it for this model's vocabulary: {pristine.get_error()}")
             with self._lock:
                 self._cache[grammar] = pristine

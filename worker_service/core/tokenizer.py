@@ -16,7 +16,7 @@ from tokenizers.decoders import DecodeStream
 
 from ortserve.output import reasoning
 from worker_service.core.chat_template import ChatTemplate, Turn, read_special_tokens
-from worker_service.core.errors import InvalidRequest, ModelLoadError
+from worker_service.core.errors import InvalidWorkerField, ModelLoadError
 
 _REPLACEMENT_CHAR = "\ufffd"
 
@@ -66,7 +66,7 @@ class Tokenizer:
         offered -> the prompt text, with the generation prompt appended; `kwargs`: further
         template variables (chat_template_kwargs), `required` those the template must read."""
         if self.chat_template is None:
-            raise InvalidRequest("chat", "this model folder has no chat template "
+            raise InvalidWorkerField("chat", "this model folder has no chat template "
                                  "(chat_template.jinja or tokenizer_config.json); send plain text")
         return self.chat_template.render(messages, tools, kwargs, required)
 

@@ -22,7 +22,7 @@ from worker_service.cuda_check import compare, forcing, speed
 from worker_service.cuda_check.graph_modes import graph_id_vs_sessions
 from worker_service.cuda_check.harness import Check, Context, Unmet
 from worker_service.cuda_check.memory import kv_memory_as_charged
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.decode_step import bucket_buffer_bytes_bound
 from worker_service.runtime.device_rows import DeviceRows
 from worker_service.runtime.graph_check import captured_equals_uncaptured
@@ -55,7 +55,7 @@ def engine_config(ctx: Context) -> EngineConfig:
     rows = DRY_RUN_ROWS if ctx.dry_run else max(ctx.streams)
     row, block = DeviceRows.row_bytes_for(spec), DeviceRows.block_bytes_for(spec)
     cache = max(256 * block, rows * row // 8)
-    # The decode buckets' fixed buffers are charged out of the capacity (engine.py): the
+    # The decode buckets' fixed buffers are charged out of the capacity (engine/engine.py): the
     # block area is allocated that much larger, so the rows' and the cache's room stays.
     cache += bucket_buffer_bytes_bound(spec, rows, spec.context_length)
     return EngineConfig(model_dir=ctx.model_dir, device=ctx.device, device_id=ctx.device_id,

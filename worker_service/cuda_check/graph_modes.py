@@ -24,9 +24,9 @@ import numpy as np
 from worker_service.cuda_check.harness import Context
 from worker_service.runtime import device as devices
 from worker_service.runtime import device_memory
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.decode_step import DecodeShapes
 from worker_service.runtime.device_rows import DeviceRows
+from worker_service.runtime.ort_rows import OrtRows
 
 GRAPH_IDS_FROM = 2000  # apart from the engine's buckets (1...) and captured_equals_uncaptured's
 PROMPT = "Name three rivers of Europe and say which is longest."
@@ -37,7 +37,7 @@ def _buckets(ctx: Context) -> tuple[int, ...]:
     return (1, 4) if ctx.dry_run else (1, 8, 32)
 
 
-def _decode(runner: BatchRunner, store: DeviceRows, prompt: list[int], rows: int,
+def _decode(runner: OrtRows, store: DeviceRows, prompt: list[int], rows: int,
             forced: list[int]) -> tuple[list[float], list[list[int]]]:
     """`rows` copies of `prompt` prefilled, then STEPS decode steps fed `forced[step]` in
     every row; each step's milliseconds and greedy ids. The rows are freed after."""
@@ -72,12 +72,12 @@ def graph_id_vs_sessions(ctx: Context) -> dict:
     capture = ctx.device == "cuda" and engine.runner.batch.graphs
     store = DeviceRows(spec, max(buckets), config.device, config.device_id)
     arms: dict[str, dict] = {}
-    runner: BatchRunner | None = None
-    sessions: dict[int, BatchRunner] = {}
+    runner: OrtRows | None = None
+    sessions: dict[int, OrtRows] = {}
     try:
         # "id": the engine's session, a graph per bucket by gpu_graph_id.
         before = free_bytes() if free_bytes else None
-        runner = BatchRunner(engine.runner.batch.session, spec, store, max_chunk_tokens=64,
+        runner = OrtRows(engine.runner.batch.session, spec, store, max_chunk_tokens=64,
                              shapes=DecodeShapes(buckets, True, capture),
                              graph_ids_from=GRAPH_IDS_FROM)
         runner.warm_graphs()
@@ -91,7 +91,7 @@ def graph_id_vs_sessions(ctx: Context) -> dict:
             session = devices.create_session(spec, config.device, config.device_id,
                                              engine.intra_op_threads,
                                              cuda_graphs=capture)
-            sessions[bucket] = BatchRunner(session, spec, store, max_chunk_tokens=64,
+            sessions[bucket] = OrtRows(session, spec, store, max_chunk_tokens=64,
                                            shapes=DecodeShapes((bucket,), True, capture))
             sessions[bucket].warm_graphs()
         arms["sessions"] = {"by_bucket": {b: _decode(sessions[b], store, prompt, b, forced)

@@ -24,7 +24,7 @@ def kv_memory_as_charged(ctx: Context) -> dict:
     tensors += [rows.token_bytes] * 2  # the span copier's scratch tokens
     expected = sum(device_memory.rounded_bytes(n) for n in tensors)
     charged, reserved = engine.runtime.allocated_bytes, engine.runtime.reserved_bytes
-    # The decode path's buckets and graphs are charged out of the same capacity (engine.py).
+    # The decode path's buckets and graphs are charged out of the same capacity (engine/engine.py).
     decode = engine.decode_buffer_bytes + engine.decode_graph_bytes
     out = {"charged_bytes": charged, "capacity_bytes": engine.capacity_bytes,
            "decode_buffer_bytes": engine.decode_buffer_bytes,

@@ -1,6 +1,6 @@
 """How the runtime runs on its device: the fields factory.py builds a runtime from.
 
-The engine's config (worker_service/engine_config.py) is this plus what only the engine
+The engine's config (worker_service/engine/config.py) is this plus what only the engine
 reads (the model folder, chunking, speculation, adapters), so runtime/ takes what it
 needs from below and never imports the worker's edge.
 """
@@ -37,7 +37,7 @@ class RuntimeConfig:
     # None: half of it; 0: off. Arena layout only.
     prefix_cache_bytes: int | None = None
     # Arena layout: the first chunks of prompts that join in one step share one run
-    # (right-padded; runtime/batch_runner.prefill_first) instead of one run each.
+    # (right-padded; runtime/ort_rows.prefill_first) instead of one run each.
     batch_first_chunks: bool = True
     # The LM head only at the positions the engine reads (runtime/last_logits.py): a
     # prompt chunk computes one row of logits, not one per token. False: the graph as

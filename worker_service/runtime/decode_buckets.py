@@ -1,10 +1,10 @@
-"""The decode step's buckets for one BatchRunner: their fixed buffers, the graph each replays,
+"""The decode step's buckets for one OrtRows: their fixed buffers, the graph each replays,
 and why a step ran uncaptured.
 
-Why apart from batch_runner.py: the runner's three entry points (prompt chunks, first-chunk
+Why apart from ort_rows.py: the runner's three entry points (prompt chunks, first-chunk
 batches, decode) share the row store and the session; only decode runs in batch-size
 buckets with fixed buffers bound once and, on a CUDA session with graphs, one captured graph
-per bucket (decode_step.py says why). This object owns that concern; BatchRunner holds one
+per bucket (decode_step.py says why). This object owns that concern; OrtRows holds one
 and hands it the step (composition: the runner still checks the rows and notes what each
 run wrote).
 """

@@ -25,7 +25,7 @@ import structlog
 from worker_service.core.errors import DeviceUnavailable, ModelLoadError
 from worker_service.runtime import last_logits, lora
 from worker_service.runtime.model import ModelSpec
-from worker_service.runtime.placement import PlacedNode, Placement, nodes_from_profile
+from worker_service.runtime.node_placement import PlacedNode, Placement, nodes_from_profile
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +106,7 @@ _NO_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 def session_providers(device: str, device_id: int) -> list:
     """The providers a session on `device` is created with. On CUDA the CPU provider stays
     listed: ORT places its CPU-preferred shape nodes there, and the placement check
-    (runtime/placement.py) refuses a session whose heavy nodes would land on it."""
+    (runtime/node_placement.py) refuses a session whose heavy nodes would land on it."""
     if device == "cuda":
         return [(CUDA, {"device_id": device_id}), CPU]
     return [CPU]

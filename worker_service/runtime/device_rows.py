@@ -40,7 +40,7 @@ from ortserve.rules import kv_math
 from worker_service.runtime.device_memory import KVMemory
 from worker_service.runtime.kv_arena import block_tokens_for
 from worker_service.runtime.model import ModelSpec
-from worker_service.runtime.row_store import RowTable, RowTableMixin
+from worker_service.runtime.row_store import RowTable, RowTableMixin, bind_rows
 
 _ONNX_TYPE = {np.dtype(np.float16): onnx.TensorProto.FLOAT16,
               np.dtype(np.float32): onnx.TensorProto.FLOAT}
@@ -347,18 +347,11 @@ class DeviceRows(RowTableMixin):
 
     def bind(self, binding: ort.IOBinding, start_row: int, stop_row: int) -> None:
         """Bind rows [start, stop) of every layer as past input and present output, by
-        pointer at the row offset inside the layer's tensor."""
-        spec = self.spec
-        shape = [stop_row - start_row, *self.row_shape]
-        for i in range(spec.num_layers):
-            for fmt_past, fmt_present, region in (
-                    (spec.past_key_name, spec.present_key_name, self.keys[i]),
-                    (spec.past_value_name, spec.present_value_name, self.values[i])):
-                ptr = region.data_ptr() + start_row * self.row_bytes
-                binding.bind_input(fmt_past.format(i=i), self.device, self.device_id, self.dtype,
-                                   shape, ptr)
-                binding.bind_output(fmt_present.format(i=i), self.device, self.device_id,
-                                    self.dtype, shape, ptr)
+        pointer at the row offset inside the layer's tensor (row_store.bind_rows)."""
+        bind_rows(binding, self.spec, self.keys, self.values, start_row, stop_row,
+                  self.row_shape, self.dtype,
+                  lambda region, row: region.data_ptr() + row * self.row_bytes,
+                  self.device, self.device_id)
 
     def close(self) -> None:
         """Drop the device memory (every binding over it must be gone first)."""

@@ -26,17 +26,17 @@ import onnxruntime as ort
 import structlog
 
 from ortserve.status.units import human_bytes, tokens
-from worker_service.core.errors import DeviceUnavailable, InvalidRequest
+from worker_service.core.errors import DeviceUnavailable, InvalidWorkerField
 from worker_service.runtime import device as devices
 from worker_service.runtime.config import RuntimeConfig
 from worker_service.runtime.device_rows import DeviceRows, rows_for_capacity
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import HostBudget, KVPool, StaticSharedKV
 from worker_service.runtime.model import ModelSpec
-from worker_service.runtime.model_runner import BatchedModelRunner
 from worker_service.runtime.prefix_cache import PrefixCache
 from worker_service.runtime.rate_set_runner import RateSetRunner
 from worker_service.runtime.row_store import RowStore
+from worker_service.runtime.rows_runner import RowsRunner
 from worker_service.runtime.runner import Runner
 from worker_service.runtime.static_model_runner import StaticModelRunner
 
@@ -151,7 +151,7 @@ def _device_rows(config: RuntimeConfig, spec: ModelSpec) -> DeviceRows:
         rows = rows_for_capacity(spec, capacity, config.max_batch_rows)
         cache = min(capacity - rows * row, int(capacity * DEVICE_CACHE_SHARE))
     if rows < 1:
-        raise InvalidRequest("kv_capacity", f"one device KV row of {spec.name}'s "
+        raise InvalidWorkerField("kv_capacity", f"one device KV row of {spec.name}'s "
                              f"{tokens(spec.context_length)} context takes {human_bytes(row)} "
                              f"({row:,} bytes), more than the KV capacity of "
                              f"{human_bytes(capacity)} (less the prefix cache's); give "
@@ -181,7 +181,7 @@ def build_runtime(config: RuntimeConfig, spec: ModelSpec, session: ort.Inference
     """The runtime `config` asks for on its device, over `session`."""
     layout = config.kv_layout
     if layout not in LAYOUTS:
-        raise InvalidRequest("kv_layout", f"kv_layout {layout!r} is not one of "
+        raise InvalidWorkerField("kv_layout", f"kv_layout {layout!r} is not one of "
                              f"{', '.join(LAYOUTS)}")
     host = HostBudget(config.session_swap_bytes)
     if layout == "static":
@@ -190,7 +190,7 @@ def build_runtime(config: RuntimeConfig, spec: ModelSpec, session: ort.Inference
         return Runtime("static", config.device, pool, StaticModelRunner(session, spec, pool), None,
                        Capabilities(batched=False, sessions=False, prefix_cache=False))
     if layout == "arena" and config.device != "cpu":
-        raise InvalidRequest("kv_layout", "the KV arena is host memory: use it with device "
+        raise InvalidWorkerField("kv_layout", "the KV arena is host memory: use it with device "
                              "cpu; on cuda the rows live on the device (kv_layout rows or auto)")
     if config.device == "cpu" and layout != "device-rows":
         store: RowStore = KVArena(spec, config.max_batch_rows, config.kv_capacity_bytes)
@@ -202,7 +202,7 @@ def build_runtime(config: RuntimeConfig, spec: ModelSpec, session: ort.Inference
         store, kind, parks_on_host, allocated = rows, "device-rows", True, rows.allocated_bytes
         cache_bytes = rows.blocks.slots * rows.blocks.block_bytes  # its device block area
     pool = KVPool(store, store.capacity_bytes, host, parks_on_host=parks_on_host)
-    runner = BatchedModelRunner(session, spec, store, chunk_tokens,
+    runner = RowsRunner(session, spec, store, chunk_tokens,
                                 batch_first_chunks=config.batch_first_chunks)
     runtime = Runtime(kind, config.device, pool, runner, store,
                       Capabilities(batched=True, sessions=True, prefix_cache=True),

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.decode_step import DecodeShapes, bucket_ladder
 from worker_service.runtime.device_rows import DeviceRows
+from worker_service.runtime.ort_rows import OrtRows
 
 CUDA_TOLERANCE = 0.05  # fp16 logits, batch-size-dependent kernel splits
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.",
@@ -32,7 +32,7 @@ def _decode(engine, shapes: DecodeShapes, prompts: list[list[int]],
     spec, session = engine.spec, engine.runner.batch.session
     store = DeviceRows(spec, 4, engine.config.device, engine.config.device_id)
     try:
-        runner = BatchRunner(session, spec, store, max_chunk_tokens=64, shapes=shapes,
+        runner = OrtRows(session, spec, store, max_chunk_tokens=64, shapes=shapes,
                              graph_ids_from=GRAPH_IDS_FROM)
         runner.warm_graphs()  # captures on this thread where shapes.capture; else nothing
         past, ids = [], []

@@ -35,7 +35,7 @@ import onnxruntime as ort
 
 from ortserve.rules import kv_math
 from worker_service.runtime.model import ModelSpec
-from worker_service.runtime.row_store import RowTable, RowTableMixin
+from worker_service.runtime.row_store import RowTable, RowTableMixin, bind_rows
 
 # Not exported by Python's mmap module; the Linux value on x86_64 and arm64.
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -263,18 +263,8 @@ class KVArena(RowTableMixin):
     # --- binding -------------------------------------------------------------
 
     def bind(self, binding: ort.IOBinding, start_row: int, stop_row: int) -> None:
-        """Bind rows [start, stop) of every layer as past input and present output, by pointer.
-
-        A contiguous slice of rows is a contiguous tensor, so ORT reads and writes the
-        arena in place (past_present_share_buffer). [0, n) for a batched decode, [r, r+1)
-        for a batch-1 prompt chunk into row r.
-        """
-        spec = self.spec
-        shape = [stop_row - start_row, *self.row_shape]
-        for i in range(spec.num_layers):
-            for fmt_past, fmt_present, region in (
-                    (spec.past_key_name, spec.present_key_name, self.keys[i]),
-                    (spec.past_value_name, spec.present_value_name, self.values[i])):
-                ptr = region[start_row].ctypes.data
-                binding.bind_input(fmt_past.format(i=i), "cpu", 0, self.dtype, shape, ptr)
-                binding.bind_output(fmt_present.format(i=i), "cpu", 0, self.dtype, shape, ptr)
+        """Bind rows [start, stop) of every layer as past input and present output, by pointer
+        (row_store.bind_rows): [0, n) for a batched decode, [r, r+1) for a batch-1 prompt
+        chunk into row r."""
+        bind_rows(binding, self.spec, self.keys, self.values, start_row, stop_row,
+                  self.row_shape, self.dtype, lambda region, row: region[row].ctypes.data)

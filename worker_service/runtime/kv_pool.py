@@ -140,12 +140,6 @@ class StaticKVBuffer:
             binding.bind_ortvalue_input(past_name, value)
             binding.bind_ortvalue_output(present_name, value)
 
-    def ortvalues(self) -> list[tuple[str, str, ort.OrtValue]]:
-        """(past input name, present output name, OrtValue) per layer and key/value, for checks."""
-        if self._values is None:
-            raise RuntimeError("KV buffer used after free()")
-        return list(self._values)
-
     def device_names(self) -> set[str]:
         """Where the OrtValues live ("cpu" or "cuda"), for checks."""
         return {value.device_name() for _, _, value in self._values or []}

@@ -24,7 +24,7 @@ logits stay an output: sampled and constrained rows read them. Not on the CPU:
 ORT's CPU ArgMax scans a 49,152-entry float32 row in ~0.5 ms where numpy's
 SIMD argmax takes ~4 us (measured here, one thread); the logits are host
 memory there anyway, so the runner takes numpy's float32 argmax instead
-(batch_runner.py, the same ids).
+(ort_rows.py, the same ids).
 
 Pure graph code on the `onnx` protobufs: no session, no I/O but the read.
 """

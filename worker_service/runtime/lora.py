@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from worker_service.core.errors import EngineError, ErrorReason, InvalidRequest
+from worker_service.core.errors import EngineError, ErrorReason, InvalidWorkerField
 
 BASE = ""  # the adapter name that means the base model
 # A per-row graph (model_tools.lora --per-row): each LoRA input X is X.stacked
@@ -100,20 +100,20 @@ def parse_lora_flag(value: str) -> tuple[str, str]:
     """--lora NAME=PATH -> (name, path)."""
     name, sep, path = value.partition("=")
     if not sep or not name or not path:
-        raise InvalidRequest("--lora", f"wants NAME=PATH, got {value!r}")
+        raise InvalidWorkerField("--lora", f"wants NAME=PATH, got {value!r}")
     return name, path
 
 
 def parameter_bytes(path: str | Path) -> int:
     """The bytes an .onnx_adapter file's parameters take once loaded (what the worker
-    counts against its capacity); raise InvalidRequest when it cannot be read."""
+    counts against its capacity); raise InvalidWorkerField when it cannot be read."""
     try:
         adapter_file = ort.AdapterFormat.read_adapter(str(path))
         params = adapter_file.get_parameters()
         return sum(int(np.prod(v.shape())) * np.dtype(np.float32).itemsize
                    for v in params.values())
     except Exception as error:  # ORT raises its own types for an unreadable file
-        raise InvalidRequest("--lora", f"{path} is not a readable .onnx_adapter file "
+        raise InvalidWorkerField("--lora", f"{path} is not a readable .onnx_adapter file "
                              f"({error})") from error
 
 
@@ -149,19 +149,19 @@ class AdapterSet:
         return sum(a.nbytes for a in self.adapters.values())
 
     def load(self, name: str, path: str | Path) -> Adapter:
-        """Load a .onnx_adapter file as `name`; raise InvalidRequest naming what does not fit."""
+        """Load a .onnx_adapter file as `name`; raise InvalidWorkerField naming what does not fit."""
         return self.add(self.read(name, path))
 
     def read(self, name: str, path: str | Path, field: str = "--lora") -> Adapter:
         """Read and check a .onnx_adapter file as `name` without serving it yet (`add`
-        does); raise InvalidRequest on `field` naming what does not fit."""
+        does); raise InvalidWorkerField on `field` naming what does not fit."""
         if not self.enabled:
-            raise InvalidRequest(
+            raise InvalidWorkerField(
                 field, f"adapter {name!r}: this base model has no LoRA inputs (no graph input named "
                 f"*.lora_A.* / *.lora_B.*), so it cannot serve adapters; build a base with "
                 f"`python -m model_tools.lora` or start without --lora")
         if not name or name in self.adapters:
-            raise InvalidRequest(field, f"adapter name {name!r} is empty or already loaded "
+            raise InvalidWorkerField(field, f"adapter name {name!r} is empty or already loaded "
                                  f"(loaded: {', '.join(self.names()) or 'none'})")
         path = Path(path)
         try:
@@ -169,12 +169,12 @@ class AdapterSet:
             adapter_file = ort.AdapterFormat.read_adapter(str(path))
             params = adapter_file.get_parameters()
         except Exception as error:  # ORT raises its own types for an unreadable file
-            raise InvalidRequest(field, f"adapter {name!r}: {path} is not a readable .onnx_adapter "
+            raise InvalidWorkerField(field, f"adapter {name!r}: {path} is not a readable .onnx_adapter "
                                  f"file ({error})") from error
         missing = sorted(set(self.inputs) - set(params))
         extra = sorted(set(params) - set(self.inputs))
         if missing or extra:
-            raise InvalidRequest(
+            raise InvalidWorkerField(
                 field, f"adapter {name!r} ({path}) does not fit this base: {len(missing)} LoRA inputs "
                 f"missing (e.g. {missing[:2]}), {len(extra)} unknown (e.g. {extra[:2]}); "
                 f"build the adapter against this base folder")
@@ -184,7 +184,7 @@ class AdapterSet:
             fixed = [(axis, dim) for axis, dim in enumerate(shape) if isinstance(dim, int)]
             if array.ndim != 2 or array.dtype != np.float32 or any(
                     array.shape[axis] != dim for axis, dim in fixed):
-                raise InvalidRequest(field, f"adapter {name!r}: {key} is {array.dtype} "
+                raise InvalidWorkerField(field, f"adapter {name!r}: {key} is {array.dtype} "
                                      f"{list(array.shape)}, the graph wants float32 {shape}")
             ranks.add(array.shape[1] if ".lora_A." in key else array.shape[0])
             host[key] = np.ascontiguousarray(array)
@@ -193,14 +193,14 @@ class AdapterSet:
             nbytes += array.nbytes
         del params, adapter_file
         if len(ranks) != 1:
-            raise InvalidRequest(field, f"adapter {name!r}: its weights disagree on the rank "
+            raise InvalidWorkerField(field, f"adapter {name!r}: its weights disagree on the rank "
                                  f"({sorted(ranks)})")
         return Adapter(name, str(path), ranks.pop(), nbytes, values, host)
 
     def add(self, adapter: Adapter) -> Adapter:
         """Serve an adapter `read` made (between engine steps: a per-row graph restacks)."""
         if adapter.name in self.adapters:
-            raise InvalidRequest("name", f"adapter {adapter.name!r} is already loaded "
+            raise InvalidWorkerField("name", f"adapter {adapter.name!r} is already loaded "
                                  f"(loaded: {', '.join(self.names())})")
         self.adapters[adapter.name] = adapter
         if self.per_row:

@@ -13,7 +13,7 @@ What they share is pure bookkeeping, kept here in `RowTable` (rows, their
 charges, written and touched tokens, and the rule that the last row moves into
 a freed one so rows stay [0, n)); what differs is only the memory: how a row
 is bound, moved, copied out and in. `RowStore` is what the runners
-(batch_runner.py, model_runner.py) ask of either; `RowTableMixin` gives a
+(ort_rows.py, rows_runner.py) ask of either; `RowTableMixin` gives a
 memory class the table's side of it.
 """
 
@@ -223,3 +223,23 @@ class RowTableMixin:
     def allocate(self, max_tokens: int) -> int:
         """A new row (the next index) for a sequence of up to max_tokens tokens."""
         return self.table.allocate(max_tokens)
+
+
+def bind_rows(binding: ort.IOBinding, spec: ModelSpec, keys: Sequence[Any], values: Sequence[Any],
+              start_row: int, stop_row: int, row_shape: Sequence[int], dtype: Any,
+              row_address: Callable[[Any, int], int], device: str = "cpu",
+              device_id: int = 0) -> None:
+    """Bind rows [start, stop) of every layer as past input and present output, by pointer.
+
+    A contiguous slice of rows is a contiguous tensor, so ORT reads and writes the rows in
+    place (past_present_share_buffer). The memories differ only in `row_address(region,
+    row)`: where a row starts inside one layer's K or V.
+    """
+    shape = [stop_row - start_row, *row_shape]
+    for i in range(spec.num_layers):
+        for fmt_past, fmt_present, region in (
+                (spec.past_key_name, spec.present_key_name, keys[i]),
+                (spec.past_value_name, spec.present_value_name, values[i])):
+            ptr = row_address(region, start_row)
+            binding.bind_input(fmt_past.format(i=i), device, device_id, dtype, shape, ptr)
+            binding.bind_output(fmt_present.format(i=i), device, device_id, dtype, shape, ptr)

@@ -5,7 +5,7 @@ and the session prefix it is to resume, and changes none of them: it returns
 a `StepOutput` that says, per sequence, what the step changed (tokens written
 into the cache, the logits to sample from, a prefix restored into its row, an
 error), and the engine's postprocess applies that to the sequences once the
-step is over. Both runners implement `Runner`: `model_runner.py` (batched) and
+step is over. Both runners implement `Runner`: `rows_runner.py` (batched) and
 `static_model_runner.py` (per-sequence buffers).
 """
 

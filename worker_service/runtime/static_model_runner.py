@@ -2,7 +2,7 @@
 
 The special case, only when asked for with kv_layout "static" (`StaticSharedKV`
 buffers from kv_pool.py): each sequence has its own IOBinding over its own
-buffer. It implements `runner.Runner` as model_runner.BatchedModelRunner, the
+buffer. It implements `runner.Runner` as rows_runner.RowsRunner, the
 general case, does: it changes no sequence state; the engine's postprocess
 applies the step output once the step is over.
 """
@@ -44,7 +44,7 @@ class StaticModelRunner:
         self._bindings: dict[str, ort.IOBinding] = {}
 
     largest_batch = 1
-    ort_cpu_s = 0.0  # CPU seconds of this thread inside session runs (as BatchRunner's)
+    ort_cpu_s = 0.0  # CPU seconds of this thread inside session runs (as OrtRows's)
     verifies = False  # one run per sequence already; speculation is the arena layout's
 
     def keep_computed(self, seq: Sequence) -> None:

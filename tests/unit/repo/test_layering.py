@@ -1,8 +1,13 @@
 """The layering rules that matter, read from the imports themselves (ast, no import runs).
 
-- worker_service/runtime/ and core/ import no worker edge module (anything else in
-  worker_service/: the engine, the servicer, the configs): the runtime is built from
-  what it is given, never reaches up;
+- the worker's floors, each importing only from itself and the floors below it:
+  core/ (pure: sequences, scheduling, sampling, the tokenizer, errors) imports only core/;
+  runtime/ (ORT and KV memory) imports only runtime/ and core/: it is built from what it is
+  given (runtime/config.py) and never reaches up into the engine or the edge; engine/ (the
+  engine thread over the runtime) imports only engine/, runtime/ and core/: never the edge
+  (the servicer, the server, the lease and session lifecycles, the worker's config);
+- the worker's top level is its edge only, at most 14 modules (issue 53: it had 20, the
+  engine's among them);
 - the gateway imports nothing from the client library (what both need lives in ortserve/);
 - ortserve/ (shared by every service) imports no service package;
 - no service imports another, nor the client library another service: they meet only
@@ -21,7 +26,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICES = ("scheduler_service", "worker_service", "gateway", "ortserve_client", "clients")
-WORKER_INNER = ("runtime", "core")  # worker_service/'s floors below its edge
+WORKER_INNER = ("runtime", "core")  # worker_service/'s floors below the engine
+# Each floor of worker_service/ below its edge -> the floors it may import (itself included).
+WORKER_FLOORS = {"core": ("core",), "runtime": ("runtime", "core"),
+                 "engine": ("engine", "runtime", "core")}
+WORKER_EDGE_MODULES_MAX = 14  # *.py files at worker_service/'s top level
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -63,9 +72,31 @@ def is_worker_edge(module: str) -> bool:
     return parts[0] == "worker_service" and len(parts) > 1 and parts[1] not in WORKER_INNER
 
 
+def outside(floors: tuple[str, ...]):
+    """A refusal of every worker_service module outside `floors` (the edge included)."""
+    def refused(module: str) -> bool:
+        parts = module.split(".")
+        return parts[0] == "worker_service" and len(parts) > 1 and parts[1] not in floors
+    return refused
+
+
 @pytest.mark.parametrize("inner", WORKER_INNER)
 def test_worker_runtime_and_core_import_no_worker_edge_module(inner):
     assert arrows(f"worker_service/{inner}", is_worker_edge) == []
+
+
+@pytest.mark.parametrize("floor", WORKER_FLOORS)
+def test_each_worker_floor_imports_only_itself_and_the_floors_below(floor):
+    assert (ROOT / "worker_service" / floor / "__init__.py").is_file(), f"worker_service/{floor}/"
+    assert arrows(f"worker_service/{floor}", outside(WORKER_FLOORS[floor])) == []
+
+
+def test_the_workers_top_level_is_its_edge_only():
+    modules = sorted(p.name for p in (ROOT / "worker_service").glob("*.py"))
+    assert len(modules) <= WORKER_EDGE_MODULES_MAX, (
+        f"worker_service/ has {len(modules)} modules at its top level, at most "
+        f"{WORKER_EDGE_MODULES_MAX}: {', '.join(modules)}; what the engine or the runtime "
+        "uses belongs in engine/ or runtime/")
 
 
 def test_gateway_imports_nothing_from_the_client_library():
@@ -89,12 +120,29 @@ def test_the_rules_see_an_arrow(tmp_path):
     """The reader catches what the rules refuse: absolute, from-package and relative."""
     folder = tmp_path / "worker_service" / "runtime"
     folder.mkdir(parents=True)
-    (folder / "probe.py").write_text("from worker_service.engine_config import EngineConfig\n"
+    (folder / "probe.py").write_text("from worker_service.engine.config import EngineConfig\n"
                                      "from worker_service import server\n"
                                      "from .. import servicer\n"
                                      "from . import kv_pool\n"
                                      "import worker_service.core.errors\n")
     found = arrows("worker_service/runtime", is_worker_edge, tmp_path)
     assert [a.split(" imports ")[1] for a in found] == [
-        "worker_service.engine_config", "worker_service.engine_config.EngineConfig",
+        "worker_service.engine.config", "worker_service.engine.config.EngineConfig",
         "worker_service.server", "worker_service.servicer"]
+
+
+def test_the_floor_rules_see_an_arrow(tmp_path):
+    """The engine may reach the runtime but not the edge; core reaches nothing above it."""
+    engine = tmp_path / "worker_service" / "engine"
+    core = tmp_path / "worker_service" / "core"
+    engine.mkdir(parents=True)
+    core.mkdir(parents=True)
+    (engine / "probe.py").write_text("from worker_service.runtime.runner import Runner\n"
+                                     "from worker_service.lease_lifecycle import LeaseLifecycle\n")
+    (core / "probe.py").write_text("from worker_service.runtime import model\n")
+    assert [a.split(" imports ")[1] for a in arrows(
+        "worker_service/engine", outside(WORKER_FLOORS["engine"]), tmp_path)] == [
+        "worker_service.lease_lifecycle", "worker_service.lease_lifecycle.LeaseLifecycle"]
+    assert [a.split(" imports ")[1] for a in arrows(
+        "worker_service/core", outside(WORKER_FLOORS["core"]), tmp_path)] == [
+        "worker_service.runtime", "worker_service.runtime.model"]

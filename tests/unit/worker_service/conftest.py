@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from ortserve.status.errors import DomainError, ErrorReason
 from ortserve.v1 import types_pb2
 from tests.models import prepared_model_dir
 from worker_service import adapter_admin
-from worker_service.core.errors import InvalidRequest
-from worker_service.engine import Engine, EngineConfig
+from worker_service.core.errors import InvalidWorkerField
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.lora import AdapterNoRoom
 
 
@@ -96,6 +96,6 @@ def test_a_load_the_sequences_leave_no_room_for_is_refused_with_the_numbers(engi
 
 
 def test_a_file_that_is_not_an_adapter_is_refused_naming_path(engine, lora_dir):
-    with pytest.raises(InvalidRequest, match="path"):
+    with pytest.raises(InvalidWorkerField, match="path"):
         asyncio.run(adapter_admin.load(engine, StandInLink(), "fr",
                                        str(lora_dir / "tokenizer.json")))

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker_service.core.errors import InvalidRequest
-from worker_service.engine import Engine
+from worker_service.core.errors import InvalidWorkerField
+from worker_service.engine.engine import Engine
 from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.kv_pool import HostBudget, KVPool
 
@@ -50,7 +50,7 @@ def test_the_measured_graph_bytes_and_buffers_come_off_the_capacity():
 
 def test_a_capacity_that_cannot_hold_the_decode_path_is_refused_naming_both_figures():
     fake = _engine(1_000_000, StepStats(graph_bytes=4_096, capture_bytes=2_000_000))
-    with pytest.raises(InvalidRequest, match=r"--kv-capacity") as error:
+    with pytest.raises(InvalidWorkerField, match=r"--kv-capacity") as error:
         Engine._charge_decode_path(fake)
     message = str(error.value)
     assert "2,004,096 bytes" in message and "1,000,000 bytes" in message

@@ -10,11 +10,11 @@ import threading
 import numpy as np
 
 from ortserve.v1 import types_pb2
+from worker_service.engine.session_turns import SessionKVTurns
 from worker_service.runtime.kv_pool import HostBudget, KVPool
 from worker_service.runtime.session_disk import SessionDisk
 from worker_service.runtime.session_file import ModelIdentity
 from worker_service.runtime.session_kv import HeldKV, SessionTable
-from worker_service.runtime.session_turns import SessionKVTurns
 from worker_service.session_leases import SessionLeaseTable
 from worker_service.session_lifecycle import WorkerSessions
 

@@ -13,7 +13,7 @@ from ortserve.rpc.relay_frames import (
 from ortserve.v1 import types_pb2
 from worker_service.core.logprobs import TokenLogprobs
 from worker_service.core.sequence import Cancelled, TokenDelta
-from worker_service.event_mailbox import coalesced
+from worker_service.engine.event_mailbox import coalesced
 
 
 def test_consecutive_token_deltas_merge_and_a_terminal_event_stays_last():

@@ -14,7 +14,7 @@ from ortserve.rules import request_rules
 from ortserve.status.errors import InvalidField
 from ortserve.v1 import types_pb2
 from tests.unit.worker_service.core.test_tokenizer import template_folder
-from worker_service import convert
+from worker_service import prompt_tokens
 from worker_service.core.token_mask import ConstraintCompiler
 from worker_service.core.tokenizer import Tokenizer
 
@@ -137,7 +137,7 @@ def test_a_template_without_tools_gets_the_fallback_section_and_calls_as_text(to
         types_pb2.ChatMessage(role="assistant", tool_calls=[types_pb2.ToolCall(
             id="call_1", name="get_weather", arguments_json='{"city": "Paris", "unit": "c"}')]),
         types_pb2.ChatMessage(role="tool", tool_call_id="call_1", content="21 C")])
-    text = tokenizer.render_chat(convert.chat_turns(chat), convert.chat_tools(chat))
+    text = tokenizer.render_chat(prompt_tokens.chat_turns(chat), prompt_tokens.chat_tools(chat))
     assert not tokenizer.chat_template.supports_tools
     assert text.startswith("<|im_start|>system\n# Tools\n")
     assert '"name": "get_weather"' in text and "<tools>" in text
@@ -156,6 +156,6 @@ def test_a_template_with_tools_renders_them_itself(tmp_path):
             types_pb2.ToolCall(id="c1", name="f", arguments_json='{"a": 7}')]),
         types_pb2.ChatMessage(role="tool", tool_call_id="c1", content="ok")])
     assert tok.chat_template.supports_tools
-    text = tok.render_chat(convert.chat_turns(chat), convert.chat_tools(chat))
+    text = tok.render_chat(prompt_tokens.chat_turns(chat), prompt_tokens.chat_tools(chat))
     assert text == ('[get_time:{"type": "object", "properties": {}, "additionalProperties": '
                     'false}]<assistant||f7><tool|okc1>')

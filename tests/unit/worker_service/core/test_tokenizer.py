@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.models import prepared_model_dir
-from worker_service.core.errors import InvalidRequest
+from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.tokenizer import IncrementalDetokenizer, StopTextStream, Tokenizer
 
 MULTIBYTE = "héllo wörld 日本語 🙂 — ça va? 𝄞"
@@ -167,7 +167,7 @@ def test_chat_template_sees_the_variables_transformers_passes(tmp_path):
 
 def test_chat_template_namespaces_refuse_underscore_attributes(tmp_path):
     tok = template_folder(tmp_path, "{% set ns = namespace(_x=1) %}{{ ns._x }}")
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidWorkerField) as info:
         tok.render_chat([("user", "x")])
     assert "underscore" in str(info.value)
 

@@ -84,9 +84,9 @@ def test_a_wrong_row_in_the_batched_decode_fails_the_check_with_its_numbers(tiny
     import time
 
     from worker_service.cuda_check import checks, harness
-    from worker_service.runtime.batch_runner import BatchRunner, Decoded
+    from worker_service.runtime.ort_rows import Decoded, OrtRows
 
-    real = BatchRunner.decode_rows
+    real = OrtRows.decode_rows
 
     def wrong_row(self, rows, *args, **kwargs):
         decoded = real(self, rows, *args, **kwargs)
@@ -95,7 +95,7 @@ def test_a_wrong_row_in_the_batched_decode_fails_the_check_with_its_numbers(tiny
         logits = np.roll(decoded.logits(), 1, axis=0)  # ids and logits of the neighbour
         return Decoded(rows, np.roll(decoded.next_ids, 1), lambda: logits, logits)
 
-    monkeypatch.setattr(BatchRunner, "decode_rows", wrong_row)
+    monkeypatch.setattr(OrtRows, "decode_rows", wrong_row)
     ctx = harness.Context(model_dir=tiny_dir, device="cpu", device_id=0, dry_run=True,
                           deadline_at=time.monotonic() + 300)
     summary = {"deadline_s": 300, "checks": {}, "failed": [], "ok": False}

@@ -9,7 +9,6 @@ import pytest
 
 from tests.models import prepared_model_dir
 from tests.unit.worker_service.runtime.test_last_logits import gathered_session
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.decode_step import (
     DecodeShapes,
     StepStats,
@@ -19,6 +18,7 @@ from worker_service.runtime.decode_step import (
 from worker_service.runtime.device_rows import DeviceRows
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.model import load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 PROMPTS = ([5, 17, 300, 42, 9], [7, 8], [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 11])
 
@@ -60,7 +60,7 @@ def _decode_three(spec, session, shapes: DecodeShapes | None, steps: int,
     """Three prompts of different lengths prefilled into rows 0..2 of CPU device rows, then
     `steps` greedy decode steps (the device's ids fed back); the logits and ids of each."""
     store = DeviceRows(spec, 8, "cpu")
-    runner = BatchRunner(session, spec, store, max_chunk_tokens=16, shapes=shapes,
+    runner = OrtRows(session, spec, store, max_chunk_tokens=16, shapes=shapes,
                          mask_counts=mask_counts)
     assert runner.warm_graphs() == ([] if shapes is None or not shapes.capture
                                     else list(shapes.ladder))
@@ -120,7 +120,7 @@ def test_capture_refuses_a_store_with_rows_and_names_why(tiny):
     spec, session = tiny
     store = DeviceRows(spec, 4, "cpu")
     try:
-        runner = BatchRunner(session, spec, store, max_chunk_tokens=16,
+        runner = OrtRows(session, spec, store, max_chunk_tokens=16,
                              shapes=DecodeShapes((1, 2, 4), True, True))
         store.allocate(8)
         with pytest.raises(RuntimeError, match="before any sequence has a row"):
@@ -136,7 +136,7 @@ def test_warm_up_makes_every_buckets_buffers_and_measures_the_capture_with_the_p
     spec, session = tiny
     store = DeviceRows(spec, 8, "cpu")
     try:
-        runner = BatchRunner(session, spec, store, max_chunk_tokens=16,
+        runner = OrtRows(session, spec, store, max_chunk_tokens=16,
                              shapes=DecodeShapes((1, 2, 4, 8), True, True))
         readings = iter([10_000_000, 9_250_000])  # free bytes before, after
         asked = []
@@ -158,13 +158,13 @@ def test_uncaptured_device_rows_still_make_their_buffers_at_start_and_the_arena_
     spec, session = tiny
     store = DeviceRows(spec, 4, "cpu")
     try:
-        runner = BatchRunner(session, spec, store, max_chunk_tokens=16)
+        runner = OrtRows(session, spec, store, max_chunk_tokens=16)
         assert runner.warm_graphs(lambda: 1 / 0) == []  # no capture: the probe is not asked
         assert runner.step_stats.graph_bytes > 0 and runner.step_stats.capture_bytes == 0
     finally:
         store.close()
     arena = KVArena(spec, max_rows=4, capacity_bytes=2**30)
-    runner = BatchRunner(session, spec, arena, max_chunk_tokens=16)
+    runner = OrtRows(session, spec, arena, max_chunk_tokens=16)
     assert runner.warm_graphs() == [] and runner.buckets.charged_bytes == 0
 
 
@@ -182,7 +182,7 @@ def test_counts_in_the_masks_first_column_give_the_rows_of_ones_tokens_bit_for_b
     # By default the runner reads the graph and counts (tiny-llama is a builder graph).
     store = DeviceRows(spec, 4, "cpu")
     try:
-        runner = BatchRunner(session, spec, store, max_chunk_tokens=16)
+        runner = OrtRows(session, spec, store, max_chunk_tokens=16)
         assert runner.buckets.mask_counts
         runner.warm_graphs()
         row = store.allocate(32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.unit.worker_service.runtime.test_kv_arena import make_spec
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime import device_memory
 from worker_service.runtime.device_rows import DeviceRows
 
@@ -57,7 +57,7 @@ def test_the_device_block_area_is_at_most_half_the_capacity_asked(tiny_dir):
         rows = engine.runtime.rows
         cache_bytes = rows.blocks.slots * rows.blocks.block_bytes
         assert rows.max_rows == 2 and 0 < cache_bytes <= capacity // 2
-        # The decode buckets' fixed buffers come out of what was allocated (engine.py).
+        # The decode buckets' fixed buffers come out of what was allocated (engine/engine.py).
         assert engine.capacity_bytes + engine.decode_buffer_bytes == (
             engine.runtime.allocated_bytes) == 2 * DeviceRows.row_bytes_for(engine.spec) + cache_bytes
         assert engine.runtime.reserved_bytes == rows.reserved_bytes > engine.capacity_bytes

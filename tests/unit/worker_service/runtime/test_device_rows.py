@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from tests.models import prepared_model_dir
-from tests.unit.worker_service.runtime.test_batch_runner import (
+from tests.unit.worker_service.runtime.test_kv_arena import make_spec
+from tests.unit.worker_service.runtime.test_ort_rows import (
     alone,
     drive,
     mixed_plans,
     session_for,
 )
-from tests.unit.worker_service.runtime.test_kv_arena import make_spec
 from worker_service.core.errors import CapacityExceeded
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.device_rows import DeviceBlock, DeviceRows
 from worker_service.runtime.model import load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 
 def cpu_rows(spec, max_rows):
@@ -123,7 +123,7 @@ def test_batched_decode_over_device_rows_equals_each_sequence_alone(tiny):
 def test_first_chunks_prefill_together_into_device_rows(tiny):
     spec, session = tiny
     rows = cpu_rows(spec, 4)
-    runner = BatchRunner(session, spec, rows, max_chunk_tokens=64)
+    runner = OrtRows(session, spec, rows, max_chunk_tokens=64)
     prompts = [[5, 9, 13], [7, 3, 2, 8, 1, 4], [11]]
     for _ in prompts:
         rows.allocate(10)
@@ -131,14 +131,14 @@ def test_first_chunks_prefill_together_into_device_rows(tiny):
     for b, p in enumerate(prompts):
         solo = cpu_rows(spec, 1)
         solo.allocate(len(p) + 4)
-        want = BatchRunner(session, spec, solo, max_chunk_tokens=64).prefill(0, 0, p)
+        want = OrtRows(session, spec, solo, max_chunk_tokens=64).prefill(0, 0, p)
         np.testing.assert_allclose(together[b], want, atol=1e-4)
         assert rows.written_tokens(b) == len(p)
 
 
 def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_is_it(tiny):
-    from worker_service.core.errors import InvalidRequest
-    from worker_service.engine import Engine, EngineConfig
+    from worker_service.core.errors import InvalidWorkerField
+    from worker_service.engine.engine import Engine, EngineConfig
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(spec)
@@ -165,14 +165,14 @@ def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_i
     with Engine(short) as engine:
         assert engine.spec.context_length == 100 and engine.max_batch_rows == 64
         assert engine.capacity_bytes == engine.runtime.allocated_bytes - engine.decode_buffer_bytes
-    with pytest.raises(InvalidRequest, match="decode buckets' fixed buffers"):
+    with pytest.raises(InvalidWorkerField, match="decode buckets' fixed buffers"):
         Engine(dataclasses.replace(short, kv_capacity_bytes=5 * row + row // 2))
     reserved = EngineConfig(model_dir=spec.model_dir, intra_op_threads=1, kv_layout="device-rows",
                             max_batch_rows=64, kv_capacity_bytes=5 * row + row // 2,
                             prefix_cache_bytes=2 * row)  # the cache's area first, rows after
     with Engine(reserved) as engine:
         assert engine.max_batch_rows == 3 and engine.prefix_cache.limit_bytes == 2 * row
-    with pytest.raises(InvalidRequest, match="one device KV row"):
+    with pytest.raises(InvalidWorkerField, match="one device KV row"):
         Engine(EngineConfig(model_dir=spec.model_dir, intra_op_threads=1,
                             kv_layout="device-rows", kv_capacity_bytes=row - 1))
 
@@ -186,7 +186,7 @@ def test_the_static_per_sequence_layout_is_built_only_when_named(tiny, monkeypat
                                                                  layout, kind):
     """A cuda runtime is device rows unless static is asked for by name (the rows are made
     on the CPU here: no GPU; the choice is the factory's, above any memory)."""
-    from worker_service.engine_config import EngineConfig
+    from worker_service.engine.config import EngineConfig
     from worker_service.runtime import factory
 
     spec, session = tiny
@@ -206,12 +206,12 @@ def test_the_static_per_sequence_layout_is_built_only_when_named(tiny, monkeypat
 
 
 def test_the_host_arena_is_refused_on_cuda(tiny):
-    from worker_service.core.errors import InvalidRequest
-    from worker_service.engine_config import EngineConfig
+    from worker_service.core.errors import InvalidWorkerField
+    from worker_service.engine.config import EngineConfig
     from worker_service.runtime.factory import build_runtime
 
     spec, session = tiny
-    with pytest.raises(InvalidRequest, match="host memory"):
+    with pytest.raises(InvalidWorkerField, match="host memory"):
         build_runtime(EngineConfig(model_dir=spec.model_dir, device="cuda", kv_layout="arena"),
                       spec, session, chunk_tokens=64)
 
@@ -224,14 +224,14 @@ def test_64_sequences_decode_in_one_run_over_64_device_rows(tiny):
 
     from worker_service.core.sampling import SamplingConfig
     from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-    from worker_service.engine import Engine, EngineConfig
+    from worker_service.engine.engine import Engine, EngineConfig
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(dataclasses.replace(spec, context_length=64))
     config = EngineConfig(model_dir=spec.model_dir, intra_op_threads=2, kv_layout="device-rows",
                           max_batch_rows=64, max_context_tokens=64,
                           # Room for the 64 rows' decode buckets (~24 MiB of fixed buffers,
-                          # charged out of the capacity: engine.py).
+                          # charged out of the capacity: engine/engine.py).
                           kv_capacity_bytes=64 * row + 64 * 2**20)
     with Engine(config) as engine:
         assert engine.max_batch_rows == 64

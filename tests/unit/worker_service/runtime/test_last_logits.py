@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.models import prepared_model_dir
-from tests.unit.worker_service.runtime.test_batch_runner import (
+from tests.unit.worker_service.runtime.test_ort_rows import (
     CHUNK_TOKENS,
     alone,
     drive,
@@ -22,8 +22,7 @@ from tests.unit.worker_service.runtime.test_batch_runner import (
     session_for,
 )
 from worker_service.core.sequence import TERMINAL, SequenceRequest, TokenDelta
-from worker_service.engine import Engine, EngineConfig
-from worker_service.runtime.batch_runner import BatchRunner
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.last_logits import (
     EXTERNAL_FOLDER_KEY,
@@ -32,6 +31,7 @@ from worker_service.runtime.last_logits import (
     gather_logits_rows,
 )
 from worker_service.runtime.model import load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 
 def gathered_session(spec, next_ids: bool = False) -> ort.InferenceSession:
@@ -53,7 +53,7 @@ def test_the_edited_graph_takes_positions_and_gives_one_row_per_sequence(tiny):
     spec, plain, gathered = tiny
     assert LOGITS_POSITIONS not in {i.name for i in plain.get_inputs()}
     assert LOGITS_POSITIONS in {i.name for i in gathered.get_inputs()}
-    runner = BatchRunner(gathered, spec, KVArena(spec, 2, 2**30), max_chunk_tokens=CHUNK_TOKENS)
+    runner = OrtRows(gathered, spec, KVArena(spec, 2, 2**30), max_chunk_tokens=CHUNK_TOKENS)
     assert runner.gathers
 
 
@@ -79,7 +79,7 @@ def test_batched_first_chunks_read_each_rows_own_last_position(tiny):
         arena = KVArena(spec, 4, 2**30)
         for _ in chunks:
             arena.allocate(16)  # room for the padded width (9)
-        runner = BatchRunner(session, spec, arena, max_chunk_tokens=64)
+        runner = OrtRows(session, spec, arena, max_chunk_tokens=64)
         out[name] = runner.prefill_first(0, chunks).copy()
     assert out["gathered"].shape == (3, spec.vocab_size)
     np.testing.assert_allclose(out["gathered"], out["plain"], atol=1e-4)

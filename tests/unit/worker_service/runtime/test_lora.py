@@ -14,11 +14,11 @@ import threading
 import pytest
 
 from tests.models import prepared_model_dir
-from worker_service.core.errors import InvalidRequest
+from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-from worker_service.engine import Engine, EngineConfig
-from worker_service.runtime.batch_runner import adapter_groups
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.lora import AdapterNotFound
+from worker_service.runtime.ort_rows import adapter_groups
 
 
 @pytest.fixture(scope="module", params=["tiny-llama-lora", "tiny-llama-lora-rows"])
@@ -140,7 +140,7 @@ def test_adapter_bytes_are_counted(engine):
 
 def test_a_base_without_lora_inputs_refuses_adapters(tiny_dir, lora_dir):
     path = str(lora_dir / "adapters" / "random0.onnx_adapter")
-    with pytest.raises(InvalidRequest, match="no LoRA inputs"):
+    with pytest.raises(InvalidWorkerField, match="no LoRA inputs"):
         Engine(EngineConfig(model_dir=tiny_dir, intra_op_threads=1, kv_capacity_bytes=2**20,
                             lora_adapters=(("random0", path),)))
 
@@ -189,7 +189,7 @@ def test_a_session_keeps_the_adapter_of_its_first_turn(engine, expected):
                       session_id="lora-s")
         assert done.wait(60) and isinstance(out[0], Completed)
         assert list(out[0].token_ids) == expected["random0"][0]
-        with pytest.raises(InvalidRequest, match="adapter 'random0'"):
+        with pytest.raises(InvalidWorkerField, match="adapter 'random0'"):
             engine.submit(SequenceRequest("t2", prompt + tuple(out[0].token_ids), 4),
                           on_event, session_id="lora-s")
     finally:

@@ -9,8 +9,8 @@ import pytest
 
 from worker_service.__main__ import parse_config
 from worker_service.core.sequence import SequenceRequest
-from worker_service.engine import Engine
-from worker_service.engine_config import EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.rate_set_runner import BENCH_ENV, RateSetRunner
 
 

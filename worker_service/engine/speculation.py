@@ -13,11 +13,11 @@ import dataclasses
 
 import structlog
 
-from worker_service.core.errors import InvalidRequest
+from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.sequence import FinishReason, Sequence, TokenDelta
 from worker_service.core.speculative import VerifyCosts
 from worker_service.core.step_scheduler import StepPlan
-from worker_service.engine_config import EngineConfig
+from worker_service.engine.config import EngineConfig
 from worker_service.runtime.runner import Runner, SequenceStep
 
 log = structlog.get_logger("worker_service.engine")  # the engine's lines, as before the split
@@ -84,12 +84,12 @@ def accept_verified(step: SequenceStep, runner: Runner) -> FinishReason | None:
 def resolve(config: EngineConfig, runner: Runner, kv_layout: str) -> tuple[str, float | None, str]:
     """(the speculation that runs, the verification probe's logit drift, why it is off when
     asked for): "off" where the runner verifies no drafts or verification is not exact.
-    Raises InvalidRequest for a speculative setting that is not one."""
+    Raises InvalidWorkerField for a speculative setting that is not one."""
     if config.speculative not in ("ngram", "off"):
-        raise InvalidRequest("speculative", f"speculative {config.speculative!r} is not one "
+        raise InvalidWorkerField("speculative", f"speculative {config.speculative!r} is not one "
                              "of ngram, off")
     if config.speculative_max_tokens < 1:
-        raise InvalidRequest("speculative_max_tokens", "speculative_max_tokens must be >= 1, "
+        raise InvalidWorkerField("speculative_max_tokens", "speculative_max_tokens must be >= 1, "
                              f"got {config.speculative_max_tokens}")
     # Speculation where the runner verifies drafts (the arena layout) as exactly as it
     # decodes; "off" elsewhere, and Info reports what runs.

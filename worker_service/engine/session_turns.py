@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from worker_service.core.errors import InvalidRequest
+from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.sequence import Sequence
 from worker_service.runtime.runner import Runner
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
@@ -31,7 +31,7 @@ class SessionKVTurns:
 
     def _table(self) -> SessionTable:
         if self.table is None:
-            raise InvalidRequest("session", f"sessions keep K/V as rows of a row store; this "
+            raise InvalidWorkerField("session", f"sessions keep K/V as rows of a row store; this "
                                  f"worker runs kv_layout {self._kv_layout!r}: use kv_layout "
                                  "auto to serve sessions")
         return self.table
@@ -100,7 +100,7 @@ class SessionKVTurns:
         req = seq.req
         held = self._adapters.get(session_id, req.adapter)
         if held != req.adapter:
-            raise InvalidRequest("adapter", f"session {session_id!r} runs under adapter "
+            raise InvalidWorkerField("adapter", f"session {session_id!r} runs under adapter "
                                  f"{held or '(base)'!r}; a turn cannot switch to "
                                  f"{req.adapter or '(base)'!r}: open another session for it")
         start = self._table().begin_turn(session_id, req.prompt_ids, req.max_tokens, detail)

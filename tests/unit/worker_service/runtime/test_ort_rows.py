@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.models import prepared_model_dir
-from worker_service.runtime.batch_runner import BatchRunner
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.model import ModelSpec, load_model_spec
+from worker_service.runtime.ort_rows import OrtRows
 
 CHUNK_TOKENS = 7  # small, so prompts run in several batch-1 chunks
 
@@ -54,7 +54,7 @@ def drive(session, spec, plans, max_rows, check_memory=True, make_store=None):
     """
     arena = (KVArena(spec, max_rows=max_rows, capacity_bytes=2**40) if make_store is None
              else make_store(spec, max_rows))
-    runner = BatchRunner(session, spec, arena, max_chunk_tokens=CHUNK_TOKENS)
+    runner = OrtRows(session, spec, arena, max_chunk_tokens=CHUNK_TOKENS)
     tokens: dict[int, list[int]] = {i: [] for i in range(len(plans))}
     logits: dict[int, list[np.ndarray]] = {i: [] for i in range(len(plans))}
     live: list[Live] = []  # index = arena row
@@ -201,7 +201,7 @@ def test_greedy_tokens_equal_a_growing_cache_loop(tiny):
 def test_runner_refuses_runs_beyond_a_rows_charge_or_with_a_wrong_past(tiny):
     spec, session = tiny
     arena = KVArena(spec, max_rows=2, capacity_bytes=2**30)
-    runner = BatchRunner(session, spec, arena, max_chunk_tokens=8)
+    runner = OrtRows(session, spec, arena, max_chunk_tokens=8)
     row = arena.allocate(4)
     with pytest.raises(ValueError, match="charged for 4"):
         runner.prefill(row, 0, [5] * 5)

@@ -12,7 +12,7 @@ from worker_service.core.tokenizer import Tokenizer
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.kv_pool import KVPool, StaticSharedKV
 from worker_service.runtime.model import load_model_spec
-from worker_service.runtime.model_runner import BatchedModelRunner
+from worker_service.runtime.rows_runner import RowsRunner
 from worker_service.runtime.runner import Runner
 from worker_service.runtime.static_model_runner import StaticModelRunner
 
@@ -60,7 +60,7 @@ def test_the_batched_runner_restores_a_session_prefix_without_touching_the_seque
     spec, session, tokenizer = parts
     arena = KVArena(spec, max_rows=2, capacity_bytes=2**24)
     pool = KVPool(arena, 2**24)
-    runner: Runner = BatchedModelRunner(session, spec, arena, max_chunk_tokens=64)
+    runner: Runner = RowsRunner(session, spec, arena, max_chunk_tokens=64)
     try:
         # A first turn computes the prompt; parking it hands back its K/V.
         first = sequence(spec, tokenizer, "t1")
@@ -106,7 +106,7 @@ def test_a_prefilling_row_advances_only_in_its_own_chunks(parts):
     spec, session, tokenizer = parts
     arena = KVArena(spec, max_rows=2, capacity_bytes=2**24)
     pool = KVPool(arena, 2**24)
-    runner: Runner = BatchedModelRunner(session, spec, arena, max_chunk_tokens=64)
+    runner: Runner = RowsRunner(session, spec, arena, max_chunk_tokens=64)
     try:
         decoding, prefilling = sequence(spec, tokenizer, "d", (3, 4)), sequence(spec, tokenizer, "p")
         for seq in (decoding, prefilling):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker_service import speculation
 from worker_service.core.sampling import greedy_choice, greedy_tokens, plain_greedy
 from worker_service.core.sequence import Event, Sequence, TokenDelta
+from worker_service.engine import speculation
 from worker_service.runtime.runner import Runner, StepOutput
 
 

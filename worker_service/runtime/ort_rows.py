@@ -1,4 +1,6 @@
-"""Runs a builder graph over a row store: prompt chunks and batched single-token decode.
+"""The ORT runs over a row store's rows (`OrtRows`): binds the rows and runs a builder graph
+over them, prompt chunks and batched single-token decode. Which rows run is the runner's
+(rows_runner.py): this only binds and runs.
 
 Why three entry points (DESIGN.md, "Batching"): GroupQueryAttention takes each
 row's length from its attention-mask row sum and the total from the mask's
@@ -42,8 +44,8 @@ from worker_service.runtime.model import ModelSpec
 from worker_service.runtime.row_store import RowStore
 
 
-class BatchRunner:
-    """One ORT session over one row store; see the module docstring."""
+class OrtRows:
+    """One ORT session bound over one row store's rows; see the module docstring."""
 
     def __init__(self, session: ort.InferenceSession, spec: ModelSpec, store: RowStore,
                  max_chunk_tokens: int = 512, lora: AdapterSet | None = None,

@@ -9,9 +9,9 @@ import pytest
 
 from ortserve.v1 import scheduler_pb2
 from worker_service.core.sequence import SequenceRequest
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.step_times import StepTimes
 from worker_service.scheduler_link import SchedulerLink
-from worker_service.step_times import StepTimes
 
 
 @pytest.fixture(scope="module")

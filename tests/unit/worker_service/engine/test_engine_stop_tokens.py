@@ -8,7 +8,7 @@ from ortserve.output.constraint_grammar import ConstraintSpec
 from ortserve.status.errors import InvalidField
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from tests.models import prepared_model_dir
 from worker_service.core.errors import ModelLoadError
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest
-from worker_service.engine import Engine, EngineConfig
+from worker_service.engine.engine import Engine, EngineConfig
 from worker_service.runtime.kv_pool import StaticSharedKV
 from worker_service.runtime.model import ModelSpec, load_model_spec
 
@@ -122,15 +122,36 @@ def test_static_buffer_is_written_in_place_and_matches_the_growing_cache(tiny_en
     binding.bind_cpu_input("attention_mask", feeds["attention_mask"])
     binding.bind_output("logits", "cpu")
     session.run_with_iobinding(binding)
-    # get_outputs() follows the binding order: the presents, then logits.
-    bound_outputs = dict(zip([*[p for _, p, _ in buffer.ortvalues()], "logits"],
-                             binding.get_outputs(), strict=True))
-    for _, present_name, value in buffer.ortvalues():
+    # get_outputs() follows the binding order: the buffer's presents (layer by layer, key
+    # then value), then logits.
+    presents = [fmt.format(i=i) for i in range(spec.num_layers)
+                for fmt in (spec.present_key_name, spec.present_value_name)]
+    bound_outputs = dict(zip([*presents, "logits"], binding.get_outputs(), strict=True))
+    for present_name in presents:
+        value = bound_outputs[present_name]
         assert value.shape() == [1, spec.kv_heads, 64, spec.head_dim]
-        # ORT wrote the present into the very buffer bound as past: no copy, no new tensor.
-        assert bound_outputs[present_name].data_ptr() == value.data_ptr(), present_name
         np.testing.assert_allclose(value.numpy()[:, :, :n], grown[present_name], atol=1e-5)
     np.testing.assert_allclose(bound_outputs["logits"].numpy(), grown["logits"], atol=1e-4)
+    # The next token over the same buffer: its past is what the first run wrote as present
+    # (no copy, no new tensor), so it matches the growing cache's next step.
+    next_id = int(np.argmax(grown["logits"][0, -1]))
+    step_feeds = {"input_ids": np.array([[next_id]], dtype=np.int64),
+                  "attention_mask": np.ones((1, n + 1), dtype=np.int64)}
+    step_feeds |= {fmt.format(i=i): grown[present.format(i=i)] for i in range(spec.num_layers)
+                   for fmt, present in ((spec.past_key_name, spec.present_key_name),
+                                        (spec.past_value_name, spec.present_value_name))}
+    grown_step = dict(zip(names, session.run(None, step_feeds), strict=True))
+    step = session.io_binding()
+    buffer.bind(step)
+    step.bind_cpu_input("input_ids", step_feeds["input_ids"])
+    step.bind_cpu_input("attention_mask", step_feeds["attention_mask"])
+    step.bind_output("logits", "cpu")
+    session.run_with_iobinding(step)
+    step_outputs = dict(zip([*presents, "logits"], step.get_outputs(), strict=True))
+    for present_name in presents:
+        # ORT wrote into the very buffer bound as past, both runs.
+        assert step_outputs[present_name].data_ptr() == bound_outputs[present_name].data_ptr()
+    np.testing.assert_allclose(step_outputs["logits"].numpy(), grown_step["logits"], atol=1e-4)
     buffer.free()
 
 

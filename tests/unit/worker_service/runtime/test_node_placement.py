@@ -15,7 +15,7 @@ import pytest
 from worker_service.core.errors import DeviceUnavailable
 from worker_service.runtime import device
 from worker_service.runtime.model import load_model_spec
-from worker_service.runtime.placement import PlacedNode, Placement, nodes_from_profile
+from worker_service.runtime.node_placement import PlacedNode, Placement, nodes_from_profile
 
 CUDA, CPU = device.CUDA, device.CPU
 

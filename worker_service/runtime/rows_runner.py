@@ -1,11 +1,12 @@
-"""The batched model runner: run one step plan through the ORT session; hand back a StepOutput.
+"""The rows runner: plan one step's rows and run them (through ort_rows.OrtRows, which binds
+ORT); hand back a StepOutput.
 
 It implements `runner.Runner` (as static_model_runner.StaticModelRunner does):
 it reads a sequence's tokens, its computed-token count and its KV but changes
 no sequence state; the engine's postprocess applies the step output once the
 step is over.
 
-- `BatchedModelRunner`: every running sequence is one row of a row store
+- `RowsRunner`: every running sequence is one row of a row store
   (row_store.py: the host arena on CPU, device rows on CUDA), and one session
   run advances all of them by one token; the first
   chunks of new sequences then run batched (right-padded, one run per group),
@@ -27,10 +28,10 @@ import structlog
 from worker_service.core.sequence import Sequence
 from worker_service.core.step_scheduler import PrefillChunk, StepPlan, first_chunk_groups
 from worker_service.runtime import device_memory
-from worker_service.runtime.batch_runner import BatchRunner, adapter_groups
 from worker_service.runtime.decode_step import StepStats
 from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec
+from worker_service.runtime.ort_rows import OrtRows, adapter_groups
 from worker_service.runtime.prefix_cache import CachedBlock, CachedPrefix, PrefixCache
 from worker_service.runtime.row_store import RowStore
 from worker_service.runtime.runner import StepOutput, takes_greedy_id
@@ -39,7 +40,7 @@ from worker_service.runtime.session_kv import HeldKV
 log = structlog.get_logger(__name__)
 
 
-class BatchedModelRunner:
+class RowsRunner:
     """Every running sequence is a row of one row store; a step is ONE batched run over all
     rows, then the prompt chunks batch 1. Engine thread only.
 
@@ -56,7 +57,7 @@ class BatchedModelRunner:
         self.batch_first_chunks = batch_first_chunks
         self.spec = spec
         self.store = store
-        self.batch = BatchRunner(session, spec, store, max_chunk_tokens=max_chunk_tokens)
+        self.batch = OrtRows(session, spec, store, max_chunk_tokens=max_chunk_tokens)
         self._by_row: list[Sequence] = []  # row b's sequence; rows are [0, n)
         self.prefix_cache: PrefixCache | None = None  # set by the engine when it has one
 
@@ -384,4 +385,4 @@ class BatchedModelRunner:
             self._by_row[row] = last
         # No binding is forgotten: row addresses never change (the moved row now sits at an
         # address a binding already covers), so a leaving sequence costs no rebinding and,
-        # on CUDA, no graph capture (BatchRunner.invalidate is for replaced memory only).
+        # on CUDA, no graph capture (OrtRows.invalidate is for replaced memory only).

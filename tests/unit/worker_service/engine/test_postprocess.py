@@ -9,7 +9,7 @@ import pytest
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import Sequence, SequenceRequest
 from worker_service.core.tokenizer import Tokenizer
-from worker_service.postprocess import apply_step
+from worker_service.engine.postprocess import apply_step
 from worker_service.runtime.runner import StepOutput, takes_greedy_id
 
 EOS = 2

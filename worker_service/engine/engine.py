@@ -28,8 +28,7 @@ import structlog
 
 from ortserve.rules import request_rules
 from ortserve.status.units import human_bytes, tokens
-from worker_service import speculation
-from worker_service.core.errors import EngineError, InvalidRequest, LeaseInUse
+from worker_service.core.errors import EngineError, InvalidWorkerField, LeaseInUse
 from worker_service.core.ngram import Drafter
 from worker_service.core.sequence import (
     TERMINAL,
@@ -44,9 +43,12 @@ from worker_service.core.speculative import VerifyCosts
 from worker_service.core.step_scheduler import StepPlan, StepScheduler
 from worker_service.core.token_mask import ConstraintCompiler, MaskBatch, step_constraints
 from worker_service.core.tokenizer import Tokenizer
-from worker_service.engine_adapters import EngineAdapters
-from worker_service.engine_config import EngineConfig
-from worker_service.postprocess import apply_step
+from worker_service.engine import speculation
+from worker_service.engine.adapters import EngineAdapters
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.postprocess import apply_step
+from worker_service.engine.session_turns import SessionKVTurns
+from worker_service.engine.step_times import StepTimes
 from worker_service.runtime.factory import build_runtime, open_device_session
 from worker_service.runtime.lora import AdapterSet
 from worker_service.runtime.model import ModelSpec, load_model_spec
@@ -55,10 +57,8 @@ from worker_service.runtime.runner import Runner, StepOutput
 from worker_service.runtime.session_disk import SessionDisk
 from worker_service.runtime.session_file import ModelIdentity
 from worker_service.runtime.session_kv import SessionInfo, SessionTable
-from worker_service.runtime.session_turns import SessionKVTurns
-from worker_service.step_times import StepTimes
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("worker_service.engine")  # the engine's lines, as before the move to engine/
 
 
 class SequenceHandle:
@@ -156,7 +156,7 @@ class Engine:
         if charge and self.kv.take_capacity(charge) is not None:
             capacity = self.capacity_bytes
             self.close()
-            raise InvalidRequest(
+            raise InvalidWorkerField(
                 "kv_capacity", f"the decode buckets' fixed buffers "
                 f"({human_bytes(self.decode_buffer_bytes)}) and captured CUDA graphs "
                 f"({human_bytes(self.decode_graph_bytes)}) take {human_bytes(charge)} "

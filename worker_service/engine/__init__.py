@@ -1,0 +1,1 @@
+"""The worker's engine: the decode loop over the runtime (engine.py), what it runs per step (postprocess, speculation), its adapters and sessions' turns under its lock, its config, and what it hands the edge (step times, the event mailbox). No grpc."""
