@@ -174,5 +174,16 @@ def test_a_session_turn_is_held_to_its_goal_and_capped_to_its_deadline_like_a_ge
         cap = first.admission.budget_cap
         assert cap.limit == types_pb2.CAP_LIMIT_DEADLINE and cap.requested_max_new_tokens == 1_500
         assert 0 < cap.admitted_max_new_tokens < 1_500 and cap.predicted_step_ms > 0
+        # A turn that ran to its end is a stream no more once its worker shrank the lease.
+        _close(stub, session_id)
+        session_id = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
+        events = list(turn(60, max_new_tokens=4, max_itl_ms=60_000))
+        assert events[-1].WhichOneof("event") == "finished"
+        deadline = time.monotonic() + 30
+        while (streams := stub.GetBudget(scheduler_pb2.GetBudgetRequest(),
+                                         timeout=10).workers[0].streams) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert streams == 0
     finally:
         _close(stub, session_id)
