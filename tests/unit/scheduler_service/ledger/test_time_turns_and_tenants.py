@@ -14,6 +14,7 @@ from scheduler_service.ledger.types import CapLimit
 from tests.unit.scheduler_service.ledger.test_time_admission import (
     BPT,
     ask,
+    geometry,
     measured_ledger,
 )
 
@@ -116,3 +117,18 @@ def test_a_request_time_moves_to_another_worker_stays_within_its_tenant_quota():
     again = ledger.admit(ask("c", max_itl_ms=25, tenant="small"))
     assert again.decision is Decision.REJECTED and again.rejection.cause is Cause.TENANT_QUOTA
 
+
+
+def test_a_running_turn_takes_a_batch_row_and_gives_it_back_at_its_end():
+    from dataclasses import replace
+
+    ledger = Ledger()
+    for worker_id, tokens in (("a", 100_000), ("b", 50_000)):
+        ledger.register(replace(geometry(worker_id), capacity_bytes=tokens * BPT,
+                                max_batch_rows=1))
+    lease_id = ledger.open_session_lease("s", model="m").lease_id  # on a: the most bytes
+    ledger.resize(lease_id, turn())
+    # a's one row is the turn's: a request that could start at once goes to b.
+    assert ledger.admit(ask("x", max_new_tokens=10)).worker.worker_id == "b"
+    ledger.shrink(lease_id, "a", 110)
+    assert ledger.admit(ask("y", max_new_tokens=10)).worker.worker_id == "a"
