@@ -32,6 +32,7 @@ from ortserve.rpc.worker_leg import (
     compose_timings,
     rejection_status,
     relabelled,
+    stream_deadline_ms,
     worker_failure,
     worker_request,
 )
@@ -165,7 +166,10 @@ async def open_direct(scheduler, workers: Workers, request: types_pb2.GenerateRe
     wait_ms = request.max_queue_wait_ms if request.HasField("max_queue_wait_ms") else SERVER_BOUND_MS
     try:
         admission = await scheduler.Admit(
-            scheduler_pb2.AdmitRequest(request=request, max_queue_wait_ms=wait_ms),
+            # The worker's stream shares the one deadline: said, so a time cap fits
+            # max_new_tokens to it as the relayed path's Generate is.
+            scheduler_pb2.AdmitRequest(request=request, max_queue_wait_ms=wait_ms,
+                                       stream_deadline_ms=stream_deadline_ms(timeout_s)),
             timeout=timeout_s, metadata=tuple(metadata))
     except grpc.RpcError as error:
         raise relabelled(error, (error.details() or "").removeprefix(_ADMIT_PREFIX),

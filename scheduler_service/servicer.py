@@ -89,6 +89,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _admit(self, request: types_pb2.GenerateRequest, dry_run: bool,
                      wait_s: float | None = None, deadline_s: float | None = None,
                      context=None, two_step: bool = False,
+                     stream_deadline_s: float | None = None,
                      ) -> tuple[AdmissionDecision | Ticket, list[int], dict]:
         """The ledger's decision now, or (not dry_run) a Ticket in the admission queue; the
         prompt's ids; what the Admission passes on of the prompt (`noted_by_worker`)."""
@@ -125,10 +126,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         domain = convert.admission_request(request, len(prompt.token_ids), model,
                                            prompt_ids=prompt.token_ids, tenant=tenant,
                                            default_max_new_tokens=default, two_step=two_step)
-        if deadline_s is not None and not two_step:
-            # Generate's deadline bounds its whole stream: a time cap may fit max_new_tokens
-            # to it (time_budget.py). Admit's bounds only the admission, not the stream after.
-            domain = replace(domain, deadline_at=time.monotonic() + deadline_s)
+        # Generate's deadline bounds its whole stream: a time cap may fit max_new_tokens to
+        # it (time_budget.py). Admit's bounds only the admission: its caller says the
+        # stream's (AdmitRequest.stream_deadline_ms), or none is known.
+        stream_s = stream_deadline_s if two_step else deadline_s
+        if stream_s is not None:
+            domain = replace(domain, deadline_at=time.monotonic() + stream_s)
         if dry_run:
             admission = self._ledger.admit(domain, dry_run=True)
         else:
@@ -172,7 +175,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission, _, noted = await self._admit(inner, dry_run=request.dry_run,
                                                     wait_s=wait_s,
                                                     deadline_s=context.time_remaining(),
-                                                    context=context, two_step=True)
+                                                    context=context, two_step=True,
+                                                    stream_deadline_s=(
+                                                        request.stream_deadline_ms / 1e3
+                                                        if request.stream_deadline_ms else None))
         queued = None  # perf_counter() when it joined the queue
         if isinstance(admission, Ticket):
             queued = time.perf_counter()

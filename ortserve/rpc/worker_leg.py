@@ -50,6 +50,15 @@ SERVER_BOUND_MS = 2**32 - 1
 LEASE_LOST_RETRY_S = 1.0
 
 
+def stream_deadline_ms(remaining_s: float | None) -> int:
+    """AdmitRequest.stream_deadline_ms for a two-step caller whose worker stream will have
+    `remaining_s` (its one deadline; None: none, 0 sent): the scheduler caps to it as it caps a
+    relayed Generate to its gRPC deadline (docs/features/time-budget.md)."""
+    if remaining_s is None:
+        return 0
+    return min(max(int(remaining_s * 1e3), 1), 2**32 - 1)
+
+
 def worker_request(request: types_pb2.GenerateRequest, lease_id: str, max_new_tokens: int,
                    model: str | None = None, prompt_token_ids: Sequence[int] = (),
                    session_id: str = "") -> worker_pb2.WorkerGenerateRequest:

@@ -58,14 +58,16 @@ class ShrinkLeaseRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., held_tokens: _Optional[int] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., if_request_id: _Optional[str] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("request", "dry_run", "max_queue_wait_ms")
+    __slots__ = ("request", "dry_run", "max_queue_wait_ms", "stream_deadline_ms")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     request: _types_pb2.GenerateRequest
     dry_run: bool
     max_queue_wait_ms: int
-    def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ..., max_queue_wait_ms: _Optional[int] = ...) -> None: ...
+    stream_deadline_ms: int
+    def __init__(self, request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., dry_run: _Optional[bool] = ..., max_queue_wait_ms: _Optional[int] = ..., stream_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id", "worker_id", "lease_secret", "outcome", "cause", "finished")

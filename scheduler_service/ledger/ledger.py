@@ -215,17 +215,14 @@ class Ledger(LedgerSessionLeases):
             self._expire_locked(self._clock())
             open_workers = [w for w in self._workers.values()
                             if not w.draining and not w.unreachable]
-            decision = placement.decide(open_workers, request, self.retry_after_s)
             room = self._room(request.tenant, request.model)
-            if room is not None:
-                limited = placement.decide([w.within(room.room_bytes) for w in open_workers],
-                                           request, self.retry_after_s)
-                decision = placement.within_quota(decision, limited, request, room,
-                                                  self.retry_after_s)
+            decision = self._decide(open_workers, request, room)
+            # NOTE: a decision time takes again on other workers is the tenant's too: the
+            # quota binds wherever the request goes.
             decision = time_admission.decided(
                 decision, request, open_workers, self._step_models, self.time_goals,
                 self._clock(), self.retry_after_s,
-                lambda subset: placement.decide(subset, request, self.retry_after_s))
+                lambda subset: self._decide(subset, request, room))
             decision = replace(decision, tenant=request.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
@@ -247,6 +244,17 @@ class Ledger(LedgerSessionLeases):
             self._hold(worker, lease)
             tenant_holdings.check_room(room, lease.reserved_bytes)
             return replace(decision, lease=lease)
+
+    def _decide(self, workers: list[WorkerState], request: AdmissionRequest,
+                room: TenantRoom | None) -> Admission:
+        """The bytes' decision over `workers`, within the tenant's `room` when it has a quota
+        (placement.within_quota). Lock held."""
+        decision = placement.decide(workers, request, self.retry_after_s)
+        if room is None:
+            return decision
+        limited = placement.decide([w.within(room.room_bytes) for w in workers], request,
+                                   self.retry_after_s)
+        return placement.within_quota(decision, limited, request, room, self.retry_after_s)
 
     def release(self, lease_id: str, worker_id: str = "") -> int:
         """Give a lease back. Idempotent: returns its bytes the first time, 0 after.

@@ -184,12 +184,12 @@ def _quota_text(room: TenantRoom) -> str:
 
 def has_free_row(worker) -> bool:
     """Whether a sequence placed on `worker` now starts at once: fewer of its leases
-    need a row (sessions' leases hold KV between turns, out of the batch) than it has
-    rows. Unknown limits (0) count as free."""
+    need a row (sessions' leases hold KV between turns, out of the batch; one whose turn
+    runs takes a row) than it has rows. Unknown limits (0) count as free."""
     rows = worker.geometry.max_batch_rows
     if not rows:
         return True
-    return sum(1 for lease in worker.leases.values() if not lease.session) < rows
+    return sum(1 for lease in worker.leases.values() if lease.decoding) < rows
 
 
 def decide_on(worker, req: AdmissionRequest, retry_after_s: float) -> AdmissionDecision:

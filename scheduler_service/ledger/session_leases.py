@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scheduler_service.ledger import placement, tenant_holdings
+from scheduler_service.ledger import placement, tenant_holdings, time_admission
+from scheduler_service.ledger.step_model import StepModel
+from scheduler_service.ledger.time_budget import TimeGoals
 from scheduler_service.ledger.types import (
     AdmissionDecision,
     AdmissionRequest,
@@ -33,6 +35,8 @@ class LedgerSessionLeases:
     _lock: threading.Lock
     _workers: dict[str, WorkerState]
     _lease_owner: dict[str, str]
+    time_goals: TimeGoals
+    _step_models: dict[str, StepModel]
 
     if TYPE_CHECKING:  # defined by Ledger
         def _expire_locked(self, now: float) -> None: ...
@@ -70,7 +74,9 @@ class LedgerSessionLeases:
         so the turn is ADMITTED, CAPPED or REJECTED exactly as a fresh request
         on that worker would be with those bytes free. REJECTED leaves the
         lease as it was; otherwise it now holds prompt + admitted max_new, with
-        this turn's cap (or none). An unknown lease is REJECTED NO_WORKER.
+        this turn's cap (or none), and counts as a stream for time until its worker
+        shrinks it. Time decides after bytes as for admit (time_admission.py), on this
+        worker only. An unknown lease is REJECTED NO_WORKER.
         `dry_run` decides and changes nothing (the admission queue's look, as admit's).
         """
         with self._lock:
@@ -91,13 +97,25 @@ class LedgerSessionLeases:
                                               self.retry_after_s)
                 decision = placement.within_quota(decision, limited, request, room,
                                                   self.retry_after_s)
+            # Time as for a Generate (time_admission.py), on the session's worker alone: its
+            # KV is there, so a turn that worker cannot serve within the goals waits or is
+            # refused, never moved.
+            # The turn is the newcomer: its own lease is no other stream (whatever its flag).
+            others = replace(freed, leases={k: v for k, v in freed.leases.items()
+                                            if k != lease_id})
+            decision = time_admission.decided(
+                decision, request, [others], self._step_models, self.time_goals, self._clock(),
+                self.retry_after_s,
+                lambda subset: placement.decide_on(freed, request, self.retry_after_s))
             decision = replace(decision, tenant=lease.tenant)
             if dry_run or decision.decision is Decision.REJECTED:
                 return replace(decision, dry_run=dry_run)
             grown = replace(lease, prompt_tokens=request.prompt_tokens,
                             max_new_tokens=decision.max_new_tokens,
                             reserved_bytes=decision.reserved_bytes,
-                            budget_cap=decision.budget_cap, request_id=request.request_id)
+                            budget_cap=decision.budget_cap, request_id=request.request_id,
+                            turn_running=True, turn_started_at=self._clock(),
+                            max_itl_ms=time_admission.goals_of(request, self.time_goals)[0])
             self._hold(worker, grown)
             tenant_holdings.check_room(room, grown.reserved_bytes)
             return replace(decision, lease=grown)
@@ -124,8 +142,9 @@ class LedgerSessionLeases:
             if if_request_id and lease.request_id != if_request_id:
                 return None
             new_bytes = min(worker.geometry.bytes_for(held_tokens), lease.reserved_bytes)
+            # The worker shrinks after a turn's end: the lease decodes nothing from here.
             lease = replace(lease, reserved_bytes=new_bytes, host_bytes=host_bytes,
-                            disk_bytes=disk_bytes)
+                            disk_bytes=disk_bytes, turn_running=False)
             self._hold(worker, lease)
             return lease
 

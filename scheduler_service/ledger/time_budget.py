@@ -89,8 +89,9 @@ class WorkerTime:
 
 
 def streams_of(leases: Iterable[Lease]) -> list[Lease]:
-    """The leases that hold a batch row: a session's lease between turns decodes nothing."""
-    return [lease for lease in leases if not lease.session]
+    """The leases that hold a batch row: a session's lease between turns decodes nothing,
+    one whose turn runs is a stream like any other."""
+    return [lease for lease in leases if lease.decoding]
 
 
 def strictest(goals: Iterable[int]) -> int:
@@ -131,7 +132,7 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
     leaving = next((k for k in range(1, n + 1)
                     if (model.predict_ms(n + 1 - k) or 0.0) <= binding), n)
     step_s = (model.predict_ms(n) or predicted) / 1e3
-    ends_s = sorted(max(0.0, s.max_new_tokens * step_s - (now - s.created_at)) for s in streams)
+    ends_s = sorted(max(0.0, s.max_new_tokens * step_s - (now - s.decoding_since)) for s in streams)
     wait_s = _departure_s(ends_s, leaving - 1 + ahead, _mean_tokens(streams) * step_s)
     too_late = ((ttft_goal_ms and wait_s * 1e3 > ttft_goal_ms)
                 or (deadline_s is not None and wait_s >= deadline_s))

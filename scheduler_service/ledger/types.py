@@ -245,6 +245,20 @@ class Lease:
     host_bytes: int = 0
     disk_bytes: int = 0
     max_itl_ms: int = 0  # the gap goal admission keeps it within (0: none; time_budget.py)
+    # A session's lease while a turn runs on it (resized for the turn, not yet shrunk by its
+    # worker at the turn's end): it decodes then, a stream like any other for time.
+    turn_running: bool = False
+    turn_started_at: float = 0.0  # when its running turn was granted (the ledger's clock)
+
+    @property
+    def decoding(self) -> bool:
+        """Whether it holds a batch row now: a session's lease only while a turn runs."""
+        return not self.session or self.turn_running
+
+    @property
+    def decoding_since(self) -> float:
+        """When its generation started: its turn's grant for a session, else its admission."""
+        return self.turn_started_at if self.session else self.created_at
 
 
 @dataclass(frozen=True)

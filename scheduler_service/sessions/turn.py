@@ -208,6 +208,9 @@ class SessionTurnRelay:
                 turn = convert.admission_request(
                     full, len(ids), full.model, tenant=held.tenant if held is not None else "",
                     default_max_new_tokens=self._config.default_max_new_tokens.for_model(full.model))
+                if (remaining_s := context.time_remaining()) is not None:
+                    # The call's deadline bounds the turn's stream: a time cap as Generate's.
+                    turn = replace(turn, deadline_at=time.monotonic() + remaining_s)
                 async with aclosing(self._admit_turn(session, inner, turn, context,
                                                      bound)) as news:
                     async for item in news:

@@ -66,3 +66,24 @@ def test_get_budget_shows_the_measured_step_and_the_goal_in_force(cluster):
     (worker,) = cluster.budget().workers
     assert worker.time_measured and worker.streams == 1 and worker.itl_goal_ms == 50
     assert worker.step_ms == pytest.approx(20.0) and worker.next_step_ms == pytest.approx(60.0)
+
+
+def test_admit_caps_to_the_stream_deadline_its_caller_names_as_generate_caps_to_its_own(cluster):
+    # 20 ms a step alone: half a second fits about 24 new tokens (the prompt one more step).
+    answer = cluster.stub.Admit(scheduler_pb2.AdmitRequest(
+        request=goal(max_new=80), stream_deadline_ms=500), timeout=5)
+    assert answer.decision == types_pb2.CAPPED
+    cap = answer.budget_cap
+    assert cap.limit == types_pb2.CAP_LIMIT_DEADLINE and cap.requested_max_new_tokens == 80
+    assert 10 <= cap.admitted_max_new_tokens <= 24 and 0 < cap.deadline_ms <= 500
+    assert answer.max_new_tokens == cap.admitted_max_new_tokens
+    assert answer.reserved_bytes == (10 + answer.max_new_tokens) * 1_024
+    cluster.release(answer)
+    # Not even min_new_tokens fit: refused at once, naming what fits.
+    refused = cluster.stub.Admit(scheduler_pb2.AdmitRequest(
+        request=goal(max_new=80, min_new=60), stream_deadline_ms=500), timeout=5)
+    assert refused.decision == types_pb2.REJECTED
+    assert refused.rejection.cause == types_pb2.TIME_BUSY
+    # None named: Admit's own deadline (1 s: 49 tokens) bounds the admission only, not a cap.
+    whole = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=goal(max_new=80)), timeout=1.0)
+    assert whole.decision == types_pb2.ADMITTED and whole.max_new_tokens == 80

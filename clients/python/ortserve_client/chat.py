@@ -105,7 +105,8 @@ def cmd_chat(client: Client, a: argparse.Namespace) -> int:
            f"({session.info.worker_address}), model {session.info.model}; one line per turn, "
            "EOF to end")
     kw = {name: getattr(a, name) for name in ("max_new_tokens", "min_new_tokens", "temperature",
-                                              "seed") if getattr(a, name) is not None}
+                                              "seed", "max_itl_ms", "max_ttft_ms")
+          if getattr(a, name) is not None}
     try:
         for turn, line in enumerate(_lines(a), start=1):
             def announce(admission: Admission, turn: int = turn) -> None:
@@ -138,6 +139,7 @@ def add_parser(sub) -> None:
     c.add_argument("--min-new-tokens", type=flags.uint32, help="per turn")
     c.add_argument("--temperature", type=flags.temperature, help=">= 0; unset or 0: greedy")
     c.add_argument("--seed", type=flags.uint64)
+    flags.add_goal_flags(c, ", per turn")
     c.add_argument("--stats", action="store_true",
                    help="per turn on stderr: prompt tokens reused vs prefilled, session state, timings")
     c.add_argument("--model", default="",

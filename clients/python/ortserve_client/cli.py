@@ -217,15 +217,7 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--priority", type=int, default=None,
                    help="the admission queue's order when it waits: lower is sooner (unset: 0); "
                         "nothing admitted is preempted")
-    p.add_argument("--max-itl-ms", type=flags.uint32, default=None,
-                   help="a latency goal: the longest gap between tokens, ms; admission starts the "
-                        "request only where every stream keeps its goal, else it waits or is "
-                        "refused with the numbers (docs/features/time-budget.md); unset or 0: "
-                        "the scheduler's default")
-    p.add_argument("--max-ttft-ms", type=flags.uint32, default=None,
-                   help="a latency goal: the longest wait for the first token, ms; a request whose "
-                        "estimated wait passes it is refused at once (retry after the wait); "
-                        "unset or 0: the scheduler's default")
+    flags.add_goal_flags(p)
     p.add_argument("--model", default="",
                    help="the served model to answer with (`ortserve info` lists them); unset: "
                         "the cluster's one model (refused, listing them, when it serves several)")

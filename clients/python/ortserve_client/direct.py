@@ -37,6 +37,7 @@ from ortserve.rpc.worker_leg import (
     compose_timings,
     rejection_status,
     relabelled,
+    stream_deadline_ms,
     worker_failure,
     worker_request,
 )
@@ -108,9 +109,13 @@ class DirectCall:
         with self._lock:
             if self._cancelled:
                 raise StatusError(grpc.StatusCode.CANCELLED, "the caller cancelled the generation")
+            remaining_s = self._remaining()
+            # The worker's stream has what is left of the one deadline: said, so a time cap
+            # fits max_new_tokens to it as a relayed Generate's is.
             self._admitting = self._scheduler.Admit.future(
-                scheduler_pb2.AdmitRequest(request=inner, max_queue_wait_ms=wait_ms),
-                timeout=self._remaining(), metadata=self._metadata)
+                scheduler_pb2.AdmitRequest(request=inner, max_queue_wait_ms=wait_ms,
+                                           stream_deadline_ms=stream_deadline_ms(remaining_s)),
+                timeout=remaining_s, metadata=self._metadata)
         try:
             admission = self._admitting.result()
         except grpc.FutureCancelledError:

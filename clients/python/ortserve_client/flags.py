@@ -84,3 +84,17 @@ def json_schema(text: str) -> str:
     is (the server compiles it and names constraint.json_schema when it cannot)."""
     return text if text.lstrip().startswith("{") else text_file(text)
 
+
+
+def add_goal_flags(p: argparse.ArgumentParser, per: str = "") -> None:
+    """--max-itl-ms and --max-ttft-ms, the request's latency goals (GenerateRequest's fields,
+    docs/features/time-budget.md); `per`: how they apply (", per turn" on a session)."""
+    p.add_argument("--max-itl-ms", type=uint32, default=None,
+                   help=f"a latency goal{per}: the longest gap between tokens, ms; admission "
+                        "starts the request only where every stream keeps its goal, else it "
+                        "waits or is refused with the numbers (docs/features/time-budget.md); "
+                        "unset or 0: the scheduler's default")
+    p.add_argument("--max-ttft-ms", type=uint32, default=None,
+                   help=f"a latency goal{per}: the longest wait for the first token, ms; a "
+                        "request whose estimated wait passes it is refused at once (retry after "
+                        "the wait); unset or 0: the scheduler's default")

@@ -105,3 +105,85 @@ def test_a_deadline_too_short_for_max_new_tokens_caps_them_before_the_first_toke
     # The time left as the scheduler read it (gRPC's timeout header rounds up a little).
     assert cap.predicted_step_ms > 0 and 0 < cap.deadline_ms <= deadline_s * 1e3 * 1.05
     assert "deadline" in cap.reason and f"{cap.admitted_max_new_tokens:,}" in cap.reason
+
+
+def test_the_client_s_two_step_path_is_capped_to_its_deadline_as_a_relayed_one(tiny):
+    from ortserve_client import Client
+
+    stub = scheduler_stub(tiny.address)
+    worker = measured(stub)
+    deadline_s = max(worker.next_step_ms * 100 / 1e3, 0.5)
+    client = Client(tiny.address, timeout_s=deadline_s)  # direct: Admit, then the worker
+    try:
+        admissions = []
+        stream = client.stream("Hi", max_new_tokens=1_500,
+                               max_itl_ms=60_000, on_admission=admissions.append)
+        try:
+            next(iter(stream))
+        except Exception:  # noqa: BLE001 - the cap is what this test reads, not the stream's end
+            pass
+        finally:
+            stream.cancel()
+    finally:
+        client.close()
+    (admission,) = admissions
+    cap = admission.budget_cap
+    assert cap is not None and cap.limit == "deadline", admission
+    assert cap.requested_max_new_tokens == 1_500 and 0 < cap.admitted_max_new_tokens < 1_500
+
+
+def _close(stub, session_id: str) -> None:
+    """Close the session once its worker has ended the cancelled turn (SESSION_BUSY until then:
+    waits on that state, bounded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            stub.CloseSession(scheduler_pb2.SessionRequest(session_id=session_id), timeout=10)
+            return
+        except grpc.RpcError as error:
+            info = rich_status.unpack(rich_status.details_of(error), error_details_pb2.ErrorInfo)
+            if info is None or info.reason != "SESSION_BUSY" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_session_turn_is_held_to_its_goal_and_capped_to_its_deadline_like_a_generate(tiny):
+    stub = scheduler_stub(tiny.address)
+    worker = measured(stub)
+    session_id = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
+    try:
+        def turn(timeout_s: float, **fields):
+            return stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+                session_id=session_id, request=types_pb2.GenerateRequest(
+                    token_ids=types_pb2.TokenIds(ids=[1, 15, 16]), **fields)), timeout=timeout_s)
+
+        with pytest.raises(grpc.RpcError) as err:
+            list(turn(60, max_new_tokens=8, max_itl_ms=1))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
+        rejection = rich_status.unpack(rich_status.details_of(err.value), types_pb2.Rejection)
+        assert rejection.cause == types_pb2.TIME_GOAL_UNREACHABLE
+        assert rejection.worker_id == worker.worker_id and rejection.fastest_step_ms > 1
+        # The turn's own deadline caps it as Generate's caps a request.
+        deadline_s = max(worker.next_step_ms * 100 / 1e3, 0.5)
+        call = turn(deadline_s, max_new_tokens=1_500, ignore_eos=True, max_itl_ms=60_000)
+        try:
+            first = next(call)
+        finally:
+            call.cancel()
+        assert first.admission.decision == types_pb2.CAPPED
+        cap = first.admission.budget_cap
+        assert cap.limit == types_pb2.CAP_LIMIT_DEADLINE and cap.requested_max_new_tokens == 1_500
+        assert 0 < cap.admitted_max_new_tokens < 1_500 and cap.predicted_step_ms > 0
+        # A turn that ran to its end is a stream no more once its worker shrank the lease.
+        _close(stub, session_id)
+        session_id = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
+        events = list(turn(60, max_new_tokens=4, max_itl_ms=60_000))
+        assert events[-1].WhichOneof("event") == "finished"
+        deadline = time.monotonic() + 30
+        while (streams := stub.GetBudget(scheduler_pb2.GetBudgetRequest(),
+                                         timeout=10).workers[0].streams) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert streams == 0
+    finally:
+        _close(stub, session_id)

@@ -135,3 +135,12 @@ def test_the_adapter_commands_take_worker_beside_the_worker_tls_flags(command, f
     assert a.worker == "w-2"
     a = build_parser().parse_args(["--worker-ca", "ca.pem", *command, *form])
     assert (a.worker, a.worker_ca) == ("w-2", "ca.pem")
+
+
+@pytest.mark.parametrize("command", [("generate", "hi"), ("admit", "hi"), ("chat",)])
+@pytest.mark.parametrize("flag", ["--max-itl-ms", "--max-ttft-ms"])
+def test_every_command_that_generates_takes_the_goal_flags_checked(command, flag):
+    # `ortserve chat` sends them with each turn (a session turn is admitted by time too).
+    result = run_cli(*command, flag, "-1", input="")
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: " in result.stderr and "uint32" in result.stderr
