@@ -246,7 +246,7 @@ class Ledger(LedgerSessionLeases):
             return replace(decision, lease=lease)
 
     def _decide(self, workers: list[WorkerState], request: AdmissionRequest,
-                room: TenantRoom | None) -> Admission:
+                room: TenantRoom | None) -> AdmissionDecision:
         """The bytes' decision over `workers`, within the tenant's `room` when it has a quota
         (placement.within_quota). Lock held."""
         decision = placement.decide(workers, request, self.retry_after_s)
