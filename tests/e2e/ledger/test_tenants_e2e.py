@@ -204,6 +204,34 @@ class Stream:
         self.thread.join()
 
 
+class Waiting:
+    """An Admit that waits in the queue on its own thread; once admitted its lease is held
+    (unclaimed) until released, so the room it took cannot pass to the next in line while
+    the test reads the queue (a Generate stream on the tiny model can finish first)."""
+
+    def __init__(self, cluster, who: str, **kw) -> None:
+        self.cluster, self.who = cluster, who
+        self.admitted = threading.Event()
+        self.admission: types_pb2.Admission | None = None
+        self.error: grpc.RpcError | None = None
+        self.thread = threading.Thread(target=self._admit, args=(two_blocks(cluster, **kw),))
+        self.thread.start()
+
+    def _admit(self, request: types_pb2.GenerateRequest) -> None:
+        try:
+            self.admission = stub(self.cluster).Admit(
+                scheduler_pb2.AdmitRequest(request=request, max_queue_wait_ms=240_000),
+                metadata=as_(self.who), timeout=300)
+            self.admitted.set()
+        except grpc.RpcError as error:
+            self.error = error
+
+    def close(self) -> None:
+        self.thread.join()
+        if self.admission is not None and self.admission.lease_id:
+            release(self.cluster, self.admission, self.who)
+
+
 def test_a_high_priority_request_behind_20_queued_low_ones_is_admitted_first(tenants):
     most = hold(tenants, "admin", BLOCKS - 2)
     last = hold(tenants, "admin", 2)  # the pool is full
@@ -212,16 +240,17 @@ def test_a_high_priority_request_behind_20_queued_low_ones_is_admitted_first(ten
         lows.append(Stream(tenants, "admin", priority=10))
         wait_until(lambda n=i + 1: budget(tenants).queue_length == n or lows[-1].error)
         assert lows[-1].error is None, lows[-1].error
-    high = Stream(tenants, "admin", priority=-1)
+    high = Waiting(tenants, "admin", priority=-1)  # holds its room once admitted
     wait_until(lambda: budget(tenants).queue_length == 21)
     release(tenants, last, "admin")  # room for exactly one request
-    assert high.admitted.wait(60)
+    assert high.admitted.wait(60), high.error
     assert high.admission.decision == types_pb2.ADMITTED
     assert budget(tenants).queue_length == 20 and not any(s.admitted.is_set() for s in lows)
     release(tenants, most, "admin")
+    high.close()
     for s in lows:
         assert s.admitted.wait(120)
-    for s in [high, *lows]:
+    for s in lows:
         s.close()
     wait_until(lambda: budget(tenants).total_reserved_bytes == 0)
 
@@ -231,12 +260,13 @@ def test_a_low_priority_request_that_waited_the_aging_bound_goes_before_a_higher
     try:
         most = hold(cluster, "admin", BLOCKS - 2)
         last = hold(cluster, "admin", 2)
-        low = Stream(cluster, "admin", priority=100)
+        low = Waiting(cluster, "admin", priority=100)  # holds its room once admitted
         wait_until(lambda: budget(cluster).queue_oldest_wait_s >= budget(cluster).queue_aging_s)
         high = Stream(cluster, "admin", priority=-100)
         wait_until(lambda: budget(cluster).queue_length == 2)
         release(cluster, last, "admin")
-        assert low.admitted.wait(60) and low.admission.queue_wait_ms >= 1_000
+        assert low.admitted.wait(60), low.error
+        assert low.admission.queue_wait_ms >= 1_000
         assert not high.admitted.is_set() and budget(cluster).queue_length == 1
         release(cluster, most, "admin")
         assert high.admitted.wait(60)
