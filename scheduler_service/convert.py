@@ -190,6 +190,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         two_step=lease.two_step,
         host_bytes=lease.host_bytes,
         disk_bytes=lease.disk_bytes,
+        max_itl_ms=lease.max_itl_ms,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -214,6 +215,7 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         # A restarted worker's sessions on disk: charged to their tenants as disk bytes.
         host_bytes=pb.host_bytes,
         disk_bytes=pb.disk_bytes,
+        max_itl_ms=pb.max_itl_ms,  # the goal it was admitted under, kept across a restart
     )
 
 

@@ -433,7 +433,7 @@ class Admission(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., rejection: _Optional[_Union[Rejection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., queue_wait_ms: _Optional[float] = ..., lease_secret: _Optional[str] = ..., model: _Optional[str] = ..., reasoning_format: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tool_call_format: _Optional[str] = ..., max_new_tokens_source: _Optional[_Union[MaxNewTokensSource, str]] = ..., template_kwargs_unread: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s", "tenant", "two_step", "host_bytes", "disk_bytes")
+    __slots__ = ("lease_id", "worker_id", "request_id", "prompt_tokens", "max_new_tokens", "reserved_bytes", "budget_cap", "claimed", "age_s", "tenant", "two_step", "host_bytes", "disk_bytes", "max_itl_ms")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +447,7 @@ class Lease(_message.Message):
     TWO_STEP_FIELD_NUMBER: _ClassVar[int]
     HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITL_MS_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     worker_id: str
     request_id: str
@@ -460,7 +461,8 @@ class Lease(_message.Message):
     two_step: bool
     host_bytes: int
     disk_bytes: int
-    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., claimed: _Optional[bool] = ..., age_s: _Optional[float] = ..., tenant: _Optional[str] = ..., two_step: _Optional[bool] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+    max_itl_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., budget_cap: _Optional[_Union[BudgetCap, _Mapping]] = ..., claimed: _Optional[bool] = ..., age_s: _Optional[float] = ..., tenant: _Optional[str] = ..., two_step: _Optional[bool] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., max_itl_ms: _Optional[int] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs")
