@@ -28,7 +28,7 @@ from scheduler_service.ledger.queue import (
     QueueStats,
     TenantQueueStats,
 )
-from scheduler_service.ledger.step_model import StepSample
+from scheduler_service.ledger.step_model import PrefillPace, StepSample
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 
 _DECISION = {
@@ -81,6 +81,19 @@ def step_samples(timings) -> list[StepSample]:
             raise InvalidField(f"step_timings[{i}]", str(error), rows=t.rows, steps=t.steps,
                                seconds=t.seconds) from None
     return samples
+
+
+def prefill_pace(request) -> PrefillPace | None:
+    """HeartbeatRequest's prompt_token_ms / prefill_chunk_tokens as the ledger's pace (None:
+    not measured yet); a malformed one is refused naming the field."""
+    if not request.prompt_token_ms:
+        return None
+    try:
+        return PrefillPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512)
+    except ValueError as error:
+        raise InvalidField("prompt_token_ms", str(error),
+                           prompt_token_ms=request.prompt_token_ms,
+                           prefill_chunk_tokens=request.prefill_chunk_tokens) from None
 
 
 # The proto's names, one for one (the enum `limit` converted on its own).
@@ -142,6 +155,9 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         streams=rejection.streams,
         estimated_wait_ms=rejection.estimated_wait_s * 1e3,
         deadline_ms=rejection.deadline_ms,
+        prefill_ms=rejection.prefill_ms,
+        prefill_budget_tokens=rejection.prefill_budget_tokens,
+        first_token_ms=rejection.first_token_ms,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))

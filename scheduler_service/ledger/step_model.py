@@ -42,6 +42,23 @@ class StepSample:
                              f"got rows {self.rows}, steps {self.steps}, seconds {self.seconds}")
 
 
+@dataclass(frozen=True)
+class PrefillPace:
+    """What a prompt token costs a worker in a step (its measured mean) and the most prompt
+    tokens one step runs there: how fast a prompt's chunks run beside decoding streams
+    (ortserve/rules/prefill_math.py), for the TTFT prediction."""
+
+    prompt_token_ms: float
+    chunk_tokens: int = 512  # a worker that does not say: the default --prefill-chunk-tokens
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.prompt_token_ms) or self.prompt_token_ms < 0 \
+                or self.chunk_tokens < 1:
+            raise ValueError(f"a prefill pace needs a finite prompt_token_ms >= 0 and "
+                             f"chunk_tokens >= 1, got {self.prompt_token_ms}, "
+                             f"{self.chunk_tokens}")
+
+
 class StepModel:
     """Mean step milliseconds by rows, as measured (see the module docstring).
 
@@ -56,6 +73,7 @@ class StepModel:
         self.weight = weight
         self._ms: dict[int, float] = {}
         self.steps = 0  # steps measured in all
+        self.prefill: PrefillPace | None = None  # the worker's last word on it (None: none)
 
     def observe(self, sample: StepSample) -> None:
         mean_ms = sample.seconds * 1e3 / sample.steps

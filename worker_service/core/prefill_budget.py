@@ -9,7 +9,8 @@ the goals; this module holds the chunks beside it:
     budget = (goal x GOAL_SHARE - decode step at these rows) / seconds per prompt token
 
 clamped to [MIN_PREFILL_BUDGET_TOKENS, the configured chunk], where goal is the strictest
-max_itl_ms among the decoding streams. With no goal among them the budget is the configured
+max_itl_ms among the decoding streams (the formula is ortserve/rules/prefill_math.py's, the
+scheduler's TTFT prediction uses the same). With no goal among them the budget is the configured
 chunk, exactly as before. Both costs are measured as the engine runs (PrefillPace, an
 exponentially weighted mean of each); until they are, the budget is the configured chunk
 (the first steps measure them).
@@ -21,35 +22,14 @@ then takes many steps: the scheduler's TTFT check knows the pace (docs/features/
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Iterable
 
-from worker_service.core.step_scheduler import MIN_PREFILL_BUDGET_TOKENS
-
-# NOTE: the costs are means and a step's tail is above its mean (a loaded machine, a long
-# past): aiming the step at the whole goal would put half the steps with chunks past it.
-GOAL_SHARE = 0.8
-
-
-def strictest_goal_ms(goals_ms: Iterable[int]) -> int:
-    """The smallest gap goal set (> 0), or 0 when none is."""
-    return min((g for g in goals_ms if g > 0), default=0)
-
-
-def prefill_budget_tokens(goal_ms: int, decode_step_s: float | None,
-                          prompt_token_s: float | None, max_tokens: int) -> int:
-    """Prompt tokens a step may run beside a decode of `decode_step_s` within `goal_ms`.
-
-    goal_ms 0 (no goal) or no measured prompt-token cost: `max_tokens`. An unmeasured
-    decode step counts as 0 (the chunk alone is held to the goal)."""
-    if goal_ms <= 0 or not prompt_token_s or prompt_token_s <= 0:
-        return max_tokens
-    room_s = goal_ms / 1e3 * GOAL_SHARE - (decode_step_s or 0.0)
-    if room_s <= 0:
-        return min(MIN_PREFILL_BUDGET_TOKENS, max_tokens)
-    fits = math.floor(room_s / prompt_token_s)
-    return max(MIN_PREFILL_BUDGET_TOKENS, min(max_tokens, fits))
+from ortserve.rules.prefill_math import (  # noqa: F401 (the worker's names for them)
+    GOAL_SHARE,
+    MIN_PREFILL_BUDGET_TOKENS,
+    prefill_budget_tokens,
+    strictest_goal_ms,
+)
 
 
 class PrefillPace:

@@ -29,6 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# A budget of >= 3 always advances the first prompt in line (ortserve/rules/prefill_math.py).
+from ortserve.rules.prefill_math import MIN_PREFILL_BUDGET_TOKENS
+
 
 class Schedulable(Protocol):
     """What the scheduler reads of a sequence."""
@@ -146,11 +149,6 @@ class StepScheduler:
             chunks.append(PrefillChunk(seq, n, first=seq.num_computed_tokens == 0))
             budget -= n
         return StepPlan(decodes=tuple(decodes), prefills=tuple(chunks))
-
-
-# One token of budget more than the two a run over a past needs: a budget of b >= 3 always
-# advances the first prompt in line (b tokens, or b - 1 leaving two, or all it has left).
-MIN_PREFILL_BUDGET_TOKENS = 3
 
 
 def prompt_chunk_tokens(seq: Schedulable, budget: int) -> int:
