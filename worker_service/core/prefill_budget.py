@@ -38,8 +38,11 @@ class PrefillPace:
 
     A step with no prompt tokens moves its row count's decode mean; a step with prompt
     tokens moves the prompt-token mean by (step - the decode mean at its rows) / tokens,
-    or step / tokens when it decoded nothing. A step with prompt tokens before any decode
-    mean at its rows teaches nothing (its split is unknown)."""
+    or step / tokens when it decoded nothing. Where its rows have no decode mean yet, the
+    mean at the most rows below them stands in (a step is no faster with more rows, so the
+    prompt's share comes out high: the budget errs small); with none below, the step
+    teaches nothing (its split is unknown). Under steady arrivals most steps carry a chunk,
+    so waiting for an exact row count would leave the cost unmeasured."""
 
     def __init__(self, weight: float = 0.2) -> None:
         if not 0 < weight <= 1:
@@ -56,9 +59,10 @@ class PrefillPace:
             if prompt_tokens == 0:
                 self._decode_s[rows] = self._moved(self._decode_s.get(rows), seconds)
                 return
-            base = 0.0 if rows == 0 else self._decode_s.get(rows)
-            if base is None:
+            below = [r for r in self._decode_s if r <= rows]
+            if rows and not below:
                 return
+            base = self._decode_s[max(below)] if rows else 0.0
             # A noisy step can come in under its decode mean: the chunk still cost something.
             per_token = max(seconds - base, 0.0) / prompt_tokens
             self._token_s = self._moved(self._token_s, per_token)

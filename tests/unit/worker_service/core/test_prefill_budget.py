@@ -72,6 +72,12 @@ def test_the_pace_splits_a_step_into_its_decode_and_its_prompt_tokens():
     # A step faster than its decode mean (noise) counts as a free chunk, never a negative one.
     pace.record(rows=4, prompt_tokens=10, seconds=0.030)
     assert pace.prompt_token_s == pytest.approx(0.001)
+    # 6 rows, no decode mean there: the 4 rows' stands in (the prompt's share errs high).
+    pace.record(rows=6, prompt_tokens=100, seconds=0.240)
+    assert pace.prompt_token_s == pytest.approx(0.0015)
+    # 2 rows, nothing measured at or below: its split is unknown, nothing learnt.
+    pace.record(rows=2, prompt_tokens=100, seconds=5.0)
+    assert pace.prompt_token_s == pytest.approx(0.0015)
 
 
 def test_an_unmeasured_row_count_takes_the_nearest_scaled_up_never_down():
