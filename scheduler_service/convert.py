@@ -28,7 +28,7 @@ from scheduler_service.ledger.queue import (
     QueueStats,
     TenantQueueStats,
 )
-from scheduler_service.ledger.step_model import PrefillPace, StepSample
+from scheduler_service.ledger.step_model import PromptPace, StepSample
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 
 _DECISION = {
@@ -83,13 +83,13 @@ def step_samples(timings) -> list[StepSample]:
     return samples
 
 
-def prefill_pace(request) -> PrefillPace | None:
+def prefill_pace(request) -> PromptPace | None:
     """HeartbeatRequest's prompt_token_ms / prefill_chunk_tokens as the ledger's pace (None:
     not measured yet); a malformed one is refused naming the field."""
     if not request.prompt_token_ms:
         return None
     try:
-        return PrefillPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512)
+        return PromptPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512)
     except ValueError as error:
         raise InvalidField("prompt_token_ms", str(error),
                            prompt_token_ms=request.prompt_token_ms,

@@ -27,7 +27,7 @@ from dataclasses import replace
 from scheduler_service.ledger import errors, placement, tenant_holdings, time_admission, time_budget
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
 from scheduler_service.ledger.session_leases import LedgerSessionLeases
-from scheduler_service.ledger.step_model import PrefillPace, StepModel, StepSample
+from scheduler_service.ledger.step_model import PromptPace, StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
@@ -122,7 +122,7 @@ class Ledger(LedgerSessionLeases):
                   batch: BatchStats | None = None,
                   prefix: PrefixCacheReport | None = None,
                   steps: Iterable[StepSample] = (),
-                  prefill: PrefillPace | None = None) -> bool:
+                  prefill: PromptPace | None = None) -> bool:
         """Renew a worker and all its leases. False: unknown, it must register again.
 
         `steps`: its decode steps' wall time by rows since its last heartbeat, for the

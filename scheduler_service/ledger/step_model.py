@@ -43,7 +43,7 @@ class StepSample:
 
 
 @dataclass(frozen=True)
-class PrefillPace:
+class PromptPace:
     """What a prompt token costs a worker in a step (its measured mean) and the most prompt
     tokens one step runs there: how fast a prompt's chunks run beside decoding streams
     (ortserve/rules/prefill_math.py), for the TTFT prediction."""
@@ -73,7 +73,7 @@ class StepModel:
         self.weight = weight
         self._ms: dict[int, float] = {}
         self.steps = 0  # steps measured in all
-        self.prefill: PrefillPace | None = None  # the worker's last word on it (None: none)
+        self.prefill: PromptPace | None = None  # the worker's last word on it (None: none)
 
     def observe(self, sample: StepSample) -> None:
         mean_ms = sample.seconds * 1e3 / sample.steps

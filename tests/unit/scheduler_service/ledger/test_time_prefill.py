@@ -10,7 +10,7 @@ import pytest
 from ortserve.rules.prefill_math import prefill_budget_tokens, prefill_s
 from scheduler_service.ledger.ledger import AdmissionRequest, Cause, Decision
 from scheduler_service.ledger.queue import AdmissionQueue, Ticket
-from scheduler_service.ledger.step_model import PrefillPace
+from scheduler_service.ledger.step_model import PromptPace
 from tests.unit.scheduler_service.ledger.test_time_admission import measured_ledger
 
 PROMPT_TOKEN_MS = 0.5
@@ -18,7 +18,7 @@ PROMPT_TOKEN_MS = 0.5
 
 def paced_ledger():
     ledger = measured_ledger()
-    assert ledger.heartbeat("w1", prefill=PrefillPace(PROMPT_TOKEN_MS, chunk_tokens=512))
+    assert ledger.heartbeat("w1", prefill=PromptPace(PROMPT_TOKEN_MS, chunk_tokens=512))
     return ledger
 
 
