@@ -89,10 +89,12 @@ def prefill_pace(request) -> PromptPace | None:
     if not request.prompt_token_ms:
         return None
     try:
-        return PromptPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512)
+        return PromptPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512,
+                          request.prompt_chunk_ms)
     except ValueError as error:
         raise InvalidField("prompt_token_ms", str(error),
                            prompt_token_ms=request.prompt_token_ms,
+                           prompt_chunk_ms=request.prompt_chunk_ms,
                            prefill_chunk_tokens=request.prefill_chunk_tokens) from None
 
 

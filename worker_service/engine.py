@@ -419,8 +419,8 @@ class Engine:
         elapsed_s = time.perf_counter() - now
         self.step_times.record(output.decode_rows, elapsed_s)
         self.prompt_chunks += len(plan.prefills)
-        self.prefill_pace.record(len(plan.decodes), sum(c.num_tokens for c in plan.prefills),
-                                 elapsed_s)
+        self.prefill_pace.record(len(plan.decodes), len(plan.prefills),
+                                 sum(c.num_tokens for c in plan.prefills), elapsed_s)
 
     def _prefill_budget(self, decodes: list[Sequence]) -> int:
         """Prompt tokens a step with these decodes may run: within their strictest gap goal."""

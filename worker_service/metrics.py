@@ -225,6 +225,10 @@ class _PrefillBudgetMetrics(Collector):
             "ortserve_worker_prompt_token_seconds",
             "Measured cost of one prompt token in a step (mean; 0 before any)",
             value=pace.prompt_token_s or 0.0)
+        yield GaugeMetricFamily(
+            "ortserve_worker_prompt_chunk_seconds",
+            "Measured cost of a prompt chunk's own run in a step, whatever its tokens (0 before "
+            "any)", value=pace.chunk_s)
         yield CounterMetricFamily(
             "ortserve_worker_prompt_chunks",
             "Prompt chunks run (a prompt held to a small budget runs in more of them)",

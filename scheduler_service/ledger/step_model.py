@@ -49,14 +49,16 @@ class PromptPace:
     (ortserve/rules/prefill_math.py), for the TTFT prediction."""
 
     prompt_token_ms: float
-    chunk_tokens: int = 512  # a worker that does not say: the default --prefill-chunk-tokens
+    chunk_tokens: int = 512  # a worker that does not say: the default chunk
+    chunk_ms: float = 0.0  # a chunk's own run, whatever its tokens
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.prompt_token_ms) or self.prompt_token_ms < 0 \
+                or not math.isfinite(self.chunk_ms) or self.chunk_ms < 0 \
                 or self.chunk_tokens < 1:
-            raise ValueError(f"a prefill pace needs a finite prompt_token_ms >= 0 and "
-                             f"chunk_tokens >= 1, got {self.prompt_token_ms}, "
-                             f"{self.chunk_tokens}")
+            raise ValueError(f"a prompt pace needs finite prompt_token_ms and chunk_ms >= 0 "
+                             f"and chunk_tokens >= 1, got {self.prompt_token_ms}, "
+                             f"{self.chunk_ms}, {self.chunk_tokens}")
 
 
 class StepModel:

@@ -187,13 +187,13 @@ def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
         return None
     assert model is not None
     goal_ms = strictest(s.max_itl_ms for s in streams)
-    token_s = pace.prompt_token_ms / 1e3
+    token_s, chunk_s = pace.prompt_token_ms / 1e3, pace.chunk_ms / 1e3
 
     def at(m: int) -> tuple[float, int]:
         step = (model.predict_ms(m) or 0.0) / 1e3 if m else 0.0
         goal = goal_ms if m else 0
-        return (prefill_s(prompt_tokens, goal, step, token_s, pace.chunk_tokens),
-                prefill_budget_tokens(goal, step, token_s, pace.chunk_tokens))
+        return (prefill_s(prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s),
+                prefill_budget_tokens(goal, step, token_s, pace.chunk_tokens, chunk_s))
     return at
 
 

@@ -41,6 +41,9 @@ def test_the_chunks_pace_is_the_workers_rule():
     assert prefill_s(1_000, 50, 0.030, 0.0005, 512) == pytest.approx(2.0)
     # No goal: two chunks of the configured 512.
     assert prefill_s(1_000, 0, 0.030, 0.0005, 512) == pytest.approx(0.56)
+    # A chunk's own run (5 ms) leaves 5 ms, 10 tokens a step: 100 steps of 35 ms + 0.5 s.
+    assert prefill_budget_tokens(50, 0.030, 0.0005, 512, chunk_s=0.005) == 10
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, chunk_s=0.005) == pytest.approx(4.0)
 
 
 def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_refused_with_them():
