@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ortserve.process.version import package_version
@@ -84,15 +85,17 @@ def step_samples(timings) -> list[StepSample]:
 
 
 def prefill_pace(request) -> PromptPace | None:
-    """HeartbeatRequest's prompt_token_ms / prefill_chunk_tokens as the ledger's pace (None:
-    not measured yet); a malformed one is refused naming the field."""
+    """HeartbeatRequest's prompt_token_ms / prompt_chunk_ms / prefill_chunk_tokens as the
+    ledger's pace (None: not measured yet); a malformed one is refused naming the field
+    (a worker bug, never silently dropped)."""
     if not request.prompt_token_ms:
         return None
     try:
         return PromptPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512,
                           request.prompt_chunk_ms)
     except ValueError as error:
-        raise InvalidField("prompt_token_ms", str(error),
+        token_ok = math.isfinite(request.prompt_token_ms) and request.prompt_token_ms >= 0
+        raise InvalidField("prompt_token_ms" if not token_ok else "prompt_chunk_ms", str(error),
                            prompt_token_ms=request.prompt_token_ms,
                            prompt_chunk_ms=request.prompt_chunk_ms,
                            prefill_chunk_tokens=request.prefill_chunk_tokens) from None

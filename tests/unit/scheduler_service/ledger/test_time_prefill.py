@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 
 from ortserve.rules.prefill_math import prefill_budget_tokens, prefill_s
+from ortserve.status.errors import InvalidField
+from ortserve.v1 import scheduler_pb2
+from scheduler_service import convert
 from scheduler_service.ledger.ledger import AdmissionRequest, Cause, Decision
 from scheduler_service.ledger.queue import AdmissionQueue, Ticket
 from scheduler_service.ledger.step_model import PromptPace
@@ -97,3 +100,17 @@ def test_a_worker_that_reports_no_prompt_cost_is_judged_as_before():
     two_streams(ledger, max_itl_ms=50)
     assert ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50,
                             max_ttft_ms=1_500)).decision is Decision.ADMITTED
+
+
+def test_a_heartbeats_prompt_pace_is_read_or_refused_naming_the_field():
+    assert convert.prefill_pace(scheduler_pb2.HeartbeatRequest()) is None  # not measured
+    pace = convert.prefill_pace(scheduler_pb2.HeartbeatRequest(
+        prompt_token_ms=0.25, prompt_chunk_ms=4.0))
+    assert pace == PromptPace(0.25, chunk_tokens=512, chunk_ms=4.0)  # an unsaid chunk: 512
+    with pytest.raises(InvalidField) as err:
+        convert.prefill_pace(scheduler_pb2.HeartbeatRequest(prompt_token_ms=0.25,
+                                                            prompt_chunk_ms=-1.0))
+    assert err.value.metadata["field"] == "prompt_chunk_ms"
+    with pytest.raises(InvalidField) as err:
+        convert.prefill_pace(scheduler_pb2.HeartbeatRequest(prompt_token_ms=float("nan")))
+    assert err.value.metadata["field"] == "prompt_token_ms"
