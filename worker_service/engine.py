@@ -417,10 +417,11 @@ class Engine:
         self._postprocess(output)
         # The whole step, prompt chunks and postprocessing included: a stream's token gap.
         elapsed_s = time.perf_counter() - now
-        self.step_times.record(output.decode_rows, elapsed_s)
+        prompt_tokens = sum(c.num_tokens for c in plan.prefills)
+        # The decode step alone for the scheduler; the chunks' cost for their budget.
+        self.step_times.record(output.decode_rows, elapsed_s, prompt_tokens)
         self.prompt_chunks += len(plan.prefills)
-        self.prefill_pace.record(len(plan.decodes), len(plan.prefills),
-                                 sum(c.num_tokens for c in plan.prefills), elapsed_s)
+        self.prefill_pace.record(len(plan.decodes), len(plan.prefills), prompt_tokens, elapsed_s)
 
     def _prefill_budget(self, decodes: list[Sequence]) -> int:
         """Prompt tokens a step with these decodes may run: within their strictest gap goal."""

@@ -1,9 +1,10 @@
 """One worker's decode rate as measured: engine step time by batch rows (pure).
 
 Workers report, with each heartbeat, the wall time of the engine steps that
-decoded since the last one, summed per number of decoding rows (a step is what
-one inter-token gap of every running stream costs: its decode run, the prompt
-chunks that share it, sampling and postprocessing). The model keeps an
+decoded since the last one and ran no prompt chunk, summed per number of decoding
+rows (a step is what one inter-token gap of every running stream costs: its
+decode run, sampling and postprocessing; the chunks beside streams with a gap
+goal are held within it by the worker: worker_service/core/prefill_budget.py). The model keeps an
 exponentially weighted mean per row count and predicts the step at any row
 count from them:
 

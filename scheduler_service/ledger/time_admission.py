@@ -96,8 +96,7 @@ def _rejected(req: AdmissionRequest, decision: Admission, check: TimeCheck, caus
         deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits,
         prefill_ms=check.prefill_ms, prefill_budget_tokens=check.prefill_budget_tokens,
         first_token_ms=check.first_token_ms,
-        first_token_late=(fit is None and cause is Cause.TIME_BUSY
-                          and not check.predicted_step_ms > check.itl_goal_ms > 0)))
+        first_token_late=fit is None and check.first_token_late))
     return Admission(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 

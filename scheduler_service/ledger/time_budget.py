@@ -85,6 +85,8 @@ class TimeCheck:
     prefill_ms: float = 0.0
     prefill_budget_tokens: int = 0  # the prompt tokens a step beside them may run
     first_token_ms: float = 0.0  # the wait, then its chunks beside the streams left (0: ditto)
+    # The verdict is its first token's (its TTFT goal, its prompt's chunks), not the step's.
+    first_token_late: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,23 +156,24 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
     def wait_s(k: int) -> float:
         return _departure_s(ends_s, k - 1 + ahead, _mean_tokens(streams) * step_s) if k else 0.0
 
+    chunks_s = 0.0
     if prefill is not None:
         ttft_s = ttft_goal_ms / 1e3
-        fits = next((k for k in range(leaving, n + 1) if wait_s(k) + prefill(n - k)[0] <= ttft_s),
-                    None)
-        if fits is not None:
-            leaving = fits
-        elif prefill(0)[0] <= ttft_s:
-            leaving = n  # only an empty worker would do: too late, as the wait says below
-        else:
-            prefill = None  # past its TTFT goal even alone: no wait cures that
-    chunks_s = 0.0
-    wait = wait_s(leaving)
-    if prefill is not None:
+        alone_s, chunk_tokens = prefill(0)
+        if alone_s > ttft_s:
+            # Its prompt alone, on an idle worker, passes its TTFT goal: no wait cures it.
+            return replace(base, verdict=Verdict.UNREACHABLE, prefill_ms=alone_s * 1e3,
+                           prefill_budget_tokens=chunk_tokens, first_token_ms=alone_s * 1e3,
+                           first_token_late=True)
+        step_leaving = leaving
+        leaving = next((k for k in range(leaving, n + 1) if wait_s(k) + prefill(n - k)[0] <= ttft_s),
+                       n)  # n: only an empty worker would do, too late as the wait says below
         now_s, budget = prefill(n)
         chunks_s = prefill(n - leaving)[0]
         base = replace(base, prefill_ms=now_s * 1e3, prefill_budget_tokens=budget,
-                       first_token_ms=(wait + chunks_s) * 1e3)
+                       first_token_ms=(wait_s(leaving) + chunks_s) * 1e3,
+                       first_token_late=leaving > step_leaving)
+    wait = wait_s(leaving)
     if not leaving:
         return base
     too_late = ((ttft_goal_ms and (wait + chunks_s) * 1e3 > ttft_goal_ms)
@@ -180,8 +183,8 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
 
 def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
     """(seconds, budget tokens) of the prompt's chunks beside m of these streams, by m; None
-    when the worker's prompt-token cost is not measured. Pessimistic: the step at m rows is
-    the measured mean (chunks included), the goal the strictest among all of them."""
+    when the worker's prompt-token cost is not measured. The step at m rows is the measured
+    decode mean, the goal the strictest among all of them (pessimistic once some end)."""
     pace = model.prefill if model is not None else None
     if pace is None or prompt_tokens <= 0:
         return None

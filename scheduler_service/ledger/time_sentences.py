@@ -8,6 +8,14 @@ from scheduler_service.ledger.types import BudgetCap, Cause, Rejection
 
 def rejection_text(r: Rejection) -> tuple[str, str]:
     """(message, remedy) of a TIME_BUSY or TIME_GOAL_UNREACHABLE rejection."""
+    if r.cause is Cause.TIME_GOAL_UNREACHABLE and r.first_token_late:
+        message = (f"its {r.prompt_tokens:,}-token prompt takes about {r.prefill_ms / 1e3:.1f} s "
+                   f"to its first token on worker {r.worker_id} with nothing else running "
+                   f"(chunks of {r.prefill_budget_tokens:,} tokens at its measured prompt cost), "
+                   f"past its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}: no wait can meet it")
+        remedy = (f"loosen max_ttft_ms to at least {int(r.prefill_ms) + 1:,}, or send a "
+                  "shorter prompt, or use a smaller model or faster workers")
+        return message, remedy
     if r.cause is Cause.TIME_GOAL_UNREACHABLE:
         message = (f"the gap goal max_itl_ms {r.itl_goal_ms:,} is below the decode step worker "
                    f"{r.worker_id} takes with one stream alone ({r.fastest_step_ms:.1f} ms "

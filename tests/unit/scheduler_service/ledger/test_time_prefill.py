@@ -58,6 +58,7 @@ def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_re
     assert refused.decision is Decision.REJECTED
     r = refused.rejection
     assert r.cause is Cause.TIME_BUSY and r.first_token_late and not r.time_waits
+    assert refused.rejection.retry_after_s == pytest.approx(3.0)
     assert r.estimated_wait_s == pytest.approx(3.0)
     # Now: 20 tokens a step, 2.0 s; at best after both end: 3.0 s + 0.5 s.
     assert r.prefill_ms == pytest.approx(2_000.0) and r.prefill_budget_tokens == 20
@@ -87,12 +88,20 @@ def test_it_waits_when_a_stream_ending_lets_its_chunks_fit_its_ttft_goal():
     assert isinstance(ticket, Ticket)
 
 
-def test_a_prompt_past_its_ttft_goal_even_alone_is_judged_on_the_wait_as_before():
+def test_a_prompt_past_its_ttft_goal_even_alone_is_unreachable_with_the_numbers():
     ledger = paced_ledger()
     two_streams(ledger, max_itl_ms=50)
-    # 1,000 tokens alone take 0.5 s > 0.4 s: no wait cures it; the step keeps the goals.
-    assert ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50,
-                            max_ttft_ms=400)).decision is Decision.ADMITTED
+    # 1,000 tokens alone take 0.5 s > 0.4 s: no wait cures it (before, it was admitted and
+    # ran at the floor beside the streams: tens of seconds to its first token).
+    refused = ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50, max_ttft_ms=400))
+    r = refused.rejection
+    assert r.cause is Cause.TIME_GOAL_UNREACHABLE and r.first_token_late
+    assert r.prefill_ms == pytest.approx(500.0) and r.prefill_budget_tokens == 512
+    assert "1,000-token prompt takes about 0.5 s" in r.message
+    assert "loosen max_ttft_ms to at least 501" in r.remedy and r.retry_after_s == 0
+    # The same prompt with no TTFT goal is not held to one.
+    assert ledger.admit(ask("free", prompt_tokens=1_000,
+                            max_itl_ms=50)).decision is Decision.ADMITTED
 
 
 def test_a_worker_that_reports_no_prompt_cost_is_judged_as_before():
