@@ -415,10 +415,10 @@ class Engine:
         wait_for_masks()
         self._costs.record(output.decode_rows, output.decode_s, output.verify_s)
         self._postprocess(output)
-        # The whole step, prompt chunks and postprocessing included: a stream's token gap.
+        # The whole step, postprocessing included: a stream's token gap. The scheduler gets
+        # the steps without chunks (the decode step); the chunks' cost feeds their budget.
         elapsed_s = time.perf_counter() - now
         prompt_tokens = sum(c.num_tokens for c in plan.prefills)
-        # The decode step alone for the scheduler; the chunks' cost for their budget.
         self.step_times.record(output.decode_rows, elapsed_s, prompt_tokens)
         self.prompt_chunks += len(plan.prefills)
         self.prefill_pace.record(len(plan.decodes), len(plan.prefills), prompt_tokens, elapsed_s)
