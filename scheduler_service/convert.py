@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ortserve.process.version import package_version
@@ -28,7 +29,7 @@ from scheduler_service.ledger.queue import (
     QueueStats,
     TenantQueueStats,
 )
-from scheduler_service.ledger.step_model import StepSample
+from scheduler_service.ledger.step_model import PromptPace, StepSample
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 
 _DECISION = {
@@ -81,6 +82,23 @@ def step_samples(timings) -> list[StepSample]:
             raise InvalidField(f"step_timings[{i}]", str(error), rows=t.rows, steps=t.steps,
                                seconds=t.seconds) from None
     return samples
+
+
+def prefill_pace(request) -> PromptPace | None:
+    """HeartbeatRequest's prompt_token_ms / prompt_chunk_ms / prefill_chunk_tokens as the
+    ledger's pace (None: not measured yet); a malformed one is refused naming the field
+    (a worker bug, never silently dropped)."""
+    if not request.prompt_token_ms:
+        return None
+    try:
+        return PromptPace(request.prompt_token_ms, request.prefill_chunk_tokens or 512,
+                          request.prompt_chunk_ms)
+    except ValueError as error:
+        token_ok = math.isfinite(request.prompt_token_ms) and request.prompt_token_ms >= 0
+        raise InvalidField("prompt_token_ms" if not token_ok else "prompt_chunk_ms", str(error),
+                           prompt_token_ms=request.prompt_token_ms,
+                           prompt_chunk_ms=request.prompt_chunk_ms,
+                           prefill_chunk_tokens=request.prefill_chunk_tokens) from None
 
 
 # The proto's names, one for one (the enum `limit` converted on its own).
@@ -142,6 +160,9 @@ def rejection_to_pb(rejection: Rejection) -> types_pb2.Rejection:
         streams=rejection.streams,
         estimated_wait_ms=rejection.estimated_wait_s * 1e3,
         deadline_ms=rejection.deadline_ms,
+        prefill_ms=rejection.prefill_ms,
+        prefill_budget_tokens=rejection.prefill_budget_tokens,
+        first_token_ms=rejection.first_token_ms,
     )
     if rejection.retry_after_s:
         pb.retry_after.FromNanoseconds(int(rejection.retry_after_s * 1e9))
@@ -190,6 +211,7 @@ def lease_to_pb(lease: Lease, now: float) -> types_pb2.Lease:
         two_step=lease.two_step,
         host_bytes=lease.host_bytes,
         disk_bytes=lease.disk_bytes,
+        max_itl_ms=lease.max_itl_ms,
     )
     if lease.budget_cap is not None:
         pb.budget_cap.CopyFrom(budget_cap_to_pb(lease.budget_cap))
@@ -214,6 +236,7 @@ def lease_from_pb(pb: types_pb2.Lease, now: float, session: bool = False) -> Lea
         # A restarted worker's sessions on disk: charged to their tenants as disk bytes.
         host_bytes=pb.host_bytes,
         disk_bytes=pb.disk_bytes,
+        max_itl_ms=pb.max_itl_ms,  # the goal it was admitted under, kept across a restart
     )
 
 

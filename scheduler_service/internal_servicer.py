@@ -78,7 +78,8 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
                                        prefix=PrefixCacheReport(
                                            request.cached_bytes,
                                            frozenset(request.cached_prefix_hashes)),
-                                       steps=convert.step_samples(request.step_timings))
+                                       steps=convert.step_samples(request.step_timings),
+                                       prefill=convert.prefill_pace(request))
         if known and request.step_timings:
             self._kick()  # a new measurement may let a request waiting on time start
         if known:

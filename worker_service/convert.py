@@ -98,7 +98,8 @@ def prepare(request: types_pb2.GenerateRequest, tokenizer: Tokenizer, sequence_i
         ignore_eos=request.ignore_eos, stop_token_ids=tuple(request.stop_token_ids),
         adapter=request.adapter, speculative=not request.disable_speculation,
         keep_prefix_s=request.keep_prefix_s,
-        continues_kept_answer=request.continues_kept_answer, **kwargs)
+        continues_kept_answer=request.continues_kept_answer, max_itl_ms=request.max_itl_ms,
+        **kwargs)
 
 
 def finished_to_pb(done: Completed, sampling: SamplingConfig, lease: types_pb2.Lease,

@@ -28,6 +28,7 @@ from worker_service.core.errors import (
     NoLiveLease,
     SchedulerUnreachable,
 )
+from worker_service.core.prefill_budget import strictest_goal_ms
 from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceRequest, TokenDelta
 from worker_service.engine.engine import Engine
 from worker_service.engine.event_mailbox import EventMailbox, coalesced
@@ -41,11 +42,19 @@ CANCEL_WAIT_S = 30.0  # a cancelled sequence leaves within one step; this bounds
 
 def check_against_lease(req: SequenceRequest, max_new_was_set: bool,
                         lease: types_pb2.Lease) -> SequenceRequest:
-    """The request with the lease's ceiling; raises LeaseMismatch when it is not the one
-    admitted (the rule the scheduler's ClaimLease applies too: ortserve.rules.request_rules)."""
+    """The request with the lease's ceiling and gap goal; raises LeaseMismatch when it is not
+    the one admitted (the rule the scheduler's ClaimLease applies too:
+    ortserve.rules.request_rules).
+
+    The gap goal is the strictest of the request's own and the lease's (the scheduler's
+    resolution, its --max-itl-ms for a request that set none): the prompt chunks beside
+    this stream's decode are held to it (core/prefill_budget.py)."""
     request_rules.lease_match(lease.lease_id, req.prompt_tokens,
                               req.max_new_tokens if max_new_was_set else 0,
                               lease.prompt_tokens, lease.max_new_tokens)
+    goal_ms = strictest_goal_ms((req.max_itl_ms, lease.max_itl_ms))
+    if goal_ms != req.max_itl_ms:
+        req = req.with_max_itl_ms(goal_ms)
     return req if max_new_was_set else req.with_max_new_tokens(lease.max_new_tokens)
 
 

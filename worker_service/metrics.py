@@ -56,6 +56,7 @@ class WorkerMetrics:
         self.latency = RequestLatency(registry, "ortserve_worker", "worker")
         registry.register(_PrefixCacheMetrics(engine))
         registry.register(_DecodeStepMetrics(engine))
+        registry.register(_PrefillBudgetMetrics(engine))
         registry.register(_RelaySent())
         if engine.sessions is not None and engine.sessions.disk is not None:
             registry.register(_SessionDisk(engine.sessions.disk))
@@ -201,6 +202,37 @@ class _PrefixCacheMetrics(Collector):
             "ortserve_worker_prefix_cache_kept_evicted_bytes",
             "Of the evicted bytes, those evicted while still kept (pressure took them)",
             value=stats.kept_evicted_bytes if stats else 0)
+
+    def describe(self):
+        return []
+
+
+class _PrefillBudgetMetrics(Collector):
+    """Prompt chunks held to the decoding streams' gap goal (core/prefill_budget.py): the
+    budget in force, the costs it is computed from, and the chunks run."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self):
+        pace = self._engine.prefill_pace
+        yield GaugeMetricFamily(
+            "ortserve_worker_prefill_budget_tokens",
+            "Prompt tokens the last step could run beside its decodes (the configured chunk "
+            "with no gap goal among them; less, to keep the step within the strictest goal)",
+            value=self._engine.scheduler.budget_tokens)
+        yield GaugeMetricFamily(
+            "ortserve_worker_prompt_token_seconds",
+            "Measured cost of one prompt token in a step (mean; 0 before any)",
+            value=pace.prompt_token_s or 0.0)
+        yield GaugeMetricFamily(
+            "ortserve_worker_prompt_chunk_seconds",
+            "Measured cost of a prompt chunk's own run in a step, whatever its tokens (0 before "
+            "any)", value=pace.chunk_s)
+        yield CounterMetricFamily(
+            "ortserve_worker_prompt_chunks",
+            "Prompt chunks run (a prompt held to a small budget runs in more of them)",
+            value=self._engine.prompt_chunks)
 
     def describe(self):
         return []

@@ -86,6 +86,9 @@ class SchedulerLink:
         # (rows, steps, seconds) of its decoding steps since the last heartbeat (engine
         # StepTimes.drain): the scheduler's time budget.
         self.step_timings: Callable[[], list[tuple[int, int, float]]] = lambda: []
+        # (ms a prompt token costs in a step, 0: unmeasured; ms a chunk's own run costs; the
+        # step's most prompt tokens): the pace of prompt chunks, for the TTFT prediction.
+        self.prefill_pace: Callable[[], tuple[float, float, int]] = lambda: (0.0, 0.0, 0)
 
     @property
     def worker_id(self) -> str:
@@ -146,13 +149,16 @@ class SchedulerLink:
     async def _heartbeat(self, live_lease_ids: list[str]) -> scheduler_pb2.HeartbeatResponse:
         running, rows, largest = self._batch_stats()
         cached_bytes, cached_hashes = self.prefix_cache()
+        prompt_token_ms, prompt_chunk_ms, chunk_tokens = self.prefill_pace()
         return await self._stub.Heartbeat(scheduler_pb2.HeartbeatRequest(
             worker_id=self.worker_id, address=self._registration.address,
             live_lease_ids=live_lease_ids, draining=self.draining,
             running_sequences=running, batch_rows=rows, largest_batch=largest,
             cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes,
             step_timings=[scheduler_pb2.StepTiming(rows=rows, steps=steps, seconds=seconds)
-                          for rows, steps, seconds in self.step_timings()]), timeout=5.0)
+                          for rows, steps, seconds in self.step_timings()],
+            prompt_token_ms=prompt_token_ms, prompt_chunk_ms=prompt_chunk_ms,
+            prefill_chunk_tokens=chunk_tokens), timeout=5.0)
 
     async def announce_draining(self) -> None:
         """Tell the scheduler now (not at the next heartbeat) to place nothing more here."""

@@ -222,7 +222,9 @@ def rejection_error(r: types_pb2.Rejection) -> DomainError:
                        itl_goal_ms=r.itl_goal_ms, ttft_goal_ms=r.ttft_goal_ms,
                        fastest_step_ms=round(r.fastest_step_ms, 1), streams=r.streams,
                        estimated_wait_ms=round(r.estimated_wait_ms, 1),
-                       deadline_ms=round(r.deadline_ms, 1))
+                       deadline_ms=round(r.deadline_ms, 1), prefill_ms=round(r.prefill_ms, 1),
+                       prefill_budget_tokens=r.prefill_budget_tokens,
+                       first_token_ms=round(r.first_token_ms, 1))
     if cause == "TENANT_QUOTA":
         numbers.update(tenant=r.tenant, tenant_quota_bytes=r.tenant_quota_bytes,
                        tenant_reserved_bytes=r.tenant_reserved_bytes)

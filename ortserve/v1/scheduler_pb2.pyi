@@ -332,7 +332,7 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., refused_lease_ids: _Optional[_Iterable[str]] = ..., dropped_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch", "cached_bytes", "cached_prefix_hashes", "step_timings", "address")
+    __slots__ = ("worker_id", "live_lease_ids", "draining", "running_sequences", "batch_rows", "largest_batch", "cached_bytes", "cached_prefix_hashes", "step_timings", "prompt_token_ms", "prefill_chunk_tokens", "prompt_chunk_ms", "address")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LIVE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,9 @@ class HeartbeatRequest(_message.Message):
     CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHED_PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
     STEP_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CHUNK_MS_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     live_lease_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -352,8 +355,11 @@ class HeartbeatRequest(_message.Message):
     cached_bytes: int
     cached_prefix_hashes: _containers.RepeatedScalarFieldContainer[int]
     step_timings: _containers.RepeatedCompositeFieldContainer[StepTiming]
+    prompt_token_ms: float
+    prefill_chunk_tokens: int
+    prompt_chunk_ms: float
     address: str
-    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ..., step_timings: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., address: _Optional[str] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ..., step_timings: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., prompt_token_ms: _Optional[float] = ..., prefill_chunk_tokens: _Optional[int] = ..., prompt_chunk_ms: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
 
 class StepTiming(_message.Message):
     __slots__ = ("rows", "steps", "seconds")

@@ -27,7 +27,7 @@ from dataclasses import replace
 from scheduler_service.ledger import errors, placement, tenant_holdings, time_admission, time_budget
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
 from scheduler_service.ledger.session_leases import LedgerSessionLeases
-from scheduler_service.ledger.step_model import StepModel, StepSample
+from scheduler_service.ledger.step_model import PromptPace, StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
 from scheduler_service.ledger.types import (  # noqa: F401 - re-exported: the ledger is the wing's public face
@@ -121,11 +121,13 @@ class Ledger(LedgerSessionLeases):
     def heartbeat(self, worker_id: str, draining: bool = False, address: str = "",
                   batch: BatchStats | None = None,
                   prefix: PrefixCacheReport | None = None,
-                  steps: Iterable[StepSample] = ()) -> bool:
+                  steps: Iterable[StepSample] = (),
+                  prefill: PromptPace | None = None) -> bool:
         """Renew a worker and all its leases. False: unknown, it must register again.
 
         `steps`: its decode steps' wall time by rows since its last heartbeat, for the
-        time budget (step_model.py).
+        time budget (step_model.py); `prefill`: what a prompt token costs it now and its
+        chunk (the TTFT prediction's prompt pace; None: not said).
 
         `draining` is sticky: a worker that said it is shutting down gets no new
         placements until it registers again.
@@ -148,6 +150,8 @@ class Ledger(LedgerSessionLeases):
                 worker.prefix = prefix
             for sample in steps:
                 self._step_models.setdefault(worker_id, StepModel()).observe(sample)
+            if prefill is not None and prefill.prompt_token_ms > 0:
+                self._step_models.setdefault(worker_id, StepModel()).prefill = prefill
             return True
 
     def unreachable(self, worker_id: str) -> bool:

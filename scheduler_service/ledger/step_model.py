@@ -1,9 +1,10 @@
 """One worker's decode rate as measured: engine step time by batch rows (pure).
 
 Workers report, with each heartbeat, the wall time of the engine steps that
-decoded since the last one, summed per number of decoding rows (a step is what
-one inter-token gap of every running stream costs: its decode run, the prompt
-chunks that share it, sampling and postprocessing). The model keeps an
+decoded since the last one and ran no prompt chunk, summed per number of decoding
+rows (a step is what one inter-token gap of every running stream costs: its
+decode run, sampling and postprocessing; the chunks beside streams with a gap
+goal are held within it by the worker: worker_service/core/prefill_budget.py). The model keeps an
 exponentially weighted mean per row count and predicts the step at any row
 count from them:
 
@@ -42,6 +43,25 @@ class StepSample:
                              f"got rows {self.rows}, steps {self.steps}, seconds {self.seconds}")
 
 
+@dataclass(frozen=True)
+class PromptPace:
+    """What a prompt token costs a worker in a step (its measured mean) and the most prompt
+    tokens one step runs there: how fast a prompt's chunks run beside decoding streams
+    (ortserve/rules/prefill_math.py), for the TTFT prediction."""
+
+    prompt_token_ms: float
+    chunk_tokens: int = 512  # a worker that does not say: the default chunk
+    chunk_ms: float = 0.0  # a chunk's own run, whatever its tokens
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.prompt_token_ms) or self.prompt_token_ms < 0 \
+                or not math.isfinite(self.chunk_ms) or self.chunk_ms < 0 \
+                or self.chunk_tokens < 1:
+            raise ValueError(f"a prompt pace needs finite prompt_token_ms and chunk_ms >= 0 "
+                             f"and chunk_tokens >= 1, got {self.prompt_token_ms}, "
+                             f"{self.chunk_ms}, {self.chunk_tokens}")
+
+
 class StepModel:
     """Mean step milliseconds by rows, as measured (see the module docstring).
 
@@ -56,6 +76,7 @@ class StepModel:
         self.weight = weight
         self._ms: dict[int, float] = {}
         self.steps = 0  # steps measured in all
+        self.prefill: PromptPace | None = None  # the worker's last word on it (None: none)
 
     def observe(self, sample: StepSample) -> None:
         mean_ms = sample.seconds * 1e3 / sample.steps

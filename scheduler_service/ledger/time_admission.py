@@ -45,7 +45,8 @@ def decided(decision: AdmissionDecision, req: AdmissionRequest, workers: list,
     deadline_s = None if req.deadline_at is None else max(0.0, req.deadline_at - now)
     checks = {w.geometry.worker_id: time_budget.check(
         w.geometry.worker_id, models.get(w.geometry.worker_id), w.leases.values(), itl, ttft,
-        deadline_s, now, req.queued_ahead) for w in placement.serving(workers, req.model)}
+        deadline_s, now, req.queued_ahead, req.prompt_tokens)
+        for w in placement.serving(workers, req.model)}
     chosen = checks[decision.worker.worker_id]
     if chosen.verdict is not Verdict.OK:
         keeping = [w for w in workers if checks.get(w.geometry.worker_id, chosen).verdict
@@ -93,7 +94,10 @@ def _rejected(req: AdmissionRequest, decision: AdmissionDecision, check: TimeChe
         itl_goal_ms=check.itl_goal_ms, ttft_goal_ms=check.ttft_goal_ms,
         fastest_step_ms=check.fastest_step_ms, streams=check.streams,
         estimated_wait_s=check.estimated_wait_s,
-        deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits))
+        deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits,
+        prefill_ms=check.prefill_ms, prefill_budget_tokens=check.prefill_budget_tokens,
+        first_token_ms=check.first_token_ms,
+        first_token_late=fit is None and check.first_token_late))
     return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)
 

@@ -13,6 +13,13 @@ every step longer. The rule (docs/features/time-budget.md):
 - otherwise the request waits in the admission queue for streams to end, unless
   the estimated wait would pass its TTFT goal or its deadline: then it is refused
   at once (TIME_BUSY, retry after the estimated wait);
+- its first token comes after the wait and its prompt's chunks, which run beside
+  the streams decoding at the pace their gap goal allows (a step spends on prompt
+  tokens only what keeps it within the goal: ortserve/rules/prefill_math.py, at
+  the worker's measured prompt-token cost): when that passes its TTFT goal it
+  waits for enough streams to end that it does not (or is refused, as above);
+  a prompt that passes its TTFT goal even alone is judged on the wait alone, as
+  no wait cures it;
 - a gap goal below what the worker's step takes with one row (the request alone)
   can never be met: TIME_GOAL_UNREACHABLE;
 - a deadline shorter than max_new_tokens at the predicted rate caps
@@ -33,8 +40,9 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ortserve.rules.prefill_math import prefill_budget_tokens, prefill_s
 from scheduler_service.ledger.step_model import StepModel
 from scheduler_service.ledger.types import Lease
 
@@ -72,6 +80,13 @@ class TimeCheck:
     fastest_step_ms: float = 0.0  # the step with one row: no gap goal below it can be met
     estimated_wait_s: float = 0.0  # until enough streams end for the step to fit the goal
     deadline_s: float | None = None  # time left on the request's call when it arrived
+    # Its prompt's chunks beside the streams running now, held to their gap goal (0: not
+    # predicted: no TTFT goal, or the worker's prompt-token cost unmeasured).
+    prefill_ms: float = 0.0
+    prefill_budget_tokens: int = 0  # the prompt tokens a step beside them may run
+    first_token_ms: float = 0.0  # the wait, then its chunks beside the streams left (0: ditto)
+    # The verdict is its first token's (its TTFT goal, its prompt's chunks), not the step's.
+    first_token_late: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,31 +127,78 @@ def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]
 
 
 def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,
-          ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0) -> TimeCheck:
+          ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0,
+          prompt_tokens: int = 0) -> TimeCheck:
     """May a request with these goals (already resolved against the server's) start on this
-    worker now? `ahead`: requests waiting in line before it, each taking a departure first.
+    worker now? `ahead`: requests waiting in line before it, each taking a departure first;
+    `prompt_tokens`: its prompt (its chunks' time counts toward its TTFT goal).
     See the module docstring for the rule."""
     streams = streams_of(leases)
     n = len(streams)
     binding = strictest([itl_goal_ms, *(s.max_itl_ms for s in streams)])
     predicted = model.predict_ms(n + 1) if model is not None else None
+    prefill = _prefill(model, streams, prompt_tokens) if ttft_goal_ms else None
     base = TimeCheck(Verdict.OK, worker_id, streams=n, predicted_step_ms=predicted or 0.0,
                      itl_goal_ms=binding, ttft_goal_ms=ttft_goal_ms, deadline_s=deadline_s)
-    if predicted is None or not binding or predicted <= binding:
+    if predicted is None:
         return base
     assert model is not None
     fastest = model.predict_ms(1) or 0.0
-    if itl_goal_ms and fastest > itl_goal_ms:
-        return _with(base, Verdict.UNREACHABLE, fastest, 0.0)
-    # How many streams must end before the step with this one fits the strictest goal.
-    leaving = next((k for k in range(1, n + 1)
-                    if (model.predict_ms(n + 1 - k) or 0.0) <= binding), n)
+    leaving = 0  # streams that must end before it starts
+    if binding and predicted > binding:
+        if itl_goal_ms and fastest > itl_goal_ms:
+            return _with(base, Verdict.UNREACHABLE, fastest, 0.0)
+        # How many streams must end before the step with this one fits the strictest goal.
+        leaving = next((k for k in range(1, n + 1)
+                        if (model.predict_ms(n + 1 - k) or 0.0) <= binding), n)
     step_s = (model.predict_ms(n) or predicted) / 1e3
     ends_s = sorted(max(0.0, s.max_new_tokens * step_s - (now - s.decoding_since)) for s in streams)
-    wait_s = _departure_s(ends_s, leaving - 1 + ahead, _mean_tokens(streams) * step_s)
-    too_late = ((ttft_goal_ms and wait_s * 1e3 > ttft_goal_ms)
-                or (deadline_s is not None and wait_s >= deadline_s))
-    return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait_s)
+
+    def wait_s(k: int) -> float:
+        return _departure_s(ends_s, k - 1 + ahead, _mean_tokens(streams) * step_s) if k else 0.0
+
+    chunks_s = 0.0
+    if prefill is not None:
+        ttft_s = ttft_goal_ms / 1e3
+        alone_s, chunk_tokens = prefill(0)
+        if alone_s > ttft_s:
+            # Its prompt alone, on an idle worker, passes its TTFT goal: no wait cures it.
+            return replace(base, verdict=Verdict.UNREACHABLE, prefill_ms=alone_s * 1e3,
+                           prefill_budget_tokens=chunk_tokens, first_token_ms=alone_s * 1e3,
+                           first_token_late=True)
+        step_leaving = leaving
+        leaving = next((k for k in range(leaving, n + 1) if wait_s(k) + prefill(n - k)[0] <= ttft_s),
+                       n)  # n: only an empty worker would do, too late as the wait says below
+        now_s, budget = prefill(n)
+        chunks_s = prefill(n - leaving)[0]
+        base = replace(base, prefill_ms=now_s * 1e3, prefill_budget_tokens=budget,
+                       first_token_ms=(wait_s(leaving) + chunks_s) * 1e3,
+                       first_token_late=leaving > step_leaving)
+    wait = wait_s(leaving)
+    if not leaving:
+        return base
+    too_late = ((ttft_goal_ms and (wait + chunks_s) * 1e3 > ttft_goal_ms)
+                or (deadline_s is not None and wait >= deadline_s))
+    return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait)
+
+
+def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
+    """(seconds, budget tokens) of the prompt's chunks beside m of these streams, by m; None
+    when the worker's prompt-token cost is not measured. The step at m rows is the measured
+    decode mean, the goal the strictest among all of them (pessimistic once some end)."""
+    pace = model.prefill if model is not None else None
+    if pace is None or prompt_tokens <= 0:
+        return None
+    assert model is not None
+    goal_ms = strictest(s.max_itl_ms for s in streams)
+    token_s, chunk_s = pace.prompt_token_ms / 1e3, pace.chunk_ms / 1e3
+
+    def at(m: int) -> tuple[float, int]:
+        step = (model.predict_ms(m) or 0.0) / 1e3 if m else 0.0
+        goal = goal_ms if m else 0
+        return (prefill_s(prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s),
+                prefill_budget_tokens(goal, step, token_s, pace.chunk_tokens, chunk_s))
+    return at
 
 
 def _mean_tokens(streams: list[Lease]) -> float:
@@ -155,10 +217,7 @@ def _departure_s(ends_s: list[float], index: int, stream_s: float) -> float:
 
 
 def _with(base: TimeCheck, verdict: Verdict, fastest_ms: float, wait_s: float) -> TimeCheck:
-    return TimeCheck(verdict, base.worker_id, streams=base.streams,
-                     predicted_step_ms=base.predicted_step_ms, itl_goal_ms=base.itl_goal_ms,
-                     ttft_goal_ms=base.ttft_goal_ms, fastest_step_ms=fastest_ms,
-                     estimated_wait_s=wait_s, deadline_s=base.deadline_s)
+    return replace(base, verdict=verdict, fastest_step_ms=fastest_ms, estimated_wait_s=wait_s)
 
 
 def tokens_within_deadline(deadline_s: float, step_ms: float) -> int:

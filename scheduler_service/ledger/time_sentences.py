@@ -8,6 +8,14 @@ from scheduler_service.ledger.types import Cause, NewTokensCap, Rejection
 
 def rejection_text(r: Rejection) -> tuple[str, str]:
     """(message, remedy) of a TIME_BUSY or TIME_GOAL_UNREACHABLE rejection."""
+    if r.cause is Cause.TIME_GOAL_UNREACHABLE and r.first_token_late:
+        message = (f"its {r.prompt_tokens:,}-token prompt takes about {r.prefill_ms / 1e3:.1f} s "
+                   f"to its first token on worker {r.worker_id} with nothing else running "
+                   f"(chunks of {r.prefill_budget_tokens:,} tokens at its measured prompt cost), "
+                   f"past its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}: no wait can meet it")
+        remedy = (f"loosen max_ttft_ms to at least {int(r.prefill_ms) + 1:,}, or send a "
+                  "shorter prompt, or use a smaller model or faster workers")
+        return message, remedy
     if r.cause is Cause.TIME_GOAL_UNREACHABLE:
         message = (f"the gap goal max_itl_ms {r.itl_goal_ms:,} is below the decode step worker "
                    f"{r.worker_id} takes with one stream alone ({r.fastest_step_ms:.1f} ms "
@@ -21,8 +29,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
                    f"decode step {r.predicted_step_ms:.1f} ms, over {goal}; enough of them end in "
                    f"about {r.estimated_wait_s:.1f} s")
         late = []
-        if r.ttft_goal_ms and r.estimated_wait_s * 1e3 > r.ttft_goal_ms:
-            late.append(f"its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}")
+        if r.ttft_goal_ms and max(r.estimated_wait_s * 1e3, r.first_token_ms) > r.ttft_goal_ms:
+            late.append(f"its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}" + _chunks(r))
         if r.deadline_ms and r.estimated_wait_s * 1e3 >= r.deadline_ms:
             late.append(f"its deadline ({r.deadline_ms / 1e3:.1f} s left)")
         if late:
@@ -30,6 +38,17 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         remedy = (f"retry in {r.retry_after_s:.1f} s, or loosen max_itl_ms (> "
                   f"{int(r.predicted_step_ms):,} admits it now), or ask for fewer max_new_tokens, "
                   "or use another model or more workers")
+        return message, remedy
+    if r.first_token_late:
+        message = (f"worker {r.worker_id} serves {r.streams:,} streams with gap goal "
+                   f"{r.itl_goal_ms:,} ms; beside them its {r.prompt_tokens:,}-token prompt would "
+                   f"run in chunks of {r.prefill_budget_tokens:,} tokens a step (what keeps the "
+                   f"step within the goal), {r.prefill_ms / 1e3:.1f} s to its first token, and "
+                   f"after enough of them end (about {r.estimated_wait_s:.1f} s) about "
+                   f"{r.first_token_ms / 1e3:.1f} s: past its TTFT goal max_ttft_ms "
+                   f"{r.ttft_goal_ms:,}")
+        remedy = (f"retry in {r.retry_after_s:.1f} s, or loosen max_ttft_ms, or send a shorter "
+                  "prompt, or use another model or more workers")
         return message, remedy
     floor = max(r.min_new_tokens, 1)
     at = (f"at worker {r.worker_id}'s predicted decode step of {r.predicted_step_ms:.1f} ms with "
@@ -48,6 +67,14 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     remedy = (f"allow a later deadline (at least {(wanted + 1) * r.predicted_step_ms / 1e3:.2f} s),"
               f" or retry in {r.retry_after_s:.1f} s when fewer streams run, or {fewer}")
     return message, remedy
+
+
+def _chunks(r: Rejection) -> str:
+    """The prompt's chunks in a TTFT sentence, when they were predicted."""
+    if not r.first_token_ms:
+        return ""
+    return (f" (its first token in about {r.first_token_ms / 1e3:.1f} s: the wait, then its "
+            f"{r.prompt_tokens:,}-token prompt's chunks beside the streams left)")
 
 
 def cap_reason(cap: NewTokensCap, asked: str) -> str:

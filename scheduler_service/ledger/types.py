@@ -335,6 +335,12 @@ class Rejection:
     estimated_wait_s: float = 0.0  # until enough of them end
     deadline_ms: float = 0.0  # the call's time left (0: no deadline)
     time_waits: bool = False  # TIME_BUSY that the queue can cure (the wait fits its goals)
+    prefill_ms: float = 0.0  # TIME_BUSY: its prompt's chunks beside the streams running now
+    prefill_budget_tokens: int = 0  # TIME_BUSY: the prompt tokens a step beside them may run
+    first_token_ms: float = 0.0  # TIME_BUSY: the wait, then its chunks beside those left
+    # TIME_BUSY for its first token: the step with it keeps the gap goals, but the wait and
+    # its prompt's chunks beside the streams pass its TTFT goal (time_budget.py).
+    first_token_late: bool = False
 
     @property
     def waits_for_tenant_room(self) -> bool:

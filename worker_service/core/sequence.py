@@ -78,6 +78,10 @@ class SequenceRequest:
     # A stored response's follow-up: may match the answer blocks a kept request left
     # (GenerateRequest.continues_kept_answer); others match prefilled blocks only.
     continues_kept_answer: bool = False
+    # The longest gap between tokens this stream accepts, in ms (GenerateRequest.max_itl_ms
+    # as the scheduler resolved it; 0: none): a step that decodes it spends on prompt
+    # chunks only what keeps the step within it (core/prefill_budget.py).
+    max_itl_ms: int = 0
     # perf_counter() when the request reached this process: timings start here,
     # so ttft_ms includes claim, tokenize and queueing.
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -99,6 +103,14 @@ class SequenceRequest:
         request_rules.new_tokens(max_new_tokens, self.min_new_tokens)
         changed = copy.copy(self)
         object.__setattr__(changed, "max_new_tokens", max_new_tokens)  # frozen: set once, here
+        return changed
+
+    def with_max_itl_ms(self, max_itl_ms: int) -> SequenceRequest:
+        """This request held to another gap goal (the lease's), validated as that alone."""
+        if max_itl_ms < 0:
+            raise ValueError(f"max_itl_ms must be >= 0 (0: no goal), got {max_itl_ms}")
+        changed = copy.copy(self)
+        object.__setattr__(changed, "max_itl_ms", max_itl_ms)  # frozen: set once, here
         return changed
 
     @property

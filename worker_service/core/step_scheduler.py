@@ -5,7 +5,9 @@ scheduler: `waiting` (submitted, KV already charged) and `running`. Each step
 decodes every running sequence that has one pending token, in one batch, and
 spends at most `max_prefill_tokens` on prompt chunks, so a long prompt delays
 decoding streams by at most one chunk a step. Prefilling sequences go first in
-arrival order, then waiting ones join.
+arrival order, then waiting ones join. With `prefill_budget` a step spends less:
+what it answers for the step's decodes (prefill_budget.py: what keeps the step
+within their strictest gap goal), never below MIN_PREFILL_BUDGET_TOKENS.
 
 A chunk over a past runs batch 1 (GQA's limit); the first chunks of sequences
 that hold nothing yet (`PrefillChunk.first`) may share one run, right-padded
@@ -23,9 +25,12 @@ hit, cut it (docs/features/prefix-cache.md, "A hit is exact").
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+# A budget of >= 3 always advances the first prompt in line (ortserve/rules/prefill_math.py).
+from ortserve.rules.prefill_math import MIN_PREFILL_BUDGET_TOKENS
 
 
 class Schedulable(Protocol):
@@ -83,7 +88,8 @@ class StepScheduler:
 
     def __init__(self, max_prefill_tokens: int = 512, max_batch: int | None = None,
                  can_start: Callable[[Schedulable, list[Schedulable]], bool] =
-                 lambda seq, starting: True) -> None:
+                 lambda seq, starting: True,
+                 prefill_budget: Callable[[Sequence[Schedulable]], int] | None = None) -> None:
         if max_prefill_tokens < MIN_PREFILL_BUDGET_TOKENS:
             raise ValueError(f"max_prefill_tokens must be >= {MIN_PREFILL_BUDGET_TOKENS} (a "
                              "step's budget must fit a prompt run of two tokens after a cut "
@@ -93,6 +99,9 @@ class StepScheduler:
         # Whether a sequence can start now besides those starting in the same step (e.g. a
         # free row in the KV layout: rows are taken when the step runs, after this pass).
         self._can_start = can_start
+        # Prompt tokens a step with these decodes may run (None: max_prefill_tokens always).
+        self._prefill_budget = prefill_budget
+        self.budget_tokens = max_prefill_tokens  # the last step's budget (the worker's gauge)
         self.waiting: deque[Schedulable] = deque()
         self.running: list[Schedulable] = []
 
@@ -115,6 +124,9 @@ class StepScheduler:
         if self.max_batch is not None:
             decodes = decodes[: self.max_batch]
         budget = self.max_prefill_tokens
+        if self._prefill_budget is not None and decodes:
+            budget = max(MIN_PREFILL_BUDGET_TOKENS, min(budget, self._prefill_budget(decodes)))
+        self.budget_tokens = budget
         chunks: list[PrefillChunk] = []
         for seq in self.running:
             if budget == 0:
@@ -137,11 +149,6 @@ class StepScheduler:
             chunks.append(PrefillChunk(seq, n, first=seq.num_computed_tokens == 0))
             budget -= n
         return StepPlan(decodes=tuple(decodes), prefills=tuple(chunks))
-
-
-# One token of budget more than the two a run over a past needs: a budget of b >= 3 always
-# advances the first prompt in line (b tokens, or b - 1 leaving two, or all it has left).
-MIN_PREFILL_BUDGET_TOKENS = 3
 
 
 def prompt_chunk_tokens(seq: Schedulable, budget: int) -> int:

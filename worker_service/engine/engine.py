@@ -30,6 +30,7 @@ from ortserve.rules import request_rules
 from ortserve.status.units import human_bytes, tokens
 from worker_service.core.errors import EngineError, InvalidWorkerField, LeaseInUse
 from worker_service.core.ngram import Drafter
+from worker_service.core.prefill_budget import PrefillPace, strictest_goal_ms
 from worker_service.core.sequence import (
     TERMINAL,
     Cancelled,
@@ -108,8 +109,13 @@ class Engine:
             config, self.runner, self.kv_layout)
         self._costs = VerifyCosts()
         self.step_times = StepTimes()  # the heartbeat reports them (the time budget)
+        # What a decode step and a prompt token cost here: prompt chunks beside decodes are
+        # held to the decodes' gap goal (core/prefill_budget.py).
+        self.prefill_pace = PrefillPace()
+        self.prompt_chunks = 0  # prompt chunks run since start (the worker's metrics)
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
-                                       can_start=self.runner.can_start)
+                                       can_start=self.runner.can_start,
+                                       prefill_budget=self._prefill_budget)
         # Output constraints: llguidance's tokenizer is built on the first constrained request.
         self.constraints = ConstraintCompiler(self.tokenizer.to_json, self.spec.vocab_size,
                                               self.spec.eos_token_ids)
@@ -409,8 +415,19 @@ class Engine:
         wait_for_masks()
         self._costs.record(output.decode_rows, output.decode_s, output.verify_s)
         self._postprocess(output)
-        # The whole step, prompt chunks and postprocessing included: a stream's token gap.
-        self.step_times.record(output.decode_rows, time.perf_counter() - now)
+        # The whole step, postprocessing included: a stream's token gap. The scheduler gets
+        # the steps without chunks (the decode step); the chunks' cost feeds their budget.
+        elapsed_s = time.perf_counter() - now
+        prompt_tokens = sum(c.num_tokens for c in plan.prefills)
+        self.step_times.record(output.decode_rows, elapsed_s, prompt_tokens)
+        self.prompt_chunks += len(plan.prefills)
+        self.prefill_pace.record(len(plan.decodes), len(plan.prefills), prompt_tokens, elapsed_s)
+
+    def _prefill_budget(self, decodes: list[Sequence]) -> int:
+        """Prompt tokens a step with these decodes may run: within their strictest gap goal."""
+        goal_ms = strictest_goal_ms(seq.req.max_itl_ms for seq in decodes)
+        return self.prefill_pace.budget_tokens(goal_ms, len(decodes),
+                                               self.scheduler.max_prefill_tokens)
 
     def _postprocess(self, output: StepOutput) -> None:
         """Apply the step's output (postprocess.py), then free what failed or finished."""

@@ -2,8 +2,12 @@
 takes them (the scheduler's time budget, docs/features/time-budget.md).
 
 A step's wall time is what one gap between a running stream's tokens costs: its
-decode run, any prompt chunks sharing the step, sampling and postprocessing. The
-engine thread records; the heartbeat drains. One lock, plain numbers.
+decode run, sampling and postprocessing. Steps that also ran prompt chunks are left
+out: the chunks beside decoding streams with a gap goal are held within it on their
+own (core/prefill_budget.py), so what admission must keep within the goals is the
+decode step; a mean with the chunks in it (before, up to 512 prompt tokens a step)
+read several times the decode on a CPU and refused streams the goals had room for.
+The engine thread records; the heartbeat drains. One lock, plain numbers.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ class StepTimes:
         self._lock = threading.Lock()
         self._by_rows: dict[int, tuple[int, float]] = {}  # rows -> (steps, seconds summed)
 
-    def record(self, rows: int, seconds: float) -> None:
-        """One step that decoded `rows` rows in `seconds` (steps with no decode row count
-        for nothing: no stream waited on them for a token)."""
-        if rows < 1 or seconds < 0:
+    def record(self, rows: int, seconds: float, prompt_tokens: int = 0) -> None:
+        """One step that decoded `rows` rows in `seconds` beside `prompt_tokens` (steps with
+        no decode row count for nothing: no stream waited on them for a token; steps with
+        prompt tokens neither: see the module docstring)."""
+        if rows < 1 or seconds < 0 or prompt_tokens > 0:
             return
         with self._lock:
             steps, total = self._by_rows.get(rows, (0, 0.0))

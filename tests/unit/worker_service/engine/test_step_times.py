@@ -26,6 +26,9 @@ def test_steps_are_summed_by_rows_and_a_drain_empties_them():
     times.record(1, 0.004)
     times.record(2, 0.030)
     times.record(0, 0.5)  # a prompt-only step: no stream waited on it for a token
+    # A step with prompt chunks beside its decodes: held to the goal by the chunks' budget,
+    # so admission reads the decode step alone.
+    times.record(2, 0.9, prompt_tokens=512)
     assert times.drain() == [(1, 1, 0.004), (2, 2, pytest.approx(0.040))]
     assert times.drain() == []
 

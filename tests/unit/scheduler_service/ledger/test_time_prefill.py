@@ -1,0 +1,125 @@
+"""The first token's time counts the prompt's chunks (time_budget.py): beside streams with a
+gap goal a step runs only the prompt tokens that keep it within the goal
+(ortserve/rules/prefill_math.py, the worker's own rule), so a long prompt takes more steps.
+Synthetic steps (10 ms + 10 ms a row), a prompt token at 0.5 ms, a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from ortserve.rules.prefill_math import prefill_budget_tokens, prefill_s
+from ortserve.status.errors import InvalidField
+from ortserve.v1 import scheduler_pb2
+from scheduler_service import convert
+from scheduler_service.ledger.ledger import AdmissionRequest, Cause, Decision
+from scheduler_service.ledger.queue import AdmissionQueue, Ticket
+from scheduler_service.ledger.step_model import PromptPace
+from tests.unit.scheduler_service.ledger.test_time_admission import measured_ledger
+
+PROMPT_TOKEN_MS = 0.5
+
+
+def paced_ledger():
+    ledger = measured_ledger()
+    assert ledger.heartbeat("w1", prefill=PromptPace(PROMPT_TOKEN_MS, chunk_tokens=512))
+    return ledger
+
+
+def ask(request_id, prompt_tokens=10, max_itl_ms=0, max_ttft_ms=0, max_new_tokens=100):
+    return AdmissionRequest(request_id, prompt_tokens=prompt_tokens,
+                            max_new_tokens=max_new_tokens, model="m", max_itl_ms=max_itl_ms,
+                            max_ttft_ms=max_ttft_ms)
+
+
+def two_streams(ledger, max_itl_ms: int, max_new_tokens: int = 100) -> None:
+    for name in ("a", "b"):
+        assert ledger.admit(ask(name, max_itl_ms=max_itl_ms,
+                                max_new_tokens=max_new_tokens)).decision is Decision.ADMITTED
+
+
+def test_the_chunks_pace_is_the_workers_rule():
+    # Beside 2 streams (a 30 ms step) with a 50 ms goal: 40 ms aimed at, 10 ms left, 20
+    # tokens a step; a 1,000-token prompt takes 50 steps: 50 x 30 ms + 1,000 x 0.5 ms.
+    assert prefill_budget_tokens(50, 0.030, 0.0005, 512) == 20
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512) == pytest.approx(2.0)
+    # No goal: two chunks of the configured 512.
+    assert prefill_s(1_000, 0, 0.030, 0.0005, 512) == pytest.approx(0.56)
+    # A chunk's own run (5 ms) leaves 5 ms, 10 tokens a step: 100 steps of 35 ms + 0.5 s.
+    assert prefill_budget_tokens(50, 0.030, 0.0005, 512, chunk_s=0.005) == 10
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, chunk_s=0.005) == pytest.approx(4.0)
+
+
+def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_refused_with_them():
+    ledger = paced_ledger()
+    two_streams(ledger, max_itl_ms=50)
+    # The step with it (40 ms) keeps every gap goal; its first token would not keep 1.5 s:
+    # 2.0 s of chunks now, and the streams end in 3 s (100 tokens x 30 ms).
+    refused = ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50, max_ttft_ms=1_500))
+    assert refused.decision is Decision.REJECTED
+    r = refused.rejection
+    assert r.cause is Cause.TIME_BUSY and r.first_token_late and not r.time_waits
+    assert refused.rejection.retry_after_s == pytest.approx(3.0)
+    assert r.estimated_wait_s == pytest.approx(3.0)
+    # Now: 20 tokens a step, 2.0 s; at best after both end: 3.0 s + 0.5 s.
+    assert r.prefill_ms == pytest.approx(2_000.0) and r.prefill_budget_tokens == 20
+    assert r.first_token_ms == pytest.approx(3_500.0)
+    assert "1,000-token prompt" in r.message and "chunks of 20 tokens" in r.message
+    assert "max_ttft_ms 1,500" in r.message and "3.5 s" in r.message
+    assert "loosen max_ttft_ms" in r.remedy and "shorter prompt" in r.remedy
+
+
+def test_the_same_prompt_is_admitted_beside_streams_without_a_goal_or_with_a_looser_ttft():
+    ledger = paced_ledger()
+    two_streams(ledger, max_itl_ms=0)  # full chunks beside them: 0.56 s
+    assert ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50,
+                            max_ttft_ms=1_500)).decision is Decision.ADMITTED
+    ledger = paced_ledger()
+    two_streams(ledger, max_itl_ms=50)
+    assert ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50,
+                            max_ttft_ms=2_500)).decision is Decision.ADMITTED
+
+
+def test_it_waits_when_a_stream_ending_lets_its_chunks_fit_its_ttft_goal():
+    ledger = paced_ledger()
+    queue = AdmissionQueue(ledger, max_wait_s=60.0)
+    two_streams(ledger, max_itl_ms=50, max_new_tokens=10)  # they end in 0.3 s
+    # Beside 2: 2.0 s; after one ends (0.3 s), beside 1 (20 ms, 40 tokens a step): 1.0 s.
+    ticket = queue.submit(ask("long", prompt_tokens=1_000, max_itl_ms=50, max_ttft_ms=1_500))
+    assert isinstance(ticket, Ticket)
+
+
+def test_a_prompt_past_its_ttft_goal_even_alone_is_unreachable_with_the_numbers():
+    ledger = paced_ledger()
+    two_streams(ledger, max_itl_ms=50)
+    # 1,000 tokens alone take 0.5 s > 0.4 s: no wait cures it (before, it was admitted and
+    # ran at the floor beside the streams: tens of seconds to its first token).
+    refused = ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50, max_ttft_ms=400))
+    r = refused.rejection
+    assert r.cause is Cause.TIME_GOAL_UNREACHABLE and r.first_token_late
+    assert r.prefill_ms == pytest.approx(500.0) and r.prefill_budget_tokens == 512
+    assert "1,000-token prompt takes about 0.5 s" in r.message
+    assert "loosen max_ttft_ms to at least 501" in r.remedy and r.retry_after_s == 0
+    # The same prompt with no TTFT goal is not held to one.
+    assert ledger.admit(ask("free", prompt_tokens=1_000,
+                            max_itl_ms=50)).decision is Decision.ADMITTED
+
+
+def test_a_worker_that_reports_no_prompt_cost_is_judged_as_before():
+    ledger = measured_ledger()
+    two_streams(ledger, max_itl_ms=50)
+    assert ledger.admit(ask("long", prompt_tokens=1_000, max_itl_ms=50,
+                            max_ttft_ms=1_500)).decision is Decision.ADMITTED
+
+
+def test_a_heartbeats_prompt_pace_is_read_or_refused_naming_the_field():
+    assert convert.prefill_pace(scheduler_pb2.HeartbeatRequest()) is None  # not measured
+    pace = convert.prefill_pace(scheduler_pb2.HeartbeatRequest(
+        prompt_token_ms=0.25, prompt_chunk_ms=4.0))
+    assert pace == PromptPace(0.25, chunk_tokens=512, chunk_ms=4.0)  # an unsaid chunk: 512
+    with pytest.raises(InvalidField) as err:
+        convert.prefill_pace(scheduler_pb2.HeartbeatRequest(prompt_token_ms=0.25,
+                                                            prompt_chunk_ms=-1.0))
+    assert err.value.metadata["field"] == "prompt_chunk_ms"
+    with pytest.raises(InvalidField) as err:
+        convert.prefill_pace(scheduler_pb2.HeartbeatRequest(prompt_token_ms=float("nan")))
+    assert err.value.metadata["field"] == "prompt_token_ms"
