@@ -149,8 +149,12 @@ hf-model: tools-setup
 
 ## test: every test, the slow ones on the real model included (lora-demo: the LoRA tests'
 ## folders, built once from the tiny model, about 30 s of CPU, then kept)
+## PYTEST_ARGS: more pytest options, e.g. PYTEST_ARGS="-n 2 --dist loadfile" (pytest-xdist: two
+## processes, each test file whole in one; tests/e2e/ledger took 140-169 s against 220-442 s alone
+## on the shared 2 cores; not the default until a whole run is measured: docs/setup.md#tests)
+PYTEST_ARGS ?=
 test: setup model tiny-model lora-demo
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## test-fast: unit and service tests only
 test-fast: setup tiny-model
