@@ -149,8 +149,12 @@ hf-model: tools-setup
 
 ## test: every test, the slow ones on the real model included (lora-demo: the LoRA tests'
 ## folders, built once from the tiny model, about 30 s of CPU, then kept)
+## PYTEST_ARGS: pytest's options beyond -q; by default the test files in two processes
+## (pytest-xdist; loadfile: each file whole in one process, its module clusters started once;
+## measured in docs/setup.md#tests); PYTEST_ARGS= runs them in one process
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: setup model tiny-model lora-demo
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 ## test-fast: unit and service tests only
 test-fast: setup tiny-model

@@ -69,7 +69,12 @@ def generate(cluster, req: types_pb2.GenerateRequest) -> list[types_pb2.Generate
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = start_cluster(tmp_path_factory, "remedies", kv_capacities=["8MiB"])
+    # Every restart_worker starts worker-0 again under the same id, which the scheduler
+    # frees lease_ttl_s after the stopped one's last heartbeat (a worker does not say
+    # goodbye): at the defaults (2 s heartbeats, 10 s) each of the six restarts waited ~10 s
+    # for it; 0.5 s heartbeats and 3 s (as test_sessions_e2e) still allow 6 late beats.
+    cluster = start_cluster(tmp_path_factory, "remedies", kv_capacities=["8MiB"],
+                            scheduler_args=["--heartbeat-interval-s", "0.5", "--lease-ttl-s", "3"])
     yield cluster
     cluster.stop()
 

@@ -10,7 +10,7 @@ from google.rpc import error_details_pb2
 
 from ortserve.status import rich_status
 from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, types_pb2
-from tests.service.test_scheduler_queue import QueueCluster, request
+from tests.service.scheduler_service.test_scheduler_queue import QueueCluster, request
 
 
 @pytest.fixture()

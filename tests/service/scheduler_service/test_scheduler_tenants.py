@@ -12,7 +12,7 @@ from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger import tenants
 from tests.service.fake_cluster import BPT
-from tests.service.test_scheduler_queue import make_cluster, reason, request  # noqa: F401 - fixture
+from tests.service.scheduler_service.test_scheduler_queue import make_cluster, reason, request  # noqa: F401 - fixture
 
 KEY_SMALL = "s" * 24
 KEY_LARGE = "l" * 24
