@@ -226,7 +226,9 @@ def test_a_streamed_response_streams_reasoning_first_then_text(gateway, raw_gate
     kinds = [e.type for e in events]
     thoughts = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
     texts = [e.delta for e in events if e.type == "response.output_text.delta"]
-    assert len(thoughts) > 1 and texts  # it streamed, not one block at the end
+    # It streamed, not one block at the end: reasoning deltas before the first text delta
+    # (a loaded machine may coalesce the thoughts' tokens into one chunk: a count says nothing).
+    assert thoughts and texts
     assert max(i for i, k in enumerate(kinds) if k == "response.reasoning_text.delta") < \
         min(i for i, k in enumerate(kinds) if k == "response.output_text.delta")
     assert raw_text == "".join(thoughts) + "</think>\n\n" + "".join(texts)
