@@ -232,7 +232,7 @@ class _PrefillBudgetMetrics(Collector):
         yield CounterMetricFamily(
             "ortserve_worker_prompt_chunks",
             "Prompt chunks run (a prompt held to a small budget runs in more of them)",
-            value=self._engine.prompt_chunks)
+            value=pace.chunks_run)
 
     def describe(self):
         return []

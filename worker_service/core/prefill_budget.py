@@ -56,12 +56,14 @@ class PrefillPace:
         # The fit's weighted sums: chunks^2, chunks x tokens, tokens^2, chunks x s, tokens x s.
         self._sums = [0.0] * 5
         self._fit: tuple[float, float] | None = None  # (a chunk's own s, a token's s)
+        self.chunks_run = 0  # prompt chunks recorded since start (the worker's metrics)
 
     def record(self, rows: int, chunks: int, prompt_tokens: int, seconds: float) -> None:
         if seconds < 0 or rows < 0 or prompt_tokens < 0 or chunks < 0 \
                 or (rows == 0 and prompt_tokens == 0):
             return
         with self._lock:
+            self.chunks_run += chunks
             if prompt_tokens == 0:
                 before = self._decode_s.get(rows)
                 self._decode_s[rows] = seconds if before is None else \

@@ -112,7 +112,6 @@ class Engine:
         # What a decode step and a prompt token cost here: prompt chunks beside decodes are
         # held to the decodes' gap goal (core/prefill_budget.py).
         self.prefill_pace = PrefillPace()
-        self.prompt_chunks = 0  # prompt chunks run since start (the worker's metrics)
         self.scheduler = StepScheduler(max_prefill_tokens=chunk_tokens,
                                        can_start=self.runner.can_start,
                                        prefill_budget=self._prefill_budget)
@@ -420,7 +419,6 @@ class Engine:
         elapsed_s = time.perf_counter() - now
         prompt_tokens = sum(c.num_tokens for c in plan.prefills)
         self.step_times.record(output.decode_rows, elapsed_s, prompt_tokens)
-        self.prompt_chunks += len(plan.prefills)
         self.prefill_pace.record(len(plan.decodes), len(plan.prefills), prompt_tokens, elapsed_s)
 
     def _prefill_budget(self, decodes: list[Sequence]) -> int:
