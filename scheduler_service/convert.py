@@ -340,6 +340,7 @@ def budget_to_pb(snapshot: list[WorkerSnapshot], include_leases: bool, now: floa
             leases=[lease_to_pb(lease, now) for lease in w.leases] if include_leases else [],
             execution_provider=g.execution_provider,
             draining=w.draining,
+            unreachable=w.unreachable,
             running_sequences=w.batch.running_sequences,
             batch_rows=w.batch.batch_rows,
             largest_batch=w.batch.largest_batch,

@@ -135,6 +135,19 @@ def test_gauges_follow_admissions_the_queue_and_releases(served):
     assert (w.lease_count, w.reserved_bytes, seen[g.KV_UTILIZATION][0].value) == (0, 0, 0.0)
 
 
+def both_placeable(cluster) -> None:
+    """Wait until the ledger may place on both workers: on a loaded machine a worker slow to
+    answer a call and its health check is passed over until its next heartbeat
+    (worker_patience), and "the most free bytes" is then the other's."""
+    stub = scheduler_stub(cluster.address)
+
+    def placeable() -> int:
+        workers = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5).workers
+        return len([w for w in workers if not (w.unreachable or w.draining)])
+
+    wait_until(lambda: placeable() == 2)
+
+
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     """Two workers, the first with more free bytes (the ledger's own pick), and a gateway
@@ -165,6 +178,7 @@ def test_a_pods_gateway_asks_for_its_own_worker_and_gets_it_while_it_fits(two_wo
                                            max_tokens=2)
         return answer.model_extra["ortserve"]["worker_id"]
 
+    both_placeable(cluster)
     assert served_by(plain) == big  # the ledger alone: the most free bytes
     assert served_by(gateways[small]) == small  # the picker chose small's pod: small serves
     assert served_by(gateways[big]) == big
@@ -198,6 +212,7 @@ def test_every_api_carries_the_pods_placement_hint(two_workers, api):
         with urllib.request.urlopen(request, timeout=120) as reply:
             return json.loads(reply.read())["ortserve"]["worker_id"]
 
+    both_placeable(cluster)
     assert served_by(plain) == big  # the ledger alone: the most free bytes
     assert served_by(gateways[small]) == small  # small's pod: small serves, whichever API
 

@@ -1,4 +1,8 @@
-"""Time beside bytes through real processes: a scheduler and one worker on the tiny model.
+"""Time beside bytes through real processes: a scheduler and one worker on the default model.
+
+Not the tiny model: its one-stream step can be under a millisecond on a fast CPU, below
+the smallest gap goal a request can name (1 ms), so "a goal below the step" would not be
+one there. SmolLM2-135M fp32 steps in tens of milliseconds on any CPU.
 
 The worker measures its decode steps and reports them with its heartbeats; the
 scheduler predicts the step from them (docs/features/time-budget.md). A gap goal
@@ -18,15 +22,16 @@ from google.rpc import error_details_pb2
 from devtools.cluster import LocalCluster
 from ortserve.status import rich_status
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import scheduler_stub
-from tests.models import prepared_model_dir
+from tests.e2e.conftest import require_model, scheduler_stub
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cluster = LocalCluster(model_dir=prepared_model_dir("tiny-llama"),
+def served(tmp_path_factory):
+    # 256 MiB: ~5,800 tokens at 46,080 bytes each, so a 1,500-token ask is capped by its
+    # deadline, never by bytes.
+    cluster = LocalCluster(model_dir=require_model(),
                            log_dir=tmp_path_factory.mktemp("logs-time-budget"),
-                           kv_capacities=[str(1 << 20)],
+                           kv_capacities=[str(256 << 20)],
                            scheduler_args=["--heartbeat-interval-s", "0.5"]).start()
     yield cluster
     cluster.stop()
@@ -45,8 +50,8 @@ def measured(stub, timeout_s: float = 120.0) -> scheduler_pb2.WorkerBudget:
     return worker
 
 
-def test_the_budget_shows_the_measured_step_and_goals_are_off_by_default(tiny):
-    stub = scheduler_stub(tiny.address)
+def test_the_budget_shows_the_measured_step_and_goals_are_off_by_default(served):
+    stub = scheduler_stub(served.address)
     worker = measured(stub)
     budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10)
     assert budget.max_itl_ms == 0 and budget.max_ttft_ms == 0
@@ -60,8 +65,8 @@ def test_the_budget_shows_the_measured_step_and_goals_are_off_by_default(tiny):
     assert events[-1].finished.usage.generated_tokens == 8
 
 
-def test_a_gap_goal_below_one_streams_step_is_refused_with_the_numbers(tiny):
-    stub = scheduler_stub(tiny.address)
+def test_a_gap_goal_below_one_streams_step_is_refused_with_the_numbers(served):
+    stub = scheduler_stub(served.address)
     worker = measured(stub)
     with pytest.raises(grpc.RpcError) as err:
         list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8, max_itl_ms=1),
@@ -83,8 +88,8 @@ def test_a_gap_goal_below_one_streams_step_is_refused_with_the_numbers(tiny):
     assert answer.rejection.cause == types_pb2.TIME_GOAL_UNREACHABLE
 
 
-def test_a_deadline_too_short_for_max_new_tokens_caps_them_before_the_first_token(tiny):
-    stub = scheduler_stub(tiny.address)
+def test_a_deadline_too_short_for_max_new_tokens_caps_them_before_the_first_token(served):
+    stub = scheduler_stub(served.address)
     worker = measured(stub)
     # About 100 steps at the step the scheduler predicts for one stream: far fewer than
     # the 1,500 tokens asked, whatever this machine's speed.
@@ -107,13 +112,13 @@ def test_a_deadline_too_short_for_max_new_tokens_caps_them_before_the_first_toke
     assert "deadline" in cap.reason and f"{cap.admitted_max_new_tokens:,}" in cap.reason
 
 
-def test_the_client_s_two_step_path_is_capped_to_its_deadline_as_a_relayed_one(tiny):
+def test_the_client_s_two_step_path_is_capped_to_its_deadline_as_a_relayed_one(served):
     from ortserve_client import Client
 
-    stub = scheduler_stub(tiny.address)
+    stub = scheduler_stub(served.address)
     worker = measured(stub)
     deadline_s = max(worker.next_step_ms * 100 / 1e3, 0.5)
-    client = Client(tiny.address, timeout_s=deadline_s)  # direct: Admit, then the worker
+    client = Client(served.address, timeout_s=deadline_s)  # direct: Admit, then the worker
     try:
         admissions = []
         stream = client.stream("Hi", max_new_tokens=1_500,
@@ -147,8 +152,8 @@ def _close(stub, session_id: str) -> None:
             time.sleep(0.05)
 
 
-def test_a_session_turn_is_held_to_its_goal_and_capped_to_its_deadline_like_a_generate(tiny):
-    stub = scheduler_stub(tiny.address)
+def test_a_session_turn_is_held_to_its_goal_and_capped_to_its_deadline_like_a_generate(served):
+    stub = scheduler_stub(served.address)
     worker = measured(stub)
     session_id = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
     try:
