@@ -23,7 +23,8 @@ from ortserve.v1 import scheduler_pb2, worker_pb2
 from worker_service import adapter_admin
 from worker_service.config import WorkerConfig
 from worker_service.core.errors import ConfigError, DeviceUnavailable
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.metrics import WorkerMetrics
 from worker_service.runtime import device as devices

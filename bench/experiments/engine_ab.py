@@ -52,7 +52,8 @@ def _value(text: str):
 
 
 def _engine(model_dir: Path, threads: int, settings: dict) -> InProcessEngine:
-    from worker_service.engine.engine import Engine, EngineConfig
+    from worker_service.engine.config import EngineConfig
+    from worker_service.engine.engine import Engine
 
     settings = dict(settings)
     entries = [(f"session.{k[4:]}", str(settings.pop(k))) for k in list(settings) if k.startswith("ort.")]

@@ -35,7 +35,8 @@ def one_pass(seed: int) -> dict:
     from devtools.cluster import model_cache
     from worker_service.core.sampling import SamplingConfig
     from worker_service.core.sequence import SequenceRequest
-    from worker_service.engine.engine import Engine, EngineConfig
+    from worker_service.engine.config import EngineConfig
+    from worker_service.engine.engine import Engine
 
     rng = random.Random(seed)
     out: dict = {}

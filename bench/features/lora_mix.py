@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ortserve.process.logs import configure_logging
 from worker_service.core.sequence import TERMINAL, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 def run_arm(engine: Engine, adapters: list[str], streams: int, new_tokens: int) -> dict:

@@ -107,7 +107,8 @@ class Arm:
 
     def __init__(self, model_dir: Path, threads: int, speculative: str,
                  max_logit_drift: float) -> None:
-        from worker_service.engine.engine import Engine, EngineConfig
+        from worker_service.engine.config import EngineConfig
+        from worker_service.engine.engine import Engine
 
         self.name = speculative
         self.engine = Engine(EngineConfig(model_dir=model_dir, device="cpu",

@@ -25,7 +25,8 @@ from pathlib import Path
 from devtools.cluster import model_cache
 from ortserve.output.constraint_grammar import ConstraintSpec
 from worker_service.core.sequence import TERMINAL, SequenceRequest, TokenDelta
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 SCHEMA = {"type": "array", "minItems": 40, "items": {
     "type": "object", "properties": {

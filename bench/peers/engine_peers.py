@@ -24,7 +24,8 @@ class InProcessEngine:
     """One Engine, kept loaded; `decode(n)` runs n identical streams and times their tokens."""
 
     def __init__(self, model_dir: Path, threads: int) -> None:
-        from worker_service.engine.engine import Engine, EngineConfig
+        from worker_service.engine.config import EngineConfig
+        from worker_service.engine.engine import Engine
 
         self.engine = Engine(EngineConfig(model_dir=model_dir, device="cpu", intra_op_threads=threads,
                                           kv_capacity_bytes=4 * 2**30))

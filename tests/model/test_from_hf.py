@@ -18,7 +18,8 @@ from tests.model.test_parity import MANIFEST, TINY_TIMEOUT_S, prepare, sha256_of
 from tests.models import prepared_model_dir
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

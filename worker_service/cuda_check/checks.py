@@ -22,7 +22,8 @@ from worker_service.cuda_check import compare, forcing, speed
 from worker_service.cuda_check.graph_modes import graph_id_vs_sessions
 from worker_service.cuda_check.harness import Check, Context, Unmet
 from worker_service.cuda_check.memory import kv_memory_as_charged
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.decode_step import bucket_buffer_bytes_bound
 from worker_service.runtime.device_rows import DeviceRows
 from worker_service.runtime.graph_check import captured_equals_uncaptured

@@ -10,7 +10,8 @@ import pytest
 from ortserve.v1 import scheduler_pb2, worker_pb2
 from tests.service.fake_cluster import Cluster
 from tests.service.worker_service.test_worker_info_memory import info_of  # noqa: F401 - a fixture
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.server import registration_request
 
 

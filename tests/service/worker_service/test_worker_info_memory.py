@@ -11,7 +11,8 @@ from ortserve.rpc.error_path import register_service
 from ortserve.v1 import worker_pb2, worker_pb2_grpc
 from tests.aio_thread import LoopThread
 from tests.service.worker_service.test_worker_service import FakeLink
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.server import SERVICE
 from worker_service.servicer import WorkerServicer

@@ -15,7 +15,8 @@ from ortserve.rpc.error_path import register_service
 from ortserve.status import rich_status
 from ortserve.v1 import types_pb2, worker_pb2, worker_pb2_grpc
 from tests.aio_thread import LoopThread
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.lease_lifecycle import LeaseLifecycle
 from worker_service.server import SERVICE
 from worker_service.servicer import WorkerServicer

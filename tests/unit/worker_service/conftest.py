@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

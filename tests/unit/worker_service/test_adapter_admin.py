@@ -13,7 +13,8 @@ from ortserve.v1 import types_pb2
 from tests.models import prepared_model_dir
 from worker_service import adapter_admin
 from worker_service.core.errors import InvalidWorkerField
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.lora import AdapterNoRoom
 
 

@@ -10,7 +10,8 @@ from tests.models import prepared_model_dir
 from worker_service.core.errors import ModelLoadError
 from worker_service.core.sampling import Sampler, SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.kv_pool import StaticSharedKV
 from worker_service.runtime.model import ModelSpec, load_model_spec
 

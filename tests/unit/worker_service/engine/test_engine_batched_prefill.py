@@ -11,7 +11,8 @@ import pytest
 from tests.models import prepared_model_dir
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
 from worker_service.core.step_scheduler import first_chunk_groups
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 # --- the grouping policy (pure) --------------------------------------------------
 

@@ -16,7 +16,8 @@ from worker_service.core.sequence import (
     SequenceRequest,
     TokenDelta,
 )
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 def wait_for(predicate, timeout_s: float = 5.0) -> bool:

@@ -13,7 +13,8 @@ from tests.unit.worker_service.event_recorder import Recorder
 from worker_service.core.errors import CapacityExceeded, ContextWindowFull, DeviceUnavailable
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 @pytest.mark.parametrize(

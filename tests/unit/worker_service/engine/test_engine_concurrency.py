@@ -15,7 +15,8 @@ from worker_service.core.sequence import (
     SequenceRequest,
     TokenDelta,
 )
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 def test_two_sequences_interleave_and_each_equals_its_solo_run(engine):

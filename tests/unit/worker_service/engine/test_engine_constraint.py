@@ -12,7 +12,8 @@ from ortserve.output.constraint_grammar import ConstraintSpec
 from tests.models import prepared_model_dir
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, FinishReason, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 pytestmark = pytest.mark.slow
 

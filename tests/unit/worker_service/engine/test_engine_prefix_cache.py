@@ -8,7 +8,8 @@ import pytest
 from tests.models import prepared_model_dir
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 SAMPLED = SamplingConfig(temperature=1.0, seed=7)  # any logit difference shows in the tokens
 

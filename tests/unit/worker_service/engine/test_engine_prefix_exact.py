@@ -16,7 +16,8 @@ import pytest
 from tests.models import prepared_model_dir
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest, TokenDelta
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 GREEDY = SamplingConfig()
 SEEDED = SamplingConfig(temperature=1.0, seed=4242)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.worker_service.engine.test_engine_sessions import fresh, turn
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.session_kv import SessionState
 
 

@@ -15,7 +15,8 @@ from tests.models import prepared_model_dir
 from worker_service.core.errors import CapacityExceeded, ContextWindowFull
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.kv_pool import KVPool
 from worker_service.runtime.session_kv import (
     HeldKV,

@@ -14,7 +14,8 @@ from tests.models import prepared_model_dir
 from worker_service.core import speculative
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 PASSAGE = (
     "The committee met on Tuesday to review the budget for the new library. After a long "

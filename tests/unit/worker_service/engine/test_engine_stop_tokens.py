@@ -8,7 +8,8 @@ from ortserve.output.constraint_grammar import ConstraintSpec
 from ortserve.status.errors import InvalidField
 from worker_service.core.sampling import SamplingConfig
 from worker_service.core.sequence import FinishReason, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 
 from ortserve.v1 import scheduler_pb2
 from worker_service.core.sequence import SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.engine.step_times import StepTimes
 from worker_service.scheduler_link import SchedulerLink
 

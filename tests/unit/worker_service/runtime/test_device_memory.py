@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from tests.unit.worker_service.runtime.test_kv_arena import make_spec
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime import device_memory
 from worker_service.runtime.device_rows import DeviceRows
 

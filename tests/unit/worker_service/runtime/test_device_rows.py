@@ -138,7 +138,8 @@ def test_first_chunks_prefill_together_into_device_rows(tiny):
 
 def test_the_factory_sizes_device_rows_to_the_capacity_and_says_the_allocation_is_it(tiny):
     from worker_service.core.errors import InvalidWorkerField
-    from worker_service.engine.engine import Engine, EngineConfig
+    from worker_service.engine.config import EngineConfig
+    from worker_service.engine.engine import Engine
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(spec)
@@ -224,7 +225,8 @@ def test_64_sequences_decode_in_one_run_over_64_device_rows(tiny):
 
     from worker_service.core.sampling import SamplingConfig
     from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-    from worker_service.engine.engine import Engine, EngineConfig
+    from worker_service.engine.config import EngineConfig
+    from worker_service.engine.engine import Engine
 
     spec, _ = tiny
     row = DeviceRows.row_bytes_for(dataclasses.replace(spec, context_length=64))

@@ -22,7 +22,8 @@ from tests.unit.worker_service.runtime.test_ort_rows import (
     session_for,
 )
 from worker_service.core.sequence import TERMINAL, SequenceRequest, TokenDelta
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.kv_arena import KVArena
 from worker_service.runtime.last_logits import (
     EXTERNAL_FOLDER_KEY,

@@ -16,7 +16,8 @@ import pytest
 from tests.models import prepared_model_dir
 from worker_service.core.errors import InvalidWorkerField
 from worker_service.core.sequence import TERMINAL, Completed, SequenceRequest
-from worker_service.engine.engine import Engine, EngineConfig
+from worker_service.engine.config import EngineConfig
+from worker_service.engine.engine import Engine
 from worker_service.runtime.lora import AdapterNotFound
 from worker_service.runtime.ort_rows import adapter_groups
 
