@@ -154,6 +154,21 @@ class Ledger(LedgerSessionLeases):
                 self._step_models.setdefault(worker_id, StepModel()).prefill = prefill
             return True
 
+    def forget_worker(self, worker_id: str, address: str = "") -> list[Lease] | None:
+        """A worker stopped cleanly and said so (Deregister): drop it now, not after
+        lease_ttl_s, so the same id registers again at once. Returns the leases dropped
+        with it (each once: a later release of one finds nothing and returns 0); None when
+        no such worker is registered, or it registered from another `address` (a refused
+        duplicate's goodbye must not take the live worker away; "": not checked)."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None or (address and address != worker.geometry.address):
+                return None
+            dropped = list(worker.leases.values())
+            self._forget(worker)
+            self._step_models.pop(worker_id, None)  # a worker back later measures anew
+            return dropped
+
     def unreachable(self, worker_id: str) -> bool:
         """A call to the worker failed before it answered (its process gone, its port
         closed): place nothing new on it until its next heartbeat or registration, rather
