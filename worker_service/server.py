@@ -265,7 +265,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:
     """Bind and start; returns the server and the task that loads the model and then
     registers and heartbeats (it raises if the model or device cannot be had)."""
-    server = new_server()
+    server = new_server(keepalive_s=config.caller_keepalive_s)
     config.tls.check("ortserve-worker", need_ca=True)
     # NOTE: mutual TLS: the worker's port serves leases the scheduler handed out, so
     # only holders of a cluster certificate (the scheduler) may call it.
