@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from scheduler_service.ledger import errors, placement, tenant_holdings, time_admission, time_budget
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
-from scheduler_service.ledger.session_leases import LedgerSessionLeases
+from scheduler_service.ledger.session_lease_rules import LedgerSessionLeases
 from scheduler_service.ledger.step_model import PromptPace, StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
@@ -59,7 +59,7 @@ class Ledger(LedgerSessionLeases):
     """Every worker's KV budget and every lease. Thread-safe: one lock.
 
     The session-lease operations (open, resize per turn, shrink) are in
-    session_leases.py, on the same lock and state."""
+    session_lease_rules.py, on the same lock and state."""
 
     def __init__(
         self,
