@@ -1,6 +1,6 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
-The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
+The queue wait is queue_wait.py's, the worker's stream relay.py's (both shared with SessionTurn);
 the session RPCs are sessions/rpcs.py's, composed in (sessions/build.py) and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.rpc.error_path maps every failure
 through the one table (ortserve.status.status_table) in one place.
@@ -41,8 +41,9 @@ from scheduler_service.ledger.ledger import (
 from scheduler_service.ledger.queue import Place, Ticket
 from scheduler_service.model_server_metrics import ledger_budget
 from scheduler_service.prompt_count import count_prompt, noted_by_worker
+from scheduler_service.queue_wait import QueueWaiter
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.relay import Leg, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.build import Sessions
 from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs

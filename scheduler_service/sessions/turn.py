@@ -28,8 +28,9 @@ from scheduler_service.ledger.ledger import (
     Decision,
 )
 from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.queue_wait import QueueWaiter
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.relay import Leg, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.reclaim import SessionReclaimer, tenant_bound
 from scheduler_service.sessions.registry import (

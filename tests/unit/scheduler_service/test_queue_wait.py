@@ -11,7 +11,7 @@ import structlog
 
 from scheduler_service.ledger.ledger import AdmissionRequest, Decision, Ledger, WorkerGeometry
 from scheduler_service.ledger.queue import AdmissionQueue, Ticket
-from scheduler_service.relay import QueueWaiter
+from scheduler_service.queue_wait import QueueWaiter
 
 BPT = 1_000
 
