@@ -1,18 +1,27 @@
 """The admission queue's wait, on the server's event loop: a queued request's news (each
 changed Place, then its Admission) and every exit leaving the queue holding nothing.
 
-Generate, Admit and SessionTurn wait here; the queue's pure policy is ledger/queue.py's.
+Generate, Admit and SessionTurn submit through QueueWaiter.submit and wait out a Ticket
+with AdmissionWait, written once here: Generate and SessionTurn send its Places on as
+Queued events, Admit passes them over. The queue's pure policy is ledger/queue.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
-from scheduler_service.ledger.types import AdmissionDecision
+from scheduler_service.ledger.queue import (
+    AdmissionQueue,
+    Mode,
+    Place,
+    Ticket,
+    queue_deadline_exceeded,
+)
+from scheduler_service.ledger.types import AdmissionDecision, AdmissionRequest
 
 # NOTE: a Queued event at most this often per request: enough to watch a
 # queue move, not enough to flood a stream of 256 waiters.
@@ -29,6 +38,17 @@ class QueueWaiter:
         self._on_decided = on_decided
         self._events: dict[int, asyncio.Event] = {}
         self._sent: dict[int, tuple[int, float]] = {}  # seq -> (position sent, when)
+
+    def submit(self, request: AdmissionRequest, mode: Mode, wait_s: float | None,
+               deadline_s: float | None, lease_id: str = "") -> AdmissionDecision | Ticket:
+        """The queue's first answer (AdmissionQueue.submit): an Admission now, or a Ticket,
+        after which the queue is served at once: its order (priority, tenant share) may
+        place the newcomer right away."""
+        answer = self.queue.submit(request, mode, wait_s=wait_s, deadline_s=deadline_s,
+                                   lease_id=lease_id)
+        if isinstance(answer, Ticket):
+            self.kick()
+        return answer
 
     def kick(self) -> None:
         """Bytes may have freed up (or waits run out): serve the queue and wake its waiters."""
@@ -119,3 +139,57 @@ async def _wake(event: asyncio.Event, timeout_s: float) -> None:
     if task is not None and task.cancelling():
         # A cancel some other await swallowed: the caller is gone all the same.
         raise asyncio.CancelledError("the caller cancelled while queued")
+
+
+class AdmissionWait:
+    """One request from the queue's first answer to its Admission: the answer itself when
+    the queue decided at once, else its Ticket waited out (each changed Place, then the
+    Admission).
+
+    Iterate `places()` under contextlib.aclosing and read `admission` after it (Generate
+    and SessionTurn send each Place on as a Queued event), or await `decided()` (Admit:
+    the Places go by unsent). An exit before the Admission leaves the queue holding
+    nothing (QueueWaiter.news).
+    """
+
+    def __init__(self, waiter: QueueWaiter, answer: AdmissionDecision | Ticket, bound: Any,
+                 queued_line: str | None = "queued") -> None:
+        self._waiter = waiter
+        self._bound = bound  # the structlog logger bound to the request
+        self._queued_line = queued_line  # the log line when it joins the queue; None: none
+        self.ticket = answer if isinstance(answer, Ticket) else None
+        self.admission: AdmissionDecision | None = None if self.ticket is not None else answer
+        self.queued_perf_s: float | None = None  # perf_counter() when it joined the queue
+
+    async def places(self) -> AsyncIterator[Place]:
+        """Each changed Place while the request waits; `admission` is set when it ends."""
+        ticket = self.ticket
+        if ticket is None:
+            return
+        self.queued_perf_s = time.perf_counter()
+        if self._queued_line is not None:
+            self._bound.info(self._queued_line, needed_bytes=ticket.needed_bytes,
+                             mode=ticket.mode.value, max_wait_s=round(ticket.max_wait_s, 3),
+                             bound=ticket.bound.value)
+        async with contextlib.aclosing(self._waiter.news(ticket, self._bound)) as news:
+            async for item in news:
+                if isinstance(item, Place):
+                    yield item
+                else:
+                    self.admission = item
+
+    async def decided(self) -> AdmissionDecision:
+        """The Admission, the Places passed over unsent."""
+        async with contextlib.aclosing(self.places()) as places:
+            async for _place in places:
+                pass
+        assert self.admission is not None  # news ends with the Admission or raises
+        return self.admission
+
+    @property
+    def granted_untaken(self) -> AdmissionDecision | None:
+        """What the queue granted as its caller left, before the caller took it (None: the
+        caller took its Admission, or the queue granted nothing)."""
+        if self.admission is None and self.ticket is not None:
+            return self.ticket.outcome
+        return None
