@@ -208,7 +208,7 @@ class SessionTurnRelay:
                     async for place in places:
                         yield types_pb2.GenerateEvent(queued=convert.place_to_pb(place))
                 admission = wait.admission  # its outcome is ours now, taken
-                spans.decided(admission, arrived, None)
+                spans.decided(admission, arrived, wait.queued_perf_s)  # as Generate's
                 if admission.decision is Decision.REJECTED:
                     self._state.alive(session)  # a lease gone while it waited: its worker died
                     bound.info("turn rejected", cause=admission.rejection.cause.value)
