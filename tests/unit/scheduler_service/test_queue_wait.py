@@ -88,6 +88,15 @@ class Lines:
         self.lines.append((event, fields))
 
 
+def submit_waiting(waiter: QueueWaiter) -> Ticket:
+    """A request that must wait behind full_queue's holders, through QueueWaiter.submit."""
+    ticket = waiter.submit(AdmissionRequest("w", prompt_tokens=50, max_new_tokens=50,
+                                            min_new_tokens=50), Mode.ALLOW, wait_s=None,
+                           deadline_s=None)
+    assert isinstance(ticket, Ticket)
+    return ticket
+
+
 def test_an_answer_decided_at_once_is_the_admission_with_no_wait():
     async def main() -> None:
         ledger = Ledger(lease_ttl_s=1e9, claim_ttl_s=1e9)
@@ -111,10 +120,7 @@ def test_an_answer_decided_at_once_is_the_admission_with_no_wait():
 def test_a_queued_request_is_submitted_kicked_logged_and_waited_out_to_its_admission(queued_line):
     async def main() -> None:
         waiter, held = full_queue()
-        ticket = waiter.submit(AdmissionRequest("w", prompt_tokens=50, max_new_tokens=50,
-                                                min_new_tokens=50), Mode.ALLOW, wait_s=None,
-                               deadline_s=None)
-        assert isinstance(ticket, Ticket)
+        ticket = submit_waiting(waiter)
         lines = Lines()
         wait = AdmissionWait(waiter, ticket, lines, queued_line=queued_line)
         places = []
@@ -144,9 +150,7 @@ def test_a_queued_request_is_submitted_kicked_logged_and_waited_out_to_its_admis
 def test_admits_way_passes_the_places_over_and_returns_the_admission():
     async def main() -> None:
         waiter, held = full_queue()
-        ticket = waiter.submit(AdmissionRequest("w", prompt_tokens=50, max_new_tokens=50,
-                                                min_new_tokens=50), Mode.ALLOW, wait_s=None,
-                               deadline_s=None)
+        ticket = submit_waiting(waiter)
         wait = AdmissionWait(waiter, ticket, structlog.get_logger("test"), queued_line=None)
         task = asyncio.create_task(wait.decided())
         await asyncio.sleep(0)  # it may be waiting yet or not: the outcome is the same
@@ -162,9 +166,7 @@ def test_admits_way_passes_the_places_over_and_returns_the_admission():
 def test_a_caller_gone_as_the_queue_grants_leaves_nothing_held_and_says_what_was_granted():
     async def main() -> None:
         waiter, held = full_queue()
-        ticket = waiter.submit(AdmissionRequest("w", prompt_tokens=50, max_new_tokens=50,
-                                                min_new_tokens=50), Mode.ALLOW, wait_s=None,
-                               deadline_s=None)
+        ticket = submit_waiting(waiter)
         wait = AdmissionWait(waiter, ticket, structlog.get_logger("test"))
         task = asyncio.create_task(wait.decided())
         while ticket.seq not in waiter._events:  # parked on its event
