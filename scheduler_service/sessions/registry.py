@@ -4,7 +4,7 @@ The scheduler keeps the conversation (chat messages or token ids) and
 renders each turn's whole prompt; the worker keeps tokens and their K/V and
 reuses the longest common token prefix (SGLang's split: the session
 controller never touches memory). The ledger holds one lease per session
-(budget.py: open_session_lease / resize / shrink).
+(ledger.py: open_session_lease / resize / shrink).
 
 Who swaps out: the scheduler. When an admission on a worker is not ADMITTED
 whole and an idle session holds bytes there, the scheduler asks that worker

@@ -8,7 +8,7 @@ from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import Lease, Ledger, WorkerGeometry
 from scheduler_service.sessions.registry import Session, SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
-from worker_service.session_leases import SessionLeaseTable
+from worker_service.session_lease_table import SessionLeaseTable
 from worker_service.session_lifecycle import Conversation, WorkerSessions
 
 
