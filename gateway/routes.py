@@ -53,6 +53,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/messages/count_tokens", lambda rq, s: messages.count_tokens(
         rq, s.target(rq, "x-api-key")), MESSAGES),
     Route("GET", "/v1/models", server.models, CHAT),
+    # {model_id:path}: a model's name may hold slashes (a Hugging Face id, org/name).
+    Route("GET", "/v1/models/{model_id:path}", lambda rq, s: server.model(
+        rq, s, rq.path_params["model_id"]), CHAT),
     Route("POST", "/tokenize", server.tokenize_route, CHAT),
     Route("POST", "/detokenize", server.detokenize_route, CHAT),
     Route("GET", "/health", server.health, CHAT),

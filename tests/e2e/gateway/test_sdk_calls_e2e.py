@@ -1,0 +1,45 @@
+"""What the openai and anthropic SDKs call that a user meets on day one, end to end through
+real processes and the real SmolLM2: each call either answers as the SDK expects or fails
+with a status and a message naming the cause and the next step (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from devtools.cluster import stop_service
+from tests.e2e.gateway.test_gateway_e2e import MODEL, openai_client, start_gateway
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def gateway(roomy, tmp_path_factory):
+    service = start_gateway(tmp_path_factory, roomy.address)
+    yield service
+    stop_service(service)
+
+
+def anthropic_client(gateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"http://{gateway.address}", api_key="unused",
+                               timeout=120, max_retries=0)
+
+
+def test_models_retrieve_answers_the_listed_model_object(gateway):
+    client = openai_client(gateway, max_retries=0)
+    listed = {m.id: m for m in client.models.list().data}
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model"
+    assert model.model_dump() == listed[MODEL].model_dump()
+    # Anthropic's SDK retrieves a model on the same path.
+    assert anthropic_client(gateway).models.retrieve(MODEL).id == MODEL
+
+
+def test_models_retrieve_of_an_unknown_model_is_a_404_naming_the_served_ones(gateway):
+    with pytest.raises(openai.NotFoundError) as raised:
+        openai_client(gateway, max_retries=0).models.retrieve("org/gpt-unknown")
+    error = raised.value.body
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "'org/gpt-unknown' is not served here" in error["message"]
+    assert repr(MODEL) in error["message"]
