@@ -41,7 +41,7 @@ _CHAT_ONLY = {"messages": "input", "max_tokens": "max_output_tokens",
               "functions": "tools", "function_call": "tool_choice"}
 # Responses keys ortserve cannot honour: refused, never ignored.
 _REFUSED = {"conversation", "prompt", "max_tool_calls", "top_logprobs", "stream_options",
-            "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "n", "logprobs"}
+            "prompt_cache_retention", "n", "logprobs"}
 _ROLES = {"user", "system", "developer", "assistant"}
 _TEXT_PARTS = {"input_text", "output_text"}
 

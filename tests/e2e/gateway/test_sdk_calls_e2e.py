@@ -43,3 +43,16 @@ def test_models_retrieve_of_an_unknown_model_is_a_404_naming_the_served_ones(gat
     assert error["code"] == "model_not_found" and error["param"] == "model"
     assert "'org/gpt-unknown' is not served here" in error["message"]
     assert repr(MODEL) in error["message"]
+
+
+def test_openais_replacements_for_user_are_accepted_by_the_sdk_as_labels(gateway):
+    # OpenAI deprecates `user` for safety_identifier and prompt_cache_key; Codex sends
+    # prompt_cache_key on every Responses call. Both were a 400 "not supported".
+    client = openai_client(gateway, max_retries=0)
+    labels = {"safety_identifier": "user-7f3a", "prompt_cache_key": "conversation-1"}
+    answer = client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=2,
+                                     store=False, **labels)
+    assert answer.usage.output_tokens >= 1
+    chat = client.chat.completions.create(model=MODEL, max_tokens=2, **labels,
+                                          messages=[{"role": "user", "content": "Say hi."}])
+    assert chat.usage.completion_tokens >= 1
