@@ -23,7 +23,7 @@ from typing import Any, Literal
 from gateway.request import tools, vllm_keys
 from gateway.request.messages import set_chat
 from gateway.request.param_error import ParamError
-from gateway.request.param_values import bool_param, int_param, is_int, number_param
+from gateway.request.param_values import bool_param, int_param, is_int, model_param, number_param
 from gateway.request.response_format import set_response_format
 from ortserve.rules.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.v1 import types_pb2
@@ -129,9 +129,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     if kind == "chat":
         tools.refuse_deprecated(params)
     _refuse_unsupported(kind, params)
-    model = params.get("model")
-    if not isinstance(model, str) or not model:
-        raise ParamError("model", "required: the name of a model from /v1/models")
+    model = model_param(params)
     # The scheduler resolves it (one source of truth: it knows what its workers serve)
     # and places the request only on that model's workers; an unknown name is its 404.
     req = types_pb2.GenerateRequest(model=model)

@@ -239,6 +239,16 @@ def test_strict_cap_policy_and_a_missing_model():
         parse_request("chat", ["not", "an", "object"])
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_model_of_the_wrong_type_is_told_what_was_sent_not_that_it_is_missing(kind):
+    body = chat() if kind == "chat" else {"model": MODEL, "prompt": "x"}
+    for model, said in ((5, "model: 5 is not a string"), (["m"], "model: ['m'] is not a string"),
+                        ("", "model: required"), (None, "model: required")):
+        with pytest.raises(ParamError) as err:
+            parse_request(kind, {**body, "model": model})
+        assert err.value.param == "model" and err.value.message.startswith(said), model
+
+
 def test_response_format_json_schema_becomes_the_constraint():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}

@@ -89,6 +89,7 @@ def test_text_format_json_schema_is_chats_response_format():
     ({"input": "x", "temprature": 1}, "temprature"),
     ({"input": []}, "input"),
     ({}, "input"),
+    ({"model": 5, "input": "x"}, "model"),
 ])
 def test_refusals_name_the_responses_field(body, param):
     with pytest.raises(ParamError) as err:
