@@ -48,6 +48,9 @@ ROUTES: tuple[Route, ...] = (
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("DELETE", "/v1/responses/{response_id}", lambda rq, s: responses.delete(
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
+    Route("GET", "/v1/responses/{response_id}/input_items", lambda rq, s:
+          responses.list_input_items(s.stored, s.target(rq), _response_id(rq),
+                                     rq.query_params), RESPONSES),
     Route("POST", "/v1/messages", lambda rq, s: messages.create(
         rq, s.target(rq, "x-api-key"), s.config.reasoning_parser, s.reporting), MESSAGES),
     Route("POST", "/v1/messages/count_tokens", lambda rq, s: messages.count_tokens(

@@ -56,3 +56,24 @@ def test_openais_replacements_for_user_are_accepted_by_the_sdk_as_labels(gateway
     chat = client.chat.completions.create(model=MODEL, max_tokens=2, **labels,
                                           messages=[{"role": "user", "content": "Say hi."}])
     assert chat.usage.completion_tokens >= 1
+
+
+def test_responses_input_items_list_pages_the_stored_responses_own_input(gateway):
+    client = openai_client(gateway, max_retries=0)
+    first = client.responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=2)
+    follow = client.responses.create(model=MODEL, previous_response_id=first.id,
+                                     max_output_tokens=2, input=[
+                                         {"role": "developer", "content": "Be brief."},
+                                         {"role": "user", "content": "What is my name?"}])
+    [own] = client.responses.input_items.list(first.id).data
+    assert own.type == "message" and own.role == "user"
+    assert own.content[0].text == "My name is Ada."
+    # Newest first, as OpenAI lists them; only this response's input, not the first's.
+    listed = client.responses.input_items.list(follow.id)
+    assert [item.content[0].text for item in listed.data] == ["What is my name?", "Be brief."]
+    assert [item.content[0].text for item in client.responses.input_items.list(
+        follow.id, order="asc", limit=1).data] == ["Be brief."]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_never_stored")
+    for response_id in (first.id, follow.id):
+        client.responses.delete(response_id)  # their session is closed: the ledger drains
