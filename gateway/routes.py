@@ -48,6 +48,8 @@ ROUTES: tuple[Route, ...] = (
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("DELETE", "/v1/responses/{response_id}", lambda rq, s: responses.delete(
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
+    Route("POST", "/v1/responses/{response_id}/cancel", lambda rq, s: responses.cancel(
+        s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("GET", "/v1/responses/{response_id}/input_items", lambda rq, s:
           responses.list_input_items(s.stored, s.target(rq), _response_id(rq),
                                      rq.query_params), RESPONSES),

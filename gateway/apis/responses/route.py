@@ -405,6 +405,22 @@ async def list_input_items(store: ResponseStore, target: Target, response_id: st
         raise from_param_error(error) from None
 
 
+async def cancel(store: ResponseStore, target: Target, response_id: str) -> dict:
+    # OpenAI cancels only a background response, and ortserve runs none (background is
+    # refused): a stored response is finished, so this is a 400 saying how to stop one.
+    try:
+        stored = await store.get(response_id, target)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
+    if stored is None:
+        raise _not_found(store, response_id)
+    raise HttpError(400, f"response {response_id!r} cannot be cancelled: only a response "
+                    "created with background: true can be, and ortserve runs none in the "
+                    "background (each runs while its request is open, and a stored one has "
+                    "finished); to stop one while it runs, close its request or stream",
+                    "invalid_request_error", "not_background")
+
+
 async def delete(store: ResponseStore, target: Target, response_id: str) -> dict:
     try:
         found, closing = await store.delete(response_id, target)

@@ -77,3 +77,16 @@ def test_responses_input_items_list_pages_the_stored_responses_own_input(gateway
         client.responses.input_items.list("resp_never_stored")
     for response_id in (first.id, follow.id):
         client.responses.delete(response_id)  # their session is closed: the ledger drains
+
+
+def test_responses_cancel_says_why_a_stored_response_cannot_be_cancelled(gateway):
+    client = openai_client(gateway, max_retries=0)
+    answer = client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.cancel(answer.id)
+    error = raised.value.body
+    assert error["code"] == "not_background", error  # was a 404 "Invalid URL"
+    assert "background: true" in error["message"] and "close its request" in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_never_stored")
+    client.responses.delete(answer.id)
