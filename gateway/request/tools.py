@@ -86,7 +86,7 @@ def set_tools(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool
 
 def _answer_schema(req: types_pb2.GenerateRequest, mode: str) -> str:
     """response_format beside tools (an agent with tools and an output type: the OpenAI
-    Agents SDK, LangChain): under tool_choice "auto" the output is calls or the structured
+    Agents SDK): under tool_choice "auto" the output is calls or the structured
     answer, as OpenAI answers; the schema moves into the tool-call constraint. "" when
     response_format was not given."""
     if not req.HasField("constraint"):

@@ -47,7 +47,7 @@ def test_tool_choice_none_offers_nothing_and_parses_nothing():
 
 
 def test_response_format_beside_tools_under_auto_is_calls_or_the_structured_answer():
-    # An agent with tools and an output type (the OpenAI Agents SDK, LangChain) sends both;
+    # An agent with tools and an output type (the OpenAI Agents SDK) sends both;
     # this was a 400 "cannot be combined with tools".
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     parsed = parse_request("chat", chat(response_format={
