@@ -48,11 +48,19 @@ ROUTES: tuple[Route, ...] = (
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
     Route("DELETE", "/v1/responses/{response_id}", lambda rq, s: responses.delete(
         s.stored, s.target(rq), _response_id(rq)), RESPONSES),
+    Route("POST", "/v1/responses/{response_id}/cancel", lambda rq, s: responses.cancel(
+        s.stored, s.target(rq), _response_id(rq)), RESPONSES),
+    Route("GET", "/v1/responses/{response_id}/input_items", lambda rq, s:
+          responses.list_input_items(s.stored, s.target(rq), _response_id(rq),
+                                     rq.query_params), RESPONSES),
     Route("POST", "/v1/messages", lambda rq, s: messages.create(
         rq, s.target(rq, "x-api-key"), s.config.reasoning_parser, s.reporting), MESSAGES),
     Route("POST", "/v1/messages/count_tokens", lambda rq, s: messages.count_tokens(
         rq, s.target(rq, "x-api-key")), MESSAGES),
     Route("GET", "/v1/models", server.models, CHAT),
+    # {model_id:path}: a model's name may hold slashes (a Hugging Face id, org/name).
+    Route("GET", "/v1/models/{model_id:path}", lambda rq, s: server.model(
+        rq, s, rq.path_params["model_id"]), CHAT),
     Route("POST", "/tokenize", server.tokenize_route, CHAT),
     Route("POST", "/detokenize", server.detokenize_route, CHAT),
     Route("GET", "/health", server.health, CHAT),

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from gateway.generation import json_body
-from gateway.reply.errors import from_grpc, from_param_error
+from gateway.reply.errors import HttpError, from_grpc, from_param_error
 from gateway.request import tokenize
 from gateway.request.param_error import ParamError
 from gateway.state import GatewayState
@@ -37,8 +37,31 @@ async def detokenize_route(request: Request, state: GatewayState):
 async def models(request: Request, state: GatewayState):
     # Every model the scheduler's workers serve: the names a request's `model` takes.
     served = await _call(state.upstream.models(state.target(request).metadata))
-    # Each LoRA adapter too, its base as `parent` (as vLLM lists --lora-modules).
-    return {"object": "list", "data": [
+    return {"object": "list", "data": _model_objects(served)}
+
+
+async def model(request: Request, state: GatewayState, model_id: str):
+    # One of /v1/models' objects (the openai and anthropic SDKs' models.retrieve). A name
+    # loaded since the cached listing (a LoRA adapter, a new worker) is asked for again
+    # before it is called unknown.
+    metadata = state.target(request).metadata
+    for fresh in (False, True):
+        objects = _model_objects(await _call(state.upstream.models(metadata, fresh=fresh)))
+        for found in objects:
+            if found["id"] == model_id:
+                return found
+    names = ", ".join(repr(found["id"]) for found in objects) or "none (no worker registered)"
+    raise HttpError(404, f"model {model_id!r} is not served here: the models served are "
+                    f"{names}; retrieve one of them (GET /v1/models lists them), or start a "
+                    "worker with that model's folder (ortserve-worker --model-dir .../NAME: a "
+                    "worker serves its folder's name)", "invalid_request_error",
+                    "model_not_found", "model")
+
+
+def _model_objects(served) -> list[dict]:
+    """OpenAI's model objects: each served model, then each LoRA adapter with its base as
+    `parent` (as vLLM lists --lora-modules)."""
+    return [
         *({"id": m.model, "object": "model", "created": 0, "owned_by": "ortserve",
            "root": m.model, "parent": None,
            "ortserve": {"workers": m.workers, "context_length": m.context_length,
@@ -48,7 +71,7 @@ async def models(request: Request, state: GatewayState):
         *({"id": name, "object": "model", "created": 0, "owned_by": "ortserve",
            "root": name, "parent": m.model,
            "ortserve": {"adapter_of": m.model, "context_length": m.context_length}}
-          for m in served for name in m.adapters)]}
+          for m in served for name in m.adapters)]
 
 
 async def health(request: Request, state: GatewayState):

@@ -75,6 +75,8 @@ _PARAM_OF_FIELD = {
     # tools' Constraint.tool_call (the function named, or the grammar built from the tools)
     "constraint.tool_call": "tool_choice",
     "constraint.tool_call.function_name": "tool_choice",
+    # response_format beside tools (gateway/request/tools.py moves its schema there)
+    "constraint.tool_call.answer_json_schema": "response_format",
 }
 
 # GenerateRequest's field names in the scheduler's sentences (a remedy's "lower

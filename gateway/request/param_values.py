@@ -58,3 +58,14 @@ def body_params(body: object, api: str, other_api_names: Mapping[str, str],
                              code="unsupported_parameter")
     return params
 
+
+def model_param(params: Mapping[str, Any]) -> str:
+    """`model`: a non-empty string. Missing and mistyped are told apart (a client that sends
+    `"model": 5` is told what it sent, not that it sent nothing)."""
+    model = params.get("model")
+    if model is None or model == "":
+        raise ParamError("model", "required: the name of a model from /v1/models")
+    if not isinstance(model, str):
+        raise ParamError("model", f"{model!r} is not a string: send the name of a model from "
+                         "/v1/models")
+    return model

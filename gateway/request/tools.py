@@ -74,16 +74,33 @@ def set_tools(req: types_pb2.GenerateRequest, params: Mapping[str, Any]) -> bool
     if name and name not in names:
         raise ParamError("tool_choice", f"names {name!r}, which is not one of tools "
                          f"({', '.join(names)}); name an offered function")
-    if req.HasField("constraint"):
-        raise ParamError("response_format", "cannot be combined with tools (the output is "
-                         "text or tool calls); send tool_choice \"none\" or drop response_format",
-                         code="unsupported_parameter")
+    answer = _answer_schema(req, mode)
     req.constraint.tool_call.function_name = name
+    req.constraint.tool_call.answer_json_schema = answer
     # A named function is one call of it (OpenAI and vLLM alike); parallel_tool_calls
     # lets required and auto make several.
     req.constraint.tool_call.parallel = parallel and not name
     req.constraint.tool_call.allow_text = mode == "auto"
     return True
+
+
+def _answer_schema(req: types_pb2.GenerateRequest, mode: str) -> str:
+    """response_format beside tools (an agent with tools and an output type: the OpenAI
+    Agents SDK): under tool_choice "auto" the output is calls or the structured
+    answer, as OpenAI answers; the schema moves into the tool-call constraint. "" when
+    response_format was not given."""
+    if not req.HasField("constraint"):
+        return ""
+    kind = req.constraint.WhichOneof("kind")
+    if mode != "auto":
+        raise ParamError("response_format", f"cannot be combined with tool_choice {mode!r}: "
+                         "the output is calls only, with no answer to shape; send tool_choice "
+                         "\"auto\" (calls or the structured answer) or drop response_format",
+                         code="unsupported_parameter")
+    schema = (req.constraint.json_schema if kind == "json_schema"
+              else json.dumps({"type": "object"}))  # json_object: any object
+    req.ClearField("constraint")
+    return schema
 
 
 def _choice(choice: object) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from gateway.request import tools, vllm_keys
 from gateway.request.messages import set_chat
 from gateway.request.param_error import ParamError
-from gateway.request.param_values import bool_param, int_param, is_int, number_param
+from gateway.request.param_values import bool_param, int_param, is_int, model_param, number_param
 from gateway.request.response_format import set_response_format
 from ortserve.rules.request_rules import MAX_STREAM_INTERVAL_MS
 from ortserve.v1 import types_pb2
@@ -49,8 +49,13 @@ _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "seed", "t
            "max_queue_wait_ms", "priority",
            "stream_interval_ms"} | vllm_keys.KEYS  # vLLM's further keys: gateway/request/vllm_keys.py
 # Keys that do not affect generation: accepted as labels (type-checked, then unused).
+# safety_identifier and prompt_cache_key are OpenAI's replacements for `user` (which it
+# deprecates for them): a client that moved off `user` (Codex sends prompt_cache_key on
+# every Responses call) must not meet a 400. The prefix cache is automatic, so a cache key
+# has nothing to steer, as Anthropic's cache_control marks have not (messages/request.py).
 _LABELS: dict[str, type | tuple[type, ...]] = {"user": str, "store": bool, "metadata": Mapping,
-                                               "service_tier": str}
+                                               "service_tier": str, "safety_identifier": str,
+                                               "prompt_cache_key": str}
 # Keys OpenAI defines that are accepted only at the value that changes nothing.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"echo": (False,), "suffix": ("",)}
 _ALLOWED = {
@@ -68,7 +73,7 @@ _NO_OP_KEYS: dict[str, set[str]] = {
 # functions / function_call are refused naming their replacements (gateway/request/tools.py).
 _OPENAI_REFUSED = {"functions", "function_call", "response_format",
                    "modalities", "audio", "prediction", "verbosity",
-                   "web_search_options", "prompt_cache_key", "safety_identifier"}
+                   "web_search_options"}
 # Greedy decoding always takes the argmax: these cannot change its result.
 _GREEDY_NO_OPS = ("seed", "top_p", "top_k", "min_p")
 MAX_CHOICES = 16  # n: each choice is its own admission, so a bound keeps one call sane
@@ -124,9 +129,7 @@ def parse_request(kind: Kind, body: object) -> ParsedRequest:
     if kind == "chat":
         tools.refuse_deprecated(params)
     _refuse_unsupported(kind, params)
-    model = params.get("model")
-    if not isinstance(model, str) or not model:
-        raise ParamError("model", "required: the name of a model from /v1/models")
+    model = model_param(params)
     # The scheduler resolves it (one source of truth: it knows what its workers serve)
     # and places the request only on that model's workers; an unknown name is its 404.
     req = types_pb2.GenerateRequest(model=model)

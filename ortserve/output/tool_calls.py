@@ -120,17 +120,22 @@ def check_choice(tools: Sequence[ToolLike], function_name: str, prefix: str = ""
 
 
 def grammar(tools: Sequence[ToolLike], function_name: str = "", parallel: bool = False,
-            allow_text: bool = False) -> str:
+            allow_text: bool = False, answer_schema: str = "") -> str:
     """The llguidance Lark grammar of the allowed output (the tools were checked):
     one call (or several with `parallel`) of `function_name` or any tool; with
-    `allow_text`, text that never opens a call, or text followed by calls."""
+    `allow_text`, text that never opens a call, or text followed by calls; with
+    `answer_schema` too, one JSON value of that schema instead of the text (tools with
+    response_format: the calls, or the structured answer)."""
     chosen = [t for t in tools if not function_name or t.name == function_name]
     lines = [f"fn_{i}: {_lark_string(_head(t.name))} %json {schema_json(t)} \"}}\""
              for i, t in enumerate(chosen)]
     lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))))
     body = '"\\n" fn "\\n</tool_call>"'
     more = ' ("\\n<tool_call>" ' + body + ")*" if parallel else ""
-    if allow_text:
+    if allow_text and answer_schema:
+        lines += ["start: answer | \"<tool_call>\" " + body + more,
+                  "answer: %json " + _compact(answer_schema)]
+    elif allow_text:
         # NOTE: the text before a call is one lazy lexeme ending at the first <tool_call>:
         # llguidance's lexer does not backtrack, so a greedy text could not hand over to
         # the call; the text-only branch excludes the tag for the same reason.
@@ -149,7 +154,11 @@ def _head(name: str) -> str:
 def schema_json(tool: ToolLike) -> str:
     """The parameters schema with compact JSON output (constraint.JSON_DEFAULTS), unless
     the schema sets llguidance's own options."""
-    schema: Any = json.loads(parameters_schema(tool))
+    return _compact(parameters_schema(tool))
+
+
+def _compact(schema_text: str) -> str:
+    schema: Any = json.loads(schema_text)
     if isinstance(schema, dict) and "x-guidance" not in schema:
         schema = {**schema, "x-guidance": constraints.JSON_DEFAULTS}
     return json.dumps(schema, separators=(",", ":"))

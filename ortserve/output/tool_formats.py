@@ -66,12 +66,17 @@ def format_of_template(source: str) -> str:
 
 
 def grammar(fmt: str, tools: Sequence[tool_calls.ToolLike], function_name: str = "",
-            parallel: bool = False, allow_text: bool = False) -> str:
+            parallel: bool = False, allow_text: bool = False, answer_schema: str = "") -> str:
     """The llguidance Lark grammar of the allowed output in `fmt` (as tool_calls.grammar:
     one call, or several with `parallel`, of `function_name` or any tool; with
-    `allow_text`, text that does not start as a call instead)."""
+    `allow_text`, text that does not start as a call instead, or with `answer_schema`
+    (hermes only: the others' calls are JSON too, so an answer could not be told from
+    one) a JSON value of that schema)."""
     if fmt == "hermes":
-        return tool_calls.grammar(tools, function_name, parallel, allow_text)
+        return tool_calls.grammar(tools, function_name, parallel, allow_text, answer_schema)
+    if answer_schema:
+        raise ValueError(f"a structured answer beside tools is not supported in the {fmt} "
+                         "tool-call format (its calls are JSON too)")
     spec = _FORMATS[fmt]
     chosen = [t for t in tools if not function_name or t.name == function_name]
     lines = [f"fn_{i}: {json.dumps(_head(t.name, spec))} %json "

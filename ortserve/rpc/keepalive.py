@@ -58,6 +58,13 @@ def server_options(interval_s: float = DEFAULT_INTERVAL_S) -> tuple[tuple[str, i
     calls cancelled, and what they hold released, in about twice `interval_s` instead of
     when each generation ends (the worker's --caller-keepalive-s; the others: the default)."""
     return (("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
+            # NOTE: and never answers pings with GOAWAY "too_many_pings". With the allowance
+            # alone, a stream that sends no data for four of a channel's pings (a long
+            # prefill: 40 s at the default 10 s, 4-5 s at 1 s) was cut UNAVAILABLE "Too many
+            # pings" although every ping came at the interval (gRPC 1.8x counts them as
+            # strikes once the stream is silent): an 8,181-token prompt on a CPU worker was a
+            # 503 worker_failed.
+            ("grpc.http2.max_ping_strikes", 0),
             *channel_options(interval_s))
 
 

@@ -180,9 +180,32 @@ def constraint_spec(request: Any, prefix: str = "", tool_format: str = "hermes"
         choice = request.constraint.tool_call
         tools = request.chat.tools if request.WhichOneof("prompt") == "chat" else []
         tool_calls.check_choice(tools, choice.function_name, prefix)
+        answer = _answer_schema(choice, tool_format, prefix)
         return constraints.ConstraintSpec(kind, tool_formats.grammar(
-            tool_format, tools, choice.function_name, choice.parallel, choice.allow_text))
+            tool_format, tools, choice.function_name, choice.parallel, choice.allow_text,
+            answer))
     return constraints.ConstraintSpec(kind, getattr(request.constraint, kind))
+
+
+def _answer_schema(choice: Any, tool_format: str, prefix: str) -> str:
+    """ToolCallConstraint.answer_json_schema, checked: a schema that compiles, with
+    allow_text, in the one format that can tell an answer from a call."""
+    answer = choice.answer_json_schema
+    if not answer:
+        return ""
+    field = prefix + "constraint.tool_call.answer_json_schema"
+    if not choice.allow_text:
+        raise InvalidField(field, "needs allow_text (tool_choice \"auto\"): with calls "
+                           "required there is no answer to shape")
+    if tool_format != "hermes":
+        raise InvalidField(field, f"is not supported with this model's {tool_format} "
+                           "tool-call format (its calls are JSON too, so an answer could not "
+                           "be told from one); send the tools without response_format, or "
+                           "response_format with tool_choice \"none\"")
+    why = constraints.schema_error(answer)
+    if why:
+        raise InvalidField(field, why)
+    return answer
 
 
 # -- one rule each ---------------------------------------------------------------------

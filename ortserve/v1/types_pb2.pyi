@@ -261,14 +261,16 @@ class Constraint(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., tool_call: _Optional[_Union[ToolCallConstraint, _Mapping]] = ...) -> None: ...
 
 class ToolCallConstraint(_message.Message):
-    __slots__ = ("function_name", "parallel", "allow_text")
+    __slots__ = ("function_name", "parallel", "allow_text", "answer_json_schema")
     FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     ALLOW_TEXT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     function_name: str
     parallel: bool
     allow_text: bool
-    def __init__(self, function_name: _Optional[str] = ..., parallel: _Optional[bool] = ..., allow_text: _Optional[bool] = ...) -> None: ...
+    answer_json_schema: str
+    def __init__(self, function_name: _Optional[str] = ..., parallel: _Optional[bool] = ..., allow_text: _Optional[bool] = ..., answer_json_schema: _Optional[str] = ...) -> None: ...
 
 class ConstraintResult(_message.Message):
     __slots__ = ("satisfied", "reason")

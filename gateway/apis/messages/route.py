@@ -88,8 +88,11 @@ async def _create(request: Request, target: Target, reasoning_mode: str, reporti
     parser = OutputParser.for_stream(parsed, adm, lambda index: ar.new_id("toolu"))
     if thinking == "enabled" and not parser.splits_reasoning:
         opened.cancel()  # nothing was generated for the client: the lease is freed now
+        # NOTE: not "or send disabled": such a template reads no enable_thinking switch as a
+        # rule, and `disabled` is then refused too (a remedy that is another 400).
         raise _thinking_refused(f"model {model!r}'s chat template writes no reasoning, so it "
-                                "does not think")
+                                "does not think", "leave `thinking` out: its answers have no "
+                                "thinking blocks either way")
     opened = generation.TimedStream(opened, clock, model)
     headers = {**admission_headers(adm), "x-request-id": message_id}
     log.info("admitted", request_id=message_id, lease_id=adm.lease_id, worker_id=adm.worker_id,
@@ -161,9 +164,9 @@ async def _events(message_id: str, model: str, parsed: ParsedRequest, opened: St
             opened.cancel()
 
 
-def _thinking_refused(why: str) -> HttpError:
-    return HttpError(400, f"{{\"type\": \"enabled\"}} cannot be honoured: {why}; leave "
-                     "`thinking` out or send {\"type\": \"disabled\"}",
+def _thinking_refused(why: str, remedy: str = "leave `thinking` out or send "
+                      "{\"type\": \"disabled\"}") -> HttpError:
+    return HttpError(400, f"{{\"type\": \"enabled\"}} cannot be honoured: {why}; {remedy}",
                      "invalid_request_error", "unsupported_parameter", "thinking")
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from gateway.reply.errors import HttpError, renamed_param
 from gateway.request.param_error import ParamError
-from gateway.request.param_values import body_params
+from gateway.request.param_values import body_params, model_param
 from gateway.request.translate import ParsedRequest, parse_request
 
 # Keys this module reads itself; everything else is the chat path's to honour or refuse.
@@ -41,7 +41,7 @@ _CHAT_ONLY = {"messages": "input", "max_tokens": "max_output_tokens",
               "functions": "tools", "function_call": "tool_choice"}
 # Responses keys ortserve cannot honour: refused, never ignored.
 _REFUSED = {"conversation", "prompt", "max_tool_calls", "top_logprobs", "stream_options",
-            "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "n", "logprobs"}
+            "prompt_cache_retention", "n", "logprobs"}
 _ROLES = {"user", "system", "developer", "assistant"}
 _TEXT_PARTS = {"input_text", "output_text"}
 
@@ -81,9 +81,7 @@ class ResponsesRequest:
 def parse(body: object) -> ResponsesRequest:
     """Validate a Responses body; raises ParamError naming the Responses field."""
     params = body_params(body, "Responses", _CHAT_ONLY, _REFUSED)
-    model = params.get("model")
-    if not isinstance(model, str) or not model:
-        raise ParamError("model", "required: the name of a model from /v1/models")
+    model = model_param(params)
     _only(params, "truncation", ("disabled",), "the input must fit the context window; "
           "ortserve never drops items")
     _only(params, "background", (False,), "responses run while the request is open")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from gateway import generation
+from gateway.apis.responses import input_items
 from gateway.apis.responses import reply as openai_responses_reply
 from gateway.apis.responses import request as openai_responses
 from gateway.apis.responses.reply import OutputItems, ResponsesReplyMeta
@@ -284,7 +285,7 @@ async def _settle(store: ResponseStore, target: Target, run: Run, body: dict | N
                 body["id"], body["model"], rr.instructions, run.tools_key,
                 run.history + rr.input_messages + [collected.chat_message()], body,
                 run.session_id, fin.session.turns if fin is not None and fin.HasField("session")
-                else run.turn), target)
+                else run.turn, input_items.items_of(rr.body.get("input"))), target)
         if run.session_id and not run.new_session:
             closing += await store.turn_ended(run.session_id, body is not None, target)
         elif run.session_id and body is None:
@@ -388,6 +389,36 @@ async def get(store: ResponseStore, target: Target, response_id: str) -> dict:
     if stored is None:
         raise _not_found(store, response_id)
     return stored.body
+
+
+async def list_input_items(store: ResponseStore, target: Target, response_id: str,
+                           query: Mapping[str, str]) -> dict:
+    try:
+        stored = await store.get(response_id, target)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
+    if stored is None:
+        raise _not_found(store, response_id)
+    try:
+        return input_items.page(stored.input_items, query)
+    except ParamError as error:
+        raise from_param_error(error) from None
+
+
+async def cancel(store: ResponseStore, target: Target, response_id: str) -> dict:
+    # OpenAI cancels only a background response, and ortserve runs none (background is
+    # refused): a stored response is finished, so this is a 400 saying how to stop one.
+    try:
+        stored = await store.get(response_id, target)
+    except grpc.RpcError as error:
+        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
+    if stored is None:
+        raise _not_found(store, response_id)
+    raise HttpError(400, f"response {response_id!r} cannot be cancelled: only a response "
+                    "created with background: true can be, and ortserve runs none in the "
+                    "background (each runs while its request is open, and a stored one has "
+                    "finished); to stop one while it runs, close its request or stream",
+                    "invalid_request_error", "not_background")
 
 
 async def delete(store: ResponseStore, target: Target, response_id: str) -> dict:

@@ -25,7 +25,7 @@ key); a scheduler's refusal or absence raises its grpc.RpcError.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ortserve.v1 import scheduler_pb2
 
@@ -44,6 +44,9 @@ class Stored:
     body: dict  # the response object (GET /v1/responses/{id})
     session_id: str = ""  # "": no session keeps its KV
     turns: int = 0  # the session's finished turns, this response's included
+    # This response's own input as OpenAI lists it (input_items.py); a record from before
+    # this field has none.
+    input_items: list[dict] = field(default_factory=list)
 
 
 def _record(stored: Stored) -> bytes:

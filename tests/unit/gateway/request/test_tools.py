@@ -46,6 +46,22 @@ def test_tool_choice_none_offers_nothing_and_parses_nothing():
     assert parsed.generate.constraint.json_object
 
 
+def test_response_format_beside_tools_under_auto_is_calls_or_the_structured_answer():
+    # An agent with tools and an output type (the OpenAI Agents SDK) sends both;
+    # this was a 400 "cannot be combined with tools".
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    parsed = parse_request("chat", chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "c", "schema": schema}}))
+    choice = parsed.generate.constraint.tool_call
+    assert parsed.tool_calls and choice.allow_text
+    assert json.loads(choice.answer_json_schema) == schema
+    any_object = parse_request("chat", chat(response_format={"type": "json_object"}))
+    assert json.loads(any_object.generate.constraint.tool_call.answer_json_schema) == \
+        {"type": "object"}
+    plain = parse_request("chat", chat(response_format={"type": "text"}))
+    assert plain.generate.constraint.tool_call.answer_json_schema == ""
+
+
 @pytest.mark.parametrize("kw,param", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
@@ -62,7 +78,7 @@ def test_tool_choice_none_offers_nothing_and_parses_nothing():
     ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"tools": [], "tool_choice": "sometimes"}, "tool_choice"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "tool_choice": "required"}, "response_format"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
 ])

@@ -97,6 +97,21 @@ def test_labels_that_do_not_affect_generation_are_accepted():
         assert err.value.param == key
 
 
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_openais_replacements_for_user_are_labels_too(kind):
+    # OpenAI deprecates `user` for these two; a client that moved (Codex sends
+    # prompt_cache_key on every call) met a 400 "not supported" before.
+    body = (chat() if kind == "chat" else {"model": MODEL, "prompt": "Hi"})
+    plain = parse_request(kind, body)
+    labelled = parse_request(kind, {**body, "safety_identifier": "user-7f3a",
+                                    "prompt_cache_key": "conversation-1"})
+    assert labelled.generate == plain.generate  # nothing about the generation changed
+    for key in ("safety_identifier", "prompt_cache_key"):
+        with pytest.raises(ParamError) as err:
+            parse_request(kind, {**body, key: 7})
+        assert err.value.param == key and "7 is not a string" in err.value.message
+
+
 def test_penalties_logit_bias_and_min_p_are_carried_to_the_sampler():
     req = parse_request("chat", chat(presence_penalty=0.5, frequency_penalty=-1,
                                      logit_bias={"15339": -100, "7": 2.5}, min_p=0.1)).generate
@@ -222,6 +237,16 @@ def test_strict_cap_policy_and_a_missing_model():
     assert err.value.param == "model"
     with pytest.raises(ParamError):
         parse_request("chat", ["not", "an", "object"])
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_model_of_the_wrong_type_is_told_what_was_sent_not_that_it_is_missing(kind):
+    body = chat() if kind == "chat" else {"model": MODEL, "prompt": "x"}
+    for model, said in ((5, "model: 5 is not a string"), (["m"], "model: ['m'] is not a string"),
+                        ("", "model: required"), (None, "model: required")):
+        with pytest.raises(ParamError) as err:
+            parse_request(kind, {**body, "model": model})
+        assert err.value.param == "model" and err.value.message.startswith(said), model
 
 
 def test_response_format_json_schema_becomes_the_constraint():

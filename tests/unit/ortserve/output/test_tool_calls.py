@@ -73,6 +73,41 @@ def test_the_grammar_allows_exactly_the_chosen_calls(compiler, tokenizer, choice
     assert [outcome(compiler, tokenizer, request(**choice), t) for t in texts] == expected
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_an_answer_schema_beside_tools_allows_the_calls_or_that_answer_only(
+        compiler, tokenizer, parallel):
+    # tools with response_format (tool_choice auto): the calls, or the structured answer;
+    # no free text, no text before a call, no answer off the schema.
+    req = request(allow_text=True, parallel=parallel, answer_json_schema=json.dumps(CITY))
+    texts = ['{"city":"Paris"}', PARIS, "It is sunny.", '{"town":"Paris"}',
+             "Let me look. " + TIME, PARIS + "\n" + TIME]
+    assert [outcome(compiler, tokenizer, req, t) for t in texts] == \
+        ["whole", "whole", "refused", "refused", "refused", "whole" if parallel else "refused"]
+
+
+@pytest.mark.parametrize("mutate,why", [
+    (lambda c: setattr(c, "allow_text", False), "needs allow_text"),
+    (lambda c: setattr(c, "answer_json_schema", '{"type": "nope"}'), "cannot compile"),
+])
+def test_a_bad_answer_schema_is_refused_naming_it(mutate, why):
+    req = request(allow_text=True, answer_json_schema=json.dumps(CITY))
+    mutate(req.constraint.tool_call)
+    with pytest.raises(InvalidField) as err:
+        request_rules.constraint_spec(req)
+    assert err.value.field == "constraint.tool_call.answer_json_schema"
+    assert why in str(err.value)
+
+
+def test_an_answer_schema_is_refused_in_a_format_whose_calls_are_json_too():
+    req = request(allow_text=True, answer_json_schema=json.dumps(CITY))
+    with pytest.raises(InvalidField, match="llama3_json tool-call format"):
+        request_rules.constraint_spec(req, tool_format="llama3_json")
+
+
 def test_a_single_call_completes_the_constraint(compiler, tokenizer):
     req = request()
     constraint = compiler.compile(request_rules.constraint_spec(req))

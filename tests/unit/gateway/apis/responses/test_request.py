@@ -89,12 +89,23 @@ def test_text_format_json_schema_is_chats_response_format():
     ({"input": "x", "temprature": 1}, "temprature"),
     ({"input": []}, "input"),
     ({}, "input"),
+    ({"model": 5, "input": "x"}, "model"),
 ])
 def test_refusals_name_the_responses_field(body, param):
     with pytest.raises(ParamError) as err:
         chat(body)
     assert err.value.param == param
     assert err.value.message.startswith(param + ":")
+
+
+def test_safety_identifier_and_prompt_cache_key_are_labels_as_user_is():
+    plain = chat({"input": "x"})
+    labelled = chat({"input": "x", "safety_identifier": "u1", "prompt_cache_key": "c1",
+                     "user": "u1"})
+    assert labelled.generate == plain.generate
+    with pytest.raises(ParamError) as err:
+        chat({"input": "x", "prompt_cache_retention": "24h"})  # a promise it cannot keep
+    assert err.value.param == "prompt_cache_retention"
 
 
 def test_chat_params_in_responses_words():
