@@ -96,7 +96,7 @@ def _rejected(req: AdmissionRequest, decision: AdmissionDecision, check: TimeChe
         estimated_wait_s=check.estimated_wait_s,
         deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits,
         prefill_ms=check.prefill_ms, prefill_budget_tokens=check.prefill_budget_tokens,
-        first_token_ms=check.first_token_ms,
+        prompts_ahead_tokens=check.prompts_ahead_tokens, first_token_ms=check.first_token_ms,
         first_token_late=fit is None and check.first_token_late))
     return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)

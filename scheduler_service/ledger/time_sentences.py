@@ -43,7 +43,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         message = (f"worker {r.worker_id} serves {r.streams:,} streams with gap goal "
                    f"{r.itl_goal_ms:,} ms; beside them its {r.prompt_tokens:,}-token prompt would "
                    f"run in chunks of {r.prefill_budget_tokens:,} tokens a step (what keeps the "
-                   f"step within the goal), {r.prefill_ms / 1e3:.1f} s to its first token, and "
+                   f"step within the goal){_ahead(r)}, {r.prefill_ms / 1e3:.1f} s to its first "
+                   "token, and "
                    f"after enough of them end (about {r.estimated_wait_s:.1f} s) about "
                    f"{r.first_token_ms / 1e3:.1f} s: past its TTFT goal max_ttft_ms "
                    f"{r.ttft_goal_ms:,}")
@@ -67,6 +68,13 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     remedy = (f"allow a later deadline (at least {(wanted + 1) * r.predicted_step_ms / 1e3:.2f} s),"
               f" or retry in {r.retry_after_s:.1f} s when fewer streams run, or {fewer}")
     return message, remedy
+
+
+def _ahead(r: Rejection) -> str:
+    """The prompts admitted before it that run first, when some have not run yet."""
+    if not r.prompts_ahead_tokens:
+        return ""
+    return f" behind {r.prompts_ahead_tokens:,} prompt tokens admitted before it"
 
 
 def _chunks(r: Rejection) -> str:

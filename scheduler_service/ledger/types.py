@@ -337,6 +337,7 @@ class Rejection:
     time_waits: bool = False  # TIME_BUSY that the queue can cure (the wait fits its goals)
     prefill_ms: float = 0.0  # TIME_BUSY: its prompt's chunks beside the streams running now
     prefill_budget_tokens: int = 0  # TIME_BUSY: the prompt tokens a step beside them may run
+    prompts_ahead_tokens: int = 0  # TIME_BUSY: prompt tokens admitted before it not yet run
     first_token_ms: float = 0.0  # TIME_BUSY: the wait, then its chunks beside those left
     # TIME_BUSY for its first token: the step with it keeps the gap goals, but the wait and
     # its prompt's chunks beside the streams pass its TTFT goal (time_budget.py).

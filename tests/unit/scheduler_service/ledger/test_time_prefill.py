@@ -60,12 +60,37 @@ def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_re
     assert r.cause is Cause.TIME_BUSY and r.first_token_late and not r.time_waits
     assert refused.rejection.retry_after_s == pytest.approx(3.0)
     assert r.estimated_wait_s == pytest.approx(3.0)
-    # Now: 20 tokens a step, 2.0 s; at best after both end: 3.0 s + 0.5 s.
-    assert r.prefill_ms == pytest.approx(2_000.0) and r.prefill_budget_tokens == 20
+    # Now: 20 tokens a step behind a's and b's 10-token prompts (admitted at this instant,
+    # not run yet), 1,020 tokens: 2.04 s; at best after both end: 3.0 s + 0.5 s.
+    assert r.prefill_ms == pytest.approx(2_040.0) and r.prefill_budget_tokens == 20
+    assert r.prompts_ahead_tokens == 20
     assert r.first_token_ms == pytest.approx(3_500.0)
     assert "1,000-token prompt" in r.message and "chunks of 20 tokens" in r.message
+    assert "behind 20 prompt tokens admitted before it" in r.message
     assert "max_ttft_ms 1,500" in r.message and "3.5 s" in r.message
     assert "loosen max_ttft_ms" in r.remedy and "shorter prompt" in r.remedy
+
+
+def test_prompts_admitted_before_it_and_not_yet_run_count_toward_its_first_token():
+    # Two 1,000-token prompts admitted just now (goal 50 ms): the worker runs them before a
+    # newcomer's, at 20 tokens a step beside 2 streams (500 tokens/s: 4 s for the two).
+    ledger = paced_ledger()
+    for name in ("p1", "p2"):
+        assert ledger.admit(ask(name, prompt_tokens=1_000, max_itl_ms=50,
+                                max_ttft_ms=10_000)).decision is Decision.ADMITTED
+    # Its own 100 tokens alone would take 0.2 s (5 steps of 30 ms + 50 ms): within 1.5 s.
+    # Behind the 2,000 tokens ahead: 4.2 s now, and 3.3 s after both streams' 3 s.
+    refused = ledger.admit(ask("new", prompt_tokens=100, max_itl_ms=50, max_ttft_ms=1_500))
+    assert refused.decision is Decision.REJECTED
+    r = refused.rejection
+    assert r.cause is Cause.TIME_BUSY and r.first_token_late
+    assert r.prompts_ahead_tokens == 2_000 and r.prefill_ms == pytest.approx(4_200.0)
+    assert r.first_token_ms == pytest.approx(3_300.0)
+    assert "behind 2,000 prompt tokens admitted before it" in r.message
+    # Once their prompts have run (4 s at that pace), the same request is admitted.
+    ledger._clock.now += 4.5
+    assert ledger.admit(ask("new", prompt_tokens=100, max_itl_ms=50,
+                            max_ttft_ms=1_500)).decision is Decision.ADMITTED
 
 
 def test_the_same_prompt_is_admitted_beside_streams_without_a_goal_or_with_a_looser_ttft():
