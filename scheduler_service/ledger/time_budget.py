@@ -197,8 +197,9 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
 def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
     """(seconds, budget tokens) of the prompt's chunks beside m of these streams behind
     `ahead` prompt tokens that run first, by (m, ahead); None when the worker's prompt-token
-    cost is not measured. The step at m rows is the measured decode mean, the goal the
-    strictest among all of them (pessimistic once some end)."""
+    cost is not measured. The step at m rows is the measured decode mean, the budget beside it
+    leaves room for the worker's p90 decode there (as the worker's own budget does), the goal
+    the strictest among all of them (pessimistic once some end)."""
     pace = model.prefill if model is not None else None
     if pace is None or prompt_tokens <= 0:
         return None
@@ -208,11 +209,13 @@ def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
 
     def at(m: int, ahead: int) -> tuple[float, int]:
         step = (model.predict_ms(m) or 0.0) / 1e3 if m else 0.0
+        tail = (model.predict_tail_ms(m) or 0.0) / 1e3 if m else 0.0
         goal = goal_ms if m else 0
         # NOTE: the worker's budget is shared by the prompts in line, first come first
         # served: the prompts ahead and its own run as one line of tokens.
-        return (prefill_s(ahead + prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s),
-                prefill_budget_tokens(goal, step, token_s, pace.chunk_tokens, chunk_s))
+        return (prefill_s(ahead + prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s,
+                          tail),
+                prefill_budget_tokens(goal, tail, token_s, pace.chunk_tokens, chunk_s))
     return at
 
 

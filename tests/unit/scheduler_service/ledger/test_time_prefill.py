@@ -13,7 +13,7 @@ from ortserve.v1 import scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.ledger.ledger import AdmissionRequest, Cause, Decision
 from scheduler_service.ledger.queue import AdmissionQueue, Ticket
-from scheduler_service.ledger.step_model import PromptPace
+from scheduler_service.ledger.step_model import PromptPace, StepSample
 from tests.unit.scheduler_service.ledger.test_time_admission import measured_ledger
 
 PROMPT_TOKEN_MS = 0.5
@@ -47,6 +47,10 @@ def test_the_chunks_pace_is_the_workers_rule():
     # A chunk's own run (5 ms) leaves 5 ms, 10 tokens a step: 100 steps of 35 ms + 0.5 s.
     assert prefill_budget_tokens(50, 0.030, 0.0005, 512, chunk_s=0.005) == 10
     assert prefill_s(1_000, 50, 0.030, 0.0005, 512, chunk_s=0.005) == pytest.approx(4.0)
+    # Room left for a 35 ms p90 decode: 5 ms, 10 tokens a step; the steps still take the
+    # mean's 30 ms: 100 steps of 30 ms + 0.5 s. A tail below the mean reads as the mean.
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, decode_tail_s=0.035) == pytest.approx(3.5)
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, decode_tail_s=0.010) == pytest.approx(2.0)
 
 
 def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_refused_with_them():
@@ -91,6 +95,22 @@ def test_prompts_admitted_before_it_and_not_yet_run_count_toward_its_first_token
     ledger._clock.now += 4.5
     assert ledger.admit(ask("new", prompt_tokens=100, max_itl_ms=50,
                             max_ttft_ms=1_500)).decision is Decision.ADMITTED
+
+
+def test_the_chunks_pace_leaves_room_for_the_workers_p90_decode_as_the_worker_does():
+    # 2 streams with an 80 ms goal, decoding 30 ms on average but 60 ms at their p90: the
+    # worker runs (64 - 60) / 0.5 = 8 tokens a step beside them, not (64 - 30) / 0.5 = 68.
+    ledger = paced_ledger()
+    assert ledger.heartbeat("w1", steps=[StepSample(rows=2, steps=1, seconds=0.030,
+                                                    tail_seconds=0.060)])
+    two_streams(ledger, max_itl_ms=80)
+    # At 68 a step its 400 tokens (and a's and b's 20) would take 0.4 s; at 8: 53 steps of
+    # 30 ms + 0.21 s, 1.8 s, past 1.5 s; the streams end in 3 s.
+    refused = ledger.admit(ask("new", prompt_tokens=400, max_itl_ms=80, max_ttft_ms=1_500))
+    assert refused.decision is Decision.REJECTED
+    r = refused.rejection
+    assert r.cause is Cause.TIME_BUSY and r.first_token_late
+    assert r.prefill_budget_tokens == 8 and r.prefill_ms == pytest.approx(1_800.0)
 
 
 def test_the_same_prompt_is_admitted_beside_streams_without_a_goal_or_with_a_looser_ttft():
