@@ -27,8 +27,8 @@ from collections.abc import Iterable
 # worker_service/core/step_scheduler.py says why a run over a past is never one token).
 MIN_PREFILL_BUDGET_TOKENS = 3
 
-# NOTE: the costs are means and a step's tail is above its mean (a loaded machine, a long
-# past): aiming the step at the whole goal would put half the steps with chunks past it.
+# NOTE: the chunk's costs are means and a chunk's tail is above its mean (a loaded machine, a
+# long past): aiming the step at the whole goal would put half the steps with chunks past it.
 GOAL_SHARE = 0.8
 
 
