@@ -132,10 +132,11 @@ def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]
 
 def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,
           ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0,
-          prompt_tokens: int = 0) -> TimeCheck:
+          prompt_tokens: int = 0, waited_s: float = 0.0) -> TimeCheck:
     """May a request with these goals (already resolved against the server's) start on this
     worker now? `ahead`: requests waiting in line before it, each taking a departure first;
-    `prompt_tokens`: its prompt (its chunks' time counts toward its TTFT goal).
+    `prompt_tokens`: its prompt (its chunks' time counts toward its TTFT goal); `waited_s`:
+    what it already waited in the admission queue (spent of its TTFT goal).
     See the module docstring for the rule."""
     streams = streams_of(leases)
     n = len(streams)
@@ -163,9 +164,8 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
 
     chunks_s = 0.0
     if prefill is not None:
-        ttft_s = ttft_goal_ms / 1e3
         alone_s, chunk_tokens = prefill(0, 0)
-        if alone_s > ttft_s:
+        if alone_s > ttft_goal_ms / 1e3:
             # Its prompt alone, on an idle worker, passes its TTFT goal: no wait cures it.
             return replace(base, verdict=Verdict.UNREACHABLE, prefill_ms=alone_s * 1e3,
                            prefill_budget_tokens=chunk_tokens, first_token_ms=alone_s * 1e3,
@@ -178,8 +178,12 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
             wait = wait_s(k)
             return wait + prefill(n - k, prompts_ahead(now + wait))[0]
 
+        # NOTE: the goal counts from its arrival: a request tried again from the queue has
+        # spent its time in line (before, it was held to the whole goal again, and its first
+        # token came that much later than the goal).
+        ttft_left_s = ttft_goal_ms / 1e3 - waited_s
         step_leaving = leaving
-        leaving = next((k for k in range(leaving, n + 1) if first_s(k) <= ttft_s),
+        leaving = next((k for k in range(leaving, n + 1) if first_s(k) <= ttft_left_s),
                        n)  # n: only an empty worker would do, too late as the wait says below
         now_s, budget = prefill(n, prompts_ahead(now))
         chunks_s = first_s(leaving) - wait_s(leaving)
@@ -189,7 +193,7 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
     wait = wait_s(leaving)
     if not leaving:
         return base
-    too_late = ((ttft_goal_ms and (wait + chunks_s) * 1e3 > ttft_goal_ms)
+    too_late = ((ttft_goal_ms and (waited_s + wait + chunks_s) * 1e3 > ttft_goal_ms)
                 or (deadline_s is not None and wait >= deadline_s))
     return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait)
 

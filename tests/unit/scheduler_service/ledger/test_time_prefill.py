@@ -133,6 +133,31 @@ def test_it_waits_when_a_stream_ending_lets_its_chunks_fit_its_ttft_goal():
     assert isinstance(ticket, Ticket)
 
 
+def test_a_request_tried_again_from_the_queue_has_spent_its_time_in_line_of_its_ttft_goal():
+    # Two streams with a 35 ms gap goal (30 ms at 2 rows, 40 at 3): a third waits for one to
+    # end (3 s), then its 100 tokens beside one (16 a step of 20 ms): 0.19 s, within 5 s.
+    def queued(waited_s: float):
+        ledger = paced_ledger()
+        queue = AdmissionQueue(ledger, max_wait_s=60.0, clock=ledger._clock)
+        first = ledger.admit(ask("a", max_itl_ms=35))
+        assert ledger.admit(ask("b", max_itl_ms=35)).decision is Decision.ADMITTED
+        ticket = queue.submit(ask("new", prompt_tokens=100, max_itl_ms=35, max_ttft_ms=5_000))
+        assert isinstance(ticket, Ticket)
+        ledger._clock.now += waited_s
+        ledger.release(first.lease.lease_id)
+        (done,) = queue.pump()
+        return done.outcome
+    assert queued(4.0).decision is Decision.ADMITTED  # 4 s + 0.19 s: within 5 s
+    # 4.96 s in line: 0.19 s now passes 5 s, and at best (once b has ended, its predicted end
+    # long past) its chunks alone, 0.05 s, too. Before, it was held to the whole 5 s again
+    # (admitted, its first token then past its goal); now refused, naming the wait.
+    late = queued(4.96)
+    assert late.decision is Decision.REJECTED
+    r = late.rejection
+    assert r.cause is Cause.TIME_BUSY and r.waited_s == pytest.approx(4.96)
+    assert "after the 5.0 s it already waited in line" in r.message
+
+
 def test_a_prompt_past_its_ttft_goal_even_alone_is_unreachable_with_the_numbers():
     ledger = paced_ledger()
     two_streams(ledger, max_itl_ms=50)
