@@ -393,6 +393,9 @@ def time_to_pb(budget: scheduler_pb2.Budget, times: list[WorkerTime], goals: Tim
         w.itl_goal_ms, w.steps_measured = t.itl_goal_ms, t.steps_measured
         w.step_means.extend(scheduler_pb2.StepTiming(rows=rows, steps=1, seconds=ms / 1e3)
                             for rows, ms in t.table)
+        if t.prefill is not None:  # the pace its heartbeat said, as the TTFT prediction reads it
+            w.prompt_token_ms, w.prompt_chunk_ms = t.prefill.prompt_token_ms, t.prefill.chunk_ms
+            w.prefill_chunk_tokens = t.prefill.chunk_tokens
 
 
 def _models(workers: list[scheduler_pb2.WorkerBudget]) -> list[scheduler_pb2.ModelBudget]:

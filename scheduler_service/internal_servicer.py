@@ -24,7 +24,7 @@ from scheduler_service.ledger import errors as ledger_errors
 from scheduler_service.ledger.ledger import BatchStats, Ledger, PrefixCacheReport
 from scheduler_service.request_outcome import count_two_step
 from scheduler_service.sessions.registry import SessionRegistry
-from scheduler_service.sessions.restore import restore_sessions
+from scheduler_service.sessions.restore import restore_sessions, sessions_left_with
 from scheduler_service.worker_clients import WorkerClients
 
 log = structlog.get_logger("scheduler")
@@ -155,3 +155,30 @@ class SchedulerInternalServicer(internal_pb2_grpc.SchedulerInternalServicer):
         if not request.loaded:
             self._kick()  # the returned bytes may serve the admission queue's head
         return convert.adapter_change_to_pb(geometry, adapter)
+
+    async def Deregister(self, request: internal_pb2.DeregisterRequest, context):
+        """A worker's clean stop: forget it now (its leases with it, each once), not after
+        the lease TTL, so the same worker id registers again at once."""
+        request_rules.bounded("worker_id", request.worker_id, request_rules.MAX_WORKER_ID_CHARS)
+        request_rules.bounded("address", request.address, request_rules.MAX_ADDRESS_CHARS)
+        dropped = self._ledger.forget_worker(request.worker_id, request.address)
+        if dropped is None:
+            log.info("deregistration of an unknown worker; nothing changed",
+                     worker_id=request.worker_id, address=request.address)
+            return internal_pb2.DeregisterResponse(known=False)
+        for lease in dropped:
+            log.info("lease released with its worker's clean stop", lease_id=lease.lease_id,
+                     worker_id=lease.worker_id, request_id=clip(lease.request_id),
+                     claimed=lease.claimed, session=lease.session,
+                     freed_bytes=lease.reserved_bytes, disk_bytes=lease.disk_bytes)
+        on_disk, gone = sessions_left_with(self._sessions, request.worker_id, dropped)
+        await self._workers.forget(request.address)
+        freed = sum(lease.reserved_bytes for lease in dropped)
+        if self._metrics is not None:
+            self._metrics.deregistered(dropped)
+        log.info("worker deregistered (a clean stop)", worker_id=request.worker_id,
+                 address=request.address, released_leases=len(dropped), freed_bytes=freed,
+                 sessions_on_disk=on_disk, sessions_lost=gone)
+        self._kick()  # the queue re-decides without this worker's capacity
+        return internal_pb2.DeregisterResponse(known=True, released_leases=len(dropped),
+                                               freed_bytes=freed, sessions_on_disk=on_disk)

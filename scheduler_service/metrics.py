@@ -209,6 +209,14 @@ class SchedulerMetrics:
         self.lease_expiries = Counter(
             "ortserve_scheduler_lease_expiries", "Leases the ledger dropped without a release "
             "(worker silent, unclaimed too long, lost by its worker)", registry=registry)
+        self.worker_deregistrations = Counter(
+            "ortserve_scheduler_worker_deregistrations", "Workers that said they stopped "
+            "cleanly (Deregister) and were forgotten at once, not after the lease TTL",
+            registry=registry)
+        self.deregistered_leases = Counter(
+            "ortserve_scheduler_deregistered_leases", "Leases released with their worker's "
+            "clean stop (sessions saved to its disk tier included: they return with it)",
+            registry=registry)
         self.generated_tokens = Counter(
             "ortserve_scheduler_generated_tokens", "Tokens relayed to clients in finished "
             "requests (their Finished usage.generated_tokens)", registry=registry)
@@ -237,6 +245,11 @@ class SchedulerMetrics:
 
     def expired(self, expired: list) -> None:
         self.lease_expiries.inc(len(expired))
+
+    def deregistered(self, leases: list) -> None:
+        """A worker's clean stop: it, and the leases released with it."""
+        self.worker_deregistrations.inc()
+        self.deregistered_leases.inc(len(leases))
 
     def request(self, rpc: str, outcome: str, cause: str,
                 finished: types_pb2.Finished | None) -> None:

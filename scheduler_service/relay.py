@@ -1,16 +1,15 @@
-"""One relay for Scheduler.Generate and SessionTurn: the admission-queue wait, the
-worker's stream passed on to the caller, the timings composed once, every exit clean.
+"""One relay for Scheduler.Generate and SessionTurn: the worker's stream passed on to
+the caller, the timings composed once, every exit clean.
 
 Generate (servicer.py) and SessionTurn (sessions/turn.py) differ only in what
 they do around a stream (a one-shot lease released if no worker claimed it; a
 session's conversation remembered at Finished): they hand that in as a Leg's
 callbacks, and this module does the rest, once. Everything runs on the
-server's event loop; the queue's pure policy is in ledger/queue.py.
+server's event loop; the wait in the admission queue before it is queue_wait.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +36,6 @@ from ortserve.rpc.worker_leg import (
 from ortserve.status.errors import ErrorReason, clip
 from ortserve.v1 import types_pb2, worker_pb2
 from scheduler_service import convert
-from scheduler_service.ledger.queue import AdmissionQueue, Place, Ticket, queue_deadline_exceeded
 from scheduler_service.ledger.types import AdmissionDecision
 from scheduler_service.worker_clients import RelayingWorkerStub
 
@@ -52,113 +50,6 @@ class RelayedCounts:
 
 
 RELAYED = RelayedCounts()
-
-# NOTE: a Queued event at most this often per request: enough to watch a
-# queue move, not enough to flood a stream of 256 waiters.
-PLACE_INTERVAL_S = 0.25
-
-
-class QueueWaiter:
-    """Wakes tickets when the queue moves; every exit leaves the queue holding nothing."""
-
-    def __init__(self, queue: AdmissionQueue, clock: Callable[[], float],
-                 on_decided: Callable[[list[Ticket]], None] = lambda done: None) -> None:
-        self.queue = queue
-        self._clock = clock
-        self._on_decided = on_decided
-        self._events: dict[int, asyncio.Event] = {}
-        self._sent: dict[int, tuple[int, float]] = {}  # seq -> (position sent, when)
-
-    def kick(self) -> None:
-        """Bytes may have freed up (or waits run out): serve the queue and wake its waiters."""
-        done = self.queue.pump()
-        if done:
-            self._on_decided(done)
-        # Every waiter looks again: the decided ones for their outcome, the rest for a new place.
-        for event in self._events.values():
-            event.set()
-
-    async def next(self, ticket: Ticket) -> Place | AdmissionDecision:
-        """The ticket's next news: a changed Place (rate-limited) or its final Admission.
-
-        Raises the DomainError for the caller's own deadline passing.
-        """
-        event = self._events.setdefault(ticket.seq, asyncio.Event())
-        while True:
-            if ticket.outcome is not None:
-                return ticket.outcome
-            if ticket.deadline_exceeded:
-                raise queue_deadline_exceeded(ticket)
-            now = self._clock()
-            if now >= ticket.deadline:
-                self.kick()  # pump ends the wait: an outcome or deadline_exceeded, never neither
-                continue
-            place = self.queue.place(ticket)
-            sent_position, sent_at = self._sent.get(ticket.seq, (0, -PLACE_INTERVAL_S))
-            if place is not None and place.position != sent_position and now - sent_at >= PLACE_INTERVAL_S:
-                self._sent[ticket.seq] = (place.position, now)
-                return place
-            event.clear()
-            await _wake(event, min(PLACE_INTERVAL_S, ticket.deadline - now))
-
-    async def news(self, ticket: Ticket, bound: Any) -> AsyncIterator[Place | AdmissionDecision]:
-        """A queued request's news: each changed Place, then its Admission, last.
-
-        Generate sends the Places on as Queued events, Admit skips them. An exit
-        before the Admission (cancelled, deadline, an error) leaves the queue
-        holding nothing: iterate under contextlib.aclosing, so that happens at once.
-        """
-        admission = None
-        try:
-            while not isinstance(item := await self.next(ticket), AdmissionDecision):
-                yield item
-            admission = item
-        finally:
-            if admission is None:
-                bound.info("left the queue unserved", freed_bytes=self.leave(ticket))
-            else:
-                self.forget(ticket)
-        yield admission
-
-    def leave(self, ticket: Ticket) -> int:
-        """The caller will not take the outcome (cancelled, deadline, error): hold nothing.
-
-        Returns the bytes released (a lease the queue granted in the meantime).
-        """
-        self._events.pop(ticket.seq, None)
-        self._sent.pop(ticket.seq, None)
-        freed = 0
-        if not self.queue.cancel(ticket):
-            lease = ticket.outcome.lease if ticket.outcome is not None else None
-            if lease is not None:
-                freed = self.queue.ledger.release_unclaimed(lease.lease_id)
-        self.kick()  # the head may have been the one blocking: the next one may fit now
-        return freed
-
-    def forget(self, ticket: Ticket) -> None:
-        """The caller took the outcome: drop the bookkeeping."""
-        self._events.pop(ticket.seq, None)
-        self._sent.pop(ticket.seq, None)
-
-
-async def _wake(event: asyncio.Event, timeout_s: float) -> None:
-    """Wait for `event` or `timeout_s`, whichever first; a cancel of the waiting task always
-    propagates (the caller's connection is gone: the ticket must leave the queue now).
-
-    NOTE: not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives in the
-    same loop pass as the event (a kick() right before the client's connection dropped):
-    return fut.result() instead of raising. The waiter would then loop on, holding its
-    place until admitted (a SIGKILLed client's ticket stays queued). asyncio.timeout
-    counts cancels (Task.cancelling), so a caller's cancel is never taken for the timeout.
-    """
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        # A cancel some other await swallowed: the caller is gone all the same.
-        raise asyncio.CancelledError("the caller cancelled while queued")
-
 
 # -- the worker's stream ------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from scheduler_service.ledger.ledger import Ledger
 from scheduler_service.ledger.queue import AdmissionQueue
 from scheduler_service.ledger.time_budget import TimeGoals
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.relay import QueueWaiter
+from scheduler_service.queue_wait import QueueWaiter
 from scheduler_service.servicer import SchedulerServicer
 from scheduler_service.sessions.build import build_sessions
 from scheduler_service.sessions.registry import SessionRegistry

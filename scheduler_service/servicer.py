@@ -1,6 +1,6 @@
 """SchedulerServicer: protobuf in, ledger calls, protobuf out; Generate admits, then relays.
 
-The worker's stream and the queue wait are relay.py's (shared with SessionTurn);
+The queue wait is queue_wait.py's, the worker's stream relay.py's (both shared with SessionTurn);
 the session RPCs are sessions/rpcs.py's, composed in (sessions/build.py) and delegated to.
 Handlers raise (DomainError, Relayed); ortserve.rpc.error_path maps every failure
 through the one table (ortserve.status.status_table) in one place.
@@ -38,11 +38,12 @@ from scheduler_service.ledger.ledger import (
     Ledger,
     no_worker_rejection,
 )
-from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.ledger.queue import Ticket
 from scheduler_service.model_server_metrics import ledger_budget
 from scheduler_service.prompt_count import count_prompt, noted_by_worker
+from scheduler_service.queue_wait import AdmissionWait, QueueWaiter
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.relay import Leg, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.build import Sessions
 from scheduler_service.sessions.stored_rpcs import StoredResponseRPCs
@@ -136,23 +137,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             admission = self._ledger.admit(domain, dry_run=True)
         else:
             await self._sessions.reclaimer.make_room(domain)  # idle sessions' bytes before a cap
-            admission = self._waiter.queue.submit(domain, convert.queue_mode(request),
-                                                  wait_s=wait_s, deadline_s=deadline_s)
-            if isinstance(admission, Ticket):
-                self._kick()  # the queue's order may place it at once (priority, tenant share)
+            admission = self._waiter.submit(domain, convert.queue_mode(request), wait_s=wait_s,
+                                            deadline_s=deadline_s)
         log_expired(self._ledger.take_expired(), self._metrics)  # admit() already expired
         return admission, prompt.token_ids, {"reasoning_format": prompt.reasoning_format,
                                              "prompt_opens_reasoning": prompt.opens_reasoning,
                                              "tool_call_format": prompt.tool_call_format,
                                              "template_kwargs_unread":
                                                  prompt.template_kwargs_unread}
-
-    async def _wait(self, ticket: Ticket, bound) -> AdmissionDecision:
-        """Await a queued request's Admission (Admit's way: no Queued events)."""
-        async with aclosing(self._waiter.news(ticket, bound)) as news:
-            async for item in news:
-                admission = item  # the Places go by unsent; the last news is the Admission
-        return admission
 
     def _kick(self) -> None:
         self._waiter.kick()
@@ -179,15 +171,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                     stream_deadline_s=(
                                                         request.stream_deadline_ms / 1e3
                                                         if request.stream_deadline_ms else None))
-        queued = None  # perf_counter() when it joined the queue
-        if isinstance(admission, Ticket):
-            queued = time.perf_counter()
-            admission = await self._wait(admission, log.bind(request_id=inner.request_id))
-        admission = noted_by_worker(admission, noted)
+        # Admit's way: no Queued events (the Places go by unsent), no "queued" line.
+        wait = AdmissionWait(self._waiter, admission, log.bind(request_id=inner.request_id),
+                             queued_line=None)
+        admission = noted_by_worker(await wait.decided(), noted)
         self._count(admission)
         # The two-step path's trace (the gateway's and the client's default): the same
         # admission span and decision attributes as Generate's, on Admit's own span.
-        spans.decided(admission, arrived, queued)
+        spans.decided(admission, arrived, wait.queued_perf_s)
         lease = admission.lease
         log.info("admit", request_id=inner.request_id, decision=admission.decision.value,
                  lease_id=lease.lease_id if lease else None, dry_run=request.dry_run,
@@ -281,19 +272,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 inner, dry_run=False, wait_s=wait_s, deadline_s=context.time_remaining(),
                 context=context)
             bound = log.bind(request_id=inner.request_id)
-            queued = None  # perf_counter() when it joined the queue
-            if isinstance(admission, Ticket):
-                ticket, queued = admission, time.perf_counter()
-                bound.info("queued", needed_bytes=ticket.needed_bytes, mode=ticket.mode.value,
-                           max_wait_s=round(ticket.max_wait_s, 3), bound=ticket.bound.value)
-                async with aclosing(self._waiter.news(ticket, bound)) as news:
-                    async for item in news:
-                        if isinstance(item, Place):
-                            yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
-                        else:
-                            admission = item
+            wait = AdmissionWait(self._waiter, admission, bound)
+            async with aclosing(wait.places()) as places:
+                async for place in places:
+                    yield types_pb2.GenerateEvent(queued=convert.place_to_pb(place))
+            admission = wait.admission
             self._count(admission)
-            spans.decided(admission, arrived, queued)
+            spans.decided(admission, arrived, wait.queued_perf_s)
             if admission.decision is Decision.REJECTED:
                 bound.info("rejected", cause=admission.rejection.cause.value)
                 raise rejection_error(admission.rejection)

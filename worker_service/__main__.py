@@ -16,9 +16,10 @@ from pathlib import Path
 import structlog
 
 from ortserve.process import banner, ports, tracing
-from ortserve.process.env_defaults import boolean, every_flag_from_env, from_env, in_range
+from ortserve.process.env_defaults import Checked, boolean, every_flag_from_env, from_env, in_range
 from ortserve.process.logs import add_level_argument, configure_logging, json_enabled
 from ortserve.process.version import package_version
+from ortserve.rpc import keepalive
 from ortserve.rpc.tls import TlsFiles
 from ortserve.rpc.tls import add_arguments as add_tls_arguments
 from ortserve.status.units import parse_bytes
@@ -47,6 +48,14 @@ def _lora_flag(text: str) -> tuple[str, str]:
         return lora.parse_lora_flag(text)
     except InvalidWorkerField as error:
         raise argparse.ArgumentTypeError(error.message.removeprefix("--lora: ")) from None
+
+
+def _keepalive_problem(interval_s: float) -> str | None:
+    try:
+        keepalive.channel_options(interval_s)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def parse_config(argv: list[str] | None = None, notices: list[str] | None = None) -> WorkerConfig:
@@ -133,6 +142,17 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
     p.add_argument("--drain-timeout-s", type=float,
                    default=from_env(p, "ORTSERVE_WORKER_DRAIN_TIMEOUT_S", d.drain_timeout_s),
                    help="on SIGTERM, how long live streams may run before they are cut")
+    interval_s = Checked(float, _keepalive_problem)
+    p.add_argument("--caller-keepalive-s", type=interval_s,
+                   default=from_env(p, "ORTSERVE_WORKER_CALLER_KEEPALIVE_S",
+                                    d.caller_keepalive_s, kind=interval_s),
+                   help="ping each caller's connection (the scheduler's relay, a gateway's or "
+                        "client's direct calls) this often while its calls run; one that does "
+                        "not answer within as long (its host gone, its process stopped) has its "
+                        "streams cancelled and their KV freed in about twice this, not when "
+                        f"they would end (default {d.caller_keepalive_s:g}); 0: off, else "
+                        f"{keepalive.MIN_INTERVAL_S:g} to {keepalive.MAX_INTERVAL_S:g} "
+                        "(env ORTSERVE_WORKER_CALLER_KEEPALIVE_S)")
     p.add_argument("--session-swap-bytes", default=from_env(p, "ORTSERVE_WORKER_SESSION_SWAP_BYTES"),
                    help="host memory idle sessions may be swapped out to, e.g. 256MiB; beyond it "
                         "a swapped-out session's KV is dropped and its next turn recomputes")
@@ -224,7 +244,7 @@ def parse_config(argv: list[str] | None = None, notices: list[str] | None = None
         kv_capacity_bytes=kv_capacity_bytes,
         kv_capacity_fraction=fraction, max_batch_rows=a.max_batch_rows,
         max_context_tokens=a.max_context_tokens, lora=lora_adapters, speculative=a.speculative,
-        drain_timeout_s=a.drain_timeout_s,
+        drain_timeout_s=a.drain_timeout_s, caller_keepalive_s=a.caller_keepalive_s,
         metrics_port=a.metrics_port, session_swap_bytes=swap, prefix_cache_bytes=prefix_cache,
         session_dir=a.session_dir, session_disk_bytes=disk_bytes,
         session_disk_after_s=a.session_disk_after_s,

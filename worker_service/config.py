@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ortserve.rpc import keepalive
 from ortserve.rpc.tls import TlsFiles
 
 
@@ -34,6 +35,9 @@ class WorkerConfig:
     lora: tuple[tuple[str, str], ...] = ()
     metrics_port: int | None = None  # Prometheus /metrics port; None: off, 0: any free port
     drain_timeout_s: float = 30.0  # SIGTERM: live streams may finish within this
+    # gRPC keepalive pings to its callers while their calls run (--caller-keepalive-s): a
+    # caller gone silent has its streams cancelled and their KV freed in about twice this.
+    caller_keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
     session_swap_bytes: int = 256 * 2**20  # host memory for swapped-out sessions (--session-swap-bytes)
     # The disk tier of parked sessions (--session-dir; "" off), its bytes
     # (--session-disk-bytes) and how long a session stays idle in memory before it is

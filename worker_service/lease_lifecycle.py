@@ -33,7 +33,7 @@ from worker_service.core.sequence import TERMINAL, Completed, Event, SequenceReq
 from worker_service.engine.engine import Engine
 from worker_service.engine.event_mailbox import EventMailbox, coalesced
 from worker_service.scheduler_link import SchedulerLink
-from worker_service.session_leases import SessionLeaseTable
+from worker_service.session_lease_table import SessionLeaseTable
 
 log = structlog.get_logger("worker")
 
@@ -217,7 +217,7 @@ class LeaseLifecycle:
         self.link = link
         self._live: dict[str, types_pb2.Lease] = {}  # claimed, sequence submitted
         self._busy: set[str] = set()  # lease ids being opened or served
-        # The open sessions' leases, kept across turns (session_leases.py).
+        # The open sessions' leases, kept across turns (session_lease_table.py).
         self.sessions = SessionLeaseTable(engine, link)
         self._mailbox: EventMailbox | None = None
 

@@ -1,6 +1,7 @@
-"""The worker's side of the scheduler protocol: register, heartbeat, claim, release.
+"""The worker's side of the scheduler protocol: register, heartbeat, claim, release, and
+deregister at a clean stop.
 
-All four go to SchedulerInternal on the scheduler's internal port (--scheduler
+All go to SchedulerInternal on the scheduler's internal port (--scheduler
 points there), over mutual TLS when the worker has a certificate.
 """
 
@@ -71,6 +72,7 @@ class SchedulerLink:
         self.heartbeat_interval_s = 2.0
         self.registered = asyncio.Event()
         self.draining = False  # sent with every heartbeat once set
+        self.leaving = False  # set by deregister(): run() stops, nothing registers again
         # The sessions this worker holds, sent with every registration: a restarted
         # scheduler rebuilds its session registry from them (session_lifecycle.py).
         self.live_sessions: Callable[[], list[scheduler_pb2.LiveSession]] = list
@@ -117,9 +119,10 @@ class SchedulerLink:
                  restored_sessions=len(request.live_sessions) - len(reply.dropped_session_ids))
 
     async def run(self) -> None:
-        """Register, then heartbeat forever; re-register whenever the scheduler forgot us."""
+        """Register, then heartbeat until deregister(); re-register whenever the scheduler
+        forgot us."""
         backoff_s = 0.2
-        while True:
+        while not self.leaving:
             try:
                 if not self.registered.is_set():
                     await self.register()
@@ -172,6 +175,28 @@ class SchedulerLink:
         except grpc.aio.AioRpcError as error:
             log.warning("could not tell the scheduler this worker is draining",
                         code=error.code().name, details=error.details())
+
+    async def deregister(self) -> bool:
+        """A clean stop's goodbye, after the drain: the scheduler forgets this worker now
+        (its leases with it), so the same --worker-id registers again at once. After it
+        this link registers no more. False when the scheduler was not told (unreachable, or
+        it did not know this worker): it forgets this worker after its lease TTL instead."""
+        self.leaving = True
+        if not self.registered.is_set():
+            return False
+        try:
+            reply = await self._stub.Deregister(internal_pb2.DeregisterRequest(
+                worker_id=self.worker_id, address=self._registration.address), timeout=5.0)
+        except grpc.aio.AioRpcError as error:
+            log.warning("could not tell the scheduler this worker stopped; it forgets this "
+                        "worker after its lease TTL", scheduler=self.address,
+                        code=error.code().name, details=error.details())
+            return False
+        self.registered.clear()
+        log.info("deregistered from scheduler", scheduler=self.address, worker_id=self.worker_id,
+                 known=reply.known, released_leases=reply.released_leases,
+                 freed_bytes=reply.freed_bytes, sessions_on_disk=reply.sessions_on_disk)
+        return reply.known
 
     def serving(self, capacity_bytes: int, adapters: list[types_pb2.LoraAdapter]) -> None:
         """The worker's capacity and adapters changed (an adapter loaded or unloaded): what

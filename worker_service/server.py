@@ -99,6 +99,7 @@ class WorkerServer:
     servicer: WorkerServicer
     _tasks: list[asyncio.Task]
     health: object = None
+    drained: bool = False  # drain() ran: the stop is a clean one
 
     async def drain(self, timeout_s: float) -> int:
         """Stop taking work and let live streams finish (up to timeout_s); returns how many
@@ -110,6 +111,7 @@ class WorkerServer:
         if self.health is not None:
             await set_serving(self.health, [SERVICE_NAME], False)
         self.servicer.draining = True
+        self.drained = True  # a clean stop: stop() then tells the scheduler this worker left
         leases = self.servicer.leases
         if leases is None:
             return 0
@@ -150,6 +152,11 @@ class WorkerServer:
         await self.server.stop(grace_s)
         leases = self.servicer.leases
         if leases is not None:
+            if self.drained:
+                # After the drain and the server's stop: every stream has ended and the idle
+                # sessions are on disk (where there is a disk tier), so the scheduler may
+                # forget this worker now; a crash never gets here and waits out the TTL.
+                await leases.link.deregister()
             await leases.link.close()
             leases.engine.close()
         if self.servicer.stop_metrics is not None:
@@ -259,7 +266,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
 async def build_server(config: WorkerConfig) -> tuple[WorkerServer, asyncio.Task]:
     """Bind and start; returns the server and the task that loads the model and then
     registers and heartbeats (it raises if the model or device cannot be had)."""
-    server = new_server()
+    server = new_server(keepalive_s=config.caller_keepalive_s)
     config.tls.check("ortserve-worker", need_ca=True)
     # NOTE: mutual TLS: the worker's port serves leases the scheduler handed out, so
     # only holders of a cluster certificate (the scheduler) may call it.

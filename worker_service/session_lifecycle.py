@@ -108,7 +108,7 @@ class WorkerSessions:
 
     def __init__(self, leases: LeaseLifecycle, address: str) -> None:
         self.leases = leases
-        self.sessions = leases.sessions  # the open sessions' leases (session_leases.py)
+        self.sessions = leases.sessions  # the open sessions' leases (session_lease_table.py)
         self.address = address
         self._opened_at: dict[str, float] = {}
         self._conversations: dict[str, Conversation] = {}

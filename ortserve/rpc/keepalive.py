@@ -51,11 +51,14 @@ CHANNEL_OPTIONS = channel_options(DEFAULT_INTERVAL_S)
 RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 500),
                      ("grpc.max_reconnect_backoff_ms", 1000))
 
-# For every grpc server ortserve starts (serving.new_server): it accepts pings every
-# MIN_INTERVAL_S, and pings its own callers as CHANNEL_OPTIONS do, so a caller gone silent
-# (a client host lost, a scheduler stopped) has its calls cancelled, and what they hold
-# released, in about twice DEFAULT_INTERVAL_S instead of when each generation ends.
-SERVER_OPTIONS = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
-    *CHANNEL_OPTIONS,
-)
+def server_options(interval_s: float = DEFAULT_INTERVAL_S) -> tuple[tuple[str, int], ...]:
+    """For every grpc server ortserve starts (serving.new_server): it accepts pings every
+    MIN_INTERVAL_S, and pings its own callers every `interval_s` as channel_options does
+    (0: not), so a caller gone silent (a client host lost, a scheduler stopped) has its
+    calls cancelled, and what they hold released, in about twice `interval_s` instead of
+    when each generation ends (the worker's --caller-keepalive-s; the others: the default)."""
+    return (("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_INTERVAL_S * 1000)),
+            *channel_options(interval_s))
+
+
+SERVER_OPTIONS = server_options(DEFAULT_INTERVAL_S)

@@ -15,11 +15,14 @@ from ortserve.rpc import keepalive
 OVERALL = ""  # grpc.health.v1's name for the server as a whole
 
 
-def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> grpc.aio.Server:
+def new_server(interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+               keepalive_s: float = keepalive.DEFAULT_INTERVAL_S) -> grpc.aio.Server:
     """A grpc.aio server with the options every ortserve server takes: no second process
-    on its port (ports.py) and keepalive both ways (keepalive.py)."""
+    on its port (ports.py) and keepalive both ways (keepalive.py), pinging its callers
+    every `keepalive_s` (0: not)."""
     return grpc.aio.server(interceptors=list(interceptors) or None,
-                           options=ports.GRPC_SERVER_OPTIONS + keepalive.SERVER_OPTIONS)
+                           options=ports.GRPC_SERVER_OPTIONS
+                           + keepalive.server_options(keepalive_s))
 
 
 def add_health_and_reflection(

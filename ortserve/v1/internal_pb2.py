@@ -26,15 +26,19 @@ from ortserve.v1 import scheduler_pb2 as ortserve_dot_v1_dot_scheduler__pb2
 from ortserve.v1 import types_pb2 as ortserve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aortserve/v1/internal.proto\x12\x0bortserve.v1\x1a\x1bortserve/v1/scheduler.proto\x1a\x17ortserve/v1/types.proto\"g\n\x17ResizeForAdapterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12)\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x18.ortserve.v1.LoraAdapter\x12\x0e\n\x06loaded\x18\x03 \x01(\x08\x32\xe3\x03\n\x11SchedulerInternal\x12Y\n\x0eRegisterWorker\x12\".ortserve.v1.RegisterWorkerRequest\x1a#.ortserve.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.ortserve.v1.HeartbeatRequest\x1a\x1e.ortserve.v1.HeartbeatResponse\x12@\n\nClaimLease\x12\x1e.ortserve.v1.ClaimLeaseRequest\x1a\x12.ortserve.v1.Lease\x12K\n\x0eReleaseClaimed\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12\x42\n\x0bShrinkLease\x12\x1f.ortserve.v1.ShrinkLeaseRequest\x1a\x12.ortserve.v1.Lease\x12T\n\x10ResizeForAdapter\x12$.ortserve.v1.ResizeForAdapterRequest\x1a\x1a.ortserve.v1.AdapterChangeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aortserve/v1/internal.proto\x12\x0bortserve.v1\x1a\x1bortserve/v1/scheduler.proto\x1a\x17ortserve/v1/types.proto\"7\n\x11\x44\x65registerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"k\n\x12\x44\x65registerResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x17\n\x0freleased_leases\x18\x02 \x01(\r\x12\x13\n\x0b\x66reed_bytes\x18\x03 \x01(\x04\x12\x18\n\x10sessions_on_disk\x18\x04 \x01(\r\"g\n\x17ResizeForAdapterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12)\n\x07\x61\x64\x61pter\x18\x02 \x01(\x0b\x32\x18.ortserve.v1.LoraAdapter\x12\x0e\n\x06loaded\x18\x03 \x01(\x08\x32\xb2\x04\n\x11SchedulerInternal\x12Y\n\x0eRegisterWorker\x12\".ortserve.v1.RegisterWorkerRequest\x1a#.ortserve.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.ortserve.v1.HeartbeatRequest\x1a\x1e.ortserve.v1.HeartbeatResponse\x12@\n\nClaimLease\x12\x1e.ortserve.v1.ClaimLeaseRequest\x1a\x12.ortserve.v1.Lease\x12K\n\x0eReleaseClaimed\x12\x1b.ortserve.v1.ReleaseRequest\x1a\x1c.ortserve.v1.ReleaseResponse\x12\x42\n\x0bShrinkLease\x12\x1f.ortserve.v1.ShrinkLeaseRequest\x1a\x12.ortserve.v1.Lease\x12T\n\x10ResizeForAdapter\x12$.ortserve.v1.ResizeForAdapterRequest\x1a\x1a.ortserve.v1.AdapterChange\x12M\n\nDeregister\x12\x1e.ortserve.v1.DeregisterRequest\x1a\x1f.ortserve.v1.DeregisterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ortserve.v1.internal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESIZEFORADAPTERREQUEST']._serialized_start=97
-  _globals['_RESIZEFORADAPTERREQUEST']._serialized_end=200
-  _globals['_SCHEDULERINTERNAL']._serialized_start=203
-  _globals['_SCHEDULERINTERNAL']._serialized_end=686
+  _globals['_DEREGISTERREQUEST']._serialized_start=97
+  _globals['_DEREGISTERREQUEST']._serialized_end=152
+  _globals['_DEREGISTERRESPONSE']._serialized_start=154
+  _globals['_DEREGISTERRESPONSE']._serialized_end=261
+  _globals['_RESIZEFORADAPTERREQUEST']._serialized_start=263
+  _globals['_RESIZEFORADAPTERREQUEST']._serialized_end=366
+  _globals['_SCHEDULERINTERNAL']._serialized_start=369
+  _globals['_SCHEDULERINTERNAL']._serialized_end=931
 # @@protoc_insertion_point(module_scope)

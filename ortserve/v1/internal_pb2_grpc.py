@@ -67,6 +67,11 @@ class SchedulerInternalStub:
                 request_serializer=ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.SerializeToString,
                 response_deserializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
                 _registered_method=True)
+        self.Deregister = channel.unary_unary(
+                '/ortserve.v1.SchedulerInternal/Deregister',
+                request_serializer=ortserve_dot_v1_dot_internal__pb2.DeregisterRequest.SerializeToString,
+                response_deserializer=ortserve_dot_v1_dot_internal__pb2.DeregisterResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerInternalServicer:
@@ -126,6 +131,20 @@ class SchedulerInternalServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Deregister(self, request, context):
+        """A worker stopping cleanly (after its drain: every stream ended, its idle
+        sessions written to its --session-dir where it has one) says it is gone:
+        the ledger forgets it at once, its leases released with it, so a worker
+        started again under the same worker_id registers at once (it was refused
+        WORKER_ID_IN_USE until lease_ttl_s passed). Its sessions on disk come back
+        with its next registration, as after a scheduler restart. A worker that
+        crashes sends nothing: the lease TTL still covers it. Idempotent: an
+        unknown worker (or one registered from another address) changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerInternalServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +177,11 @@ def add_SchedulerInternalServicer_to_server(servicer, server):
                     servicer.ResizeForAdapter,
                     request_deserializer=ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.FromString,
                     response_serializer=ortserve_dot_v1_dot_types__pb2.AdapterChange.SerializeToString,
+            ),
+            'Deregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deregister,
+                    request_deserializer=ortserve_dot_v1_dot_internal__pb2.DeregisterRequest.FromString,
+                    response_serializer=ortserve_dot_v1_dot_internal__pb2.DeregisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -323,6 +347,33 @@ class SchedulerInternal:
             '/ortserve.v1.SchedulerInternal/ResizeForAdapter',
             ortserve_dot_v1_dot_internal__pb2.ResizeForAdapterRequest.SerializeToString,
             ortserve_dot_v1_dot_types__pb2.AdapterChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ortserve.v1.SchedulerInternal/Deregister',
+            ortserve_dot_v1_dot_internal__pb2.DeregisterRequest.SerializeToString,
+            ortserve_dot_v1_dot_internal__pb2.DeregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,7 +100,7 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, include_leases: _Optional[bool] = ...) -> None: ...
 
 class WorkerBudget(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes", "decode_graph_bytes", "decode_buffer_bytes", "unreachable", "time_measured", "streams", "step_ms", "next_step_ms", "itl_goal_ms", "steps_measured", "step_means")
+    __slots__ = ("worker_id", "address", "model", "capacity_bytes", "reserved_bytes", "available_bytes", "bytes_per_token", "block_tokens", "context_length", "lease_count", "heartbeat_age_s", "leases", "execution_provider", "draining", "running_sequences", "batch_rows", "largest_batch", "version", "device", "cached_bytes", "cached_blocks", "nodes_off_device", "adapters", "host_bytes", "disk_bytes", "decode_graph_bytes", "decode_buffer_bytes", "unreachable", "time_measured", "streams", "step_ms", "next_step_ms", "itl_goal_ms", "steps_measured", "step_means", "prompt_token_ms", "prefill_chunk_tokens", "prompt_chunk_ms")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,9 @@ class WorkerBudget(_message.Message):
     ITL_GOAL_MS_FIELD_NUMBER: _ClassVar[int]
     STEPS_MEASURED_FIELD_NUMBER: _ClassVar[int]
     STEP_MEANS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CHUNK_MS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -171,7 +174,10 @@ class WorkerBudget(_message.Message):
     itl_goal_ms: int
     steps_measured: int
     step_means: _containers.RepeatedCompositeFieldContainer[StepTiming]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ..., unreachable: _Optional[bool] = ..., time_measured: _Optional[bool] = ..., streams: _Optional[int] = ..., step_ms: _Optional[float] = ..., next_step_ms: _Optional[float] = ..., itl_goal_ms: _Optional[int] = ..., steps_measured: _Optional[int] = ..., step_means: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ...) -> None: ...
+    prompt_token_ms: float
+    prefill_chunk_tokens: int
+    prompt_chunk_ms: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., available_bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ..., block_tokens: _Optional[int] = ..., context_length: _Optional[int] = ..., lease_count: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., leases: _Optional[_Iterable[_Union[_types_pb2.Lease, _Mapping]]] = ..., execution_provider: _Optional[str] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., version: _Optional[str] = ..., device: _Optional[str] = ..., cached_bytes: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., nodes_off_device: _Optional[_Iterable[str]] = ..., adapters: _Optional[_Iterable[_Union[_types_pb2.LoraAdapter, _Mapping]]] = ..., host_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., decode_graph_bytes: _Optional[int] = ..., decode_buffer_bytes: _Optional[int] = ..., unreachable: _Optional[bool] = ..., time_measured: _Optional[bool] = ..., streams: _Optional[int] = ..., step_ms: _Optional[float] = ..., next_step_ms: _Optional[float] = ..., itl_goal_ms: _Optional[int] = ..., steps_measured: _Optional[int] = ..., step_means: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., prompt_token_ms: _Optional[float] = ..., prefill_chunk_tokens: _Optional[int] = ..., prompt_chunk_ms: _Optional[float] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("workers", "total_capacity_bytes", "total_reserved_bytes", "total_available_bytes", "total_leases", "queue_length", "queue_oldest_wait_s", "queue_waiting_bytes", "max_queue_length", "max_queue_wait_s", "scheduler_version", "max_itl_ms", "max_ttft_ms", "models", "tenants", "tenants_source", "queue_aging_s", "total_host_bytes", "total_disk_bytes")

@@ -24,9 +24,15 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from scheduler_service.ledger import errors, placement, tenant_holdings, time_admission, time_budget
+from scheduler_service.ledger import (
+    errors,
+    placement,
+    session_lease_rules,
+    tenant_holdings,
+    time_admission,
+    time_budget,
+)
 from scheduler_service.ledger.placement import no_worker_rejection  # noqa: F401 - re-exported
-from scheduler_service.ledger.session_leases import LedgerSessionLeases
 from scheduler_service.ledger.step_model import PromptPace, StepModel, StepSample
 from scheduler_service.ledger.tenants import TenantTable
 from scheduler_service.ledger.time_budget import TimeGoals, WorkerTime
@@ -55,11 +61,11 @@ def _new_lease_id() -> str:
     return uuid.uuid4().hex
 
 
-class Ledger(LedgerSessionLeases):
+class Ledger:
     """Every worker's KV budget and every lease. Thread-safe: one lock.
 
-    The session-lease operations (open, resize per turn, shrink) are in
-    session_leases.py, on the same lock and state."""
+    A session's lease (open, resize per turn, shrink) is decided by
+    session_lease_rules.py and held here, under the same lock, like any lease."""
 
     def __init__(
         self,
@@ -153,6 +159,21 @@ class Ledger(LedgerSessionLeases):
             if prefill is not None and prefill.prompt_token_ms > 0:
                 self._step_models.setdefault(worker_id, StepModel()).prefill = prefill
             return True
+
+    def forget_worker(self, worker_id: str, address: str = "") -> list[Lease] | None:
+        """A worker stopped cleanly and said so (Deregister): drop it now, not after
+        lease_ttl_s, so the same id registers again at once. Returns the leases dropped
+        with it (each once: a later release of one finds nothing and returns 0); None when
+        no such worker is registered, or it registered from another `address` (a refused
+        duplicate's goodbye must not take the live worker away; "": not checked)."""
+        with self._lock:
+            worker = self._workers.get(worker_id)
+            if worker is None or (address and address != worker.geometry.address):
+                return None
+            dropped = list(worker.leases.values())
+            self._forget(worker)
+            self._step_models.pop(worker_id, None)  # a worker back later measures anew
+            return dropped
 
     def unreachable(self, worker_id: str) -> bool:
         """A call to the worker failed before it answered (its process gone, its port
@@ -346,6 +367,75 @@ class Ledger(LedgerSessionLeases):
         with self._lock:
             expired, self._expired = self._expired, []
             return expired
+
+    # -- a session's one lease (session_lease_rules.py decides; held as any lease) ------
+
+    def open_session_lease(self, request_id: str, model: str = "", tenant: str = "",
+                           adapter: str = "", preferred_worker: str = "") -> Lease | None:
+        """A 0-byte lease for a new session, on the worker session_lease_rules.session_worker
+        picks; None when none serves `model` and `adapter`. Its worker claims it when it
+        opens the session."""
+        with self._lock:
+            now = self._clock()
+            self._expire_locked(now)
+            worker = session_lease_rules.session_worker(self._workers.values(), model, adapter,
+                                                        preferred_worker)
+            if worker is None:
+                return None
+            lease = session_lease_rules.opened_lease(worker, self._new_lease_id(), request_id,
+                                                     tenant, now)
+            self._hold(worker, lease)
+            return lease
+
+    def resize(self, lease_id: str, request: AdmissionRequest,
+               dry_run: bool = False) -> AdmissionDecision:
+        """A session turn's admission on its own lease's worker, reserve-at-most
+        (session_lease_rules.turn_decision), decided and held under one lock hold.
+
+        REJECTED leaves the lease as it was; otherwise it holds the turn (grown_lease).
+        An unknown lease is REJECTED NO_WORKER. `dry_run` decides and changes nothing
+        (the admission queue's look, as admit's)."""
+        with self._lock:
+            now = self._clock()
+            self._expire_locked(now)
+            owner = self._lease_owner.get(lease_id)
+            if owner is None:
+                return placement.reject(request, Cause.NO_WORKER, retry_after_s=self.retry_after_s)
+            worker = self._workers[owner]
+            lease = worker.leases[lease_id]
+            room = self._room(lease.tenant, worker.geometry.model, own=lease)
+            decision = session_lease_rules.turn_decision(
+                worker, lease, request, room, self._step_models, self.time_goals, now,
+                self.retry_after_s)
+            if dry_run or decision.decision is Decision.REJECTED:
+                return replace(decision, dry_run=dry_run)
+            grown = session_lease_rules.grown_lease(lease, request, decision, self.time_goals, now)
+            self._hold(worker, grown)
+            tenant_holdings.check_room(room, grown.reserved_bytes)
+            return replace(decision, lease=grown)
+
+    def shrink(self, lease_id: str, worker_id: str, held_tokens: int, host_bytes: int = 0,
+               disk_bytes: int = 0, if_request_id: str = "") -> Lease | None:
+        """The lease's worker freed KV: reserve what `held_tokens` need, never more than now
+        (session_lease_rules.shrunk_lease). Only the lease's worker shrinks it, after
+        freeing: the ledger then never offers bytes the worker still holds.
+        `if_request_id`: change nothing (None) unless the lease still serves that request
+        (a worker's own move to disk must not shrink a turn the scheduler admitted since).
+        """
+        if held_tokens < 0 or host_bytes < 0 or disk_bytes < 0:
+            raise ValueError(f"held_tokens, host_bytes and disk_bytes must be >= 0, got "
+                             f"{held_tokens}, {host_bytes}, {disk_bytes}")
+        with self._lock:
+            if self._lease_owner.get(lease_id) != worker_id:
+                return None
+            worker = self._workers[worker_id]
+            lease = worker.leases[lease_id]
+            if if_request_id and lease.request_id != if_request_id:
+                return None
+            lease = session_lease_rules.shrunk_lease(lease, worker.geometry, held_tokens,
+                                                     host_bytes, disk_bytes)
+            self._hold(worker, lease)
+            return lease
 
     # -- reading -------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ortserve.rules.prefill_math import prefill_budget_tokens, prefill_s
-from scheduler_service.ledger.step_model import StepModel
+from scheduler_service.ledger.step_model import PromptPace, StepModel
 from scheduler_service.ledger.types import Lease
 
 
@@ -105,6 +105,7 @@ class WorkerTime:
     itl_goal_ms: int  # the strictest gap goal among its streams (0: none)
     steps_measured: int
     table: tuple[tuple[int, float], ...]  # (rows, mean step ms) as measured
+    prefill: PromptPace | None = None  # its prompt chunks' pace, as its last heartbeat said
 
 
 def streams_of(leases: Iterable[Lease]) -> list[Lease]:
@@ -127,7 +128,8 @@ def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]
                       step_ms=step or 0.0, next_step_ms=after or 0.0,
                       itl_goal_ms=strictest(s.max_itl_ms for s in streams),
                       steps_measured=model.steps if model else 0,
-                      table=model.table() if model else ())
+                      table=model.table() if model else (),
+                      prefill=model.prefill if model else None)
 
 
 def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.ledger.ledger import Ledger
-from scheduler_service.relay import QueueWaiter
+from scheduler_service.queue_wait import QueueWaiter
 from scheduler_service.sessions.reclaim import SessionReclaimer
 from scheduler_service.sessions.registry import SessionRegistry
 from scheduler_service.sessions.rpcs import SessionRPCs

@@ -4,7 +4,7 @@ The scheduler keeps the conversation (chat messages or token ids) and
 renders each turn's whole prompt; the worker keeps tokens and their K/V and
 reuses the longest common token prefix (SGLang's split: the session
 controller never touches memory). The ledger holds one lease per session
-(budget.py: open_session_lease / resize / shrink).
+(ledger.py: open_session_lease / resize / shrink).
 
 Who swaps out: the scheduler. When an admission on a worker is not ADMITTED
 whole and an idle session holds bytes there, the scheduler asks that worker
@@ -87,11 +87,16 @@ def busy(session_id: str) -> DomainError:
                        metadata={"session_id": session_id})
 
 
-def worker_lost(session: Session, why: str) -> DomainError:
+GONE = ("its KV is gone and the ledger holds nothing for it; open a new session and send the "
+        "conversation again")
+
+
+def worker_lost(session: Session, why: str, remedy: str = GONE) -> DomainError:
+    """`remedy`: what became of its KV and the next step (a session its worker saved to disk
+    at a clean stop comes back with that worker: a retry then serves it)."""
     return DomainError(ErrorReason.SESSION_WORKER_LOST,
                        f"session {quoted(session.session_id)} lived on worker {session.worker_id} "
-                       f"at {session.address}, which {why}; its KV is gone and the ledger holds "
-                       "nothing for it; open a new session and send the conversation again",
+                       f"at {session.address}, which {why}; {remedy}",
                        metadata={"session_id": session.session_id, "worker_id": session.worker_id})
 
 
@@ -127,9 +132,10 @@ class SessionRegistry:
         self._lost: dict[str, DomainError] = {}
         self._closed: dict[str, None] = {}  # insertion-ordered: the oldest goes first
 
-    def mark_lost(self, session: Session, why: str) -> DomainError:
-        """Forget a session whose worker died (the ledger already dropped its lease)."""
-        error = worker_lost(session, why)
+    def mark_lost(self, session: Session, why: str, remedy: str = GONE) -> DomainError:
+        """Forget a session whose worker died or stopped (the ledger already dropped its
+        lease); a registration that brings it back reopens it (restore)."""
+        error = worker_lost(session, why, remedy)
         with self._lock:
             self._sessions.pop(session.session_id, None)
             self._lost[session.session_id] = error

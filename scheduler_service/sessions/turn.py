@@ -27,9 +27,9 @@ from scheduler_service.ledger.ledger import (
     AdmissionRequest,
     Decision,
 )
-from scheduler_service.ledger.queue import Place, Ticket
+from scheduler_service.queue_wait import AdmissionWait, QueueWaiter
 from scheduler_service.rejections import rejection_error
-from scheduler_service.relay import Leg, QueueWaiter, relay
+from scheduler_service.relay import Leg, relay
 from scheduler_service.request_outcome import RequestOutcome, request_outcome
 from scheduler_service.sessions.reclaim import SessionReclaimer, tenant_bound
 from scheduler_service.sessions.registry import (
@@ -52,7 +52,6 @@ class SessionTurnRelay:
         self._state = state
         self._reclaimer = reclaimer  # idle sessions' bytes for a turn that does not fit whole
         self._waiter = waiter  # the admission queue a busy turn waits in, as a Generate does
-        self._queued: dict[str, Ticket] = {}  # session id -> its turn's ticket while it waits
         # What every turn reads, by the names the steps below use (the state's own objects).
         self._config, self._ledger = state.config, state.ledger
         self._registry, self._metrics = state.registry, state.metrics
@@ -139,9 +138,10 @@ class SessionTurnRelay:
             inner.model = geometry.model
 
     async def _admit_turn(self, session: Session, inner: types_pb2.GenerateRequest,
-                          request: AdmissionRequest, context, bound):
-        """The turn's admission as Generate's: its Places while it waits in the queue, then
-        its Admission, last (the session's lease grown, unless REJECTED)."""
+                          request: AdmissionRequest, context, bound) -> AdmissionWait:
+        """The turn's admission as Generate's, on the session's own lease: the queue's first
+        answer, to be waited out (its Places, then its Admission: the lease grown, unless
+        REJECTED)."""
         # Not whole: idle sessions on this worker give their bytes back first.
         while ((probe := self._ledger.resize(session.lease_id, request, dry_run=True)).decision
                is not Decision.ADMITTED
@@ -150,19 +150,10 @@ class SessionTurnRelay:
                    tenant=request.tenant if tenant_bound(probe) else None)):
             pass
         wait_s = inner.max_queue_wait_ms / 1e3 if inner.HasField("max_queue_wait_ms") else None
-        admission = self._waiter.queue.submit(request, convert.queue_mode(inner), wait_s=wait_s,
-                                              deadline_s=context.time_remaining(),
-                                              lease_id=session.lease_id)
-        if not isinstance(admission, Ticket):
-            yield admission
-            return
-        self._waiter.kick()  # the queue's order may place it at once (priority, tenant share)
-        bound.info("turn queued", needed_bytes=admission.needed_bytes, mode=admission.mode.value,
-                   max_wait_s=round(admission.max_wait_s, 3), bound=admission.bound.value)
-        self._queued[session.session_id] = admission
-        async with aclosing(self._waiter.news(admission, bound)) as news:
-            async for item in news:
-                yield item
+        answer = self._waiter.submit(request, convert.queue_mode(inner), wait_s=wait_s,
+                                     deadline_s=context.time_remaining(),
+                                     lease_id=session.lease_id)
+        return AdmissionWait(self._waiter, answer, bound, queued_line="turn queued")
 
     def _undo_grant(self, session: Session, before_bytes: int) -> None:
         """A turn granted its bytes but gone before its worker was called (the caller left):
@@ -184,6 +175,7 @@ class SessionTurnRelay:
             self._state.owned(request.session_id, context)  # before the turn is marked in flight
             session = self._registry.begin_turn(request.session_id)  # SESSION_BUSY if one runs
             granted: AdmissionDecision | None = None  # a grown lease no worker was called for yet
+            wait: AdmissionWait | None = None  # the turn's way through the admission queue
             before_bytes = 0
             bound = log.bind(session_id=session.session_id, lease_id=session.lease_id,
                              worker_id=session.worker_id)
@@ -211,15 +203,12 @@ class SessionTurnRelay:
                 if (remaining_s := context.time_remaining()) is not None:
                     # The call's deadline bounds the turn's stream: a time cap as Generate's.
                     turn = replace(turn, deadline_at=time.monotonic() + remaining_s)
-                async with aclosing(self._admit_turn(session, inner, turn, context,
-                                                     bound)) as news:
-                    async for item in news:
-                        if isinstance(item, Place):
-                            yield types_pb2.GenerateEvent(queued=convert.place_to_pb(item))
-                        else:
-                            admission = item
-                self._queued.pop(session.session_id, None)  # its outcome is ours now, taken
-                spans.decided(admission, arrived, None)
+                wait = await self._admit_turn(session, inner, turn, context, bound)
+                async with aclosing(wait.places()) as places:
+                    async for place in places:
+                        yield types_pb2.GenerateEvent(queued=convert.place_to_pb(place))
+                admission = wait.admission  # its outcome is ours now, taken
+                spans.decided(admission, arrived, wait.queued_perf_s)  # as Generate's
                 if admission.decision is Decision.REJECTED:
                     self._state.alive(session)  # a lease gone while it waited: its worker died
                     bound.info("turn rejected", cause=admission.rejection.cause.value)
@@ -237,9 +226,8 @@ class SessionTurnRelay:
                     async for event in events:
                         yield event
             finally:
-                ticket = self._queued.pop(session.session_id, None)
-                if granted is None and ticket is not None and ticket.outcome is not None:
-                    granted = ticket.outcome  # granted by the queue as its caller left
+                if granted is None and wait is not None:
+                    granted = wait.granted_untaken  # granted by the queue as its caller left
                 if granted is not None and granted.lease is not None:
                     self._undo_grant(session, before_bytes)
                 self._registry.end_turn(session)

@@ -116,10 +116,20 @@ def cmd_admit(client: Client, a: argparse.Namespace) -> int:
 def time_line(w) -> str:
     """A worker's time budget in one line (docs/features/time-budget.md)."""
     if not w.time_measured:
-        return "time: not measured yet (admitted by bytes alone until its first decode steps)"
+        line = "time: not measured yet (admitted by bytes alone until its first decode steps)"
+        return f"{line}; {prompt_pace(w)}" if w.prompt_token_ms else line
     goal = f"goal {w.itl_goal_ms:,} ms" if w.itl_goal_ms else "no goal"
-    return (f"time: {w.streams:,} streams, step {w.step_ms:.1f} ms, with one more "
+    line = (f"time: {w.streams:,} streams, step {w.step_ms:.1f} ms, with one more "
             f"{w.next_step_ms:.1f} ms, {goal} ({w.steps_measured:,} steps measured)")
+    return f"{line}; {prompt_pace(w)}"
+
+
+def prompt_pace(w) -> str:
+    """The prompt chunks' pace the worker's heartbeat said (what the TTFT prediction reads)."""
+    if not w.prompt_token_ms:
+        return "prompt pace not measured yet"
+    return (f"prompt {w.prompt_token_ms:.3f} ms a token + {w.prompt_chunk_ms:.1f} ms a chunk, "
+            f"at most {w.prefill_chunk_tokens:,} tokens a step")
 
 
 def cmd_budget(client: Client, a: argparse.Namespace) -> int:

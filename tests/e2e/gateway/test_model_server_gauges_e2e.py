@@ -152,8 +152,13 @@ def both_placeable(cluster) -> None:
 def two_workers(tmp_path_factory):
     """Two workers, the first with more free bytes (the ledger's own pick), and a gateway
     in front of each (what an inference gateway's pod runs)."""
+    # No prefix cache: a cached prefix outranks free bytes in the ledger's own pick (the
+    # chat template's first block is every chat prompt's), and which worker's cache report
+    # the scheduler has heard depends on heartbeat timing: the ledger's pick would not be
+    # "the most free bytes" alone.
     cluster = start_cluster(tmp_path_factory, "preferred", workers=2,
-                            kv_capacities=["256MiB", "128MiB"])
+                            kv_capacities=["256MiB", "128MiB"],
+                            worker_args=["--prefix-cache-bytes", "0"])
     ids = sorted((w.capacity_bytes, w.worker_id) for w in scheduler_stub(cluster.address).GetBudget(
         scheduler_pb2.GetBudgetRequest(), timeout=5).workers)
     small, big = ids[0][1], ids[1][1]

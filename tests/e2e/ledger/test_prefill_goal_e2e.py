@@ -1,5 +1,5 @@
 """Prompt chunks held to the decoding streams' gap goal, through real processes: a scheduler
-and one worker on the tiny model (docs/features/time-budget.md, "The rule").
+and one worker on the default model (docs/features/time-budget.md, "The rule").
 
 Read by steps, not by time: a long prompt arriving while streams decode runs in the
 configured chunks (512 tokens) when no stream has a goal, and in more, smaller chunks when
@@ -7,6 +7,10 @@ they have one it would pass; the worker's /metrics count the chunks. The schedul
 hears no step timing (its heartbeat interval is longer than the test), so it admits by
 bytes alone and a 1 ms goal, which its time rule would refuse, reaches the worker: the
 worker's rule is what is read, with its floor (a prompt still moves).
+
+Not the tiny model: on a fast CPU its two streams' 1,500 steps (its context holds no more)
+could end before the long prompt's chunks ran beside them. SmolLM2-135M fp32 decodes them
+for tens of seconds on any CPU.
 """
 
 from __future__ import annotations
@@ -20,8 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.cluster import LocalCluster
 from ortserve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import scheduler_stub
-from tests.models import prepared_model_dir
+from tests.e2e.conftest import require_model, scheduler_stub
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -38,7 +41,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def quiet_scheduler(tmp_path_factory):
     port = free_port()
-    cluster = LocalCluster(model_dir=prepared_model_dir("tiny-llama"),
+    cluster = LocalCluster(model_dir=require_model(),
                            log_dir=tmp_path_factory.mktemp("logs-prefill-goal"),
                            # No heartbeat, so no step timing, for the test's length.
                            scheduler_args=["--heartbeat-interval-s", "600", "--lease-ttl-s", "1800"],

@@ -37,25 +37,31 @@ def served(tmp_path_factory):
     cluster.stop()
 
 
-def measured(stub, timeout_s: float = 120.0) -> scheduler_pb2.WorkerBudget:
-    """Decode until the scheduler holds a measured step for the worker (waits on the state,
-    not on a time: the worker reports with its next heartbeat)."""
+def measured(stub, timeout_s: float = 120.0, prompt_pace: bool = False) -> scheduler_pb2.WorkerBudget:
+    """Decode until the scheduler holds a measured step for the worker (and, with
+    `prompt_pace`, its prompt chunks' pace): waits on the state, not on a time (the worker
+    reports with its next heartbeat)."""
     deadline = time.monotonic() + timeout_s
     while True:
         (worker,) = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10).workers
-        if worker.time_measured or time.monotonic() > deadline:
+        done = worker.time_measured and (worker.prompt_token_ms > 0 or not prompt_pace)
+        if done or time.monotonic() > deadline:
             break
         list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8), timeout=60))
-    assert worker.time_measured, f"no step measured in {timeout_s:g} s: {worker}"
+    assert done, f"no step (or prompt pace) measured in {timeout_s:g} s: {worker}"
     return worker
 
 
 def test_the_budget_shows_the_measured_step_and_goals_are_off_by_default(served):
     stub = scheduler_stub(served.address)
-    worker = measured(stub)
+    worker = measured(stub, prompt_pace=True)
     budget = stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=10)
     assert budget.max_itl_ms == 0 and budget.max_ttft_ms == 0
     assert worker.steps_measured > 0 and worker.next_step_ms > 0
+    # The prompt pace its heartbeats carry, as the TTFT prediction reads it: the engine's
+    # default chunk of 512 tokens.
+    assert worker.prompt_token_ms > 0 and worker.prefill_chunk_tokens == 512
+    assert worker.prompt_chunk_ms >= 0
     assert [m.rows for m in worker.step_means][0] >= 1
     # No goal anywhere: the request is admitted by bytes, whole, as before.
     events = list(stub.Generate(types_pb2.GenerateRequest(text="Hi", max_new_tokens=8,

@@ -32,10 +32,16 @@ with Client(sys.argv[1], timeout_s=600, keepalive_s=0) as client:
 """
 
 
-def test_a_stopped_client_has_its_stream_cancelled_and_the_kv_freed(tmp_path_factory):
-    # SmolLM2 at ~25 tokens/s: 4,000 tokens would hold the KV for minutes.
+@pytest.mark.parametrize("interval_s", [keepalive.DEFAULT_INTERVAL_S, 2.0])
+def test_a_stopped_client_has_its_stream_cancelled_and_the_kv_freed(tmp_path_factory, interval_s):
+    # SmolLM2 at ~25 tokens/s: 4,000 tokens would hold the KV for minutes. At 2 s the
+    # worker's --caller-keepalive-s must reach its server: the default's ~20 s would pass
+    # the limit below.
     model_dir = model_cache() / "models" / "smollm2-135m-instruct-fp32"
+    flag = [] if interval_s == keepalive.DEFAULT_INTERVAL_S else [
+        "--caller-keepalive-s", f"{interval_s:g}"]
     cluster = LocalCluster(model_dir=model_dir, workers=1, kv_capacities=["1GiB"],
+                           worker_args=flag,
                            log_dir=tmp_path_factory.mktemp("logs-client-stopped")).start()
     client = subprocess.Popen([sys.executable, "-c", CLIENT, cluster.address],
                               stdout=subprocess.PIPE, text=True)
@@ -45,7 +51,7 @@ def test_a_stopped_client_has_its_stream_cancelled_and_the_kv_freed(tmp_path_fac
         assert worker_held_bytes(worker) > 0 and reserved_bytes(cluster.address) > 0
         client.send_signal(signal.SIGSTOP)
         stopped = time.perf_counter()
-        limit_s = 4 * keepalive.DEFAULT_INTERVAL_S + 10
+        limit_s = 4 * interval_s + 10
         while ((worker_held_bytes(worker) or reserved_bytes(cluster.address))
                and time.perf_counter() - stopped < limit_s):
             time.sleep(0.1)

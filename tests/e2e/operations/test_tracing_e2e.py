@@ -19,8 +19,15 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from devtools.cluster import stop_service
-from tests.e2e.conftest import start_cluster
+from ortserve.v1 import scheduler_pb2, types_pb2
+from tests.e2e.conftest import scheduler_stub, start_cluster
 from tests.e2e.gateway.test_gateway_e2e import BPT, MODEL, openai_client, start_gateway
+from tests.e2e.ledger.test_queue_waiters_e2e import (
+    hold_everything,
+    queue_length,
+    release,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -179,4 +186,57 @@ def test_the_two_step_path_traces_its_admission_with_the_decision(collector, mon
     finally:
         if gateway is not None:
             stop_service(gateway)
+        cluster.stop()
+
+
+def test_a_session_turn_that_waited_in_the_queue_traces_its_wait(collector, monkeypatch,
+                                                                  tmp_path_factory):
+    """SessionTurn traces as Generate does (operations.md): a turn that waited in the
+    admission queue has its `queue_wait` span and `ortserve.queued` on its admission."""
+    sink, port = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    cluster = start_cluster(tmp_path_factory, "tracing-turn", kv_capacities=["16MiB"],
+                            scheduler_args=["--max-queue-wait-s", "600"])
+    try:
+        stub = scheduler_stub(cluster.address)
+        sid = stub.OpenSession(scheduler_pb2.OpenSessionRequest(), timeout=30).session_id
+        held = hold_everything(cluster.address)
+        events: list[types_pb2.GenerateEvent] = []
+
+        def turn() -> None:
+            events.extend(stub.SessionTurn(scheduler_pb2.SessionTurnRequest(
+                session_id=sid, request=types_pb2.GenerateRequest(
+                    request_id="traced-turn", token_ids=types_pb2.TokenIds(ids=[1, 2, 3]),
+                    max_new_tokens=4, min_new_tokens=4)), timeout=120))
+
+        runner = threading.Thread(target=turn)
+        try:
+            runner.start()
+            wait_for(lambda: queue_length(cluster.address) == 1)  # the turn waits
+        finally:
+            release(cluster.address, held)
+        runner.join(120)
+        assert [e.WhichOneof("event") for e in events][0] == "queued"
+        assert events[-1].WhichOneof("event") == "finished"
+
+        def ours() -> list[tuple[str, object]]:
+            for spans in sink.traces().values():
+                if any(s.name == "admission"
+                       and attributes(s).get("ortserve.request_id") == "traced-turn"
+                       for _, s in spans):
+                    return spans
+            return []
+
+        deadline = time.monotonic() + 60
+        while not (spans := ours()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert spans, f"no trace has the turn's admission; {len(sink.spans)} spans"
+        [admission] = [attributes(s) for _, s in spans if s.name == "admission"]
+        assert admission["ortserve.queued"] is True and admission["ortserve.decision"] == "admitted"
+        waits = [attributes(s) for _, s in spans if s.name == "queue_wait"]
+        assert len(waits) == 1 and waits[0]["ortserve.decision"] == "admitted", \
+            sorted(s.name for _, s in spans)
+        assert waits[0]["ortserve.queue_wait_s"] > 0
+    finally:
         cluster.stop()

@@ -134,6 +134,50 @@ def test_duplicate_live_worker_id_at_another_address_is_already_exists_naming_bo
     cluster.register(worker_id="w1")  # the same worker re-registering stays fine
 
 
+def test_a_deregistered_worker_id_registers_again_at_once_from_another_address():
+    # A worker's clean stop says it is gone: the ledger forgets it with its leases (each
+    # once), so its restart on a new port is not refused WORKER_ID_IN_USE for lease_ttl_s.
+    from ortserve.v1 import internal_pb2
+    from tests.service.scheduler_service.test_scheduler_metrics import scrape
+
+    cluster = Cluster(metrics_port=0)
+    try:
+        cluster.register(worker_id="w1")
+        adm = cluster.stub.Admit(scheduler_pb2.AdmitRequest(request=ids(1, 2)), timeout=5)
+        cluster.internal.ClaimLease(scheduler_pb2.ClaimLeaseRequest(lease_id=adm.lease_id,
+                                                                    worker_id="w1"), timeout=5)
+        restarted = dict(worker_id="w1", address="10.0.0.9:7000", model="m", context_length=64,
+                         bytes_per_token=BPT, capacity_bytes=100 * BPT)
+        error = failure(cluster.internal.RegisterWorker,
+                        scheduler_pb2.RegisterWorkerRequest(**restarted))
+        assert reason(error) == "WORKER_ID_IN_USE"  # its old self still holds the id
+        # A refused duplicate's goodbye (its own address) takes nothing from the live worker.
+        stray = cluster.internal.Deregister(internal_pb2.DeregisterRequest(
+            worker_id="w1", address="10.0.0.9:7000"), timeout=5)
+        assert not stray.known and cluster.reserved_bytes() == 12 * BPT
+
+        gone = cluster.internal.Deregister(internal_pb2.DeregisterRequest(
+            worker_id="w1", address=cluster.worker_address), timeout=5)
+        assert gone.known and gone.released_leases == 1 and gone.freed_bytes == 12 * BPT
+        budget = cluster.stub.GetBudget(scheduler_pb2.GetBudgetRequest(include_leases=True),
+                                        timeout=5)
+        assert not budget.workers and budget.total_leases == 0
+        assert not cluster.internal.ReleaseClaimed(scheduler_pb2.ReleaseRequest(
+            lease_id=adm.lease_id, worker_id="w1"), timeout=5).released  # released once
+        assert not cluster.internal.Deregister(internal_pb2.DeregisterRequest(
+            worker_id="w1", address=cluster.worker_address), timeout=5).known  # idempotent
+        cluster.internal.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(**restarted),
+                                        timeout=5)
+        budget = cluster.stub.GetBudget(scheduler_pb2.GetBudgetRequest(), timeout=5)
+        assert [w.address for w in budget.workers] == ["10.0.0.9:7000"]
+        samples = scrape(cluster.scheduler.metrics_port)
+        assert samples[("ortserve_scheduler_worker_deregistrations_total", ())] == 1
+        assert samples[("ortserve_scheduler_deregistered_leases_total", ())] == 1
+        assert samples[("ortserve_scheduler_lease_expiries_total", ())] == 0
+    finally:
+        cluster.close()
+
+
 def test_registration_below_one_block_is_invalid_argument_naming_capacity_bytes(cluster):
     error = failure(cluster.internal.RegisterWorker, scheduler_pb2.RegisterWorkerRequest(
         worker_id="w2", address="x:1", model="m", context_length=64, bytes_per_token=BPT,

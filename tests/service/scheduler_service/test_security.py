@@ -14,7 +14,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ortserve.rpc.auth import parse_keys
 from ortserve.rpc.tls import channel_credentials
 from ortserve.status import rich_status
-from ortserve.v1 import internal_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from ortserve.v1 import (
+    internal_pb2,
+    internal_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    types_pb2,
+)
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import build_server
 from tests.aio_thread import LoopThread
@@ -144,6 +150,18 @@ def test_the_public_port_has_no_worker_rpcs_and_the_ledger_is_unchanged(secured)
         error = refused(call, registration().SerializeToString(), metadata=bearer(ADMIN_KEY))
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED, method
     assert secured.ledger().workers == []
+
+
+def test_the_public_port_cannot_deregister_a_worker(secured):
+    # Deregister forgets a worker and its leases: only the worker itself, over the internal
+    # port's mutual TLS, may say it is gone.
+    secured.worker_stub().RegisterWorker(registration(), timeout=5)
+    call = secured.channel(secured.public).unary_unary("/ortserve.v1.SchedulerInternal/Deregister")
+    goodbye = internal_pb2.DeregisterRequest(worker_id=registration().worker_id,
+                                             address=registration().address)
+    error = refused(call, goodbye.SerializeToString(), metadata=bearer(ADMIN_KEY))
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert [w.worker_id for w in secured.ledger().workers] == [registration().worker_id]
 
 
 def test_a_plain_client_cannot_release_or_claim_someone_elses_lease(secured):

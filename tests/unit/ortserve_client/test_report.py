@@ -60,4 +60,7 @@ def test_a_deadline_cap_and_the_time_budget_are_said_with_their_numbers():
     busy = scheduler_pb2.WorkerBudget(worker_id="w1", time_measured=True, streams=3, step_ms=30,
                                       next_step_ms=40, itl_goal_ms=45, steps_measured=1_200)
     assert time_line(busy) == ("time: 3 streams, step 30.0 ms, with one more 40.0 ms, goal 45 ms "
-                               "(1,200 steps measured)")
+                               "(1,200 steps measured); prompt pace not measured yet")
+    busy.prompt_token_ms, busy.prompt_chunk_ms, busy.prefill_chunk_tokens = 0.042, 3.25, 512
+    assert time_line(busy).endswith("; prompt 0.042 ms a token + 3.2 ms a chunk, at most 512 "
+                                    "tokens a step")

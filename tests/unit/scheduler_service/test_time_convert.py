@@ -43,3 +43,26 @@ def test_get_budget_shows_each_worker_s_time_beside_its_bytes():
     assert measured.step_ms == pytest.approx(20.0) and measured.next_step_ms == pytest.approx(40.0)
     assert [(m.rows, round(m.seconds * 1e3, 3)) for m in measured.step_means] == [(1, 20.0)]
     assert not fresh.time_measured and fresh.next_step_ms == 0 and fresh.streams == 0
+
+
+def test_get_budget_shows_the_prompt_pace_each_worker_last_reported():
+    from scheduler_service.ledger.step_model import PromptPace
+
+    ledger = Ledger()
+    for worker_id in ("paced", "fresh"):
+        ledger.register(WorkerGeometry(worker_id=worker_id, address=f"{worker_id}:1", model="m",
+                                       context_length=1_024, bytes_per_token=8,
+                                       capacity_bytes=1 << 20))
+    ledger.heartbeat("paced", prefill=PromptPace(0.25, chunk_tokens=256, chunk_ms=4.5))
+    by_id = {w.worker_id: w for w in ledger_budget(ledger, None).workers}
+    paced, fresh = by_id["paced"], by_id["fresh"]
+    assert (paced.prompt_token_ms, paced.prefill_chunk_tokens, paced.prompt_chunk_ms) == (
+        0.25, 256, 4.5)
+    assert (fresh.prompt_token_ms, fresh.prefill_chunk_tokens, fresh.prompt_chunk_ms) == (0, 0, 0)
+    # Through the heartbeat's own fields: a worker that does not name its chunk reads as 512.
+    ledger.heartbeat("fresh", prefill=convert.prefill_pace(scheduler_pb2.HeartbeatRequest(
+        worker_id="fresh", prompt_token_ms=0.5, prompt_chunk_ms=1.0)))
+    fresh = next(w for w in ledger_budget(ledger, None).workers if w.worker_id == "fresh")
+    assert (fresh.prompt_token_ms, fresh.prefill_chunk_tokens, fresh.prompt_chunk_ms) == (
+        0.5, 512, 1.0)
+

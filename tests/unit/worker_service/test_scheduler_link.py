@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from ortserve.v1 import scheduler_pb2, types_pb2
+from ortserve.v1 import internal_pb2, scheduler_pb2, types_pb2
 from worker_service.scheduler_link import SchedulerLink, likely_cause
 
 A = "127.0.0.1:50061"
@@ -68,3 +68,37 @@ def test_a_lease_the_scheduler_refused_to_restore_stops_its_sequence():
 
     asyncio.run(run())
     assert stopped == [["lease-b"]]
+
+
+def test_a_clean_stop_deregisters_once_and_registers_no_more():
+    """The goodbye names the address it registered from, and after it the heartbeat loop
+    ends: a heartbeat answered known=false must not register this worker back."""
+    calls: list[str] = []
+
+    class Stub:
+        async def RegisterWorker(self, request, timeout):
+            calls.append("register")
+            return scheduler_pb2.RegisterWorkerResponse(heartbeat_interval_s=0.01)
+
+        async def Heartbeat(self, request, timeout):
+            calls.append("heartbeat")
+            return scheduler_pb2.HeartbeatResponse(known="deregister" not in calls)
+
+        async def Deregister(self, request, timeout):
+            calls.append("deregister")
+            assert (request.worker_id, request.address) == ("worker-0", "10.0.0.1:50052")
+            return internal_pb2.DeregisterResponse(known=True, released_leases=1)
+
+    async def run():
+        link = SchedulerLink(A, scheduler_pb2.RegisterWorkerRequest(
+            worker_id="worker-0", address="10.0.0.1:50052"), lambda: [])
+        link._stub = Stub()
+        loop = asyncio.create_task(link.run())
+        await link.registered.wait()
+        assert await link.deregister()
+        await asyncio.wait_for(loop, 5)  # ends by itself: nothing left to renew
+        assert not await link.deregister()  # told once: not registered any more
+        await link._channel.close()
+
+    asyncio.run(run())
+    assert calls.count("register") == 1 and calls.count("deregister") == 1

@@ -15,7 +15,7 @@ from worker_service.runtime.kv_pool import HostBudget, KVPool
 from worker_service.runtime.session_disk import SessionDisk
 from worker_service.runtime.session_file import ModelIdentity
 from worker_service.runtime.session_kv import HeldKV, SessionTable
-from worker_service.session_leases import SessionLeaseTable
+from worker_service.session_lease_table import SessionLeaseTable
 from worker_service.session_lifecycle import WorkerSessions
 
 IDENTITY = ModelIdentity(name="toy", fingerprint="0" * 64, num_layers=1, kv_heads=1,

@@ -1,6 +1,9 @@
-"""Keepalive pings: the options a channel gets, the servers' allowance, the scheduler's flag."""
+"""Keepalive pings: the options a channel gets, the servers' allowance, the scheduler's and
+the worker's flags."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -48,3 +51,28 @@ def test_a_bad_interval_names_the_flag(capsys):
         assert exit_.value.code == 2
         assert f"--worker-keepalive-s: a keepalive interval of {float(bad):g} s is outside" in \
             capsys.readouterr().err
+
+
+def test_a_server_pings_its_callers_at_its_own_interval_or_not_at_all():
+    three = dict(keepalive.server_options(3))
+    assert three["grpc.keepalive_time_ms"] == three["grpc.keepalive_timeout_ms"] == 3000
+    off = dict(keepalive.server_options(0))
+    assert "grpc.keepalive_time_ms" not in off  # it still accepts its callers' pings:
+    assert off["grpc.http2.min_recv_ping_interval_without_data_ms"] == keepalive.MIN_INTERVAL_S * 1000
+
+
+def test_the_workers_caller_keepalive_flag_its_variable_and_a_bad_value(monkeypatch, capsys):
+    from worker_service.__main__ import parse_config as worker_config
+
+    for key in [k for k in os.environ if k.startswith("ORTSERVE_")]:
+        monkeypatch.delenv(key)
+    assert worker_config(["--model-dir", "m"]).caller_keepalive_s == keepalive.DEFAULT_INTERVAL_S
+    assert worker_config(["--model-dir", "m", "--caller-keepalive-s", "0"]).caller_keepalive_s == 0
+    monkeypatch.setenv("ORTSERVE_WORKER_CALLER_KEEPALIVE_S", "3")
+    assert worker_config(["--model-dir", "m"]).caller_keepalive_s == 3
+    assert worker_config(["--model-dir", "m", "--caller-keepalive-s", "4"]).caller_keepalive_s == 4
+    with pytest.raises(SystemExit) as exit_:
+        worker_config(["--model-dir", "m", "--caller-keepalive-s", "0.2"])
+    assert exit_.value.code == 2
+    assert "--caller-keepalive-s: a keepalive interval of 0.2 s is outside" in \
+        capsys.readouterr().err

@@ -12,6 +12,7 @@ from scheduler_service.ledger.ledger import (
     Ledger,
     WorkerGeometry,
 )
+from scheduler_service.ledger.step_model import StepSample
 
 BPT = 46_080  # SmolLM2-135M fp32: 2 x 30 layers x 3 kv heads x 64 x 4 bytes
 CTX = 8_192
@@ -331,3 +332,28 @@ def test_a_heartbeat_from_another_address_under_the_same_id_changes_nothing():
     assert ledger.heartbeat("w1")  # no address (an older worker): not checked
     again = ledger.admit(AdmissionRequest("r2", prompt_tokens=10, max_new_tokens=10))
     assert again.worker.worker_id == "w1"
+
+
+def test_a_deregistered_worker_is_forgotten_at_once_with_each_lease_released_once():
+    # A clean stop's goodbye: no lease TTL to wait out, and the same id registers again from
+    # another address at once (before: WORKER_ID_IN_USE until lease_ttl_s passed).
+    clock = FakeClock()
+    ledger = ledger_with(geometry("w1"), geometry("w2"), clock=clock)
+    lease = ledger.admit(AdmissionRequest("r", prompt_tokens=10, max_new_tokens=10)).lease
+    ledger.claim(lease.lease_id, lease.worker_id)
+    session = ledger.open_session_lease("s", preferred_worker=lease.worker_id)
+    ledger.heartbeat(lease.worker_id, steps=[StepSample(rows=1, steps=4, seconds=0.04)])
+    other = "w2" if lease.worker_id == "w1" else "w1"
+    assert ledger.forget_worker(lease.worker_id, address="impostor:9") is None  # not its own
+    dropped = ledger.forget_worker(lease.worker_id, address=f"{lease.worker_id}:1")
+    assert {d.lease_id for d in dropped} == {lease.lease_id, session.lease_id}
+    assert [w.geometry.worker_id for w in ledger.snapshot()] == [other]
+    assert ledger.reserved_bytes() == 0 and ledger.lease(lease.lease_id) is None
+    assert ledger.release(lease.lease_id, worker_id=lease.worker_id) == 0  # once, not twice
+    assert ledger.forget_worker(lease.worker_id) is None  # told twice: nothing more
+    assert ledger.expire() == []  # gone already: nothing left for the TTL to drop later
+    ledger.register(WorkerGeometry(worker_id=lease.worker_id, address="restarted:2", model="m",
+                                   context_length=CTX, bytes_per_token=BPT,
+                                   capacity_bytes=1_000 * BPT, block_tokens=1))
+    assert not next(t for t in ledger.worker_times()
+                    if t.worker_id == lease.worker_id).measured  # measured anew

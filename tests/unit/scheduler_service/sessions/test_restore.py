@@ -8,7 +8,7 @@ from ortserve.v1 import scheduler_pb2, types_pb2
 from scheduler_service.ledger.ledger import Lease, Ledger, WorkerGeometry
 from scheduler_service.sessions.registry import Session, SessionRegistry
 from scheduler_service.sessions.restore import restore_sessions
-from worker_service.session_leases import SessionLeaseTable
+from worker_service.session_lease_table import SessionLeaseTable
 from worker_service.session_lifecycle import Conversation, WorkerSessions
 
 
@@ -179,3 +179,34 @@ def test_a_registrations_session_leases_are_marked_and_take_no_batch_row():
     assert not placement.has_free_row(worker)  # l2 runs; the session's l1 holds no row
     ledger.release("l2", worker_id="w1")
     assert placement.has_free_row(worker)
+
+
+def test_a_clean_stop_loses_its_sessions_until_it_registers_them_again_saying_where_the_kv_is():
+    from ortserve.status.errors import DomainError, ErrorReason
+    from scheduler_service.sessions.restore import sessions_left_with
+
+    ledger, registry = Ledger(), SessionRegistry()
+    ledger.register(GEOMETRY)
+    saved, memory = (ledger.open_session_lease(name) for name in ("saved", "memory"))
+    ledger.shrink(saved.lease_id, "w1", held_tokens=0, disk_bytes=4_096)  # parked at the stop
+    for sid, lease in (("s-disk", saved), ("s-mem", memory)):
+        registry.add(Session(session_id=sid, worker_id="w1", address="w1:1",
+                             lease_id=lease.lease_id))
+    dropped = ledger.forget_worker("w1", "w1:1")
+    assert sessions_left_with(registry, "w1", dropped) == (1, 1)
+    errors = {}
+    for sid in ("s-disk", "s-mem"):
+        try:
+            registry.get(sid)
+        except DomainError as error:
+            errors[sid] = error
+    assert {e.reason for e in errors.values()} == {ErrorReason.SESSION_WORKER_LOST}
+    assert "--session-dir" in errors["s-disk"].message and "retry then" in errors["s-disk"].message
+    assert "its KV is gone" in errors["s-mem"].message
+    # The worker comes back on its folder: the session saved there is open again.
+    back = registration(scheduler_pb2.LiveSession(session_id="s-disk", lease_id=saved.lease_id))
+    ledger.register(GEOMETRY, [Lease(lease_id=saved.lease_id, worker_id="w1", request_id="saved",
+                                     prompt_tokens=0, max_new_tokens=0, reserved_bytes=0,
+                                     session=True, disk_bytes=4_096)])
+    assert restore_sessions(registry, ledger, back) == []
+    assert registry.get("s-disk").lease_id == saved.lease_id
