@@ -77,10 +77,11 @@ def step_samples(timings) -> list[StepSample]:
     samples = []
     for i, t in enumerate(timings):
         try:
-            samples.append(StepSample(rows=t.rows, steps=t.steps, seconds=t.seconds))
+            samples.append(StepSample(rows=t.rows, steps=t.steps, seconds=t.seconds,
+                                      tail_seconds=t.tail_seconds))
         except ValueError as error:
             raise InvalidField(f"step_timings[{i}]", str(error), rows=t.rows, steps=t.steps,
-                               seconds=t.seconds) from None
+                               seconds=t.seconds, tail_seconds=t.tail_seconds) from None
     return samples
 
 

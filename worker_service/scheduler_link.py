@@ -91,6 +91,9 @@ class SchedulerLink:
         # (ms a prompt token costs in a step, 0: unmeasured; ms a chunk's own run costs; the
         # step's most prompt tokens): the pace of prompt chunks, for the TTFT prediction.
         self.prefill_pace: Callable[[], tuple[float, float, int]] = lambda: (0.0, 0.0, 0)
+        # Seconds of the p90 decode step at these rows (engine PrefillPace.decode_tail_s; 0:
+        # none): the margin its chunks leave, which the TTFT prediction takes as the worker does.
+        self.decode_tail_s: Callable[[int], float] = lambda rows: 0.0
 
     @property
     def worker_id(self) -> str:
@@ -158,7 +161,8 @@ class SchedulerLink:
             live_lease_ids=live_lease_ids, draining=self.draining,
             running_sequences=running, batch_rows=rows, largest_batch=largest,
             cached_bytes=cached_bytes, cached_prefix_hashes=cached_hashes,
-            step_timings=[scheduler_pb2.StepTiming(rows=rows, steps=steps, seconds=seconds)
+            step_timings=[scheduler_pb2.StepTiming(rows=rows, steps=steps, seconds=seconds,
+                                                   tail_seconds=self.decode_tail_s(rows))
                           for rows, steps, seconds in self.step_timings()],
             prompt_token_ms=prompt_token_ms, prompt_chunk_ms=prompt_chunk_ms,
             prefill_chunk_tokens=chunk_tokens), timeout=5.0)

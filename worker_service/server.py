@@ -232,6 +232,7 @@ async def _load_and_register(config: WorkerConfig, servicer: WorkerServicer, hea
     link.live_sessions = servicer.live_sessions
     link.prefix_cache = engine.prefix_cache_report
     link.step_timings = engine.step_times.drain
+    link.decode_tail_s = lambda rows: engine.prefill_pace.decode_tail_s(rows) or 0.0
     link.prefill_pace = lambda: ((engine.prefill_pace.prompt_token_s or 0.0) * 1e3,
                                  engine.prefill_pace.chunk_s * 1e3,
                                  engine.scheduler.max_prefill_tokens)

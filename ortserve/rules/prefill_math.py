@@ -9,7 +9,9 @@ within the strictest one:
     budget = (goal x GOAL_SHARE - the decode step - a chunk's own cost) / a prompt token's
 
 clamped to [MIN_PREFILL_BUDGET_TOKENS, the configured chunk]; no goal: the configured chunk.
-A chunk costs a fixed part (its own batch-1 run over its past: inputs, outputs, the run's
+The decode step in it is a high percentile of the decode steps (the worker's PrefillPace), not
+their mean: each stream's p99 gap is the goal, and a margin held to the mean puts every decode
+above the mean, a full chunk beside it, past the goal. A chunk costs a fixed part (its own batch-1 run over its past: inputs, outputs, the run's
 launch) and a part per token; on a CPU the fixed part is what a small chunk is mostly
 made of, so a cost per token alone, measured on small chunks, would read as dear tokens and
 keep the chunks small.
@@ -25,8 +27,8 @@ from collections.abc import Iterable
 # worker_service/core/step_scheduler.py says why a run over a past is never one token).
 MIN_PREFILL_BUDGET_TOKENS = 3
 
-# NOTE: the costs are means and a step's tail is above its mean (a loaded machine, a long
-# past): aiming the step at the whole goal would put half the steps with chunks past it.
+# NOTE: the chunk's costs are means and a chunk's tail is above its mean (a loaded machine, a
+# long past): aiming the step at the whole goal would put half the steps with chunks past it.
 GOAL_SHARE = 0.8
 
 
@@ -53,12 +55,15 @@ def prefill_budget_tokens(goal_ms: int, decode_step_s: float | None,
 
 
 def prefill_s(prompt_tokens: int, goal_ms: int, decode_step_s: float, prompt_token_s: float,
-              max_tokens: int, chunk_s: float = 0.0) -> float:
-    """Seconds a prompt's chunks take beside decodes of `decode_step_s` held to `goal_ms`
-    (0: no decode or no goal): one step per budget's worth of tokens, each step its decode
-    and its chunk (a step with no decode still runs at most `max_tokens`)."""
+              max_tokens: int, chunk_s: float = 0.0, decode_tail_s: float | None = None) -> float:
+    """Seconds a prompt's chunks take beside decodes of `decode_step_s` (their mean) held to
+    `goal_ms` (0: no decode or no goal): one step per budget's worth of tokens, each step its
+    decode and its chunk (a step with no decode still runs at most `max_tokens`). The budget
+    leaves room for `decode_tail_s`, the decode's high percentile the worker holds its chunks
+    to (None: the mean)."""
     if prompt_tokens <= 0 or prompt_token_s <= 0:
         return 0.0
-    budget = prefill_budget_tokens(goal_ms, decode_step_s, prompt_token_s, max_tokens, chunk_s)
+    margin_s = decode_step_s if decode_tail_s is None else max(decode_tail_s, decode_step_s)
+    budget = prefill_budget_tokens(goal_ms, margin_s, prompt_token_s, max_tokens, chunk_s)
     steps = math.ceil(prompt_tokens / max(budget, 1))
     return steps * (decode_step_s + max(chunk_s, 0.0)) + prompt_tokens * prompt_token_s

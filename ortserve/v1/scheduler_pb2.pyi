@@ -370,14 +370,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., live_lease_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., running_sequences: _Optional[int] = ..., batch_rows: _Optional[int] = ..., largest_batch: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., cached_prefix_hashes: _Optional[_Iterable[int]] = ..., step_timings: _Optional[_Iterable[_Union[StepTiming, _Mapping]]] = ..., prompt_token_ms: _Optional[float] = ..., prefill_chunk_tokens: _Optional[int] = ..., prompt_chunk_ms: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
 
 class StepTiming(_message.Message):
-    __slots__ = ("rows", "steps", "seconds")
+    __slots__ = ("rows", "steps", "seconds", "tail_seconds")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     rows: int
     steps: int
     seconds: float
-    def __init__(self, rows: _Optional[int] = ..., steps: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    tail_seconds: float
+    def __init__(self, rows: _Optional[int] = ..., steps: _Optional[int] = ..., seconds: _Optional[float] = ..., tail_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

@@ -295,11 +295,13 @@ class AdmissionQueue:
         return self.ledger.admit(request, dry_run=dry_run)
 
     def _attempt(self, ticket: Ticket, final: bool) -> AdmissionDecision:
-        attempt = self._decide(self._effective(ticket.request, ticket.mode, final), ticket.lease_id)
+        # Its time in line is spent of its TTFT goal (time_budget.check counts it).
+        request = replace(ticket.request, queue_waited_s=self._clock() - ticket.enqueued_at)
+        attempt = self._decide(self._effective(request, ticket.mode, final), ticket.lease_id)
         if (ticket.mode is Mode.WAIT_FULL and attempt.decision is Decision.REJECTED
                 and attempt.rejection.cause is Cause.EXCEEDS_CAPACITY):
             ticket.mode = Mode.ALLOW  # a worker left: whole is out of reach now
-            attempt = self._decide(self._effective(ticket.request, ticket.mode), ticket.lease_id)
+            attempt = self._decide(self._effective(request, ticket.mode), ticket.lease_id)
         return attempt
 
     def _time_out(self, ticket: Ticket, now: float) -> None:

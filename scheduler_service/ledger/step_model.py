@@ -36,11 +36,15 @@ class StepSample:
     rows: int  # rows that decoded in each of these steps
     steps: int  # how many such steps
     seconds: float  # their wall time summed
+    # The worker's p90 decode step at these rows lately (its prompt chunks' margin; 0: not said).
+    tail_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.rows < 1 or self.steps < 1 or not math.isfinite(self.seconds) or self.seconds < 0:
-            raise ValueError(f"a step sample needs rows >= 1, steps >= 1 and finite seconds >= 0, "
-                             f"got rows {self.rows}, steps {self.steps}, seconds {self.seconds}")
+        if self.rows < 1 or self.steps < 1 or not math.isfinite(self.seconds) or self.seconds < 0 \
+                or not math.isfinite(self.tail_seconds) or self.tail_seconds < 0:
+            raise ValueError(f"a step sample needs rows >= 1, steps >= 1 and finite seconds and "
+                             f"tail_seconds >= 0, got rows {self.rows}, steps {self.steps}, "
+                             f"seconds {self.seconds}, tail_seconds {self.tail_seconds}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class StepModel:
             raise ValueError(f"weight must be in (0, 1], got {weight}")
         self.weight = weight
         self._ms: dict[int, float] = {}
+        self._tail_ms: dict[int, float] = {}  # rows -> the worker's last p90 decode step there
         self.steps = 0  # steps measured in all
         self.prefill: PromptPace | None = None  # the worker's last word on it (None: none)
 
@@ -87,6 +92,8 @@ class StepModel:
             moved = 1.0 - (1.0 - self.weight) ** sample.steps
             self._ms[sample.rows] = before + moved * (mean_ms - before)
         self.steps += sample.steps
+        if sample.tail_seconds > 0:
+            self._tail_ms[sample.rows] = sample.tail_seconds * 1e3
 
     @property
     def measured(self) -> bool:
@@ -98,21 +105,34 @@ class StepModel:
 
     def predict_ms(self, rows: int) -> float | None:
         """The step's milliseconds with `rows` decoding rows; None before any measurement."""
-        if not self._ms:
-            return None
-        rows = max(rows, 1)
-        points = self.table()
-        below = [ms for r, ms in points if r <= rows]
-        floor = max(below) if below else 0.0
-        if rows in self._ms:
-            guess = self._ms[rows]
-        elif rows < points[0][0]:
-            guess = points[0][1]
-        elif rows > points[-1][0]:
-            guess = points[-1][1] * rows / points[-1][0]
-        else:
-            (r0, ms0), (r1, ms1) = next(
-                (a, b) for a, b in zip(points, points[1:], strict=False) if a[0] < rows < b[0])
-            guess = ms0 + (ms1 - ms0) * (rows - r0) / (r1 - r0)
-        return max(guess, floor)
+        return _predict(self.table(), rows)
 
+    def predict_tail_ms(self, rows: int) -> float | None:
+        """The p90 decode step at `rows`, as the worker holds its prompt chunks to it
+        (predicted from the worker's reports as predict_ms is from the means, never below
+        the mean's prediction); the mean's prediction where the worker says none."""
+        mean = self.predict_ms(rows)
+        tail = _predict(tuple(sorted(self._tail_ms.items())), rows)
+        return mean if tail is None or mean is None else max(tail, mean)
+
+
+def _predict(points: tuple[tuple[int, float], ...], rows: int) -> float | None:
+    """The step at `rows` from measured (rows, ms) points, by rows (the module docstring's
+    rule); None with none."""
+    if not points:
+        return None
+    rows = max(rows, 1)
+    below = [ms for r, ms in points if r <= rows]
+    floor = max(below) if below else 0.0
+    exact = dict(points)
+    if rows in exact:
+        guess = exact[rows]
+    elif rows < points[0][0]:
+        guess = points[0][1]
+    elif rows > points[-1][0]:
+        guess = points[-1][1] * rows / points[-1][0]
+    else:
+        (r0, ms0), (r1, ms1) = next(
+            (a, b) for a, b in zip(points, points[1:], strict=False) if a[0] < rows < b[0])
+        guess = ms0 + (ms1 - ms0) * (rows - r0) / (r1 - r0)
+    return max(guess, floor)

@@ -45,7 +45,7 @@ def decided(decision: AdmissionDecision, req: AdmissionRequest, workers: list,
     deadline_s = None if req.deadline_at is None else max(0.0, req.deadline_at - now)
     checks = {w.geometry.worker_id: time_budget.check(
         w.geometry.worker_id, models.get(w.geometry.worker_id), w.leases.values(), itl, ttft,
-        deadline_s, now, req.queued_ahead, req.prompt_tokens)
+        deadline_s, now, req.queued_ahead, req.prompt_tokens, req.queue_waited_s)
         for w in placement.serving(workers, req.model)}
     chosen = checks[decision.worker.worker_id]
     if chosen.verdict is not Verdict.OK:
@@ -95,8 +95,9 @@ def _rejected(req: AdmissionRequest, decision: AdmissionDecision, check: TimeChe
         fastest_step_ms=check.fastest_step_ms, streams=check.streams,
         estimated_wait_s=check.estimated_wait_s,
         deadline_ms=(check.deadline_s or 0.0) * 1e3, time_waits=waits,
+        waited_s=req.queue_waited_s,
         prefill_ms=check.prefill_ms, prefill_budget_tokens=check.prefill_budget_tokens,
-        first_token_ms=check.first_token_ms,
+        prompts_ahead_tokens=check.prompts_ahead_tokens, first_token_ms=check.first_token_ms,
         first_token_late=fit is None and check.first_token_late))
     return AdmissionDecision(decision=Decision.REJECTED, request_id=req.request_id,
                      prompt_tokens=req.prompt_tokens, rejection=rejection)

@@ -16,10 +16,11 @@ every step longer. The rule (docs/features/time-budget.md):
 - its first token comes after the wait and its prompt's chunks, which run beside
   the streams decoding at the pace their gap goal allows (a step spends on prompt
   tokens only what keeps it within the goal: ortserve/rules/prefill_math.py, at
-  the worker's measured prompt-token cost): when that passes its TTFT goal it
-  waits for enough streams to end that it does not (or is refused, as above);
-  a prompt that passes its TTFT goal even alone is judged on the wait alone, as
-  no wait cures it;
+  the worker's measured prompt-token cost), behind the prompts admitted before it
+  that have not run yet (the worker runs prompts first come, first served): when
+  that passes its TTFT goal it waits for enough streams to end that it does not
+  (or is refused, as above); a prompt that passes its TTFT goal even alone is
+  refused as unreachable, as no wait cures it;
 - a gap goal below what the worker's step takes with one row (the request alone)
   can never be met: TIME_GOAL_UNREACHABLE;
 - a deadline shorter than max_new_tokens at the predicted rate caps
@@ -84,6 +85,9 @@ class TimeCheck:
     # predicted: no TTFT goal, or the worker's prompt-token cost unmeasured).
     prefill_ms: float = 0.0
     prefill_budget_tokens: int = 0  # the prompt tokens a step beside them may run
+    # Prompt tokens admitted before it that have not run yet, by the prediction: they run
+    # first, and prefill_ms counts them.
+    prompts_ahead_tokens: int = 0
     first_token_ms: float = 0.0  # the wait, then its chunks beside the streams left (0: ditto)
     # The verdict is its first token's (its TTFT goal, its prompt's chunks), not the step's.
     first_token_late: bool = False
@@ -130,10 +134,11 @@ def worker_time(worker_id: str, model: StepModel | None, leases: Iterable[Lease]
 
 def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_goal_ms: int,
           ttft_goal_ms: int, deadline_s: float | None, now: float, ahead: int = 0,
-          prompt_tokens: int = 0) -> TimeCheck:
+          prompt_tokens: int = 0, waited_s: float = 0.0) -> TimeCheck:
     """May a request with these goals (already resolved against the server's) start on this
     worker now? `ahead`: requests waiting in line before it, each taking a departure first;
-    `prompt_tokens`: its prompt (its chunks' time counts toward its TTFT goal).
+    `prompt_tokens`: its prompt (its chunks' time counts toward its TTFT goal); `waited_s`:
+    what it already waited in the admission queue (spent of its TTFT goal).
     See the module docstring for the rule."""
     streams = streams_of(leases)
     n = len(streams)
@@ -161,33 +166,46 @@ def check(worker_id: str, model: StepModel | None, leases: Iterable[Lease], itl_
 
     chunks_s = 0.0
     if prefill is not None:
-        ttft_s = ttft_goal_ms / 1e3
-        alone_s, chunk_tokens = prefill(0)
-        if alone_s > ttft_s:
+        alone_s, chunk_tokens = prefill(0, 0)
+        if alone_s > ttft_goal_ms / 1e3:
             # Its prompt alone, on an idle worker, passes its TTFT goal: no wait cures it.
             return replace(base, verdict=Verdict.UNREACHABLE, prefill_ms=alone_s * 1e3,
                            prefill_budget_tokens=chunk_tokens, first_token_ms=alone_s * 1e3,
                            first_token_late=True)
+        prompts_ahead = _prompts_ahead(streams, now, _prompt_rate(prefill(n, 0)[1], model, n))
+
+        def first_s(k: int) -> float:
+            """Its first token once k streams have ended: the wait, then the prompts still
+            ahead of it then, then its own, beside the streams left."""
+            wait = wait_s(k)
+            return wait + prefill(n - k, prompts_ahead(now + wait))[0]
+
+        # NOTE: the goal counts from its arrival: a request tried again from the queue has
+        # spent its time in line (before, it was held to the whole goal again, and its first
+        # token came that much later than the goal).
+        ttft_left_s = ttft_goal_ms / 1e3 - waited_s
         step_leaving = leaving
-        leaving = next((k for k in range(leaving, n + 1) if wait_s(k) + prefill(n - k)[0] <= ttft_s),
+        leaving = next((k for k in range(leaving, n + 1) if first_s(k) <= ttft_left_s),
                        n)  # n: only an empty worker would do, too late as the wait says below
-        now_s, budget = prefill(n)
-        chunks_s = prefill(n - leaving)[0]
+        now_s, budget = prefill(n, prompts_ahead(now))
+        chunks_s = first_s(leaving) - wait_s(leaving)
         base = replace(base, prefill_ms=now_s * 1e3, prefill_budget_tokens=budget,
-                       first_token_ms=(wait_s(leaving) + chunks_s) * 1e3,
+                       prompts_ahead_tokens=prompts_ahead(now), first_token_ms=first_s(leaving) * 1e3,
                        first_token_late=leaving > step_leaving)
     wait = wait_s(leaving)
     if not leaving:
         return base
-    too_late = ((ttft_goal_ms and (wait + chunks_s) * 1e3 > ttft_goal_ms)
+    too_late = ((ttft_goal_ms and (waited_s + wait + chunks_s) * 1e3 > ttft_goal_ms)
                 or (deadline_s is not None and wait >= deadline_s))
     return _with(base, Verdict.BUSY if too_late else Verdict.WAIT, fastest, wait)
 
 
 def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
-    """(seconds, budget tokens) of the prompt's chunks beside m of these streams, by m; None
-    when the worker's prompt-token cost is not measured. The step at m rows is the measured
-    decode mean, the goal the strictest among all of them (pessimistic once some end)."""
+    """(seconds, budget tokens) of the prompt's chunks beside m of these streams behind
+    `ahead` prompt tokens that run first, by (m, ahead); None when the worker's prompt-token
+    cost is not measured. The step at m rows is the measured decode mean, the budget beside it
+    leaves room for the worker's p90 decode there (as the worker's own budget does), the goal
+    the strictest among all of them (pessimistic once some end)."""
     pace = model.prefill if model is not None else None
     if pace is None or prompt_tokens <= 0:
         return None
@@ -195,11 +213,44 @@ def _prefill(model: StepModel | None, streams: list[Lease], prompt_tokens: int):
     goal_ms = strictest(s.max_itl_ms for s in streams)
     token_s, chunk_s = pace.prompt_token_ms / 1e3, pace.chunk_ms / 1e3
 
-    def at(m: int) -> tuple[float, int]:
+    def at(m: int, ahead: int) -> tuple[float, int]:
         step = (model.predict_ms(m) or 0.0) / 1e3 if m else 0.0
+        tail = (model.predict_tail_ms(m) or 0.0) / 1e3 if m else 0.0
         goal = goal_ms if m else 0
-        return (prefill_s(prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s),
-                prefill_budget_tokens(goal, step, token_s, pace.chunk_tokens, chunk_s))
+        # NOTE: the worker's budget is shared by the prompts in line, first come first
+        # served: the prompts ahead and its own run as one line of tokens.
+        return (prefill_s(ahead + prompt_tokens, goal, step, token_s, pace.chunk_tokens, chunk_s,
+                          tail),
+                prefill_budget_tokens(goal, tail, token_s, pace.chunk_tokens, chunk_s))
+    return at
+
+
+def _prompt_rate(budget_tokens: int, model: StepModel, rows: int) -> float:
+    """Prompt tokens a second the worker runs beside `rows` streams at this budget a step:
+    each step its decode, a chunk's own run and the budget's tokens."""
+    pace = model.prefill
+    assert pace is not None
+    step_s = ((model.predict_ms(rows) or 0.0) if rows else 0.0) / 1e3 + pace.chunk_ms / 1e3 \
+        + budget_tokens * pace.prompt_token_ms / 1e3
+    return budget_tokens / step_s if step_s > 0 else math.inf
+
+
+def _prompts_ahead(streams: list[Lease], now: float, tokens_per_s: float):
+    """The prompt tokens of these streams not yet run at a time t >= now, by t: the worker
+    runs admitted prompts first come, first served, each from its admission (or when the one
+    before it ends) at `tokens_per_s`. A prediction, not a report: the worker does not say
+    which prompts it has run (see docs/features/time-budget.md's limits)."""
+    left: list[tuple[float, float, int]] = []  # (start, end, tokens) of those not done by now
+    free_at = -math.inf
+    for lease in sorted(streams, key=lambda s: s.decoding_since):
+        start = max(free_at, lease.decoding_since)
+        free_at = start + lease.prompt_tokens / tokens_per_s
+        if free_at > now:
+            left.append((start, free_at, lease.prompt_tokens))
+
+    def at(t: float) -> int:
+        return math.ceil(sum(tokens * min(1.0, (end - t) / (end - start))
+                             for start, end, tokens in left if end > t))
     return at
 
 

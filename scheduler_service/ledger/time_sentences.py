@@ -29,7 +29,8 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
                    f"decode step {r.predicted_step_ms:.1f} ms, over {goal}; enough of them end in "
                    f"about {r.estimated_wait_s:.1f} s")
         late = []
-        if r.ttft_goal_ms and max(r.estimated_wait_s * 1e3, r.first_token_ms) > r.ttft_goal_ms:
+        if r.ttft_goal_ms and (r.waited_s * 1e3 + max(r.estimated_wait_s * 1e3, r.first_token_ms)
+                               > r.ttft_goal_ms):
             late.append(f"its TTFT goal max_ttft_ms {r.ttft_goal_ms:,}" + _chunks(r))
         if r.deadline_ms and r.estimated_wait_s * 1e3 >= r.deadline_ms:
             late.append(f"its deadline ({r.deadline_ms / 1e3:.1f} s left)")
@@ -43,9 +44,10 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
         message = (f"worker {r.worker_id} serves {r.streams:,} streams with gap goal "
                    f"{r.itl_goal_ms:,} ms; beside them its {r.prompt_tokens:,}-token prompt would "
                    f"run in chunks of {r.prefill_budget_tokens:,} tokens a step (what keeps the "
-                   f"step within the goal), {r.prefill_ms / 1e3:.1f} s to its first token, and "
+                   f"step within the goal){_ahead(r)}, {r.prefill_ms / 1e3:.1f} s to its first "
+                   "token, and "
                    f"after enough of them end (about {r.estimated_wait_s:.1f} s) about "
-                   f"{r.first_token_ms / 1e3:.1f} s: past its TTFT goal max_ttft_ms "
+                   f"{r.first_token_ms / 1e3:.1f} s{_waited(r)}: past its TTFT goal max_ttft_ms "
                    f"{r.ttft_goal_ms:,}")
         remedy = (f"retry in {r.retry_after_s:.1f} s, or loosen max_ttft_ms, or send a shorter "
                   "prompt, or use another model or more workers")
@@ -69,12 +71,24 @@ def rejection_text(r: Rejection) -> tuple[str, str]:
     return message, remedy
 
 
+def _waited(r: Rejection) -> str:
+    """The time it already spent in the admission queue, when it was tried again from it."""
+    return f", after the {r.waited_s:.1f} s it already waited in line" if r.waited_s else ""
+
+
+def _ahead(r: Rejection) -> str:
+    """The prompts admitted before it that run first, when some have not run yet."""
+    if not r.prompts_ahead_tokens:
+        return ""
+    return f" behind {r.prompts_ahead_tokens:,} prompt tokens admitted before it"
+
+
 def _chunks(r: Rejection) -> str:
     """The prompt's chunks in a TTFT sentence, when they were predicted."""
     if not r.first_token_ms:
         return ""
-    return (f" (its first token in about {r.first_token_ms / 1e3:.1f} s: the wait, then its "
-            f"{r.prompt_tokens:,}-token prompt's chunks beside the streams left)")
+    return (f" (its first token in about {r.first_token_ms / 1e3:.1f} s{_waited(r)}: the wait, "
+            f"then its {r.prompt_tokens:,}-token prompt's chunks beside the streams left)")
 
 
 def cap_reason(cap: NewTokensCap, asked: str) -> str:

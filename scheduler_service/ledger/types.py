@@ -156,6 +156,9 @@ class AdmissionRequest:
     # Requests ahead of it in its model's line in the admission queue when it arrived: its
     # wait for time is theirs first (time_budget.check).
     queued_ahead: int = 0
+    # Seconds it already waited in the admission queue when tried again from it: spent of its
+    # TTFT goal, which counts from its arrival (time_budget.check).
+    queue_waited_s: float = 0.0
     _hashes: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -317,7 +320,7 @@ class Rejection:
     max_queue_length: int = 0  # QUEUE_*: the queue's bound
     requests_ahead: int = 0  # QUEUE_TIMEOUT: still ahead of this one
     bytes_ahead: int = 0  # QUEUE_*: bytes the requests ahead wait for
-    waited_s: float = 0.0  # QUEUE_TIMEOUT: how long it waited
+    waited_s: float = 0.0  # QUEUE_TIMEOUT, TIME_BUSY from the queue: how long it waited
     max_queue_wait_s: float = 0.0  # QUEUE_TIMEOUT: the wait it was allowed
     tenant: str = ""  # TENANT_QUOTA: the tenant whose quota refused it
     tenant_quota_bytes: int = 0  # TENANT_QUOTA: its quota on the model
@@ -337,6 +340,7 @@ class Rejection:
     time_waits: bool = False  # TIME_BUSY that the queue can cure (the wait fits its goals)
     prefill_ms: float = 0.0  # TIME_BUSY: its prompt's chunks beside the streams running now
     prefill_budget_tokens: int = 0  # TIME_BUSY: the prompt tokens a step beside them may run
+    prompts_ahead_tokens: int = 0  # TIME_BUSY: prompt tokens admitted before it not yet run
     first_token_ms: float = 0.0  # TIME_BUSY: the wait, then its chunks beside those left
     # TIME_BUSY for its first token: the step with it keeps the gap goals, but the wait and
     # its prompt's chunks beside the streams pass its TTFT goal (time_budget.py).

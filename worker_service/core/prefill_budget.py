@@ -6,15 +6,20 @@ step of 23 streams took several times the decode alone, and those steps were the
 p99 gaps (issue 51's load sweep). The scheduler's admission holds the decode step within
 the goals; this module holds the chunks beside it:
 
-    budget = (goal x GOAL_SHARE - decode step at these rows - a chunk's own cost)
+    budget = (goal x GOAL_SHARE - decode step at these rows (p90) - a chunk's own cost)
              / seconds per prompt token
 
 clamped to [MIN_PREFILL_BUDGET_TOKENS, the configured chunk], where goal is the strictest
 max_itl_ms among the decoding streams (the formula is ortserve/rules/prefill_math.py's, the
 scheduler's TTFT prediction uses the same). With no goal among them the budget is the configured
-chunk, exactly as before. Both costs are measured as the engine runs (PrefillPace, an
-exponentially weighted mean of each); until they are, the budget is the configured chunk
-(the first steps measure them).
+chunk, exactly as before. The costs are measured as the engine runs (PrefillPace); until they
+are, the budget is the configured chunk (the first steps measure them).
+
+The decode step in the formula is a high percentile (p90) of the steps lately decoded at
+these rows, not their mean: the goal is each stream's p99 gap, and a step's decode varies
+(the machine's other work, the contexts growing); a margin held to the mean puts every step
+whose decode runs above the mean, with a full chunk beside it, past the goal (issue 51's
+quiet sweep at 4x saturation: 30 of 44 admitted streams over their 200 ms p99 gap).
 
 The floor keeps every prompt moving (a budget of 3 always advances the first prompt in line:
 step_scheduler.py); a decode step already past the goal leaves the floor, so a long prompt
@@ -23,7 +28,9 @@ then takes many steps: the scheduler's TTFT check knows the pace (docs/features/
 
 from __future__ import annotations
 
+import math
 import threading
+from collections import deque
 
 from ortserve.rules.prefill_math import (  # noqa: F401 (the worker's names for them)
     GOAL_SHARE,
@@ -44,15 +51,23 @@ class PrefillPace:
     decode mean yet, the mean at the most rows below them stands in (a step is no faster
     with more rows, so the chunks' share comes out high: the budget errs small); with none
     below, the step teaches nothing. When the chunks seen lately are all of one size the two
-    parts cannot be told apart: the last fit that could stands (before any, all per token)."""
+    parts cannot be told apart: the last fit that could stands (before any, all per token).
 
-    def __init__(self, weight: float = 0.2, fit_weight: float = 0.05) -> None:
-        for name, value in (("weight", weight), ("fit_weight", fit_weight)):
+    The budget's decode step is the `tail` quantile of the last `window` decode steps at its
+    rows (decode_tail_s); the fit's base stays the mean (a chunk's cost is what a step takes
+    over its typical decode)."""
+
+    def __init__(self, weight: float = 0.2, fit_weight: float = 0.05, tail: float = 0.9,
+                 window: int = 64) -> None:
+        for name, value in (("weight", weight), ("fit_weight", fit_weight), ("tail", tail)):
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {value}")
-        self.weight, self.fit_weight = weight, fit_weight
+        if window < 1:
+            raise ValueError(f"window must be >= 1 step, got {window}")
+        self.weight, self.fit_weight, self.tail, self.window = weight, fit_weight, tail, window
         self._lock = threading.Lock()
         self._decode_s: dict[int, float] = {}  # rows -> mean step seconds with no prompt tokens
+        self._recent_s: dict[int, deque[float]] = {}  # rows -> the last `window` such steps
         # The fit's weighted sums: chunks^2, chunks x tokens, tokens^2, chunks x s, tokens x s.
         self._sums = [0.0] * 5
         self._fit: tuple[float, float] | None = None  # (a chunk's own s, a token's s)
@@ -68,6 +83,7 @@ class PrefillPace:
                 before = self._decode_s.get(rows)
                 self._decode_s[rows] = seconds if before is None else \
                     before + self.weight * (seconds - before)
+                self._recent_s.setdefault(rows, deque(maxlen=self.window)).append(seconds)
                 return
             below = [r for r in self._decode_s if r <= rows]
             if rows and not below:
@@ -98,13 +114,14 @@ class PrefillPace:
         scaled by rows (proportional: pessimistic above, as the scheduler's step model);
         None before any."""
         with self._lock:
-            if rows in self._decode_s:
-                return self._decode_s[rows]
-            if not self._decode_s:
-                return None
-            nearest = min(self._decode_s, key=lambda r: (abs(r - rows), -r))
-            return self._decode_s[nearest] * max(rows, 1) / nearest if rows > nearest \
-                else self._decode_s[nearest]
+            return _at_rows(self._decode_s, rows)
+
+    def decode_tail_s(self, rows: int) -> float | None:
+        """The `tail` quantile of the last `window` decode steps at `rows` (the nearest
+        measured row count's, scaled as decode_step_s); None before any."""
+        with self._lock:
+            return _at_rows({r: _quantile(steps, self.tail) for r, steps in self._recent_s.items()},
+                            rows)
 
     @property
     def prompt_token_s(self) -> float | None:
@@ -119,8 +136,25 @@ class PrefillPace:
             return 0.0 if self._fit is None else self._fit[0]
 
     def budget_tokens(self, goal_ms: int, rows: int, max_tokens: int) -> int:
-        """prefill_budget_tokens at this worker's measured costs."""
+        """prefill_budget_tokens at this worker's measured costs, the decode step its tail."""
         if goal_ms <= 0:
             return max_tokens
-        return prefill_budget_tokens(goal_ms, self.decode_step_s(rows), self.prompt_token_s,
+        return prefill_budget_tokens(goal_ms, self.decode_tail_s(rows), self.prompt_token_s,
                                      max_tokens, self.chunk_s)
+
+
+def _at_rows(by_rows: dict[int, float], rows: int) -> float | None:
+    """by_rows[rows]; unmeasured there, the nearest measured row count's, scaled by rows above
+    it (proportional: pessimistic, as the scheduler's step model); None when empty."""
+    if rows in by_rows:
+        return by_rows[rows]
+    if not by_rows:
+        return None
+    nearest = min(by_rows, key=lambda r: (abs(r - rows), -r))
+    return by_rows[nearest] * max(rows, 1) / nearest if rows > nearest else by_rows[nearest]
+
+
+def _quantile(values: deque[float], q: float) -> float:
+    """The nearest-rank q quantile (0 < q <= 1) of a non-empty window: a value it holds."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)), 1) - 1]

@@ -15,8 +15,9 @@ from scheduler_service.model_server_metrics import ledger_budget
 
 
 def test_heartbeat_timings_become_samples_and_a_bad_one_names_its_field():
-    ok = [scheduler_pb2.StepTiming(rows=2, steps=5, seconds=0.1)]
-    assert convert.step_samples(ok) == [StepSample(rows=2, steps=5, seconds=0.1)]
+    ok = [scheduler_pb2.StepTiming(rows=2, steps=5, seconds=0.1, tail_seconds=0.03)]
+    assert convert.step_samples(ok) == [StepSample(rows=2, steps=5, seconds=0.1,
+                                                   tail_seconds=0.03)]
     bad = ok + [scheduler_pb2.StepTiming(rows=0, steps=1, seconds=0.1)]
     with pytest.raises(InvalidField) as info:
         convert.step_samples(bad)

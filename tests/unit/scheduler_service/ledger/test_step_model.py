@@ -58,3 +58,20 @@ def test_a_report_of_many_steps_moves_the_mean_more_than_one_step():
 def test_a_bad_sample_is_refused(rows, steps, seconds):
     with pytest.raises(ValueError):
         StepSample(rows=rows, steps=steps, seconds=seconds)
+
+
+def test_the_workers_p90_decode_is_kept_by_rows_and_never_read_below_the_mean():
+    model = StepModel()
+    model.observe(StepSample(rows=2, steps=10, seconds=0.300, tail_seconds=0.060))  # mean 30
+    model.observe(StepSample(rows=4, steps=10, seconds=0.500))  # a worker that says no tail
+    assert model.predict_ms(2) == pytest.approx(30.0)
+    assert model.predict_tail_ms(2) == pytest.approx(60.0)
+    # Rows with no tail said: the tails' own prediction (proportional above), never below the
+    # mean's; a model whose worker says none at all reads the mean.
+    assert model.predict_tail_ms(4) == pytest.approx(120.0)
+    assert model.predict_tail_ms(1) == pytest.approx(60.0)
+    plain = StepModel()
+    plain.observe(StepSample(rows=2, steps=10, seconds=0.300))
+    assert plain.predict_tail_ms(2) == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="tail_seconds"):
+        StepSample(rows=1, steps=1, seconds=0.1, tail_seconds=-1.0)

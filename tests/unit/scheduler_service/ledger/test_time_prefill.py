@@ -13,7 +13,7 @@ from ortserve.v1 import scheduler_pb2
 from scheduler_service import convert
 from scheduler_service.ledger.ledger import AdmissionRequest, Cause, Decision
 from scheduler_service.ledger.queue import AdmissionQueue, Ticket
-from scheduler_service.ledger.step_model import PromptPace
+from scheduler_service.ledger.step_model import PromptPace, StepSample
 from tests.unit.scheduler_service.ledger.test_time_admission import measured_ledger
 
 PROMPT_TOKEN_MS = 0.5
@@ -47,6 +47,10 @@ def test_the_chunks_pace_is_the_workers_rule():
     # A chunk's own run (5 ms) leaves 5 ms, 10 tokens a step: 100 steps of 35 ms + 0.5 s.
     assert prefill_budget_tokens(50, 0.030, 0.0005, 512, chunk_s=0.005) == 10
     assert prefill_s(1_000, 50, 0.030, 0.0005, 512, chunk_s=0.005) == pytest.approx(4.0)
+    # Room left for a 35 ms p90 decode: 5 ms, 10 tokens a step; the steps still take the
+    # mean's 30 ms: 100 steps of 30 ms + 0.5 s. A tail below the mean reads as the mean.
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, decode_tail_s=0.035) == pytest.approx(3.5)
+    assert prefill_s(1_000, 50, 0.030, 0.0005, 512, decode_tail_s=0.010) == pytest.approx(2.0)
 
 
 def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_refused_with_them():
@@ -60,12 +64,53 @@ def test_a_long_prompt_whose_chunks_beside_goal_streams_pass_its_ttft_goal_is_re
     assert r.cause is Cause.TIME_BUSY and r.first_token_late and not r.time_waits
     assert refused.rejection.retry_after_s == pytest.approx(3.0)
     assert r.estimated_wait_s == pytest.approx(3.0)
-    # Now: 20 tokens a step, 2.0 s; at best after both end: 3.0 s + 0.5 s.
-    assert r.prefill_ms == pytest.approx(2_000.0) and r.prefill_budget_tokens == 20
+    # Now: 20 tokens a step behind a's and b's 10-token prompts (admitted at this instant,
+    # not run yet), 1,020 tokens: 2.04 s; at best after both end: 3.0 s + 0.5 s.
+    assert r.prefill_ms == pytest.approx(2_040.0) and r.prefill_budget_tokens == 20
+    assert r.prompts_ahead_tokens == 20
     assert r.first_token_ms == pytest.approx(3_500.0)
     assert "1,000-token prompt" in r.message and "chunks of 20 tokens" in r.message
+    assert "behind 20 prompt tokens admitted before it" in r.message
     assert "max_ttft_ms 1,500" in r.message and "3.5 s" in r.message
     assert "loosen max_ttft_ms" in r.remedy and "shorter prompt" in r.remedy
+
+
+def test_prompts_admitted_before_it_and_not_yet_run_count_toward_its_first_token():
+    # Two 1,000-token prompts admitted just now (goal 50 ms): the worker runs them before a
+    # newcomer's, at 20 tokens a step beside 2 streams (500 tokens/s: 4 s for the two).
+    ledger = paced_ledger()
+    for name in ("p1", "p2"):
+        assert ledger.admit(ask(name, prompt_tokens=1_000, max_itl_ms=50,
+                                max_ttft_ms=10_000)).decision is Decision.ADMITTED
+    # Its own 100 tokens alone would take 0.2 s (5 steps of 30 ms + 50 ms): within 1.5 s.
+    # Behind the 2,000 tokens ahead: 4.2 s now, and 3.3 s after both streams' 3 s.
+    refused = ledger.admit(ask("new", prompt_tokens=100, max_itl_ms=50, max_ttft_ms=1_500))
+    assert refused.decision is Decision.REJECTED
+    r = refused.rejection
+    assert r.cause is Cause.TIME_BUSY and r.first_token_late
+    assert r.prompts_ahead_tokens == 2_000 and r.prefill_ms == pytest.approx(4_200.0)
+    assert r.first_token_ms == pytest.approx(3_300.0)
+    assert "behind 2,000 prompt tokens admitted before it" in r.message
+    # Once their prompts have run (4 s at that pace), the same request is admitted.
+    ledger._clock.now += 4.5
+    assert ledger.admit(ask("new", prompt_tokens=100, max_itl_ms=50,
+                            max_ttft_ms=1_500)).decision is Decision.ADMITTED
+
+
+def test_the_chunks_pace_leaves_room_for_the_workers_p90_decode_as_the_worker_does():
+    # 2 streams with an 80 ms goal, decoding 30 ms on average but 60 ms at their p90: the
+    # worker runs (64 - 60) / 0.5 = 8 tokens a step beside them, not (64 - 30) / 0.5 = 68.
+    ledger = paced_ledger()
+    assert ledger.heartbeat("w1", steps=[StepSample(rows=2, steps=1, seconds=0.030,
+                                                    tail_seconds=0.060)])
+    two_streams(ledger, max_itl_ms=80)
+    # At 68 a step its 400 tokens (and a's and b's 20) would take 0.4 s; at 8: 53 steps of
+    # 30 ms + 0.21 s, 1.8 s, past 1.5 s; the streams end in 3 s.
+    refused = ledger.admit(ask("new", prompt_tokens=400, max_itl_ms=80, max_ttft_ms=1_500))
+    assert refused.decision is Decision.REJECTED
+    r = refused.rejection
+    assert r.cause is Cause.TIME_BUSY and r.first_token_late
+    assert r.prefill_budget_tokens == 8 and r.prefill_ms == pytest.approx(1_800.0)
 
 
 def test_the_same_prompt_is_admitted_beside_streams_without_a_goal_or_with_a_looser_ttft():
@@ -86,6 +131,31 @@ def test_it_waits_when_a_stream_ending_lets_its_chunks_fit_its_ttft_goal():
     # Beside 2: 2.0 s; after one ends (0.3 s), beside 1 (20 ms, 40 tokens a step): 1.0 s.
     ticket = queue.submit(ask("long", prompt_tokens=1_000, max_itl_ms=50, max_ttft_ms=1_500))
     assert isinstance(ticket, Ticket)
+
+
+def test_a_request_tried_again_from_the_queue_has_spent_its_time_in_line_of_its_ttft_goal():
+    # Two streams with a 35 ms gap goal (30 ms at 2 rows, 40 at 3): a third waits for one to
+    # end (3 s), then its 100 tokens beside one (16 a step of 20 ms): 0.19 s, within 5 s.
+    def queued(waited_s: float):
+        ledger = paced_ledger()
+        queue = AdmissionQueue(ledger, max_wait_s=60.0, clock=ledger._clock)
+        first = ledger.admit(ask("a", max_itl_ms=35))
+        assert ledger.admit(ask("b", max_itl_ms=35)).decision is Decision.ADMITTED
+        ticket = queue.submit(ask("new", prompt_tokens=100, max_itl_ms=35, max_ttft_ms=5_000))
+        assert isinstance(ticket, Ticket)
+        ledger._clock.now += waited_s
+        ledger.release(first.lease.lease_id)
+        (done,) = queue.pump()
+        return done.outcome
+    assert queued(4.0).decision is Decision.ADMITTED  # 4 s + 0.19 s: within 5 s
+    # 4.96 s in line: 0.19 s now passes 5 s, and at best (once b has ended, its predicted end
+    # long past) its chunks alone, 0.05 s, too. Before, it was held to the whole 5 s again
+    # (admitted, its first token then past its goal); now refused, naming the wait.
+    late = queued(4.96)
+    assert late.decision is Decision.REJECTED
+    r = late.rejection
+    assert r.cause is Cause.TIME_BUSY and r.waited_s == pytest.approx(4.96)
+    assert "after the 5.0 s it already waited in line" in r.message
 
 
 def test_a_prompt_past_its_ttft_goal_even_alone_is_unreachable_with_the_numbers():

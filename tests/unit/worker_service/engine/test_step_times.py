@@ -56,9 +56,11 @@ def test_the_heartbeat_carries_the_drained_steps():
                              lambda: [])
         link._stub = Stub()
         link.step_timings = lambda: [(3, 10, 0.25)]
+        link.decode_tail_s = lambda rows: 0.04 if rows == 3 else 0.0
         await link._heartbeat([])
         await link._channel.close()
 
     asyncio.run(run())
     (timing,) = sent[0].step_timings
     assert (timing.rows, timing.steps, timing.seconds) == (3, 10, 0.25)
+    assert timing.tail_seconds == pytest.approx(0.04)  # the chunks' margin at those rows
