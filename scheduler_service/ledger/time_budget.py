@@ -243,6 +243,8 @@ def _prompts_ahead(streams: list[Lease], now: float, tokens_per_s: float):
     left: list[tuple[float, float, int]] = []  # (start, end, tokens) of those not done by now
     free_at = -math.inf
     for lease in sorted(streams, key=lambda s: s.decoding_since):
+        if lease.prompt_tokens <= 0:
+            continue  # nothing to run (and no span to divide by below)
         start = max(free_at, lease.decoding_since)
         free_at = start + lease.prompt_tokens / tokens_per_s
         if free_at > now:

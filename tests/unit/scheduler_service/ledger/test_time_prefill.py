@@ -193,3 +193,21 @@ def test_a_heartbeats_prompt_pace_is_read_or_refused_naming_the_field():
     with pytest.raises(InvalidField) as err:
         convert.prefill_pace(scheduler_pb2.HeartbeatRequest(prompt_token_ms=float("nan")))
     assert err.value.metadata["field"] == "prompt_token_ms"
+
+
+def test_a_stream_with_no_prompt_tokens_adds_nothing_ahead_and_breaks_nothing():
+    from scheduler_service.ledger.time_budget import _prompts_ahead
+    from scheduler_service.ledger.types import Lease
+
+    def lease(lease_id: str, prompt_tokens: int, at: float) -> Lease:
+        return Lease(lease_id=lease_id, worker_id="w", request_id=lease_id,
+                     prompt_tokens=prompt_tokens, max_new_tokens=8, reserved_bytes=0,
+                     created_at=at)
+
+    # 100 tokens a second: the first prompt runs 10.0-11.0, the empty one has nothing to run
+    # (before, it spanned no time and its share was a division by zero), the last 11.0-12.0.
+    ahead = _prompts_ahead([lease("a", 100, 10.0), lease("b", 0, 10.5), lease("c", 100, 10.6)],
+                           now=10.5, tokens_per_s=100.0)
+    assert ahead(10.5) == 50 + 100
+    assert ahead(11.5) == 50
+    assert ahead(12.0) == 0
