@@ -381,24 +381,25 @@ def _sse(event: dict) -> dict:
 # -- stored responses -------------------------------------------------------------
 
 
-async def get(store: ResponseStore, target: Target, response_id: str) -> dict:
+async def _stored(store: ResponseStore, target: Target, response_id: str):
+    """The stored response, or the 404 (or the store's own error, in the Responses' words)."""
     try:
         stored = await store.get(response_id, target)
     except grpc.RpcError as error:
         raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
     if stored is None:
         raise _not_found(store, response_id)
+    return stored
+
+
+async def get(store: ResponseStore, target: Target, response_id: str) -> dict:
+    stored = await _stored(store, target, response_id)
     return stored.body
 
 
 async def list_input_items(store: ResponseStore, target: Target, response_id: str,
                            query: Mapping[str, str]) -> dict:
-    try:
-        stored = await store.get(response_id, target)
-    except grpc.RpcError as error:
-        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
-    if stored is None:
-        raise _not_found(store, response_id)
+    stored = await _stored(store, target, response_id)
     try:
         return input_items.page(stored.input_items, query)
     except ParamError as error:
@@ -408,12 +409,7 @@ async def list_input_items(store: ResponseStore, target: Target, response_id: st
 async def cancel(store: ResponseStore, target: Target, response_id: str) -> dict:
     # OpenAI cancels only a background response, and ortserve runs none (background is
     # refused): a stored response is finished, so this is a 400 saying how to stop one.
-    try:
-        stored = await store.get(response_id, target)
-    except grpc.RpcError as error:
-        raise openai_responses.renamed(from_grpc(error, "messages", "responses")) from None
-    if stored is None:
-        raise _not_found(store, response_id)
+    await _stored(store, target, response_id)  # a missing one is a 404 first
     raise HttpError(400, f"response {response_id!r} cannot be cancelled: only a response "
                     "created with background: true can be, and ortserve runs none in the "
                     "background (each runs while its request is open, and a stored one has "
